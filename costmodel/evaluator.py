@@ -1,0 +1,60 @@
+"""The Evaluator protocol and the Timing it returns.
+
+Anything that turns (workload, plan) into a Timing is an Evaluator: the analytic
+cost model (fast, what the tuner believes), the simulator (the virtual cluster that
+stands in for GPUs here), and later live measurements. The tuner sees only this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from nccl_env.plan import Plan
+from traces.workload import Workload
+
+
+@dataclass
+class OpTiming:
+    start_us: float
+    duration_us: float
+
+    @property
+    def end_us(self) -> float:
+        return self.start_us + self.duration_us
+
+
+@dataclass
+class Timing:
+    """One evaluated iteration.
+
+    iteration_us (Z): first op start to last op end.
+    compute_us (Y): time the compute stream(s) were busy (union of compute op spans).
+    comm_us (X): time the communication stream(s) were busy (union of collective spans).
+    exposed_comm_us: communication time not overlapped by any compute op.
+    compute_uncontended_us: what compute_us would be with no collective running.
+    ops: op_id -> OpTiming for every op of the workload.
+    """
+
+    iteration_us: float
+    compute_us: float
+    comm_us: float
+    exposed_comm_us: float
+    compute_uncontended_us: float
+    ops: dict[int, OpTiming] = field(default_factory=dict)
+
+    @property
+    def compute_slowdown(self) -> float:
+        """compute_us / compute_uncontended_us (1.0 = contention cost nothing)."""
+        if self.compute_uncontended_us <= 0:
+            return 1.0
+        return self.compute_us / self.compute_uncontended_us
+
+
+@runtime_checkable
+class Evaluator(Protocol):
+    """evaluate(workload, plan) -> Timing, and a count of evaluations served."""
+
+    evaluations: int
+
+    def evaluate(self, workload: Workload, plan: Plan) -> Timing: ...

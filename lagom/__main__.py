@@ -1,0 +1,5 @@
+import sys
+
+from lagom.cli import main
+
+sys.exit(main())

@@ -1,0 +1,51 @@
+"""The ``lagom`` command line. ``python -m lagom`` and the console script both call :func:`main`.
+
+Each subcommand is a module in :mod:`lagom.commands` with ``register(subparsers)``
+(adds its parser, sets ``func``) and a ``run(args) -> int``. Bad input raises
+:class:`nccl_env.errors.LagomError`: printed as one line on stderr, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from nccl_env.errors import LagomError
+
+# Subcommand modules, in the order `lagom --help` lists them.
+COMMANDS = ["analyze", "simulate", "calibrate", "tune", "run", "bench", "plugin", "doctor"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lagom",
+        description="Co-tune NCCL with the computation it overlaps: analyse traces, simulate, tune, run.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        module = importlib.import_module(f"lagom.commands.{name}")
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except LagomError as exc:
+        print(f"lagom {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"lagom {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""The tuned-config file (``lagom.yaml``): what ``lagom tune`` writes and ``lagom run`` applies.
+
+Versioned YAML::
+
+    format: lagom.tuned-config
+    version: 1
+    cluster: low-bw                 # preset name or cluster file it was tuned for
+    nccl_version: "2.18.3"
+    workload: "fsdp:llama3-8b:gpus=16"
+    method: lagom
+    env:                            # process-wide NCCL_* variables (strings)
+      NCCL_NTHREADS: "256"
+    process_groups:                 # per-communicator ncclConfig_t values
+      "0": {min_ctas: 2, max_ctas: 8}
+    collectives:                    # per-collective entries, first match wins
+      - match: {collective: allgather, group: "0", min_bytes: 1048576, max_bytes: 1048576,
+                ranks: 8, nodes: 1}  # any key left out (or null) matches anything
+        set: {algorithm: ring, protocol: simple, channels: 2, chunk_bytes: 700416}
+    predictions: {baseline_us: 1000.0, tuned_us: 900.0}
+    notes: ["threads are process-wide: 256 chosen for all collectives"]
+
+:func:`load_tuned_config` validates a file and raises LagomError with one line that
+names the file and the problem.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from nccl_env.errors import LagomError
+from nccl_env.knobs import CollectiveType, CommConfig
+
+FORMAT = "lagom.tuned-config"
+VERSION = 1
+
+_PG_KEYS = {"min_ctas", "max_ctas", "cta_policy"}
+_MATCH_KEYS = {"collective", "group", "min_bytes", "max_bytes", "ranks", "nodes"}
+
+
+@dataclass(frozen=True)
+class Match:
+    """Which collectives an entry applies to; ``None`` = any."""
+
+    collective: CollectiveType | None = None
+    group: str | None = None
+    min_bytes: int | None = None
+    max_bytes: int | None = None
+    ranks: int | None = None
+    nodes: int | None = None
+
+    def matches(self, collective: CollectiveType, group: str | None, nbytes: int, ranks: int | None, nodes: int | None) -> bool:
+        if self.collective is not None and self.collective != collective:
+            return False
+        if self.group is not None and group is not None and self.group != group:
+            return False
+        if self.min_bytes is not None and nbytes < self.min_bytes:
+            return False
+        if self.max_bytes is not None and nbytes > self.max_bytes:
+            return False
+        if self.ranks is not None and ranks is not None and self.ranks != ranks:
+            return False
+        if self.nodes is not None and nodes is not None and self.nodes != nodes:
+            return False
+        return True
+
+    def to_dict(self) -> dict:
+        out = {
+            "collective": None if self.collective is None else self.collective.value,
+            "group": self.group,
+            "min_bytes": self.min_bytes,
+            "max_bytes": self.max_bytes,
+            "ranks": self.ranks,
+            "nodes": self.nodes,
+        }
+        return {k: v for k, v in out.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class CollectiveEntry:
+    match: Match
+    config: CommConfig
+
+    def to_dict(self) -> dict:
+        return {"match": self.match.to_dict(), "set": self.config.to_dict()}
+
+
+@dataclass
+class TunedConfig:
+    cluster: str = ""
+    nccl_version: str = ""
+    workload: str = ""
+    method: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    process_groups: dict[str, dict[str, int | str]] = field(default_factory=dict)
+    collectives: list[CollectiveEntry] = field(default_factory=list)
+    predictions: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def lookup(self, collective: CollectiveType, group: str | None, nbytes: int, ranks: int | None = None, nodes: int | None = None) -> CollectiveEntry | None:
+        """First entry whose match accepts this collective, or None."""
+        for entry in self.collectives:
+            if entry.match.matches(collective, group, nbytes, ranks, nodes):
+                return entry
+        return None
+
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "cluster": self.cluster,
+            "nccl_version": self.nccl_version,
+            "workload": self.workload,
+            "method": self.method,
+            "env": dict(self.env),
+            "process_groups": {k: dict(v) for k, v in self.process_groups.items()},
+            "collectives": [e.to_dict() for e in self.collectives],
+            "predictions": dict(self.predictions),
+            "notes": list(self.notes),
+        }
+
+    def dump(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False, width=100))
+
+
+def parse_tuned_config(data: object, origin: str = "<config>") -> TunedConfig:
+    """Validate a loaded YAML document; LagomError names ``origin`` and the problem."""
+
+    def bad(msg: str) -> LagomError:
+        return LagomError(f"{origin}: {msg}")
+
+    if not isinstance(data, dict):
+        raise bad("not a Lagom tuned config (expected a YAML mapping)")
+    if data.get("format") != FORMAT:
+        raise bad(f"not a Lagom tuned config (expected 'format: {FORMAT}')")
+    try:
+        version = int(data.get("version", 0))
+    except (TypeError, ValueError):
+        raise bad(f"'version' must be an integer, got {data.get('version')!r}") from None
+    if version < 1 or version > VERSION:
+        raise bad(f"version {version} is not one this Lagom reads (1..{VERSION})")
+    env = data.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
+        raise bad("'env' must map variable names to values")
+    pgs = data.get("process_groups") or {}
+    if not isinstance(pgs, dict):
+        raise bad("'process_groups' must map group names to settings")
+    process_groups: dict[str, dict[str, int | str]] = {}
+    for name, settings in pgs.items():
+        if not isinstance(settings, dict) or set(settings) - _PG_KEYS:
+            raise bad(f"process group {name!r}: settings must use only {sorted(_PG_KEYS)}")
+        process_groups[str(name)] = {k: v for k, v in settings.items() if v is not None}
+    raw_entries = data.get("collectives") or []
+    if not isinstance(raw_entries, list):
+        raise bad("'collectives' must be a list")
+    entries = []
+    for i, raw in enumerate(raw_entries):
+        if not isinstance(raw, dict) or not isinstance(raw.get("match", {}), dict) or not isinstance(raw.get("set"), dict):
+            raise bad(f"collectives[{i}]: needs a 'match' mapping and a 'set' mapping")
+        m = raw.get("match") or {}
+        unknown = set(m) - _MATCH_KEYS
+        if unknown:
+            raise bad(f"collectives[{i}].match: unknown key(s) {sorted(unknown)}")
+        try:
+            match = Match(
+                collective=None if m.get("collective") is None else CollectiveType.parse(str(m["collective"])),
+                group=None if m.get("group") is None else str(m["group"]),
+                min_bytes=None if m.get("min_bytes") is None else int(m["min_bytes"]),
+                max_bytes=None if m.get("max_bytes") is None else int(m["max_bytes"]),
+                ranks=None if m.get("ranks") is None else int(m["ranks"]),
+                nodes=None if m.get("nodes") is None else int(m["nodes"]),
+            )
+            config = CommConfig.from_dict(raw["set"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise bad(f"collectives[{i}]: {exc}") from None
+        entries.append(CollectiveEntry(match, config))
+    predictions = data.get("predictions") or {}
+    if not isinstance(predictions, dict):
+        raise bad("'predictions' must be a mapping")
+    notes = data.get("notes") or []
+    if not isinstance(notes, list):
+        raise bad("'notes' must be a list")
+    return TunedConfig(
+        cluster=str(data.get("cluster", "")),
+        nccl_version=str(data.get("nccl_version", "")),
+        workload=str(data.get("workload", "")),
+        method=str(data.get("method", "")),
+        env={k: str(v) for k, v in env.items()},
+        process_groups=process_groups,
+        collectives=entries,
+        predictions={str(k): v for k, v in predictions.items()},
+        notes=[str(n) for n in notes],
+    )
+
+
+def load_tuned_config(path: str | Path) -> TunedConfig:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise LagomError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LagomError(f"{path}: cannot read: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else "parse error"
+        raise LagomError(f"{path}: not valid YAML: {first}") from None
+    return parse_tuned_config(data, str(path))

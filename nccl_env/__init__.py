@@ -1,0 +1,10 @@
+"""NCCL's knobs, the doors they are delivered through, and Lagom's C tuner plugin.
+
+Imports nothing else of Lagom's.
+"""
+
+from nccl_env.errors import LagomError
+from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
+from nccl_env.plan import Plan, Signature
+
+__all__ = ["Algorithm", "CollectiveType", "CommConfig", "LagomError", "Plan", "Protocol", "Signature"]

@@ -1,0 +1,147 @@
+"""NCCL's knob vocabulary: algorithms, protocols, collective types and CommConfig.
+
+Numeric values are NCCL's own (src/include/device.h, nccl_tuner.h): they are what
+the tuner plugin ABI passes around. Validation of values against a given NCCL
+version lives in :mod:`nccl_env.rules`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields, replace
+
+
+class Algorithm(enum.IntEnum):
+    """NCCL_ALGO_* indices (NCCL_NUM_ALGORITHMS is 6 before 2.23, 7 with PAT)."""
+
+    TREE = 0
+    RING = 1
+    COLLNET_DIRECT = 2
+    COLLNET_CHAIN = 3
+    NVLS = 4
+    NVLS_TREE = 5
+    PAT = 6
+
+    @property
+    def nccl_name(self) -> str:
+        """The spelling NCCL_ALGO and the plugin CSV use (e.g. ``collnet_direct``)."""
+        return self.name.lower()
+
+
+class Protocol(enum.IntEnum):
+    """NCCL_PROTO_* indices."""
+
+    LL = 0
+    LL128 = 1
+    SIMPLE = 2
+
+    @property
+    def nccl_name(self) -> str:
+        return self.name.lower()
+
+
+class CollectiveType(enum.Enum):
+    """Collective operations Lagom knows. Values are our stable spellings.
+
+    ``nccl_func`` gives ncclFunc_t where NCCL has one (Broadcast 0 .. AllReduce 4;
+    SendRecv 5). AllToAll and gather-style collectives are grouped send/recv in NCCL.
+    """
+
+    BROADCAST = "broadcast"
+    REDUCE = "reduce"
+    ALLGATHER = "allgather"
+    REDUCESCATTER = "reducescatter"
+    ALLREDUCE = "allreduce"
+    SENDRECV = "sendrecv"
+    ALLTOALL = "alltoall"
+
+    @property
+    def nccl_func(self) -> int:
+        """ncclFunc_t value as seen by tuner plugins (AllToAll is SendRecv there)."""
+        return _NCCL_FUNC[self]
+
+    @classmethod
+    def parse(cls, text: str) -> "CollectiveType":
+        """Accept our spellings and the common ones of PyTorch and NCCL kernel names.
+
+        ``all_reduce``, ``AllReduce``, ``allreduce_coalesced``, ``_allgather_base``,
+        ``reduce_scatter_tensor``, ``all_to_all``, ``send``/``recv`` all resolve.
+        Raises ValueError for anything else.
+        """
+        key = text.strip().lower().replace("_", "").replace("-", "").replace(" ", "")
+        key = key.lstrip("_")
+        for suffix in ("coalesced", "base", "intotensor", "tensor", "single"):
+            if key.endswith(suffix) and key not in _ALIASES:
+                key = key[: -len(suffix)]
+        if key in _ALIASES:
+            return _ALIASES[key]
+        raise ValueError(f"unknown collective type {text!r}")
+
+
+_NCCL_FUNC = {
+    CollectiveType.BROADCAST: 0,
+    CollectiveType.REDUCE: 1,
+    CollectiveType.ALLGATHER: 2,
+    CollectiveType.REDUCESCATTER: 3,
+    CollectiveType.ALLREDUCE: 4,
+    CollectiveType.SENDRECV: 5,
+    CollectiveType.ALLTOALL: 5,
+}
+
+_ALIASES = {
+    "broadcast": CollectiveType.BROADCAST,
+    "reduce": CollectiveType.REDUCE,
+    "allgather": CollectiveType.ALLGATHER,
+    "allgatherinto": CollectiveType.ALLGATHER,
+    "reducescatter": CollectiveType.REDUCESCATTER,
+    "allreduce": CollectiveType.ALLREDUCE,
+    "sendrecv": CollectiveType.SENDRECV,
+    "send": CollectiveType.SENDRECV,
+    "recv": CollectiveType.SENDRECV,
+    "alltoall": CollectiveType.ALLTOALL,
+    "alltoallv": CollectiveType.ALLTOALL,
+}
+
+
+@dataclass(frozen=True)
+class CommConfig:
+    """One collective's NCCL settings. ``None`` in a field means "NCCL decides"."""
+
+    algorithm: Algorithm | None = None
+    protocol: Protocol | None = None
+    channels: int | None = None
+    threads: int | None = None
+    chunk_bytes: int | None = None
+
+    def merged_over(self, base: "CommConfig") -> "CommConfig":
+        """This config with its ``None`` fields filled from ``base``."""
+        return replace(
+            base,
+            **{f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None},
+        )
+
+    def to_dict(self) -> dict:
+        """Plain dict with NCCL names for enums; ``None`` fields are left out."""
+        out: dict = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            out[f.name] = value.nccl_name if isinstance(value, (Algorithm, Protocol)) else int(value)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CommConfig":
+        """Inverse of :meth:`to_dict`; raises ValueError on unknown keys or names."""
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown CommConfig field(s): {', '.join(sorted(unknown))}")
+        algo = data.get("algorithm")
+        proto = data.get("protocol")
+        return cls(
+            algorithm=None if algo is None else Algorithm[str(algo).upper()],
+            protocol=None if proto is None else Protocol[str(proto).upper()],
+            channels=None if data.get("channels") is None else int(data["channels"]),
+            threads=None if data.get("threads") is None else int(data["threads"]),
+            chunk_bytes=None if data.get("chunk_bytes") is None else int(data["chunk_bytes"]),
+        )

@@ -1,0 +1,259 @@
+"""The Workload: one rank's training iteration as streams of operations.
+
+This is the input of every analysis, evaluator and search (parse once, analyse many
+times). A Workload is plain data: dataclasses with explicit units, a JSON round trip
+(:meth:`Workload.to_dict` / :meth:`Workload.from_dict`), and no behaviour beyond
+simple lookups. Analyses live in their own modules (``traces.overlap``, ...).
+
+Times are microseconds from the start of the trace (``start_us``, ``duration_us``).
+For a trace, durations are the observed ones (already slowed by any contention);
+for a generated workload, compute durations are the uncontended estimate and start
+times are a schedule hint that evaluators recompute from stream order and
+dependencies.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field, fields
+
+from nccl_env.knobs import Algorithm, CollectiveType, Protocol
+from nccl_env.plan import Signature
+
+WORKLOAD_FORMAT_VERSION = 1
+
+
+class StreamKind(enum.Enum):
+    COMPUTE = "compute"
+    COMMUNICATION = "communication"
+    MEMORY = "memory"  # memcpy / memset only
+
+
+@dataclass(frozen=True)
+class Stream:
+    stream_id: int
+    kind: StreamKind
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class ProcessGroup:
+    """A communicator: its name (PyTorch's process group name), member ranks, span."""
+
+    name: str
+    ranks: tuple[int, ...]
+    nodes: int | None = None  # nodes the group spans; None when the trace does not say
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+@dataclass
+class ComputeOp:
+    """A compute (or memory) kernel on a stream, with the launch shape that drives SM contention."""
+
+    op_id: int
+    name: str
+    stream: int
+    start_us: float
+    duration_us: float
+    grid: tuple[int, int, int] | None = None
+    block: tuple[int, int, int] | None = None
+    blocks_per_sm: float | None = None
+    registers_per_thread: int | None = None
+    shared_memory_bytes: int | None = None
+    occupancy_pct: float | None = None
+    flops: float | None = None  # floating-point operations, when known (generated workloads)
+    dram_bytes: float | None = None  # bytes read + written from device memory, when known
+    is_memory_op: bool = False  # memcpy / memset rather than a compute kernel
+
+    @property
+    def end_us(self) -> float:
+        return self.start_us + self.duration_us
+
+    @property
+    def thread_blocks(self) -> int | None:
+        """Total blocks launched (grid x*y*z), or None when unknown."""
+        if self.grid is None:
+            return None
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+
+@dataclass
+class CollectiveOp:
+    """A communication kernel (or, in CPU-only traces, a collective call) on a stream."""
+
+    op_id: int
+    name: str
+    collective: CollectiveType
+    message_bytes: int  # bytes of the larger of input and output buffers on this rank
+    stream: int
+    start_us: float
+    duration_us: float
+    group: str  # ProcessGroup.name
+    dtype: str | None = None
+    algorithm: Algorithm | None = None  # as observed, when the trace says (kernel names are unreliable)
+    protocol: Protocol | None = None
+    on_gpu: bool = True  # False when only the CPU-side call was recorded (e.g. gloo)
+
+    @property
+    def end_us(self) -> float:
+        return self.start_us + self.duration_us
+
+
+class DependencyKind(enum.Enum):
+    EVENT = "event"  # cudaEventRecord on one stream, cudaStreamWaitEvent on another
+    DATA = "data"  # generated workloads: the consumer needs the producer's output
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """``after`` may not start before ``before`` has finished (op ids)."""
+
+    before: int
+    after: int
+    kind: DependencyKind = DependencyKind.DATA
+
+
+Op = ComputeOp | CollectiveOp
+
+
+@dataclass
+class Workload:
+    """One rank's iteration (or trace span): streams, ops, groups and dependencies.
+
+    ``compute_ops`` and ``collectives`` are each sorted by ``start_us``; op ids are
+    unique across both lists. Ops on one stream run in list order.
+    """
+
+    rank: int
+    world_size: int
+    streams: list[Stream] = field(default_factory=list)
+    compute_ops: list[ComputeOp] = field(default_factory=list)
+    collectives: list[CollectiveOp] = field(default_factory=list)
+    groups: dict[str, ProcessGroup] = field(default_factory=dict)
+    dependencies: list[Dependency] = field(default_factory=list)
+    source: str = ""  # file the workload came from, or the generator spec
+    device_name: str | None = None
+    sm_count: int | None = None
+    gpus_per_node: int | None = None
+    profiler_steps: list[tuple[float, float]] = field(default_factory=list)  # (start_us, end_us) per ProfilerStep
+
+    # ---- lookups -----------------------------------------------------------------
+    def op(self, op_id: int) -> Op:
+        index = self.__dict__.get("_index")
+        if index is None or len(index) != len(self.compute_ops) + len(self.collectives):
+            index = {o.op_id: o for o in (*self.compute_ops, *self.collectives)}
+            self.__dict__["_index"] = index
+        return index[op_id]
+
+    def stream_kind(self, stream_id: int) -> StreamKind | None:
+        for s in self.streams:
+            if s.stream_id == stream_id:
+                return s.kind
+        return None
+
+    def signature(self, op: CollectiveOp, gpus_per_node: int | None = None) -> Signature:
+        """The run-time match key of a collective. ``nodes`` comes from the group,
+        else from ``gpus_per_node`` (argument, then the workload's), else 1."""
+        group = self.groups.get(op.group)
+        ranks = group.size if group is not None else self.world_size
+        nodes = group.nodes if group is not None else None
+        if nodes is None:
+            per_node = gpus_per_node or self.gpus_per_node
+            if per_node and group is not None:
+                nodes = len({r // per_node for r in group.ranks})
+            elif per_node:
+                nodes = max(1, -(-ranks // per_node))
+            else:
+                nodes = 1
+        return Signature(op.group, op.collective, op.message_bytes, ranks, nodes)
+
+    @property
+    def span_us(self) -> float:
+        """From the first op's start to the last op's end (0 for an empty workload)."""
+        ops = [*self.compute_ops, *self.collectives]
+        if not ops:
+            return 0.0
+        return max(o.end_us for o in ops) - min(o.start_us for o in ops)
+
+    # ---- JSON round trip -----------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "format": "lagom.workload",
+            "version": WORKLOAD_FORMAT_VERSION,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "source": self.source,
+            "device_name": self.device_name,
+            "sm_count": self.sm_count,
+            "gpus_per_node": self.gpus_per_node,
+            "profiler_steps": [list(s) for s in self.profiler_steps],
+            "streams": [{"stream_id": s.stream_id, "kind": s.kind.value, "name": s.name} for s in self.streams],
+            "groups": [
+                {"name": g.name, "ranks": list(g.ranks), "nodes": g.nodes} for g in self.groups.values()
+            ],
+            "compute_ops": [_compute_to_dict(o) for o in self.compute_ops],
+            "collectives": [_collective_to_dict(o) for o in self.collectives],
+            "dependencies": [[d.before, d.after, d.kind.value] for d in self.dependencies],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Workload":
+        """Inverse of :meth:`to_dict`. Raises KeyError/ValueError/TypeError on malformed data;
+        :func:`traces.workload_io.load_workload` turns those into a LagomError."""
+        if data.get("format") != "lagom.workload":
+            raise ValueError("not a Lagom workload (missing 'format': 'lagom.workload')")
+        if int(data.get("version", 0)) > WORKLOAD_FORMAT_VERSION:
+            raise ValueError(f"workload format version {data['version']} is newer than this Lagom reads")
+        return cls(
+            rank=int(data["rank"]),
+            world_size=int(data["world_size"]),
+            source=str(data.get("source", "")),
+            device_name=data.get("device_name"),
+            sm_count=data.get("sm_count"),
+            gpus_per_node=data.get("gpus_per_node"),
+            profiler_steps=[(float(a), float(b)) for a, b in data.get("profiler_steps", [])],
+            streams=[Stream(int(s["stream_id"]), StreamKind(s["kind"]), s.get("name", "")) for s in data["streams"]],
+            groups={
+                g["name"]: ProcessGroup(str(g["name"]), tuple(int(r) for r in g["ranks"]), g.get("nodes"))
+                for g in data["groups"]
+            },
+            compute_ops=[_compute_from_dict(o) for o in data["compute_ops"]],
+            collectives=[_collective_from_dict(o) for o in data["collectives"]],
+            dependencies=[Dependency(int(a), int(b), DependencyKind(k)) for a, b, k in data["dependencies"]],
+        )
+
+
+def _compute_to_dict(op: ComputeOp) -> dict:
+    out = asdict(op)
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in out.items() if v is not None}
+
+
+def _compute_from_dict(data: dict) -> ComputeOp:
+    known = {f.name for f in fields(ComputeOp)}
+    kwargs = {k: v for k, v in data.items() if k in known}
+    for key in ("grid", "block"):
+        if kwargs.get(key) is not None:
+            kwargs[key] = tuple(int(x) for x in kwargs[key])
+    return ComputeOp(**kwargs)
+
+
+def _collective_to_dict(op: CollectiveOp) -> dict:
+    out = asdict(op)
+    out["collective"] = op.collective.value
+    out["algorithm"] = None if op.algorithm is None else op.algorithm.nccl_name
+    out["protocol"] = None if op.protocol is None else op.protocol.nccl_name
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _collective_from_dict(data: dict) -> CollectiveOp:
+    known = {f.name for f in fields(CollectiveOp)}
+    kwargs = {k: v for k, v in data.items() if k in known}
+    kwargs["collective"] = CollectiveType(kwargs["collective"])
+    if kwargs.get("algorithm") is not None:
+        kwargs["algorithm"] = Algorithm[kwargs["algorithm"].upper()]
+    if kwargs.get("protocol") is not None:
+        kwargs["protocol"] = Protocol[kwargs["protocol"].upper()]
+    return CollectiveOp(**kwargs)

@@ -1,0 +1,188 @@
+"""ClusterSpec: the hardware and NCCL facts every Evaluator and the tuner work from.
+
+A cluster is a YAML file: a preset shipped in ``costmodel/presets/NAME.yaml`` or a
+file written by ``lagom calibrate``. Schema (units in the key names)::
+
+    name: low-bw
+    nodes: 2
+    gpus_per_node: 8
+    nccl_version: "2.18.3"
+    gpu:
+      name: A40
+      sm_count: 84
+      mem_bw_gb_per_s: 696          # GB/s = 1e9 bytes/s
+      l2_bytes: 6291456
+      peak_tflops: 149.7            # dense BF16 tensor-core TFLOP/s
+      max_threads_per_sm: 1536
+      max_blocks_per_sm: 16
+    intra_node:
+      kind: pcie                    # pcie | nvlink | nvswitch
+      bw_gb_per_s: 25.0             # per GPU, per direction, achievable
+      latency_us: 1.0               # per hop
+    inter_node:
+      nics_per_node: 1
+      nic_bw_gb_per_s: 12.5         # per NIC, per direction
+      latency_us: 5.0
+    nccl_defaults: {}               # optional overrides of NCCL's modelled choices
+    sim: {}                         # simulator mechanism constants (costmodel.sim)
+    model: {}                       # fitted analytic-model parameters (costmodel.analytic)
+
+Every number in a preset carries a source comment. :func:`load_cluster` raises
+LagomError naming the file and the key on bad input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from nccl_env.errors import LagomError
+
+INTRA_KINDS = ("pcie", "nvlink", "nvswitch")
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    sm_count: int
+    mem_bw_gb_per_s: float
+    l2_bytes: int
+    peak_tflops: float
+    max_threads_per_sm: int
+    max_blocks_per_sm: int
+
+
+@dataclass(frozen=True)
+class IntraNodeSpec:
+    kind: str  # one of INTRA_KINDS
+    bw_gb_per_s: float  # per GPU, per direction
+    latency_us: float
+
+
+@dataclass(frozen=True)
+class InterNodeSpec:
+    nics_per_node: int
+    nic_bw_gb_per_s: float  # per NIC, per direction
+    latency_us: float
+
+
+@dataclass
+class ClusterSpec:
+    name: str
+    nodes: int
+    gpus_per_node: int
+    nccl_version: str
+    gpu: GpuSpec
+    intra_node: IntraNodeSpec
+    inter_node: InterNodeSpec
+    nccl_defaults: dict = field(default_factory=dict)
+    sim: dict = field(default_factory=dict)
+    model: dict = field(default_factory=dict)
+    source: str = ""  # file it was loaded from
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.pop("source")
+        return out
+
+    def dump(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+def preset_names() -> list[str]:
+    folder = resources.files("costmodel") / "presets"
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_cluster(name_or_path: str | Path) -> ClusterSpec:
+    """A preset name (``low-bw``) or a path to a cluster YAML file."""
+    text_name = str(name_or_path)
+    path = Path(text_name)
+    if not path.exists() and "/" not in text_name and not text_name.endswith((".yaml", ".yml")):
+        candidate = resources.files("costmodel") / "presets" / f"{text_name}.yaml"
+        if not candidate.is_file():
+            names = ", ".join(preset_names())
+            raise LagomError(f"unknown cluster {text_name!r}: not a file and not a preset ({names})")
+        return parse_cluster(yaml.safe_load(candidate.read_text()), f"preset {text_name}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise LagomError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LagomError(f"{path}: cannot read: {exc}") from None
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else "parse error"
+        raise LagomError(f"{path}: not valid YAML: {first}") from None
+    spec = parse_cluster(data, str(path))
+    spec.source = str(path)
+    return spec
+
+
+def parse_cluster(data: object, origin: str) -> ClusterSpec:
+    def bad(msg: str) -> LagomError:
+        return LagomError(f"{origin}: {msg}")
+
+    if not isinstance(data, dict):
+        raise bad("not a cluster file (expected a YAML mapping)")
+
+    def section(key: str) -> dict:
+        value = data.get(key)
+        if not isinstance(value, dict):
+            raise bad(f"missing or malformed '{key}' section")
+        return value
+
+    def number(sec: dict, sec_name: str, key: str, kind: type, minimum: float = 0.0) -> float:
+        if key not in sec:
+            raise bad(f"'{sec_name}.{key}' is missing")
+        try:
+            value = kind(sec[key])
+        except (TypeError, ValueError):
+            raise bad(f"'{sec_name}.{key}' must be a number, got {sec[key]!r}") from None
+        if value <= minimum:
+            raise bad(f"'{sec_name}.{key}' must be > {minimum}, got {value}")
+        return value
+
+    gpu = section("gpu")
+    intra = section("intra_node")
+    inter = section("inter_node")
+    kind = str(intra.get("kind", ""))
+    if kind not in INTRA_KINDS:
+        raise bad(f"'intra_node.kind' must be one of {', '.join(INTRA_KINDS)}, got {kind!r}")
+    for key in ("nccl_defaults", "sim", "model"):
+        if data.get(key) is not None and not isinstance(data.get(key), dict):
+            raise bad(f"'{key}' must be a mapping")
+    return ClusterSpec(
+        name=str(data.get("name", origin)),
+        nodes=int(number(data, "", "nodes", int)),
+        gpus_per_node=int(number(data, "", "gpus_per_node", int)),
+        nccl_version=str(data.get("nccl_version", "2.18.3")),
+        gpu=GpuSpec(
+            name=str(gpu.get("name", "gpu")),
+            sm_count=int(number(gpu, "gpu", "sm_count", int)),
+            mem_bw_gb_per_s=number(gpu, "gpu", "mem_bw_gb_per_s", float),
+            l2_bytes=int(number(gpu, "gpu", "l2_bytes", int)),
+            peak_tflops=number(gpu, "gpu", "peak_tflops", float),
+            max_threads_per_sm=int(number(gpu, "gpu", "max_threads_per_sm", int)),
+            max_blocks_per_sm=int(number(gpu, "gpu", "max_blocks_per_sm", int)),
+        ),
+        intra_node=IntraNodeSpec(
+            kind=kind,
+            bw_gb_per_s=number(intra, "intra_node", "bw_gb_per_s", float),
+            latency_us=number(intra, "intra_node", "latency_us", float, -1e-12),
+        ),
+        inter_node=InterNodeSpec(
+            nics_per_node=int(number(inter, "inter_node", "nics_per_node", int)),
+            nic_bw_gb_per_s=number(inter, "inter_node", "nic_bw_gb_per_s", float),
+            latency_us=number(inter, "inter_node", "latency_us", float, -1e-12),
+        ),
+        nccl_defaults=dict(data.get("nccl_defaults") or {}),
+        sim=dict(data.get("sim") or {}),
+        model=dict(data.get("model") or {}),
+    )

@@ -25,6 +25,7 @@ names the file and the problem.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,7 @@ import yaml
 
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CollectiveType, CommConfig
+from nccl_env.plan import Plan, Signature
 
 FORMAT = "lagom.tuned-config"
 VERSION = 1
@@ -105,6 +107,20 @@ class TunedConfig:
             if entry.match.matches(collective, group, nbytes, ranks, nodes):
                 return entry
         return None
+
+    def to_plan(self, signatures: Iterable[Signature]) -> Plan:
+        """The Plan this file gives a workload with these collective signatures.
+
+        Each signature gets the ``set`` of its first matching entry; unmatched ones are
+        left to NCCL. Process-wide env knobs (NCCL_NTHREADS, NCCL_BUFFSIZE) are not part
+        of the Plan: evaluators read them through :attr:`env` where they model them.
+        """
+        entries: dict[Signature, CommConfig] = {}
+        for sig in signatures:
+            entry = self.lookup(sig.collective, sig.group, sig.message_bytes, sig.ranks, sig.nodes)
+            if entry is not None:
+                entries[sig] = entry.config
+        return Plan(entries=entries)
 
     def to_dict(self) -> dict:
         return {

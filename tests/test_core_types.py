@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lagom.tuned_config import CollectiveEntry, Match, TunedConfig, load_tuned_config
-from nccl_env import Algorithm, CollectiveType, CommConfig, LagomError, Protocol
+from nccl_env import Algorithm, CollectiveType, CommConfig, LagomError, Protocol, Signature
 from traces import (
     CollectiveOp,
     ComputeOp,
@@ -95,6 +95,10 @@ def test_tuned_config_round_trip_and_lookup(tmp_path):
     assert back.lookup(CollectiveType.ALLGATHER, "0", 1500, 8, 1).config.channels == 2
     assert back.lookup(CollectiveType.ALLGATHER, "0", 2500, 8, 1) is None
     assert back.lookup(CollectiveType.ALLREDUCE, "0", 1500, 8, 1) is None
+    hit = Signature("0", CollectiveType.ALLGATHER, 1500, 8, 1)
+    miss = Signature("0", CollectiveType.ALLGATHER, 1500, 4, 1)
+    plan = back.to_plan([hit, miss])
+    assert plan.config_for(hit).channels == 2 and plan.config_for(miss) == CommConfig()
 
 
 @pytest.mark.parametrize("text,needle", [

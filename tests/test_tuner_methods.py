@@ -1,0 +1,167 @@
+"""One conformance suite every search method must pass (Optuna-style), plus Lagom's own claims.
+
+The suite runs each method on hand-built workloads with a closed-form contention
+evaluator (tests/tuner_toy.py) where exhaustive ground truth is cheap.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from costmodel.cluster import load_cluster
+from nccl_env.errors import LagomError
+from nccl_env.plan import Plan
+from tests.tuner_toy import ToyEvaluator, layered_workload
+from tuner import METHODS, AutoCCL, Exhaustive, LagomSearch, NcclDefault, OptunaTPE, Scope, SearchMethod, build_space
+from tuner.space import knob_scopes
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    return load_cluster("low-bw")
+
+
+def small_case(cluster):
+    workload = layered_workload(4, [8 << 20, 24 << 20])
+    return workload, build_space(workload, cluster)
+
+
+class MethodConformance:
+    """Subclasses set ``method``; every test here must hold for every method."""
+
+    method: SearchMethod
+
+    def test_plan_respects_the_space(self, cluster):
+        workload, space = small_case(cluster)
+        result = self.method.tune(workload, ToyEvaluator(cluster), space)
+        for sig, cfg in result.plan.entries.items():
+            assert sig in space.signatures
+            for axis in ("channels", "chunk_bytes", "threads"):
+                value = getattr(cfg, axis)
+                assert value is None or value in space.axes[axis].values
+            if cfg.algorithm is not None:
+                assert (cfg.algorithm, cfg.protocol) in space.pairs[sig]
+        # signatures of one unit share the unit's values (what the doors can carry)
+        for unit in space.resource_units:
+            for axis in unit.axes:
+                assert len({getattr(result.plan.config_for(s), axis) for s in unit.signatures}) == 1
+
+    def test_prediction_is_the_evaluators_and_evaluations_are_counted(self, cluster):
+        workload, space = small_case(cluster)
+        evaluator = ToyEvaluator(cluster)
+        result = self.method.tune(workload, evaluator, space)
+        assert result.evaluations == evaluator.evaluations >= 1
+        again = ToyEvaluator(cluster).evaluate(workload, result.plan)
+        assert math.isclose(again.iteration_us, result.iteration_us, rel_tol=1e-9)
+
+    def test_budget_is_respected(self, cluster):
+        workload, space = small_case(cluster)
+        evaluator = ToyEvaluator(cluster)
+        result = self.method.tune(workload, evaluator, space, budget=7)
+        assert evaluator.evaluations <= 7 and result.evaluations <= 7
+
+    def test_deterministic(self, cluster):
+        workload, space = small_case(cluster)
+        a = self.method.tune(workload, ToyEvaluator(cluster), space)
+        b = self.method.tune(workload, ToyEvaluator(cluster), space)
+        assert a.iteration_us == b.iteration_us and a.plan.entries == b.plan.entries
+
+    def test_progress_reports_every_evaluation(self, cluster):
+        workload, space = small_case(cluster)
+        seen: list[int] = []
+        result = self.method.tune(workload, ToyEvaluator(cluster), space, progress=seen.append)
+        assert seen == list(range(1, result.evaluations + 1))
+
+
+class TestLagomConformance(MethodConformance):
+    method = LagomSearch()
+
+
+class TestAutoCCLConformance(MethodConformance):
+    method = AutoCCL()
+
+
+class TestExhaustiveConformance(MethodConformance):
+    method = Exhaustive()
+
+
+class TestOptunaConformance(MethodConformance):
+    method = OptunaTPE(default_budget=40)
+
+
+class TestNcclDefaultConformance(MethodConformance):
+    method = NcclDefault()
+
+
+def test_methods_table_lists_every_method():
+    assert set(METHODS) == {"lagom", "autoccl", "exhaustive", "optuna", "nccl"}
+    assert all(issubclass(m, SearchMethod) and m.name == key for key, m in METHODS.items())
+
+
+# ---- Lagom's own claims --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sizes", [[8 << 20, 24 << 20], [2 << 20], [48 << 20, 4 << 20]])
+def test_lagom_within_two_percent_of_exhaustive_and_beats_optuna_at_equal_budget(cluster, sizes):
+    workload = layered_workload(4, sizes)
+    space = build_space(workload, cluster)
+    truth = Exhaustive().tune(workload, ToyEvaluator(cluster), space)
+    lagom = LagomSearch().tune(workload, ToyEvaluator(cluster), space)
+    assert lagom.iteration_us <= truth.iteration_us * 1.02
+    optuna = OptunaTPE().tune(workload, ToyEvaluator(cluster), space, budget=lagom.evaluations)
+    assert lagom.iteration_us <= optuna.iteration_us
+    assert lagom.evaluations < space.size() / 20
+
+
+def test_guard_never_returns_worse_than_nccl_default(cluster):
+    workload, space = small_case(cluster)
+    evaluator = ToyEvaluator(cluster)
+    default = evaluator.evaluate(workload, Plan())
+    # a budget of 2 leaves the search at minimum resources, far worse than NCCL's default
+    result = LagomSearch().tune(workload, evaluator, space, budget=2)
+    assert result.iteration_us <= default.iteration_us
+    assert result.plan.entries == {} and any("guard" in n for n in result.notes)
+
+
+def test_lagom_evaluations_grow_linearly_with_signatures():
+    """On NCCL 2.30 every knob but threads is per collective: one unit per signature."""
+    cluster = load_cluster("low-bw")
+    counts, units = [], []
+    for n in (1, 2, 4, 8):
+        sizes = [(4 + 3 * i) << 20 for i in range(n)]
+        workload = layered_workload(n, sizes)
+        space = build_space(workload, cluster, nccl_version="2.30.1")
+        assert space.axes["chunk_bytes"].scope is Scope.COLLECTIVE
+        result = LagomSearch().tune(workload, ToyEvaluator(cluster), space)
+        counts.append(result.evaluations)
+        units.append(len(space.resource_units))
+    slope, intercept = np.polyfit(units, counts, 1)
+    residual = max(abs(c - (slope * u + intercept)) for u, c in zip(units, counts))
+    assert slope < 30 and residual < 0.25 * max(counts)
+    assert counts[-1] < 12 * counts[0]
+
+
+def test_scopes_follow_the_nccl_version():
+    old = knob_scopes("2.18.3")
+    assert old["threads"] is Scope.PROCESS and old["chunk_bytes"] is Scope.PROCESS
+    assert old["channels"] is Scope.GROUP and old["algorithm"] is Scope.PROCESS
+    new = knob_scopes("2.30.1")
+    assert new["chunk_bytes"] is Scope.COLLECTIVE and new["channels"] is Scope.COLLECTIVE
+    assert new["threads"] is Scope.PROCESS
+
+
+def test_exhaustive_refuses_large_spaces(cluster):
+    workload = layered_workload(4, [1 << 20, 2 << 20, 3 << 20, 4 << 20])
+    space = build_space(workload, cluster, nccl_version="2.30.1")
+    with pytest.raises(LagomError, match="points"):
+        Exhaustive(max_points=1000).tune(workload, ToyEvaluator(cluster), space)
+
+
+def test_workload_without_collectives_is_a_lagom_error(cluster):
+    workload = layered_workload(2, [1 << 20])
+    workload.collectives = []
+    with pytest.raises(LagomError, match="no collectives"):
+        build_space(workload, cluster)

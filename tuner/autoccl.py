@@ -1,0 +1,106 @@
+"""Baseline: AutoCCL (NSDI'25), coordinate descent on each collective's own time.
+
+Inside each algorithm/protocol subspace, AutoCCL tunes (channels, threads, chunk) by
+coordinate descent, and its objective is the collective's *own* time, measured while
+the job runs (so under whatever interference the compute causes). It never looks at
+the iteration time: that is the difference Lagom exploits.
+
+Here: start from NCCL's default resources; for each subspace candidate (NCCL's own
+choice, then the k-th pair of every subspace unit), sweep one axis at a time over its
+whole ladder, setting that axis to the same rung in every unit in one evaluation,
+so that a single evaluation measures every unit's time under interference; after
+the sweep each unit keeps the rung where its own collective time x_j was smallest.
+Rounds repeat until no unit moves (at most ``rounds``). Each unit finally keeps the
+subspace in which its own time was smallest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from costmodel.evaluator import Evaluator
+from nccl_env.errors import LagomError
+from traces.workload import Workload
+from tuner.method import SearchMethod
+from tuner.objective import BudgetExhausted, Objective
+from tuner.result import Step, TuningResult
+from tuner.space import Point, SearchSpace
+
+AXIS_ORDER = ("channels", "threads", "chunk_bytes")  # AutoCCL's order: NC, NT, C
+
+
+class AutoCCL(SearchMethod):
+    name = "autoccl"
+
+    def __init__(self, rounds: int = 2) -> None:
+        self.rounds = rounds
+
+    def tune(
+        self,
+        workload: Workload,
+        evaluator: Evaluator,
+        space: SearchSpace,
+        budget: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> TuningResult:
+        obj = Objective(workload, evaluator, space, budget, progress)
+        start = space.point_near(lambda s: space.defaults[s])
+        n_candidates = 1 + max((len(space.unit_pairs(u)) for u in space.subspace_units), default=0)
+        finals: list[Point] = []
+        steps: list[Step] = []
+        try:
+            for k in range(n_candidates):
+                point = start
+                for unit in space.subspace_units:
+                    options = space.unit_pairs(unit)
+                    point = point.with_pair(unit.index, options[k - 1] if 0 < k <= len(options) else None)
+                finals.append(obj.measure(self._descend(point, space, obj, steps)).point)
+        except BudgetExhausted:
+            pass
+        # each resource unit and each subspace unit keeps the candidate where its own time was least
+        seen = {m.point: m for m in obj.cached()}
+        measured = [seen[p] for p in finals if p in seen] or list(seen.values())
+        if not measured:
+            raise LagomError("autoccl search: the budget allowed no evaluation")
+        finals = [m.point for m in measured]
+        levels = {}
+        for unit in space.resource_units:
+            best = min(measured, key=lambda m: obj.unit_comm_us(m, unit))
+            for axis in unit.axes:
+                levels[(unit.index, axis)] = best.point.level(unit.index, axis)
+        point = finals[0].with_levels(levels)
+        for unit in space.subspace_units:
+            best = min(measured, key=lambda m: obj.unit_comm_us(m, unit))
+            point = point.with_pair(unit.index, best.point.pair(unit.index))
+        try:
+            final = obj.measure(point)
+        except BudgetExhausted:
+            final = min(measured, key=lambda m: m.iteration_us)
+        return TuningResult(self.name, space.plan(final.point), final.timing, obj.evaluations, point=final.point, steps=steps)
+
+    def _descend(self, point: Point, space: SearchSpace, obj: Objective, steps: list[Step]) -> Point:
+        units = [u for u in space.resource_units]
+        for _ in range(self.rounds):
+            moved = False
+            for axis in AXIS_ORDER:
+                owners = [u for u in units if axis in u.axes]
+                if not owners:
+                    continue
+                sweep = []
+                for rung in range(len(space.axes[axis].values)):
+                    candidate = point.with_levels({(u.index, axis): rung for u in owners})
+                    sweep.append((rung, obj.measure(candidate)))
+                changes = {}
+                for unit in owners:
+                    rung, m = min(sweep, key=lambda rm: obj.unit_comm_us(rm[1], unit))
+                    if rung != point.level(unit.index, axis):
+                        changes[(unit.index, axis)] = rung
+                        values = space.axes[axis].values
+                        steps.append(Step(unit.key, f"{axis} {values[point.level(unit.index, axis)]}->{values[rung]}",
+                                          obj.unit_comm_us(m, unit), m.compute_us, m.iteration_us, None, "accepted"))
+                if changes:
+                    moved = True
+                    point = point.with_levels(changes)
+            if not moved:
+                break
+        return point

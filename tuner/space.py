@@ -1,0 +1,376 @@
+"""The search space: what the tuner may set for each collective signature of a workload.
+
+Per signature the space holds (algorithm, protocol) pairs as *subspaces* and three
+ordered *resource axes*: channels, chunk bytes, threads. Each knob has a *scope*, the
+set of signatures that must share its value because of the door NCCL offers for it
+(REFERENCE.md section 3):
+
+- ``COLLECTIVE``: one value per signature (tuner plugin: algorithm, protocol, channels
+  from NCCL 2.21; chunk from 2.30 through ``getChunkSize``);
+- ``GROUP``: one value per process group (``ncclConfig_t`` minCTAs/maxCTAs, channels
+  when the plugin cannot carry them);
+- ``FUNCTION``: one value per collective type (per-function ``NCCL_ALGO``/``NCCL_PROTO``
+  from NCCL 2.24);
+- ``PROCESS``: one value for the whole process (``NCCL_NTHREADS`` always;
+  ``NCCL_BUFFSIZE`` i.e. chunk before 2.30; ``NCCL_ALGO`` before 2.24).
+
+Signatures that share a scope key form a :class:`Unit`; search methods choose one
+value per unit and axis, so every plan they emit is one the delivery doors can carry.
+A :class:`Point` (rung index per unit and axis, pair per subspace unit) becomes a
+:class:`~nccl_env.plan.Plan` through :meth:`SearchSpace.plan`.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from costmodel.cluster import ClusterSpec
+from nccl_env.errors import LagomError
+from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
+from nccl_env.plan import Plan, Signature
+from traces.workload import Workload
+
+RESOURCE_AXES = ("channels", "chunk_bytes", "threads")
+
+# NCCL_NTHREADS: a multiple of 32 in 64..512 (NCCL src/init.cc, ncclParamNthreads checks).
+THREAD_LADDER = (64, 128, 192, 256, 384, 512)
+# Channels: roughly x1.5 rungs up to NCCL's MAXCHANNELS (32 before 2.25, 64 from 2.25).
+CHANNEL_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# Chunk bytes: x sqrt(2) rungs from 128 KiB to 4 MiB (NCCL's Simple ring default is 2 MiB,
+# BUFFSIZE 4 MiB / 8 steps x 4; REFERENCE.md section 3), rounded to 4 KiB.
+CHUNK_MIN_BYTES = 128 * 1024
+CHUNK_MAX_BYTES = 4 * 1024 * 1024
+
+_P2P = (CollectiveType.ALLTOALL, CollectiveType.SENDRECV)
+
+
+class Scope(enum.Enum):
+    COLLECTIVE = "collective"
+    GROUP = "group"
+    FUNCTION = "function"
+    PROCESS = "process"
+
+
+def scope_key(scope: Scope, signature: Signature) -> str:
+    """The label signatures share when they must share a knob's value."""
+    if scope is Scope.COLLECTIVE:
+        return signature.label()
+    if scope is Scope.GROUP:
+        return f"group {signature.group}"
+    if scope is Scope.FUNCTION:
+        return f"{signature.collective.value}"
+    return "process"
+
+
+def chunk_ladder() -> tuple[int, ...]:
+    values = []
+    value = float(CHUNK_MIN_BYTES)
+    while value <= CHUNK_MAX_BYTES * 1.0001:
+        values.append(int(round(value / 4096)) * 4096)
+        value *= math.sqrt(2.0)
+    return tuple(values)
+
+
+# ---- NCCL version rules (nccl_env.rules when present) ---------------------------------
+
+
+def _version_tuple(version: str) -> tuple[int, int, int]:
+    try:
+        from nccl_env.rules import NcclVersion  # type: ignore[attr-defined]
+
+        v = NcclVersion.parse(version)
+        return (int(v.major), int(v.minor), int(v.patch))
+    except ImportError:
+        parts = [int(p) for p in str(version).split(".")[:3]]
+        while len(parts) < 3:
+            parts.append(0)
+        return (parts[0], parts[1], parts[2])
+    except (ValueError, LagomError, AttributeError) as exc:
+        raise LagomError(f"NCCL version {version!r}: {exc}") from None
+
+
+def max_channels_for(version: str) -> int:
+    try:
+        from nccl_env.rules import NcclVersion, max_channels  # type: ignore[attr-defined]
+
+        return int(max_channels(NcclVersion.parse(version)))
+    except ImportError:
+        # MAXCHANNELS is 64 from NCCL 2.25, 32 before (REFERENCE.md section 3).
+        return 64 if _version_tuple(version) >= (2, 25, 0) else 32
+
+
+def per_collective_knobs_for(version: str) -> frozenset[str]:
+    """CommConfig fields the tuner plugin can set per collective on this NCCL."""
+    try:
+        from nccl_env.rules import NcclVersion, per_collective_knobs  # type: ignore[attr-defined]
+
+        return frozenset(per_collective_knobs(NcclVersion.parse(version)))
+    except ImportError:
+        v = _version_tuple(version)
+        knobs: set[str] = set()
+        if v >= (2, 21, 0):  # tuner plugin v2 (REFERENCE.md section 3)
+            knobs |= {"algorithm", "protocol", "channels"}
+        if v >= (2, 30, 0):  # plugin v6 getChunkSize
+            knobs.add("chunk_bytes")
+        return frozenset(knobs)
+
+
+def knob_scopes(version: str) -> dict[str, Scope]:
+    """The narrowest scope each CommConfig field can be delivered at on this NCCL."""
+    per_coll = per_collective_knobs_for(version)
+    v = _version_tuple(version)
+    scopes: dict[str, Scope] = {}
+    for knob in ("algorithm", "protocol"):
+        if knob in per_coll:
+            scopes[knob] = Scope.COLLECTIVE
+        elif v >= (2, 24, 0):  # per-function NCCL_ALGO / NCCL_PROTO syntax
+            scopes[knob] = Scope.FUNCTION
+        else:
+            scopes[knob] = Scope.PROCESS
+    if "channels" in per_coll:
+        scopes["channels"] = Scope.COLLECTIVE
+    elif v >= (2, 17, 0):  # ncclConfig_t minCTAs/maxCTAs per communicator
+        scopes["channels"] = Scope.GROUP
+    else:
+        scopes["channels"] = Scope.PROCESS
+    scopes["chunk_bytes"] = Scope.COLLECTIVE if "chunk_bytes" in per_coll else Scope.PROCESS
+    scopes["threads"] = Scope.COLLECTIVE if "threads" in per_coll else Scope.PROCESS
+    return scopes
+
+
+def _algorithms_for(version: str) -> set[Algorithm]:
+    try:
+        from nccl_env.rules import NcclVersion, algorithms_available  # type: ignore[attr-defined]
+
+        return set(algorithms_available(NcclVersion.parse(version)))
+    except ImportError:
+        return {Algorithm.RING, Algorithm.TREE}
+
+
+def pairs_for(signature: Signature, version: str, intra_kind: str) -> tuple[tuple[Algorithm, Protocol], ...]:
+    """(algorithm, protocol) subspaces for one signature.
+
+    Ring everywhere; Tree for AllReduce (NCCL implements Tree only for AllReduce).
+    CollNet and NVLS need switch hardware the presets do not model; PAT is left out.
+    LL128 only where NCCL enables it by default: NVLink/NVSwitch nodes (NCCL
+    src/graph/tuning.cc disables LL128 on PCIe-only systems). Point-to-point
+    collectives (AllToAll, send/recv) have no algorithm: their only subspace is
+    "NCCL decides", written (None, None) here is not returned; callers see ().
+    """
+    if signature.collective in _P2P:
+        return ()
+    algos = [Algorithm.RING]
+    if signature.collective is CollectiveType.ALLREDUCE and Algorithm.TREE in _algorithms_for(version):
+        algos.append(Algorithm.TREE)
+    protos = [Protocol.LL, Protocol.SIMPLE]
+    if intra_kind in ("nvlink", "nvswitch"):
+        protos.insert(1, Protocol.LL128)
+    return tuple((a, p) for a in algos for p in protos)
+
+
+# ---- units and points -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Axis:
+    """An ordered resource ladder for one CommConfig field."""
+
+    name: str  # "channels" | "chunk_bytes" | "threads"
+    values: tuple[int, ...]  # ascending
+    scope: Scope
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Signatures that must share the values of ``axes`` (their scope key is ``key``)."""
+
+    index: int
+    key: str
+    scope: Scope
+    signatures: tuple[Signature, ...]
+    axes: tuple[str, ...]  # resource axes this unit owns; empty for a subspace unit
+
+
+@dataclass(frozen=True)
+class Point:
+    """A choice in the space: rung per (resource unit, axis); pair per subspace unit.
+
+    ``pairs[i]`` is None when subspace unit ``i`` leaves algorithm/protocol to NCCL.
+    """
+
+    levels: tuple[tuple[int, str, int], ...]  # (unit index, axis, rung), sorted
+    pairs: tuple[tuple[int, tuple[Algorithm, Protocol] | None], ...]  # (subspace unit index, pair)
+
+    def level(self, unit: int, axis: str) -> int:
+        for u, a, r in self.levels:
+            if u == unit and a == axis:
+                return r
+        raise KeyError((unit, axis))
+
+    def with_levels(self, changes: dict[tuple[int, str], int]) -> "Point":
+        new = tuple((u, a, changes.get((u, a), r)) for u, a, r in self.levels)
+        return Point(new, self.pairs)
+
+    def pair(self, unit: int) -> tuple[Algorithm, Protocol] | None:
+        for u, p in self.pairs:
+            if u == unit:
+                return p
+        raise KeyError(unit)
+
+    def with_pair(self, unit: int, pair: tuple[Algorithm, Protocol] | None) -> "Point":
+        return Point(self.levels, tuple((u, pair if u == unit else p) for u, p in self.pairs))
+
+
+@dataclass
+class SearchSpace:
+    """Everything a search method needs to know about what it may set."""
+
+    nccl_version: str
+    signatures: tuple[Signature, ...]
+    collective_ids: dict[Signature, tuple[int, ...]]  # op ids of each signature's collectives
+    axes: dict[str, Axis]
+    scopes: dict[str, Scope]
+    resource_units: list[Unit]
+    subspace_units: list[Unit]
+    pairs: dict[Signature, tuple[tuple[Algorithm, Protocol], ...]]
+    defaults: dict[Signature, CommConfig]  # NCCL's own choice per signature (may be partial)
+    notes: list[str] = field(default_factory=list)
+
+    # -- unit lookups
+    def unit_pairs(self, unit: Unit) -> tuple[tuple[Algorithm, Protocol], ...]:
+        """Pairs every signature of a subspace unit accepts (the intersection)."""
+        common: list[tuple[Algorithm, Protocol]] | None = None
+        for sig in unit.signatures:
+            options = self.pairs.get(sig, ())
+            common = list(options) if common is None else [p for p in common if p in options]
+        return tuple(common or ())
+
+    def unit_collective_ids(self, unit: Unit) -> tuple[int, ...]:
+        out: list[int] = []
+        for sig in unit.signatures:
+            out.extend(self.collective_ids.get(sig, ()))
+        return tuple(out)
+
+    # -- points
+    def minimum_point(self) -> Point:
+        """Every resource axis at its lowest rung; algorithm/protocol left to NCCL."""
+        levels = tuple(sorted((u.index, a, 0) for u in self.resource_units for a in u.axes))
+        return Point(levels, tuple((u.index, None) for u in self.subspace_units))
+
+    def point_near(self, configs: Callable[[Signature], CommConfig]) -> Point:
+        """The point closest (in rungs) to per-signature configs, e.g. NCCL's defaults.
+
+        A unit takes the rung nearest to the median wanted value of its signatures.
+        """
+        levels = []
+        for unit in self.resource_units:
+            for axis in unit.axes:
+                wanted = [getattr(configs(s), axis) for s in unit.signatures]
+                wanted = sorted(w for w in wanted if w is not None)
+                ladder = self.axes[axis].values
+                if not wanted:
+                    rung = len(ladder) - 1
+                else:
+                    target = wanted[len(wanted) // 2]
+                    rung = min(range(len(ladder)), key=lambda i: abs(math.log(ladder[i] / target)))
+                levels.append((unit.index, axis, rung))
+        return Point(tuple(sorted(levels)), tuple((u.index, None) for u in self.subspace_units))
+
+    def plan(self, point: Point) -> Plan:
+        """The Plan a point stands for: every signature gets its units' values."""
+        configs: dict[Signature, dict] = {s: {} for s in self.signatures}
+        for unit in self.resource_units:
+            for axis in unit.axes:
+                value = self.axes[axis].values[point.level(unit.index, axis)]
+                for sig in unit.signatures:
+                    configs[sig][axis] = value
+        for unit in self.subspace_units:
+            pair = point.pair(unit.index)
+            if pair is None:
+                continue
+            for sig in unit.signatures:
+                configs[sig]["algorithm"], configs[sig]["protocol"] = pair
+        return Plan(entries={s: CommConfig(**c) for s, c in configs.items()})
+
+    def size(self) -> int:
+        """Number of points (product over units of rungs and pairs + 'NCCL decides')."""
+        total = 1
+        for unit in self.resource_units:
+            for axis in unit.axes:
+                total *= len(self.axes[axis].values)
+        for unit in self.subspace_units:
+            total *= len(self.unit_pairs(unit)) + 1
+        return total
+
+
+def workload_signatures(workload: Workload, gpus_per_node: int | None = None) -> dict[Signature, tuple[int, ...]]:
+    out: dict[Signature, list[int]] = {}
+    for op in workload.collectives:
+        out.setdefault(workload.signature(op, gpus_per_node), []).append(op.op_id)
+    return {s: tuple(ids) for s, ids in sorted(out.items())}
+
+
+def _units(signatures: Iterable[Signature], scope: Scope, axes: tuple[str, ...], start: int) -> list[Unit]:
+    grouped: dict[str, list[Signature]] = {}
+    for sig in signatures:
+        grouped.setdefault(scope_key(scope, sig), []).append(sig)
+    return [
+        Unit(start + i, key, scope, tuple(sigs), axes) for i, (key, sigs) in enumerate(sorted(grouped.items()))
+    ]
+
+
+def build_space(
+    workload: Workload,
+    cluster: ClusterSpec,
+    defaults: Callable[[ClusterSpec, Signature], CommConfig] | None = None,
+    nccl_version: str | None = None,
+) -> SearchSpace:
+    """The space for ``workload`` on ``cluster`` (NCCL version: the cluster's unless given).
+
+    ``defaults`` gives NCCL's own choice per signature (``costmodel.nccl_defaults``);
+    it seeds AutoCCL and the tune table's "old" column. Raises LagomError when the
+    workload has no collective to tune.
+    """
+    version = nccl_version or cluster.nccl_version
+    sig_ids = workload_signatures(workload, cluster.gpus_per_node)
+    if not sig_ids:
+        raise LagomError(f"workload {workload.source or '<workload>'}: no collectives to tune")
+    signatures = tuple(sig_ids)
+    scopes = knob_scopes(version)
+    max_nc = min(max_channels_for(version), max(1, cluster.gpu.sm_count // 2))
+    axes = {
+        "channels": Axis("channels", tuple(c for c in CHANNEL_LADDER if c <= max_nc), scopes["channels"]),
+        "chunk_bytes": Axis("chunk_bytes", chunk_ladder(), scopes["chunk_bytes"]),
+        "threads": Axis("threads", THREAD_LADDER, scopes["threads"]),
+    }
+    # resource units: axes grouped by scope, then signatures grouped by scope key
+    by_scope: dict[Scope, list[str]] = {}
+    for axis in RESOURCE_AXES:
+        by_scope.setdefault(axes[axis].scope, []).append(axis)
+    resource_units: list[Unit] = []
+    for scope in Scope:
+        if scope in by_scope:
+            resource_units += _units(signatures, scope, tuple(by_scope[scope]), len(resource_units))
+    pairs = {s: pairs_for(s, version, cluster.intra_node.kind) for s in signatures}
+    with_pairs = [s for s in signatures if pairs[s]]
+    subspace_units = _units(with_pairs, scopes["algorithm"], (), 0)
+    notes = []
+    for axis in RESOURCE_AXES:
+        if axes[axis].scope is not Scope.COLLECTIVE:
+            notes.append(f"{axis} is {axes[axis].scope.value}-wide on NCCL {version}: one value per {axes[axis].scope.value}")
+    default_cfg = {s: (defaults(cluster, s) if defaults else CommConfig()) for s in signatures}
+    return SearchSpace(
+        nccl_version=version,
+        signatures=signatures,
+        collective_ids=sig_ids,
+        axes=axes,
+        scopes=scopes,
+        resource_units=resource_units,
+        subspace_units=subspace_units,
+        pairs=pairs,
+        defaults=default_cfg,
+        notes=notes,
+    )

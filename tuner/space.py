@@ -57,7 +57,8 @@ class Scope(enum.Enum):
 def scope_key(scope: Scope, signature: Signature) -> str:
     """The label signatures share when they must share a knob's value."""
     if scope is Scope.COLLECTIVE:
-        return signature.label()
+        # the plugin matches (collective, bytes, ranks, nodes): it cannot tell groups apart
+        return f"{signature.collective.value} {signature.message_bytes}B x{signature.ranks}r/{signature.nodes}n"
     if scope is Scope.GROUP:
         return f"group {signature.group}"
     if scope is Scope.FUNCTION:
@@ -293,6 +294,8 @@ class SearchSpace:
                 continue
             for sig in unit.signatures:
                 configs[sig]["algorithm"], configs[sig]["protocol"] = pair
+                if pair[1] is Protocol.LL128:
+                    configs[sig].pop("threads", None)  # NCCL_LL128_NTHREADS has its own range: NCCL decides
         return Plan(entries={s: CommConfig(**c) for s, c in configs.items()})
 
     def size(self) -> int:
@@ -316,6 +319,8 @@ def workload_signatures(workload: Workload, gpus_per_node: int | None = None) ->
 def _units(signatures: Iterable[Signature], scope: Scope, axes: tuple[str, ...], start: int) -> list[Unit]:
     grouped: dict[str, list[Signature]] = {}
     for sig in signatures:
+        if sig.collective in _P2P and scope is not Scope.PROCESS:
+            continue  # NCCL consults neither the plugin nor per-group CTAs for point-to-point
         grouped.setdefault(scope_key(scope, sig), []).append(sig)
     return [
         Unit(start + i, key, scope, tuple(sigs), axes) for i, (key, sigs) in enumerate(sorted(grouped.items()))

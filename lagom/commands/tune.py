@@ -1,16 +1,138 @@
-"""`lagom tune`: not built yet (see the open issues)."""
+"""`lagom tune WORKLOAD --cluster NAME|FILE -o lagom.yaml`: per-collective NCCL settings for a workload.
+
+WORKLOAD is a profiler trace, a workload JSON file or a generator spec such as
+``fsdp:llama3-8b:gpus=16`` (as in ``lagom simulate``). The search (``--method``,
+default Lagom's priority search) asks an evaluator (``--evaluator``: the fitted
+``analytic`` cost model, or the ``sim`` simulator) for predicted iteration times;
+NCCL's default and AutoCCL are evaluated on the same evaluator for comparison.
+
+The table has one row per collective signature (collective[group] bytes x ranks /
+nodes): NCCL's settings and the tuned ones (algorithm/protocol, channels, threads,
+chunk), the signature's total collective time and the slowdown of the compute it
+overlaps (contended / uncontended), each as NCCL -> tuned, and the order in which
+Lagom's priority search finished the unit that holds the signature's channels, with
+its last priority H (compute time added per communication time saved).
+
+Writes the tuned-config file (``-o``, default lagom.yaml); ``--json`` prints
+``{"baseline_us", "tuned_us", "autoccl_us", "speedup_vs_nccl", "speedup_vs_autoccl",
+"evaluations", ...}`` to stdout instead of the table.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import time
 
-from nccl_env.errors import LagomError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from costmodel.cluster import load_cluster
+from lagom import tuning
+from nccl_env.knobs import CommConfig
+from tuner import METHODS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("tune", help="(not built yet)")
+    doc = __doc__ or ""
+    parser = sub.add_parser(
+        "tune", help="tuned per-collective NCCL settings for a workload", description=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("workload", metavar="WORKLOAD", help="trace, workload JSON file or generator spec")
+    parser.add_argument("--cluster", required=True, help="preset name or cluster YAML (e.g. a calibrated one)")
+    parser.add_argument("--evaluator", choices=tuning.EVALUATORS, default=None,
+                        help="what predicts iteration times (default: analytic where built in, else sim)")
+    parser.add_argument("--method", choices=sorted(METHODS), default="lagom", help="search method (default lagom)")
+    parser.add_argument("--budget", type=int, default=None, help="cap on evaluations (default: the method's own rule)")
+    parser.add_argument("-o", "--output", default="lagom.yaml", help="tuned-config file to write (default lagom.yaml)")
+    parser.add_argument("--no-autoccl", action="store_true", help="skip the AutoCCL comparison")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary instead of the table")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise LagomError("'lagom tune' is not built yet")
+    cluster = load_cluster(args.cluster)
+    workload = tuning.load_workload_arg(args.workload, cluster)
+    evaluator_name = args.evaluator or tuning.default_evaluator_name()
+    evaluator = tuning.make_evaluator(evaluator_name, cluster)
+    err = Console(stderr=True)
+    started = time.perf_counter()
+    with Progress(TextColumn("[bold]tuning"), BarColumn(), MofNCompleteColumn(), TextColumn("evaluations"),
+                  TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task("tune", total=args.budget)
+        outcome = tuning.tune(
+            workload, cluster, evaluator, method=args.method, budget=args.budget,
+            with_autoccl=not args.no_autoccl, progress=lambda n: bar.update(task, completed=n),
+        )
+    elapsed_s = time.perf_counter() - started
+    config = tuning.tuned_config(outcome, cluster, args.cluster, args.workload)
+    config.dump(args.output)
+    rows = tuning.signature_rows(outcome, workload)
+    base, tuned = outcome.baseline.iteration_us, outcome.result.iteration_us
+    auto = outcome.autoccl.iteration_us if outcome.autoccl is not None else None
+    summary = {
+        "workload": args.workload,
+        "cluster": cluster.name,
+        "evaluator": evaluator_name,
+        "method": args.method,
+        "baseline_us": round(base, 3),
+        "tuned_us": round(tuned, 3),
+        "autoccl_us": None if auto is None else round(auto, 3),
+        "speedup_vs_nccl": round(base / tuned, 4),
+        "speedup_vs_autoccl": None if auto is None else round(auto / tuned, 4),
+        "evaluations": outcome.result.evaluations,
+        "signatures": len(rows),
+        "elapsed_s": round(elapsed_s, 2),
+        "output": args.output,
+        "notes": config.notes,
+        "rows": [r.to_dict() for r in rows],
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    out = Console()
+    table = Table(title=f"lagom tune: {args.workload} on {cluster.name} ({evaluator_name} evaluator, {args.method})")
+    for col in ("signature", "NCCL", "tuned", "comm us (NCCL->tuned)", "compute slowdown", "order", "H"):
+        table.add_column(col, justify="left" if col in ("signature", "NCCL", "tuned") else "right")
+    for r in rows:
+        table.add_row(
+            r.signature.label(), _short(r.old), _short(r.new),
+            f"{r.old_comm_us:,.0f} -> {r.new_comm_us:,.0f}",
+            f"{r.old_compute_slowdown:.3f} -> {r.new_compute_slowdown:.3f}",
+            "-" if r.order is None else str(r.order),
+            "-" if r.priority is None else f"{r.priority:.3g}",
+        )
+    out.print(table)
+    out.print(f"predicted iteration: NCCL default {base:,.1f} us, "
+              + ("" if auto is None else f"AutoCCL {auto:,.1f} us, ")
+              + f"{args.method} {tuned:,.1f} us  (x{base / tuned:.3f} vs NCCL"
+              + ("" if auto is None else f", x{auto / tuned:.3f} vs AutoCCL") + ")")
+    out.print(f"{outcome.result.evaluations} evaluations in {elapsed_s:.1f} s; wrote {args.output}")
+    for note in config.notes:
+        out.print(f"note: {note}")
+    sys.stdout.flush()
+    return 0
+
+
+def _short(cfg: CommConfig) -> str:
+    parts = []
+    if cfg.algorithm is not None:
+        parts.append(f"{cfg.algorithm.nccl_name}/{cfg.protocol.nccl_name if cfg.protocol is not None else '?'}")
+    if cfg.channels is not None:
+        parts.append(f"nc{cfg.channels}")
+    if cfg.threads is not None:
+        parts.append(f"nt{cfg.threads}")
+    if cfg.chunk_bytes is not None:
+        parts.append(f"c{_bytes(cfg.chunk_bytes)}")
+    return " ".join(parts) or "NCCL decides"
+
+
+def _bytes(n: int) -> str:
+    if n % (1 << 20) == 0:
+        return f"{n >> 20}M"
+    if n >= (1 << 20):
+        return f"{n / (1 << 20):.2f}M"
+    return f"{n >> 10}K"

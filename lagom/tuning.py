@@ -1,0 +1,229 @@
+"""What ``lagom tune`` and ``lagom bench`` share: pick an evaluator, run methods, write the file.
+
+The tuner never chooses an evaluator; this layer does: ``analytic`` (the fitted cost
+model, what Lagom is meant to tune with offline) or ``sim`` (the virtual cluster).
+"""
+
+from __future__ import annotations
+
+import bisect
+import importlib
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from costmodel.cluster import ClusterSpec
+from costmodel.evaluator import Evaluator, Timing
+from lagom.tuned_config import CollectiveEntry, Match, TunedConfig
+from nccl_env.errors import LagomError
+from nccl_env.knobs import CommConfig
+from nccl_env.plan import Plan, Signature
+from traces.workload import Workload
+from tuner import METHODS, AutoCCL, TuningResult, build_space
+from tuner.space import SearchSpace
+
+EVALUATORS = ("analytic", "sim")
+
+
+def _optional(module: str, what: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise LagomError(f"{what} is not available in this Lagom build (module {module} is missing)") from None
+
+
+def make_evaluator(name: str, cluster: ClusterSpec, noise: float = 0.0, seed: int = 0) -> Evaluator:
+    """``sim``: the simulator (noise-free unless asked); ``analytic``: the cost model."""
+    if name == "sim":
+        return _optional("costmodel.sim", "the simulator").Simulator(cluster, noise=noise, seed=seed)
+    if name == "analytic":
+        return _optional("costmodel.analytic", "the analytic cost model").AnalyticEvaluator(cluster)
+    raise LagomError(f"unknown evaluator {name!r} (choose from {', '.join(EVALUATORS)})")
+
+
+def default_evaluator_name() -> str:
+    """``analytic`` where the cost model is built in, else ``sim``."""
+    return "analytic" if importlib.util.find_spec("costmodel.analytic") is not None else "sim"
+
+
+def load_workload_arg(text: str, cluster: ClusterSpec) -> Workload:
+    return _optional("lagom.workload_arg", "reading WORKLOAD arguments").load_workload_arg(text, cluster=cluster)
+
+
+def nccl_defaults_fn() -> Callable[[ClusterSpec, Signature], CommConfig] | None:
+    try:
+        from costmodel.nccl_defaults import nccl_default_config  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return nccl_default_config
+
+
+def space_for(workload: Workload, cluster: ClusterSpec) -> SearchSpace:
+    return build_space(workload, cluster, defaults=nccl_defaults_fn())
+
+
+@dataclass
+class TuneOutcome:
+    space: SearchSpace
+    result: TuningResult
+    baseline: Timing
+    autoccl: TuningResult | None
+
+
+def tune(
+    workload: Workload,
+    cluster: ClusterSpec,
+    evaluator: Evaluator,
+    method: str = "lagom",
+    budget: int | None = None,
+    with_autoccl: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> TuneOutcome:
+    """Run ``method``; also evaluate NCCL's default and (optionally) AutoCCL for comparison."""
+    if method not in METHODS:
+        raise LagomError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
+    space = space_for(workload, cluster)
+    result = METHODS[method]().tune(workload, evaluator, space, budget=budget, progress=progress)
+    baseline = result.baseline or evaluator.evaluate(workload, Plan())
+    autoccl = None
+    if with_autoccl:
+        autoccl = result if method == "autoccl" else AutoCCL().tune(workload, evaluator, space)
+    return TuneOutcome(space, result, baseline, autoccl)
+
+
+def tuned_config(outcome: TuneOutcome, cluster: ClusterSpec, cluster_arg: str, workload_label: str) -> TunedConfig:
+    """The tuned-config file for a result: delivery rules split the plan over the doors."""
+    space, result = outcome.space, outcome.result
+    notes = list(result.notes)
+    env: dict[str, str] = {}
+    groups: dict[str, dict] = {}
+    try:
+        from nccl_env.delivery import deliver  # type: ignore[import-not-found]
+        from nccl_env.rules import NcclVersion  # type: ignore[import-not-found]
+    except ImportError:
+        deliver = None
+        notes.append("nccl_env.delivery not available: env and process-group settings not derived")
+    if deliver is not None and result.plan.entries:
+        delivery = deliver(Plan(entries={s: result.plan.config_for(s) for s in space.signatures}), NcclVersion.parse(space.nccl_version))
+        env = {str(k): str(v) for k, v in dict(delivery.env).items()}
+        groups = {str(k): _group_dict(v) for k, v in dict(delivery.group_configs).items()}
+        notes += [str(c) for c in delivery.compromises]
+    entries = []
+    if result.plan.entries:
+        for sig in space.signatures:
+            match = Match(sig.collective, sig.group, sig.message_bytes, sig.message_bytes, sig.ranks, sig.nodes)
+            entries.append(CollectiveEntry(match, result.plan.config_for(sig)))
+    predictions = {
+        "evaluator_iteration_us": round(result.iteration_us, 3),
+        "baseline_us": round(outcome.baseline.iteration_us, 3),
+        "tuned_us": round(result.iteration_us, 3),
+    }
+    if outcome.autoccl is not None:
+        predictions["autoccl_us"] = round(outcome.autoccl.iteration_us, 3)
+    return TunedConfig(
+        cluster=cluster_arg,
+        nccl_version=space.nccl_version,
+        workload=workload_label,
+        method=result.method,
+        env=env,
+        process_groups=groups,
+        collectives=entries,
+        predictions=predictions,
+        notes=notes,
+    )
+
+
+def _known(config: CommConfig | None) -> CommConfig:
+    return config if config is not None else CommConfig()
+
+
+def _group_dict(value) -> dict:
+    if isinstance(value, dict):
+        return {k: v for k, v in value.items() if v is not None}
+    return {k: v for k, v in vars(value).items() if v is not None}
+
+
+# ---- per-signature report (the tune table and --json) ----------------------------------
+
+
+@dataclass
+class SignatureRow:
+    signature: Signature
+    old: CommConfig  # NCCL's own choice (as far as the cluster model says)
+    new: CommConfig  # what the plan sets, over NCCL's choice
+    old_comm_us: float  # this signature's collectives, summed, under NCCL's default
+    new_comm_us: float
+    old_compute_slowdown: float  # overlapped compute ops: contended / uncontended time
+    new_compute_slowdown: float
+    order: int | None  # position in which Lagom finished the unit holding its channels
+    priority: float | None  # that unit's last H
+
+    def to_dict(self) -> dict:
+        return {
+            "signature": self.signature.label(),
+            "old": self.old.to_dict(),
+            "new": self.new.to_dict(),
+            "old_comm_us": round(self.old_comm_us, 3),
+            "new_comm_us": round(self.new_comm_us, 3),
+            "old_compute_slowdown": round(self.old_compute_slowdown, 4),
+            "new_compute_slowdown": round(self.new_compute_slowdown, 4),
+            "order": self.order,
+            "priority": self.priority,
+        }
+
+
+def signature_rows(outcome: TuneOutcome, workload: Workload) -> list[SignatureRow]:
+    space, result = outcome.space, outcome.result
+    unit_of: dict[Signature, str] = {}
+    scope_rank = {"collective": 0, "group": 1, "function": 2, "process": 3}
+    for unit in sorted(space.resource_units, key=lambda u: scope_rank[u.scope.value], reverse=True):
+        for sig in unit.signatures:
+            unit_of[sig] = unit.key  # narrowest scope wins (written last)
+    last_h: dict[str, float | None] = {}
+    for step in result.steps:
+        if step.priority is not None:
+            last_h[step.unit] = step.priority
+    rows = []
+    for sig in space.signatures:
+        ids = space.collective_ids[sig]
+        default = _known(space.defaults.get(sig))
+        key = unit_of.get(sig)
+        rows.append(
+            SignatureRow(
+                signature=sig,
+                old=default,
+                new=result.plan.config_for(sig).merged_over(default),
+                old_comm_us=_comm(outcome.baseline, ids),
+                new_comm_us=_comm(result.timing, ids),
+                old_compute_slowdown=_slowdown(workload, outcome.baseline, ids),
+                new_compute_slowdown=_slowdown(workload, result.timing, ids),
+                order=(result.order.index(key) + 1) if key in result.order else None,
+                priority=last_h.get(key) if key else None,
+            )
+        )
+    return rows
+
+
+def _comm(timing: Timing, ids: tuple[int, ...]) -> float:
+    return sum(timing.ops[i].duration_us for i in ids if i in timing.ops)
+
+
+def _slowdown(workload: Workload, timing: Timing, ids: tuple[int, ...]) -> float:
+    """Contended / uncontended time of the compute ops that overlap these collectives."""
+    merged: list[list[float]] = []
+    for s, e in sorted((timing.ops[i].start_us, timing.ops[i].end_us) for i in ids if i in timing.ops):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    starts = [m[0] for m in merged]
+    contended = uncontended = 0.0
+    for op in workload.compute_ops:
+        t = timing.ops.get(op.op_id)
+        if t is None or op.is_memory_op:
+            continue
+        k = bisect.bisect_left(starts, t.end_us) - 1  # last span starting before the op ends
+        if k >= 0 and merged[k][1] > t.start_us:
+            contended += t.duration_us
+            uncontended += op.duration_us
+    return contended / uncontended if uncontended > 0 else 1.0

@@ -1,16 +1,140 @@
-"""`lagom bench`: not built yet (see the open issues)."""
+"""`lagom bench [--quick] [--json] [--plot FILE.png]`: the tuner's regression matrix.
+
+The paper's eight workloads (FSDP, TP, EP) on 8 and 16 GPUs of the ``low-bw`` and
+``high-bw`` presets. Every method tunes with ``--evaluator`` (default: the analytic
+model, calibrated once per cluster against the simulator and cached by preset
+content in $LAGOM_CACHE_DIR or the temp dir), and every plan is judged on the
+simulator with noise off. Per cell: Lagom's speedup over NCCL's default, AutoCCL and
+Optuna TPE given Lagom's evaluation count; the gap to exhaustive search where the
+space is small enough; the gap to the lower bound max(compute alone, communication
+alone at its best); Lagom's evaluations. Then per cluster the geometric means and
+the fit of evaluations against the number of signatures.
+
+``--quick`` runs one FSDP, one TP and one EP workload on 8 GPUs per cluster (under
+3 minutes); ``--check`` makes the command exit 1 when a target is missed (CI).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 
-from nccl_env.errors import LagomError
+from rich.console import Console
+from rich.table import Table
+
+from lagom import bench_matrix, tuning
+
+# Targets (issue 6, item 6), checked by --check and by tests/test_bench_quick.py.
+MIN_SPEEDUP_VS_NCCL_ANY_CELL = 1.0  # Lagom never slower than NCCL's default
+MIN_GEOMEAN_VS_NCCL = 1.10
+MIN_GEOMEAN_VS_AUTOCCL = 1.05
+MAX_GAP_TO_EXHAUSTIVE = 0.02
+MIN_GEOMEAN_VS_OPTUNA = 1.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("bench", help="(not built yet)")
+    parser = sub.add_parser("bench", help="regression matrix: tune with the model, judge on the simulator",
+                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="the CI subset (3 workloads x 2 clusters)")
+    parser.add_argument("--evaluator", choices=tuning.EVALUATORS, default=None,
+                        help="what the methods tune with (default: analytic where built in, else sim)")
+    parser.add_argument("--cluster", action="append", choices=bench_matrix.CLUSTERS, default=None,
+                        help="limit to this cluster (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print cells and summary as JSON")
+    parser.add_argument("--plot", metavar="FILE.png", default=None, help="bar chart of speedups per cell")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     parser.set_defaults(func=run)
 
 
+def check_targets(summary: dict, results: list[bench_matrix.CellResult]) -> list[str]:
+    """The missed targets, one line each (empty when all hold)."""
+    missed = []
+    for r in results:
+        if r.speedup_vs_nccl < MIN_SPEEDUP_VS_NCCL_ANY_CELL:
+            missed.append(f"{r.cluster} {r.workload}: slower than NCCL's default (x{r.speedup_vs_nccl:.3f})")
+        gap = r.gap_to_exhaustive
+        if gap is not None and gap > MAX_GAP_TO_EXHAUSTIVE:
+            missed.append(f"{r.cluster} {r.workload}: {gap:.1%} above the exhaustive optimum")
+    for name, c in summary["clusters"].items():
+        if c["geomean_speedup_vs_nccl"] < MIN_GEOMEAN_VS_NCCL:
+            missed.append(f"{name}: geomean speedup over NCCL x{c['geomean_speedup_vs_nccl']:.3f} < {MIN_GEOMEAN_VS_NCCL}")
+        if c["geomean_speedup_vs_autoccl"] < MIN_GEOMEAN_VS_AUTOCCL:
+            missed.append(f"{name}: geomean speedup over AutoCCL x{c['geomean_speedup_vs_autoccl']:.3f} < {MIN_GEOMEAN_VS_AUTOCCL}")
+        if c["geomean_speedup_vs_optuna"] < MIN_GEOMEAN_VS_OPTUNA:
+            missed.append(f"{name}: not better than Optuna at equal budget (x{c['geomean_speedup_vs_optuna']:.3f})")
+    return missed
+
+
 def run(args: argparse.Namespace) -> int:
-    raise LagomError("'lagom bench' is not built yet")
+    err = Console(stderr=True)
+    evaluator = args.evaluator or tuning.default_evaluator_name()
+    specs = bench_matrix.matrix_specs(args.quick)
+    clusters = tuple(args.cluster) if args.cluster else bench_matrix.CLUSTERS
+    total = len(specs) * len(clusters)
+    done = [0]
+
+    def on_cell(cell: bench_matrix.CellResult) -> None:
+        done[0] += 1
+        err.print(f"[{done[0]}/{total}] {cell.cluster} {cell.workload}: x{cell.speedup_vs_nccl:.3f} vs NCCL, "
+                  f"x{cell.speedup_vs_autoccl:.3f} vs AutoCCL, {cell.lagom_evaluations} evaluations", highlight=False)
+
+    results = bench_matrix.run_matrix(specs, clusters, evaluator, on_cell=on_cell, log=lambda m: err.print(m))
+    summary = bench_matrix.summarize(results)
+    missed = check_targets(summary, results)
+    summary["evaluator"] = evaluator
+    summary["missed_targets"] = missed
+    if args.plot:
+        _plot(results, args.plot)
+    if args.json:
+        print(json.dumps({"cells": [r.to_dict() for r in results], "summary": summary}, indent=2))
+    else:
+        _print(results, summary, evaluator)
+    return 1 if (args.check and missed) else 0
+
+
+def _print(results: list[bench_matrix.CellResult], summary: dict, evaluator: str) -> None:
+    out = Console()
+    table = Table(title=f"lagom bench: tuned with {evaluator}, judged on the simulator (noise 0)")
+    for col in ("cluster", "workload", "sigs", "NCCL us", "Lagom us", "vs NCCL", "vs AutoCCL", "vs Optuna",
+                "vs exhaustive", "above bound", "evals"):
+        table.add_column(col, justify="left" if col in ("cluster", "workload") else "right")
+    for r in results:
+        gap = r.gap_to_exhaustive
+        table.add_row(r.cluster, r.workload, str(r.signatures), f"{r.nccl_us:,.0f}", f"{r.lagom_us:,.0f}",
+                      f"x{r.speedup_vs_nccl:.3f}", f"x{r.speedup_vs_autoccl:.3f}", f"x{r.speedup_vs_optuna:.3f}",
+                      "-" if gap is None else f"{gap:+.1%}", f"{r.gap_to_lower_bound:+.1%}", str(r.lagom_evaluations))
+    out.print(table)
+    for name, c in summary["clusters"].items():
+        out.print(f"{name}: geomean x{c['geomean_speedup_vs_nccl']:.3f} vs NCCL, x{c['geomean_speedup_vs_autoccl']:.3f} "
+                  f"vs AutoCCL, x{c['geomean_speedup_vs_optuna']:.3f} vs Optuna; worst cell x{c['min_speedup_vs_nccl']:.3f}; "
+                  f"per strategy {c['speedup_vs_nccl_range_by_strategy']}", highlight=False)
+    s = summary["evaluations_slope"]
+    if s["slope"] is not None:
+        out.print(f"evaluations ~ {s['slope']:.2f} x signatures + {s['intercept']:.1f} ({s['points']} cells)")
+    for line in summary["missed_targets"]:
+        out.print(f"[red]missed:[/red] {line}")
+    if not summary["missed_targets"]:
+        out.print("all targets met")
+
+
+def _plot(results: list[bench_matrix.CellResult], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r.cluster}\n{r.workload}" for r in results]
+    xs = range(len(results))
+    fig, ax = plt.subplots(figsize=(max(6, len(results) * 0.6), 4))
+    width = 0.27
+    ax.bar([x - width for x in xs], [r.speedup_vs_nccl for r in results], width, label="vs NCCL default")
+    ax.bar(list(xs), [r.speedup_vs_autoccl for r in results], width, label="vs AutoCCL")
+    ax.bar([x + width for x in xs], [r.speedup_vs_optuna for r in results], width, label="vs Optuna (equal budget)")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_ylabel("Lagom speedup (simulator, noise 0)")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(labels, rotation=90, fontsize=6)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

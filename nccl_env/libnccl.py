@@ -107,9 +107,9 @@ def nccl_version(path: str | Path) -> NcclVersion:
 
 
 def strings_present(path: str | Path, names: list[str]) -> dict[str, bool]:
-    """Which of ``names`` occur as byte strings in the library file (NCCL_PARAM names are literals)."""
+    """Which of ``names`` occur as NUL-terminated strings in the library file (NCCL_PARAM names are literals)."""
     try:
         with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            return {name: data.find(name.encode()) >= 0 for name in names}
+            return {name: data.find(name.encode() + b"\0") >= 0 for name in names}
     except (OSError, ValueError) as exc:
         raise LagomError(f"{path}: cannot read: {exc}") from None

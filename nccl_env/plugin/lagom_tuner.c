@@ -567,7 +567,7 @@ static ncclResult_t coll_info(void* context, ncclFunc_t collType, size_t nBytes,
   if (e) {
     apply_costs(ctx, e, (float*)collCostTable, numAlgo, numProto);
     if (e->channels > 0 && nChannels) *nChannels = e->channels;
-    if (ctx->log)
+    if (ctx->log && fallback_level() >= NCCL_LOG_TRACE) /* formatting costs; only when NCCL_DEBUG=TRACE */
       say(ctx->log, NCCL_LOG_TRACE, "TUNER/Lagom: coll %d bytes %zu matched line %d", collType, nBytes, e->line);
   }
   pthread_rwlock_unlock(&g_lock);

@@ -616,6 +616,13 @@ static ncclResult_t init_v5(void** context, uint64_t commId, size_t nRanks, size
 }
 
 static ncclResult_t finalize(void* context) {
+  Ctx* ctx = (Ctx*)context;
+  if (ctx) {
+    /* Forget this logger for API-triggered warnings: it may not outlive its communicator. */
+    pthread_mutex_lock(&g_logLock);
+    if (g_log == ctx->log) g_log = NULL;
+    pthread_mutex_unlock(&g_logLock);
+  }
   free(context);
   return ncclSuccess;
 }

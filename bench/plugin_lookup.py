@@ -44,10 +44,27 @@ def exact_table(n: int, rng: random.Random) -> tuple[list[PluginEntry], list[tup
 
 
 def ranged_table(n: int, rng: random.Random) -> tuple[list[PluginEntry], list[tuple[int, int]]]:
-    """Overlapping wide ranges with an exact-topology field that never matches: the worst case (full scan)."""
-    entries = [PluginEntry(CollectiveType.ALLREDUCE, 0, None, Algorithm.TREE, Protocol.LL, 2, 4, 32)
-               for _ in range(n)]
-    queries = [(CollectiveType.ALLREDUCE.nccl_func, rng.randrange(1, 1 << 30)) for _ in range(1000)]
+    """Nested, overlapping byte ranges with mixed numPipeOps/regBuff and any-topology lines (a hand-written mess)."""
+    entries = []
+    for i in range(n):
+        entries.append(PluginEntry(CollectiveType.ALLREDUCE, i * 4096, (2 * n - i) * 4096, Algorithm.TREE, Protocol.LL,
+                                   1 + i % 8, rng.choice([None, 1]), rng.choice([None, 8]),
+                                   pipe_ops=rng.choice([None, 1, 2, 7]), reg_buff=rng.choice([None, 0, 1])))
+    queries = [(CollectiveType.ALLREDUCE.nccl_func, rng.randrange(0, 2 * n * 4096)) for _ in range(1000)]
+    return entries, queries
+
+
+def shapes_table(n: int, rng: random.Random) -> tuple[list[PluginEntry], list[tuple[int, int]]]:
+    """Lagom's exact-size lines for four communicator shapes; the driver's communicator is one of them."""
+    entries, queries = [], []
+    shapes = [(1, 8), (2, 16), (1, 4), (4, 32)]
+    for i in range(n):
+        nodes, ranks = shapes[i % 4]
+        coll = COLLS[i % 3]
+        nbytes = rng.randrange(1, 1 << 20) * 512
+        entries.append(PluginEntry(coll, nbytes, nbytes, Algorithm.RING, Protocol.SIMPLE, 4, nodes, ranks))
+        if (nodes, ranks) == (1, 8):
+            queries.append((coll.nccl_func, nbytes))
     return entries, queries
 
 
@@ -80,7 +97,8 @@ def main() -> int:
             ("empty table", [], [(4, 1 << 20)]),
             ("10 entries, exact sizes", *exact_table(10, rng)),
             ("1,000 entries, exact sizes (Lagom's tables)", *exact_table(1000, rng)),
-            ("1,000 entries, overlapping ranges (full scan)", *ranged_table(1000, rng)),
+            ("1,000 entries, nested ranges, mixed fields", *ranged_table(1000, rng)),
+            ("1,000 entries, 4 shapes x 250 (other shapes filtered)", *shapes_table(1000, rng)),
         ]
         results = [(name, run(driver, plugin, e, q, args.samples, args.calls, work, f"t{i}"))
                    for i, (name, e, q) in enumerate(cases)]
@@ -90,10 +108,10 @@ def main() -> int:
     for name, r in results:
         print(f"{name:48s} {int(r['entries']):7d} {r['median_ns']:10.1f} {r['p90_ns']:8.1f} "
               f"{r['median_ns'] / base:8.2f}")
-    lagom = results[2][1]["median_ns"]
+    lagom = max(results[2][1]["median_ns"], results[4][1]["median_ns"])
     scan = results[3][1]["median_ns"]
-    print(f"target: median < 1000 ns with Lagom's 1,000-entry tables -> {'met' if lagom < 1000 else 'NOT met'} "
-          f"({lagom:.0f} ns); adversarial full scan of 1,000 overlapping entries: {scan:.0f} ns")
+    print(f"target: median < 1000 ns with 1,000 entries -> {'met' if max(lagom, scan) < 1000 else 'NOT met'} "
+          f"(Lagom's tables {lagom:.0f} ns, nested ranges {scan:.0f} ns)")
     return 0
 
 

@@ -68,6 +68,14 @@ def test_invalid_values_name_knob_value_and_range(config, version, message):
         validate_config(config, V(version), CollectiveType.ALLGATHER)
 
 
+def test_chunk_against_the_buffer():
+    ring = CommConfig(algorithm=Algorithm.RING, chunk_bytes=2 << 20)
+    validate_config(ring, V("2.30.0"), buffsize_bytes=4 << 20)  # ring/simple ceiling: 4 MiB / 8 x 4 = 2 MiB
+    with pytest.raises(LagomError, match=r"chunk_bytes=2097152 .*at most 524288 with NCCL_BUFFSIZE=4194304"):
+        validate_config(CommConfig(algorithm=Algorithm.TREE, chunk_bytes=2 << 20), V("2.30.0"),
+                        buffsize_bytes=4 << 20)
+
+
 def test_valid_values_pass():
     for cfg, v in ((CommConfig(Algorithm.RING, Protocol.SIMPLE, 64, 512, 700416), "2.25.1"),
                    (CommConfig(protocol=Protocol.LL128, threads=640), "2.18.3"),

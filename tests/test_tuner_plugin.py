@@ -333,3 +333,39 @@ def test_table_written_by_python_drives_the_c_plugin_like_python_lookup(lib, log
                             first.protocol in (None, Protocol.SIMPLE):
                         expect = first.chunk_bytes
                     assert chunk == expect
+
+
+def test_concurrent_communicators_see_whole_tables_during_live_swaps(lib):
+    """Reader threads (ctypes drops the GIL) never see a half-replaced table."""
+    import threading
+    import time
+
+    a = "allreduce,0,-1,ring,simple,3,-1,-1\n" * 50
+    b = "allreduce,0,-1,tree,ll,7,-1,-1\n" + "allgather,0,-1,ring,simple,1,-1,-1\n" * 500
+    lib.set_table(a)
+    allowed = {(3, (RING, SIMPLE)), (7, (TREE, LL))}
+    seen: set = set()
+    errors: list = []
+    stop = threading.Event()
+
+    def reader(abi: int) -> None:
+        with lib.open(abi, 8, 1) as comm:
+            while not stop.is_set():
+                r = comm.get_coll_info(ALLREDUCE, 1 << 20, costs(7))
+                got = (r.n_channels, r.chosen())
+                seen.add(got)
+                if got not in allowed:
+                    errors.append(got)
+
+    threads = [threading.Thread(target=reader, args=(abi,)) for abi in (3, 4, 5, 6)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 20
+    i = 0
+    while (i < 400 or seen != allowed) and time.monotonic() < deadline:  # a loaded machine may start readers late
+        assert lib.set_table(b if i % 2 else a) == (501 if i % 2 else 50)
+        i += 1
+    stop.set()
+    for t in threads:
+        t.join()
+    assert errors == [] and seen == allowed

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import threading
+import time
 
 import pytest
 
@@ -337,9 +339,6 @@ def test_table_written_by_python_drives_the_c_plugin_like_python_lookup(lib, log
 
 def test_concurrent_communicators_see_whole_tables_during_live_swaps(lib):
     """Reader threads (ctypes drops the GIL) never see a half-replaced table."""
-    import threading
-    import time
-
     a = "allreduce,0,-1,ring,simple,3,-1,-1\n" * 50
     b = "allreduce,0,-1,tree,ll,7,-1,-1\n" + "allgather,0,-1,ring,simple,1,-1,-1\n" * 500
     lib.set_table(a)

@@ -14,8 +14,8 @@ the resources the others leave it:
   compute kernels; what does not fit spills to DRAM;
 * DRAM bandwidth is shared max-min fairly between the compute kernels' and the
   collectives' demands; two collectives on the same link class share the link;
-* a collective launched while a kernel fills the GPU waits for its CTAs to find SMs as
-  the kernel's blocks retire (a fraction ``NC / (SMs x blocks per SM)`` of a wave);
+* a collective launched while a kernel fills the GPU waits for SMs until the kernel's
+  current wave of blocks retires (half a wave on average);
 * each collective's own pace is its chunk pipeline (:mod:`costmodel.sim_collective`).
 
 A collective's CommConfig is ``plan.config_for(signature)`` resolved over NCCL's modelled
@@ -188,14 +188,15 @@ class Simulator:
                     active_c.append(i)
                 else:
                     model = colls[i - nc]
-                    # CTAs wait for SMs held by a running kernel's current wave
+                    # CTAs wait for SMs held by a running kernel: its blocks run in lockstep
+                    # waves, so SMs free up at the end of the current wave (half a wave on average)
                     if active_c:
                         wait = 0.0
                         for j in active_c:
                             cm = cmodels[j]
                             if cm.blocks >= sm * cm.tb:
-                                wave_us = cm.uncontended_us / max(1.0, cm.blocks / (sm * cm.tb))
-                                wait = max(wait, wave_us * model.channels / (sm * cm.tb))
+                                waves = cm.blocks / (sm * cm.tb)
+                                wait = max(wait, 0.5 * cm.uncontended_us / waves)
                         if wait > 0:
                             remaining[i] += wait / max(model.alone_us, 1e-9)
                     active_k.append(i)

@@ -14,6 +14,9 @@ For one rank of a ring-family collective with ``n`` ranks, ``NC`` channels and c
   is its share of the node's NICs;
 * ``time = launch + K x hop latency + one step of pipeline fill + max(W / R, N x step)``.
 
+The FIFO data in flight is ``fifo_resident_chunks x NC x c`` bytes (``c`` the chunk really used,
+so at most the rank's share of the message).
+
 The chunk pipeline makes time fall with C (fewer syncs) until the fill step dominates
 (unimodal), and saturate in NC once the link is the limit. The FIFO data in flight,
 ``fifo_resident_chunks x NC x C`` bytes, sits in L2; what does not fit spills to DRAM and
@@ -95,7 +98,8 @@ class CollectiveModel:
         c_eff = max(1.0, min(c, per_channel_share))
         loops = max(1, math.ceil(per_channel_share / c_eff - 1e-9))
         step_us = c_eff / r_ch + sync
-        self.steps_us = steps_per_loop * loops * step_us
+        # NCCL's last loop uses a smaller chunk (realChunkSize), so only the syncs are quantised
+        self.steps_us = steps_per_loop * (per_channel_share / r_ch + loops * sync)
         if n > 1:
             if coll is CollectiveType.ALLREDUCE:
                 inter_hops = 2 * nodes if nodes > 1 else 0
@@ -113,7 +117,9 @@ class CollectiveModel:
             latency, fill = 0.0, 0.0
         self.fixed_us = params.launch_us + latency + fill
         # memory: result write / input read, plus FIFO traffic that does not fit in L2
-        self.footprint_bytes = params.fifo_resident_chunks * nc * chunk if n > 1 else 0.0
+        # NCCL shrinks the chunk to the channel's share of a small message (realChunkSize), so the
+        # FIFO bytes in flight are the chunk actually used, in buffer bytes (LL: twice the payload)
+        self.footprint_bytes = params.fifo_resident_chunks * nc * (c_eff / payload) if n > 1 else 0.0
         self.dram_base = params.dram_bytes_per_payload_byte
         self.dram_fifo = params.fifo_dram_bytes_per_payload_byte
         self._memo: dict = {}

@@ -25,9 +25,10 @@ class SimParams:
     # operand panel sqrt(W) times (CUTLASS threadblock swizzle), provided the wave's k-slabs
     # (W x shared-memory tile) stay in L2; without L2 room only the reuse between blocks
     # that read the same slab at the same moment survives: gemm_short_reuse x the tile's own
-    # reuse bm*bn/(bm+bn). Row-mates of a raster-ordered wave share A slabs within a k-step:
-    # ~1.6x on GA102-class waves (84 tiles over ~60-tile rows, half of them hitting).
-    gemm_short_reuse: float = 1.6
+    # reuse bm*bn/(bm+bn). Blocks of one wave that read the same A slab within the same
+    # k-step (row-mates in launch order) still share it: ~1.2x (a slab is read by 2 blocks
+    # at a time in about a fifth of the cases on a GA102-sized wave).
+    gemm_short_reuse: float = 1.22
     # --- collectives -------------------------------------------------------------------------
     simple_bw_per_channel_gb_per_s: float = 20.0  # NCCL topo.h SM80_NVLINK_BW: per-channel figure
     ll128_bw_per_channel_gb_per_s: float = 20.0  # NCCL tuning.cc perChMaxRingLL128Bws Ampere

@@ -28,9 +28,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from costmodel.cluster import ClusterSpec
+from costmodel.nccl_defaults import algo_estimates
 from nccl_env.errors import LagomError
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Plan, Signature
+from nccl_env.rules import (
+    CTAS_ENV_SINCE,
+    PER_FUNCTION_ALGO_SINCE,
+    NcclVersion,
+    algorithms_available,
+    max_channels,
+    per_collective_knobs,
+)
 from traces.workload import Workload
 
 RESOURCE_AXES = ("channels", "chunk_bytes", "threads")
@@ -75,65 +84,29 @@ def chunk_ladder() -> tuple[int, ...]:
     return tuple(values)
 
 
-# ---- NCCL version rules (nccl_env.rules when present) ---------------------------------
+# ---- NCCL version rules (nccl_env.rules) ------------------------------------------------
 
 
-def _version_tuple(version: str) -> tuple[int, int, int]:
-    try:
-        from nccl_env.rules import NcclVersion  # type: ignore[attr-defined]
-
-        v = NcclVersion.parse(version)
-        return (int(v.major), int(v.minor), int(v.patch))
-    except ImportError:
-        parts = [int(p) for p in str(version).split(".")[:3]]
-        while len(parts) < 3:
-            parts.append(0)
-        return (parts[0], parts[1], parts[2])
-    except (ValueError, LagomError, AttributeError) as exc:
-        raise LagomError(f"NCCL version {version!r}: {exc}") from None
-
-
-def max_channels_for(version: str) -> int:
-    try:
-        from nccl_env.rules import NcclVersion, max_channels  # type: ignore[attr-defined]
-
-        return int(max_channels(NcclVersion.parse(version)))
-    except ImportError:
-        # MAXCHANNELS is 64 from NCCL 2.25, 32 before (REFERENCE.md section 3).
-        return 64 if _version_tuple(version) >= (2, 25, 0) else 32
-
-
-def per_collective_knobs_for(version: str) -> frozenset[str]:
-    """CommConfig fields the tuner plugin can set per collective on this NCCL."""
-    try:
-        from nccl_env.rules import NcclVersion, per_collective_knobs  # type: ignore[attr-defined]
-
-        return frozenset(per_collective_knobs(NcclVersion.parse(version)))
-    except ImportError:
-        v = _version_tuple(version)
-        knobs: set[str] = set()
-        if v >= (2, 21, 0):  # tuner plugin v2 (REFERENCE.md section 3)
-            knobs |= {"algorithm", "protocol", "channels"}
-        if v >= (2, 30, 0):  # plugin v6 getChunkSize
-            knobs.add("chunk_bytes")
-        return frozenset(knobs)
+def _version(version: str) -> NcclVersion:
+    return NcclVersion.parse(version)
 
 
 def knob_scopes(version: str) -> dict[str, Scope]:
-    """The narrowest scope each CommConfig field can be delivered at on this NCCL."""
-    per_coll = per_collective_knobs_for(version)
-    v = _version_tuple(version)
+    """The narrowest scope each CommConfig field can be delivered at on this NCCL
+    (the doors of :func:`nccl_env.delivery.deliver`)."""
+    v = _version(version)
+    per_coll = per_collective_knobs(v)
     scopes: dict[str, Scope] = {}
     for knob in ("algorithm", "protocol"):
         if knob in per_coll:
             scopes[knob] = Scope.COLLECTIVE
-        elif v >= (2, 24, 0):  # per-function NCCL_ALGO / NCCL_PROTO syntax
+        elif v >= PER_FUNCTION_ALGO_SINCE:
             scopes[knob] = Scope.FUNCTION
         else:
             scopes[knob] = Scope.PROCESS
     if "channels" in per_coll:
         scopes["channels"] = Scope.COLLECTIVE
-    elif v >= (2, 17, 0):  # ncclConfig_t minCTAs/maxCTAs per communicator
+    elif v >= CTAS_ENV_SINCE:  # ncclConfig_t minCTAs/maxCTAs per communicator
         scopes["channels"] = Scope.GROUP
     else:
         scopes["channels"] = Scope.PROCESS
@@ -142,13 +115,16 @@ def knob_scopes(version: str) -> dict[str, Scope]:
     return scopes
 
 
-def _algorithms_for(version: str) -> set[Algorithm]:
-    try:
-        from nccl_env.rules import NcclVersion, algorithms_available  # type: ignore[attr-defined]
-
-        return set(algorithms_available(NcclVersion.parse(version)))
-    except ImportError:
-        return {Algorithm.RING, Algorithm.TREE}
+def _enabled_pairs(cluster: ClusterSpec, signature: Signature, version: str) -> tuple[tuple[Algorithm, Protocol], ...]:
+    """The pairs NCCL's own tuning model enables here (costmodel.nccl_defaults), in
+    NCCL's order; :func:`pairs_for` where that model has no answer."""
+    if signature.collective in _P2P:
+        return ()
+    available = set(algorithms_available(_version(version)))
+    enabled = tuple(
+        (e.algorithm, e.protocol) for e in algo_estimates(cluster, signature) if e.algorithm in available
+    )
+    return enabled or pairs_for(signature, version, cluster.intra_node.kind)
 
 
 def pairs_for(signature: Signature, version: str, intra_kind: str) -> tuple[tuple[Algorithm, Protocol], ...]:
@@ -164,7 +140,7 @@ def pairs_for(signature: Signature, version: str, intra_kind: str) -> tuple[tupl
     if signature.collective in _P2P:
         return ()
     algos = [Algorithm.RING]
-    if signature.collective is CollectiveType.ALLREDUCE and Algorithm.TREE in _algorithms_for(version):
+    if signature.collective is CollectiveType.ALLREDUCE and Algorithm.TREE in algorithms_available(_version(version)):
         algos.append(Algorithm.TREE)
     protos = [Protocol.LL, Protocol.SIMPLE]
     if intra_kind in ("nvlink", "nvswitch"):
@@ -345,7 +321,7 @@ def build_space(
         raise LagomError(f"workload {workload.source or '<workload>'}: no collectives to tune")
     signatures = tuple(sig_ids)
     scopes = knob_scopes(version)
-    max_nc = min(max_channels_for(version), max(1, cluster.gpu.sm_count // 2))
+    max_nc = min(max_channels(_version(version)), max(1, cluster.gpu.sm_count // 2))
     axes = {
         "channels": Axis("channels", tuple(c for c in CHANNEL_LADDER if c <= max_nc), scopes["channels"]),
         "chunk_bytes": Axis("chunk_bytes", chunk_ladder(), scopes["chunk_bytes"]),
@@ -359,7 +335,7 @@ def build_space(
     for scope in Scope:
         if scope in by_scope:
             resource_units += _units(signatures, scope, tuple(by_scope[scope]), len(resource_units))
-    pairs = {s: pairs_for(s, version, cluster.intra_node.kind) for s in signatures}
+    pairs = {s: _enabled_pairs(cluster, s, version) for s in signatures}
     with_pairs = [s for s in signatures if pairs[s]]
     subspace_units = _units(with_pairs, scopes["algorithm"], (), 0)
     notes = []

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
-    out = Console()
+    out = Console() if sys.stdout.isatty() else Console(width=160)
     table = Table(title=f"lagom tune: {args.workload} on {cluster.name} ({evaluator_name} evaluator, {args.method})")
     for col in ("signature", "NCCL", "tuned", "comm us (NCCL->tuned)", "compute slowdown", "order", "H"):
         table.add_column(col, justify="left" if col in ("signature", "NCCL", "tuned") else "right")

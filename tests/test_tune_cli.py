@@ -1,0 +1,76 @@
+"""`lagom tune` end to end on generated workloads and the real simulator."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from costmodel.cluster import load_cluster
+from costmodel.sim import Simulator
+from lagom.cli import main
+from lagom.tuned_config import load_tuned_config
+from nccl_env.plan import Plan
+from traces.generate import generate_workload
+from tuner.space import workload_signatures
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_tune_writes_a_file_that_reproduces_its_prediction(tmp_path, capsys):
+    spec = "fsdp:phi2:gpus=8"
+    out_file = tmp_path / "lagom.yaml"
+    code, out, err = run_cli(capsys, "tune", spec, "--cluster", "high-bw", "--evaluator", "sim", "-o", str(out_file), "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    for key in ("baseline_us", "tuned_us", "autoccl_us", "speedup_vs_nccl", "speedup_vs_autoccl", "evaluations"):
+        assert key in summary
+    assert summary["tuned_us"] <= summary["baseline_us"]  # the guard
+    assert math.isclose(summary["speedup_vs_nccl"], summary["baseline_us"] / summary["tuned_us"], rel_tol=1e-3)
+    config = load_tuned_config(out_file)
+    assert config.method == "lagom" and config.nccl_version == load_cluster("high-bw").nccl_version
+    assert config.predictions["tuned_us"] == pytest.approx(summary["tuned_us"], rel=1e-6)
+    # the file, applied to the same workload on the same (noise-free) simulator, gives the prediction
+    cluster = load_cluster("high-bw")
+    workload = generate_workload(spec)
+    plan = config.to_plan(workload_signatures(workload, cluster.gpus_per_node))
+    again = Simulator(cluster, noise=0.0).evaluate(workload, plan)
+    assert again.iteration_us == pytest.approx(summary["tuned_us"], rel=1e-6)
+    assert len(summary["rows"]) == summary["signatures"] >= 1
+
+
+def test_tune_table_names_every_signature(tmp_path, capsys):
+    code, out, err = run_cli(capsys, "tune", "tp:phi2:tp=8,dp=1", "--cluster", "low-bw", "--evaluator", "sim",
+                             "-o", str(tmp_path / "t.yaml"), "--no-autoccl")
+    assert code == 0, err
+    workload = generate_workload("tp:phi2:tp=8,dp=1")
+    for sig in workload_signatures(workload, 8):
+        assert sig.collective.value in out
+    assert "predicted iteration: NCCL default" in out and "evaluations" in out
+
+
+def test_bad_input_is_one_line(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "tune", "fsdp:phi2:gpus=8", "--cluster", "no-such-cluster", "-o", str(tmp_path / "x.yaml"))
+    assert code == 2 and err.startswith("lagom tune: error:") and err.count("\n") == 1
+    code, _, err = run_cli(capsys, "tune", str(tmp_path / "missing.json"), "--cluster", "low-bw", "-o", str(tmp_path / "x.yaml"))
+    assert code == 2 and err.count("\n") == 1
+
+
+def test_every_method_runs_from_the_cli(tmp_path, capsys):
+    results = {}
+    for method in ("nccl", "lagom", "autoccl", "optuna"):
+        code, out, err = run_cli(capsys, "tune", "ep:olmoe:ep=8", "--cluster", "low-bw", "--evaluator", "sim",
+                                 "--method", method, "--budget", "40", "--no-autoccl", "-o", str(tmp_path / f"{method}.yaml"), "--json")
+        assert code == 0, err
+        results[method] = json.loads(out)
+    assert results["nccl"]["tuned_us"] == pytest.approx(results["nccl"]["baseline_us"])
+    assert results["lagom"]["tuned_us"] <= results["nccl"]["tuned_us"]
+    assert all(r["evaluations"] <= 40 for r in results.values())
+    cluster = load_cluster("low-bw")
+    default = Simulator(cluster, noise=0.0).evaluate(generate_workload("ep:olmoe:ep=8"), Plan())
+    assert results["nccl"]["baseline_us"] == pytest.approx(default.iteration_us)

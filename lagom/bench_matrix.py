@@ -198,19 +198,22 @@ def run_matrix(
     specs: list[str],
     clusters: tuple[str, ...] = CLUSTERS,
     evaluator: str = "analytic",
+    exhaustive_max_points: int = EXHAUSTIVE_MAX_POINTS,
+    nccl_version: str | None = None,
     on_cell: Callable[[CellResult], None] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> list[CellResult]:
     results = []
     for preset in clusters:
-        judge_cluster = load_cluster(preset)
+        judge_cluster = tuning.with_nccl_version(load_cluster(preset), nccl_version)
         judge = tuning.make_evaluator("sim", judge_cluster, noise=0.0)
         if evaluator == "analytic":
-            tune_cluster = calibrated_cluster(preset, log=log)
+            tune_cluster = tuning.with_nccl_version(calibrated_cluster(preset, log=log), nccl_version)
         else:
             tune_cluster = judge_cluster
         for spec in specs:
-            cell = run_cell(spec, preset, tune_cluster, lambda: tuning.make_evaluator(evaluator, tune_cluster), judge)
+            cell = run_cell(spec, preset, tune_cluster, lambda: tuning.make_evaluator(evaluator, tune_cluster), judge,
+                            exhaustive_max_points)
             results.append(cell)
             if on_cell:
                 on_cell(cell)

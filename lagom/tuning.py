@@ -10,7 +10,7 @@ import bisect
 import importlib
 import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from costmodel.cluster import ClusterSpec
 from costmodel.evaluator import Evaluator, Timing
@@ -39,6 +39,15 @@ def make_evaluator(name: str, cluster: ClusterSpec, noise: float = 0.0, seed: in
     if name == "analytic":
         return _optional("costmodel.analytic", "the analytic cost model").AnalyticEvaluator(cluster)
     raise LagomError(f"unknown evaluator {name!r} (choose from {', '.join(EVALUATORS)})")
+
+
+def with_nccl_version(cluster: ClusterSpec, version: str | None) -> ClusterSpec:
+    """The cluster running another NCCL (the tuner's doors and MAXCHANNELS follow it)."""
+    if version is None:
+        return cluster
+    from nccl_env.rules import NcclVersion
+
+    return replace(cluster, nccl_version=str(NcclVersion.parse(version)))
 
 
 def default_evaluator_name() -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from rich.console import Console
 from rich.table import Table
@@ -40,6 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="what the methods tune with (default: analytic where built in, else sim)")
     parser.add_argument("--cluster", action="append", choices=bench_matrix.CLUSTERS, default=None,
                         help="limit to this cluster (repeatable)")
+    parser.add_argument("--exhaustive-max-points", type=int, default=bench_matrix.EXHAUSTIVE_MAX_POINTS,
+                        help="run exhaustive search where the space has at most this many points "
+                             f"(default {bench_matrix.EXHAUSTIVE_MAX_POINTS}; 0 = never)")
+    parser.add_argument("--nccl-version", default=None,
+                        help="tune for this NCCL instead of the preset's (e.g. 2.30.1: every knob but threads per collective)")
     parser.add_argument("--json", action="store_true", help="print cells and summary as JSON")
     parser.add_argument("--plot", metavar="FILE.png", default=None, help="bar chart of speedups per cell")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
@@ -78,10 +84,12 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"[{done[0]}/{total}] {cell.cluster} {cell.workload}: x{cell.speedup_vs_nccl:.3f} vs NCCL, "
                   f"x{cell.speedup_vs_autoccl:.3f} vs AutoCCL, {cell.lagom_evaluations} evaluations", highlight=False)
 
-    results = bench_matrix.run_matrix(specs, clusters, evaluator, on_cell=on_cell, log=lambda m: err.print(m))
+    results = bench_matrix.run_matrix(specs, clusters, evaluator, args.exhaustive_max_points, args.nccl_version, on_cell=on_cell,
+                                      log=lambda m: err.print(m))
     summary = bench_matrix.summarize(results)
     missed = check_targets(summary, results)
     summary["evaluator"] = evaluator
+    summary["nccl_version"] = args.nccl_version or "preset"
     summary["missed_targets"] = missed
     if args.plot:
         _plot(results, args.plot)
@@ -93,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(results: list[bench_matrix.CellResult], summary: dict, evaluator: str) -> None:
-    out = Console()
+    out = Console() if sys.stdout.isatty() else Console(width=170)
     table = Table(title=f"lagom bench: tuned with {evaluator}, judged on the simulator (noise 0)")
     for col in ("cluster", "workload", "sigs", "NCCL us", "Lagom us", "vs NCCL", "vs AutoCCL", "vs Optuna",
                 "vs exhaustive", "above bound", "evals"):

@@ -46,6 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--evaluator", choices=tuning.EVALUATORS, default=None,
                         help="what predicts iteration times (default: analytic where built in, else sim)")
     parser.add_argument("--method", choices=sorted(METHODS), default="lagom", help="search method (default lagom)")
+    parser.add_argument("--nccl-version", default=None,
+                        help="the NCCL the job will run (default: the cluster file's); decides which knobs are per collective")
     parser.add_argument("--budget", type=int, default=None, help="cap on evaluations (default: the method's own rule)")
     parser.add_argument("-o", "--output", default="lagom.yaml", help="tuned-config file to write (default lagom.yaml)")
     parser.add_argument("--no-autoccl", action="store_true", help="skip the AutoCCL comparison")
@@ -54,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cluster = load_cluster(args.cluster)
+    cluster = tuning.with_nccl_version(load_cluster(args.cluster), args.nccl_version)
     workload = tuning.load_workload_arg(args.workload, cluster)
     evaluator_name = args.evaluator or tuning.default_evaluator_name()
     evaluator = tuning.make_evaluator(evaluator_name, cluster)

@@ -1,0 +1,35 @@
+"""`lagom bench --quick` as CI regression: the issue's targets are the assertions.
+
+Runs the real thing: the quick matrix (one FSDP, TP and EP workload on 8 GPUs of
+low-bw and high-bw), tuned with the default evaluator and judged on the simulator
+with noise off. A regression in the search, the space or the evaluators fails here.
+"""
+
+from __future__ import annotations
+
+import json
+
+from lagom.cli import main
+from lagom.commands import bench
+
+
+def test_quick_bench_meets_the_targets(capsys):
+    code = main(["bench", "--quick", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    report = json.loads(out)
+    cells, summary = report["cells"], report["summary"]
+    assert {c["cluster"] for c in cells} == {"low-bw", "high-bw"}
+    assert {c["strategy"] for c in cells} == {"fsdp", "tp", "ep"}
+    for cell in cells:
+        where = f"{cell['cluster']} {cell['workload']}"
+        assert cell["speedup_vs_nccl"] >= bench.MIN_SPEEDUP_VS_NCCL_ANY_CELL, where
+        assert cell["lagom_us"] >= cell["lower_bound_us"] * 0.999, where  # a bound is a bound
+        if cell["gap_to_exhaustive"] is not None:
+            assert cell["gap_to_exhaustive"] <= bench.MAX_GAP_TO_EXHAUSTIVE, where
+        assert cell["lagom_evaluations"] <= 40 * max(1, cell["units"]), where
+    for name, c in summary["clusters"].items():
+        assert c["geomean_speedup_vs_nccl"] >= bench.MIN_GEOMEAN_VS_NCCL, name
+        assert c["geomean_speedup_vs_autoccl"] >= bench.MIN_GEOMEAN_VS_AUTOCCL, name
+        assert c["geomean_speedup_vs_optuna"] >= bench.MIN_GEOMEAN_VS_OPTUNA, name
+    assert summary["missed_targets"] == []

@@ -35,6 +35,7 @@ CATEGORY = {
     "cuda_sync": SYNC,
 }
 _INT64 = 1 << 63
+_COMM_CALL_FIRST = frozenset("rngmuc")  # first letters of record_param_comms, nccl:, gloo:, mpi:, ucc:, c10d::
 
 
 @dataclass(slots=True)
@@ -148,9 +149,10 @@ class EventReader:
                     rt_end.append(ts + dur)
                     rt_thread.append(index)
             elif kind == CPU:
-                if name.startswith("ProfilerStep"):
+                first = name[:1]
+                if first == "P" and name.startswith("ProfilerStep"):
                     self.steps.append((ts, ts + dur))
-                elif is_comm_call(name):
+                elif first in _COMM_CALL_FIRST and is_comm_call(name):
                     call = CommCall(ts, ts + dur, name, args, thread_key(e))
                     self.comm_calls.append(call)
                     ext = to_int(args.get("External id"))

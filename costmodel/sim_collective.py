@@ -154,6 +154,16 @@ class CollectiveModel:
 
     def dram_demand(self, l2_for_comm: float, link_share: float) -> float:
         """Bytes/us of DRAM traffic at its link-limited pace."""
+        key = (l2_for_comm, None, link_share)
+        cached = self._memo.get(key)
+        if cached is not None:
+            return cached
+        value = self._dram_demand(l2_for_comm, link_share)
+        if len(self._memo) < 256:
+            self._memo[key] = value
+        return value
+
+    def _dram_demand(self, l2_for_comm: float, link_share: float) -> float:
         if self.wire_bytes <= 0:
             return 0.0
         rate = self.rate_cap * link_share

@@ -45,7 +45,7 @@ class ComputeModel:
 
     __slots__ = ("blocks", "tb", "flops_block", "dram", "tile_reuse", "smem", "overhead", "sm_count",
                  "flops_per_sm_us", "l2_bytes", "short_reuse", "from_trace", "trace_us", "bw_full", "_memo",
-                 "uncontended_us")
+                 "uncontended_us", "wave_wait_us")
 
     def __init__(self, op: ComputeOp, gpu: GpuSpec, params: SimParams):
         self.sm_count = gpu.sm_count
@@ -80,6 +80,10 @@ class ComputeModel:
                     self.smem = 3.0 * (bm + bn) * 32 * 2
         self._memo: dict = {}
         self.uncontended_us = self.time_us(self.sm_count, self.l2_bytes, self.bw_full)
+        # a collective launched beside this kernel waits for the current wave to retire
+        full_wave = self.sm_count * self.tb
+        waves = self.blocks / full_wave if full_wave else 0.0
+        self.wave_wait_us = 0.5 * self.uncontended_us / waves if waves >= 1.0 else 0.0
 
     def _waves(self, free_sms: int) -> tuple[float, int]:
         """(waves x blocks per SM, resident tiles in a wave) on ``free_sms`` SMs."""
@@ -123,6 +127,16 @@ class ComputeModel:
 
     def dram_demand(self, free_sms: int, l2_free_bytes: float) -> float:
         """Bytes/us the kernel would pull if DRAM were not its limit (its compute-bound pace)."""
+        key = (free_sms, l2_free_bytes, None)
+        cached = self._memo.get(key)
+        if cached is not None:
+            return cached
+        value = self._dram_demand(free_sms, l2_free_bytes)
+        if len(self._memo) < 256:
+            self._memo[key] = value
+        return value
+
+    def _dram_demand(self, free_sms: int, l2_free_bytes: float) -> float:
         if self.from_trace:
             return _TRACE_MEMORY_FRACTION * self.bw_full
         slots, resident = self._waves(max(1, min(free_sms, self.sm_count)))

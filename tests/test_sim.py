@@ -60,3 +60,19 @@ def test_tiny_workload_entry_points():
     assert sim.evaluations == 0  # helpers are not evaluations
     t = sim.evaluate(tiny_overlap_workload(op, sig), Plan())
     assert len(t.ops) == 2 and sim.evaluations == 1
+
+
+def test_speed_fsdp_llama_16_gpus_within_50_ms():
+    import time
+
+    sim = Simulator(load_cluster("low-bw"))
+    w = generate_workload("fsdp:llama3-8b:gpus=16")
+    assert len(w.compute_ops) + len(w.collectives) > 1000
+    sim.evaluate(w, Plan())
+    best = float("inf")
+    for k in range(5):  # best of 5 is robust to a busy machine; each with a different plan
+        plan = Plan(default=CommConfig(channels=2 + k, chunk_bytes=(512 << 10) << (k % 3)))
+        t0 = time.perf_counter()
+        sim.evaluate(w, plan)
+        best = min(best, time.perf_counter() - t0)
+    assert best < 0.050

@@ -14,6 +14,7 @@ Mechanism (docs/simulator.md has the derivation):
 
 Kernels from a trace carry no FLOPs: their uncontended duration is scaled by the wave
 ratio (grid known) or by ``lambda / S`` and assumed to stream half the DRAM bandwidth.
+Memory copies/sets run on the copy engines: only the DRAM share slows them.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class ComputeModel:
 
     __slots__ = ("blocks", "tb", "flops_block", "dram", "tile_reuse", "smem", "overhead", "sm_count",
                  "flops_per_sm_us", "l2_bytes", "short_reuse", "from_trace", "trace_us", "bw_full", "_memo",
-                 "uncontended_us", "wave_wait_us")
+                 "uncontended_us", "wave_wait_us", "copy_engine")
 
     def __init__(self, op: ComputeOp, gpu: GpuSpec, params: SimParams):
         self.sm_count = gpu.sm_count
@@ -58,6 +59,7 @@ class ComputeModel:
         self.tb = max(1, min(limit, int(op.blocks_per_sm or 1)))
         self.blocks = op.thread_blocks or 0
         self.from_trace = op.flops is None
+        self.copy_engine = op.is_memory_op  # memcpy/memset: DMA engines, no SMs; DRAM only
         self.trace_us = max(0.0, op.duration_us - self.overhead)
         self.tile_reuse = 0.0
         self.smem = float(op.shared_memory_bytes or 0)
@@ -101,7 +103,9 @@ class ComputeModel:
         free_sms = max(1, min(free_sms, self.sm_count))
         bw = max(bw_bytes_per_us, 1e-6)
         if self.from_trace:
-            if self.blocks > 0:
+            if self.copy_engine:
+                sm_factor = 1.0
+            elif self.blocks > 0:
                 full, _ = self._waves(self.sm_count)
                 part, _ = self._waves(free_sms)
                 sm_factor = part / full

@@ -98,6 +98,7 @@ class _Static:
         gpn = cluster.gpus_per_node
         self.signatures: list[Signature] = [workload.signature(op, gpn) for op in colls]
         self.unique_signatures = sorted(set(self.signatures))
+        self.on_gpu = [op.on_gpu for op in colls]
         self.compute_streams = sorted({op.stream for op in compute})
         self.compute_stream_of = [op.stream for op in compute]
 
@@ -179,7 +180,7 @@ class Simulator:
         if n == 0:
             return Timing(0.0, 0.0, 0.0, 0.0, 0.0, {})
         by_sig = {sig: self.collective_model(sig, plan.config_for(sig)) for sig in st.unique_signatures}
-        colls = [by_sig[sig] for sig in st.signatures]
+        colls = [by_sig[sig] if on_gpu else by_sig[sig].host_side() for sig, on_gpu in zip(st.signatures, st.on_gpu)]
         if self.noise > 0:
             factors = np.clip(self._rng.normal(1.0, self.noise, n), *_NOISE_CLIP).tolist()
         else:
@@ -318,8 +319,8 @@ class Simulator:
         last = max(end)
         compute_spans = _union([(start[i], end[i]) for i in range(nc) if not st.ops[i].is_memory_op])
         comm_spans = _union([(start[i], end[i]) for i in range(nc, len(st.ops))])
-        compute_us = sum(b - a for a, b in compute_spans)
-        comm_us = sum(b - a for a, b in comm_spans)
+        compute_us = sum((b - a for a, b in compute_spans), 0.0)
+        comm_us = sum((b - a for a, b in comm_spans), 0.0)
         exposed = comm_us - _intersection(comm_spans, compute_spans)
         per_stream: dict[int, float] = {}
         for i in range(nc):

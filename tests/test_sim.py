@@ -76,3 +76,16 @@ def test_speed_fsdp_llama_16_gpus_within_50_ms():
         sim.evaluate(w, plan)
         best = min(best, time.perf_counter() - t0)
     assert best < 0.050
+
+
+def test_host_side_collective_takes_no_gpu_resources():
+    sim = Simulator(load_cluster("low-bw"), noise=0.0)
+    op = ffn_gemm()
+    sig = Signature("g", CollectiveType.ALLREDUCE, 32 << 20, 8, 1)
+    wl = tiny_overlap_workload(op, sig)
+    on_gpu = sim.evaluate(wl, Plan(default=CommConfig(channels=32)))
+    wl_host = tiny_overlap_workload(op, sig)
+    wl_host.collectives[0].on_gpu = False
+    host = sim.evaluate(wl_host, Plan(default=CommConfig(channels=32)))
+    assert host.ops[0].duration_us == pytest.approx(sim.compute_time_us(op))
+    assert on_gpu.ops[0].duration_us > 1.1 * host.ops[0].duration_us

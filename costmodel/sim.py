@@ -140,7 +140,7 @@ class Simulator:
         if model is None:
             resolved = resolve_config(self.cluster, signature, requested)
             model = CollectiveModel(signature, resolved, self.cluster, self.params)
-            if len(self._collective_models) > 100_000:
+            if len(self._collective_models) > 20_000:
                 self._collective_models.clear()
             self._collective_models[key] = model
         return model
@@ -236,7 +236,7 @@ class Simulator:
             durations = state_cache.get(key)
             if durations is None:
                 durations = self._state_durations(key[0], key[1])
-                if len(state_cache) > 200_000:
+                if len(state_cache) > 50_000:
                     state_cache.clear()
                 state_cache[key] = durations
             rates = {}

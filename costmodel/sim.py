@@ -21,7 +21,9 @@ the resources the others leave it:
 A collective's CommConfig is ``plan.config_for(signature)`` resolved over NCCL's modelled
 default (:func:`costmodel.nccl_defaults.resolve_config`). Each op's duration carries a
 seeded multiplicative noise factor ``N(1, noise)`` (clipped to [0.5, 1.5]); ``noise=0`` is
-exact and deterministic. ``evaluations`` counts evaluate() calls.
+exact and deterministic. ``evaluations`` counts evaluate() calls. Per-workload data is
+built once and cached (keyed by the workload object): do not mutate a workload between
+evaluations; build a new one.
 
 Entry points for calibration (tiny workloads work too):
 :meth:`Simulator.collective_time_us` (one collective alone, no noise),

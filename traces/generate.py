@@ -45,6 +45,8 @@ What is generated (the real schedule, simplified where said):
   the micro-batch's two halves alternate so one half's AlltoAll overlaps the other
   half's compute. Dense gradients are AllReduced over all GPUs, expert gradients over
   the replicas when gpus > ep.
+* TP and EP iterations leave out the LM head and loss (FSDP has them): their cost is
+  small next to the layers and they add no collective the tuner could act on.
 
 Bad specs raise LagomError with one line saying what is accepted.
 """
@@ -517,7 +519,7 @@ def _two_half_overlap(b: _Builder, halves: list[int], layers: int, fwd_attn, fwd
         after_mlp: dict[int, int] = {}
         ends = []
         for h in range(len(halves)):
-            ids = bwd_mlp(li, h, ready[h] if li == layers - 1 else ready[h])
+            ids = bwd_mlp(li, h, ready[h])
             after_mlp[h] = comm_after_mlp(li, h, "bwd", ids[-1])
         for h in range(len(halves)):
             ids = bwd_attn(li, h, (after_mlp[h],))

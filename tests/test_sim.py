@@ -89,3 +89,19 @@ def test_host_side_collective_takes_no_gpu_resources():
     host = sim.evaluate(wl_host, Plan(default=CommConfig(channels=32)))
     assert host.ops[0].duration_us == pytest.approx(sim.compute_time_us(op))
     assert on_gpu.ops[0].duration_us > 1.1 * host.ops[0].duration_us
+
+
+@pytest.mark.parametrize("name", ["low-bw", "a100-nvswitch", "h100-nvswitch"])
+def test_kernel_time_grows_with_channels_and_chunk(name):
+    sim = Simulator(load_cluster(name), noise=0.0)
+    op = ffn_gemm()
+    alone = sim.compute_time_us(op)
+    for chunk in (256 << 10, 2 << 20):
+        times = [sim.compute_time_us(op, nc, chunk) for nc in (1, 2, 4, 8, 16, 32, 64)]
+        assert times[0] >= alone and all(b >= a for a, b in zip(times, times[1:]))
+    for nc in (2, 8):
+        times = [sim.compute_time_us(op, nc, 1 << k) for k in range(15, 24)]
+        assert all(b >= a for a, b in zip(times, times[1:]))
+    # a collective's DRAM traffic slows a memory-bound kernel
+    norm = next(o for o in generate_workload("fsdp:phi2:gpus=8").compute_ops if "norm1 fwd" in o.name)
+    assert sim.compute_time_us(norm, comm_dram_bytes_per_us=sim._bw / 2) > 1.5 * sim.compute_time_us(norm) - 4.0

@@ -253,13 +253,12 @@ class Hook:
         return str(name), len(ranks), nodes
 
     def signature_counts(self) -> list[audit.SignatureCount]:
-        out = []
-        for (_, _, _), (count, info) in list(self.counts.items()):
-            if info is _IGNORED or count == 0:
-                continue
-            collective, group, size, nodes, nbytes, entry = info
-            out.append(audit.SignatureCount(collective, group, size, nodes, nbytes, count, entry))
-        return out
+        """Counts per signature; keys that name one group two ways (None, WORLD) are summed."""
+        totals: dict[tuple, int] = {}
+        for count, info in list(self.counts.values()):
+            if info is not _IGNORED and count:
+                totals[info] = totals.get(info, 0) + count
+        return [audit.SignatureCount(c, g, size, nodes, nbytes, n, entry) for (c, g, size, nodes, nbytes, entry), n in totals.items()]
 
     def summary(self) -> audit.Summary:
         return audit.Summary.of(self.signature_counts())

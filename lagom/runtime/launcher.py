@@ -192,6 +192,10 @@ def launch(
     stream = stream if stream is not None else sys.stderr
     if not argv:
         raise LagomError("no command to run: put it after '--', e.g. lagom run --config lagom.yaml -- torchrun train.py")
+    if shutil.which(argv[0]) is None:
+        raise LagomError(f"command not found (or not executable): {argv[0]}")
+    if audit_path is not None and not Path(audit_path).resolve().parent.is_dir():
+        raise LagomError(f"{audit_path}: the audit's folder does not exist")
     setup = prepare(config_path, workdir, use_plugin=use_plugin)
     try:
         for line in setup.messages:

@@ -5,7 +5,8 @@ Steps (the command's docstring in lagom/commands/run.py is the user-facing doc):
 1. load and validate the tuned file (bad file: LagomError, exit 2, nothing started);
 2. make the run folder (``--workdir`` or a temporary one) with a copy of the file,
    the tuner plugin's table and the bootstrap ``sitecustomize.py``;
-3. build (or reuse) the C tuner plugin; if that fails: one warning, no plugin door;
+3. write the plugin's table (a file it cannot take is an error, exit 2) and build (or
+   reuse) the C tuner plugin; a plugin that cannot be built: one warning, no plugin door;
 4. build the child's environment: the file's NCCL knobs, ``NCCL_TUNER_PLUGIN`` and
    ``NCCL_TUNER_CONFIG_FILE``, the bootstrap first on ``PYTHONPATH``; a variable the
    user already set wins, and one line says which;
@@ -27,6 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nccl_env.errors import LagomError
+from nccl_env.plugin_build import PluginBuildError, build_plugin
+from nccl_env.rules import NcclVersion
+from lagom.plugin_export import write_plugin_table
 from lagom.runtime import audit
 from lagom.runtime.bootstrap import SITECUSTOMIZE
 from lagom.runtime.env import ENV_CONFIG, ENV_HOME, ENV_RUN_DIR, merge_env
@@ -52,30 +56,13 @@ class RunSetup:
 
 
 def _check_nccl_version(config: TunedConfig, origin: Path) -> None:
-    """A tuned file's nccl_version must parse (when nccl_env can parse versions)."""
+    """A tuned file's nccl_version, when given, must be a NCCL version."""
     if not config.nccl_version:
         return
     try:
-        from nccl_env.rules import NcclVersion
-    except ImportError:
-        return
-    parse = getattr(NcclVersion, "parse", None)
-    try:
-        parse(config.nccl_version) if parse is not None else NcclVersion(config.nccl_version)
-    except (ValueError, TypeError, LagomError) as exc:
+        NcclVersion.parse(config.nccl_version)
+    except (ValueError, LagomError) as exc:
         raise LagomError(f"{origin}: nccl_version {config.nccl_version!r} is not a NCCL version ({exc})") from None
-
-
-def _plugin_door(config: TunedConfig, run_dir: Path) -> tuple[Path, Path]:
-    """Build (or reuse) the tuner plugin and write its table; LagomError on failure."""
-    try:
-        from nccl_env.plugin_build import build_plugin
-        from lagom.plugin_export import write_plugin_table
-    except ImportError as exc:
-        raise LagomError(f"this Lagom has no tuner plugin support ({exc})") from None
-    plugin = Path(build_plugin()).resolve()
-    table = Path(write_plugin_table(config, run_dir / "tuner_table.csv")).resolve()
-    return plugin, table
 
 
 def prepare(
@@ -108,9 +95,13 @@ def prepare(
         if PLUGIN_ENV in env:
             setup.messages.append(f"lagom run: your {PLUGIN_ENV}={env[PLUGIN_ENV]} wins; the tuned per-collective table is not used")
         else:
+            # A table the plugin cannot take is a bad config (exit 2); a plugin that
+            # cannot be built only closes this door.
+            setup.table_path = write_plugin_table(config, run_dir / "tuner_table.csv")
             try:
-                setup.plugin_path, setup.table_path = _plugin_door(config, run_dir)
-            except LagomError as exc:
+                setup.plugin_path = Path(build_plugin()).resolve()
+            except PluginBuildError as exc:
+                setup.table_path = None
                 setup.messages.append(
                     f"lagom run: warning: tuner plugin unavailable ({exc}); per-collective settings are left to NCCL"
                 )

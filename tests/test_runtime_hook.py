@@ -39,6 +39,14 @@ CONFIG = {
 }
 
 
+@pytest.fixture(autouse=True)
+def no_test_knob():
+    """The tuned file sets NCCL_LAGOM_TEST_KNOB in os.environ: never let it outlive a test."""
+    os.environ.pop("NCCL_LAGOM_TEST_KNOB", None)
+    yield
+    os.environ.pop("NCCL_LAGOM_TEST_KNOB", None)
+
+
 @pytest.fixture(scope="module")
 def world():
     """A real 1-rank gloo process group for the whole module."""
@@ -57,8 +65,7 @@ def config_file(tmp_path):
 
 
 @pytest.fixture
-def hook(world, config_file, tmp_path, monkeypatch):
-    monkeypatch.delenv("NCCL_LAGOM_TEST_KNOB", raising=False)
+def hook(world, config_file, tmp_path):
     stream = io.StringIO()
     installed = runtime.install(config_file, run_dir=tmp_path / "run", stream=stream)
     installed.test_stream = stream
@@ -179,11 +186,16 @@ def test_a_corrupt_config_leaves_torch_untouched_with_one_warning(world, tmp_pat
     assert len(lines) == 1 and str(bad) in lines[0] and "'collectives' must be a list" in lines[0]
 
 
-def test_env_knobs_are_set_but_the_users_own_value_wins(world, config_file, monkeypatch):
-    monkeypatch.delenv("NCCL_LAGOM_TEST_KNOB", raising=False)
+def test_env_knobs_are_set_but_the_users_own_value_wins(world, config_file):
     runtime.install(config_file, stream=io.StringIO())
     runtime.uninstall()
     assert os.environ["NCCL_LAGOM_TEST_KNOB"] == "7"
+    os.environ["NCCL_LAGOM_TEST_KNOB"] = "5"
+    stream = io.StringIO()
+    runtime.install(config_file, stream=stream)
+    runtime.uninstall()
+    assert os.environ["NCCL_LAGOM_TEST_KNOB"] == "5"
+    assert stream.getvalue() == "lagom: note: your environment wins for NCCL_LAGOM_TEST_KNOB=5 (tuned: 7)\n"
     env = {"NCCL_A": "1"}
     merged = merge_env({"NCCL_A": "2", "NCCL_B": "3"}, env)
     assert env == {"NCCL_A": "1", "NCCL_B": "3"}

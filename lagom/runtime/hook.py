@@ -51,8 +51,10 @@ class Hook:
         config_path: str | os.PathLike | None = None,
         run_dir: str | os.PathLike | None = None,
         stream=None,
+        lazy: bool = False,
     ):
         self.config = config
+        self.lazy = lazy
         self.config_path = str(config_path) if config_path else ""
         self.run_dir = Path(run_dir) if run_dir else None
         self.stream = stream
@@ -128,6 +130,8 @@ class Hook:
             self.warn(f"{exc}; running with NCCL's own choices")
             return None
         self.env_merge = merge_env(self.config.env, os.environ)
+        if self.env_merge.kept and not self.lazy:  # under `lagom run` the launcher said it already
+            self.note(self.env_merge.kept_line())
         return self.config
 
     def _process_groups(self) -> dict[str, dict]:

@@ -97,10 +97,10 @@ def single_process(calls: int, rounds: int) -> float:
         "all_gather_single 64 B": lambda: dist.all_gather_single(out, small),
         "reduce_scatter_single 64 B": lambda: dist.reduce_scatter_single(out, small),
     }
-    live_calls = max(calls // 40, 100)
+    live_calls = max(calls // 60, 100)
     for name, call in cases.items():
         plain_us, hooked_us = [], []
-        for i in range(rounds):
+        for i in range(2 * rounds):
             for hooked in (False, True) if i % 2 == 0 else (True, False):  # ABBA: no order bias
                 if hooked:
                     runtime.install(config)

@@ -140,6 +140,25 @@ def test_call_semantics_are_untouched(hook, world):
     assert dist.all_reduce.__name__ == "all_reduce" and dist.all_reduce.__doc__
 
 
+def test_torch_compile_traces_through_the_hook(hook, world):
+    """Under torch.compile the wrapper steps aside: dynamo sees torch's own collective."""
+    import torch._dynamo
+
+    def step(x):
+        y = x * 2
+        dist.all_reduce(y)
+        return y + 1
+
+    compiled = torch.compile(step, backend="aot_eager")
+    try:
+        for n in (4, 7):  # the second size makes the shapes symbolic
+            assert torch.equal(compiled(torch.ones(n)), torch.full((n,), 3.0))
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(step(torch.ones(2)), torch.full((2,), 3.0))
+    assert _counts(hook) == {("allreduce", "0", 8): (1, 0)}  # the eager call only
+
+
 def test_uninstall_restores_torch_exactly(world, config_file):
     import torch.distributed.distributed_c10d as c10d
 

@@ -187,10 +187,15 @@ class Hook:
         type_index = TYPE_INDEX[spec.collective]
         nbytes_of = spec.byte_rule(params)
         group_pos = params.index("group")
+        # torch.compiler.is_compiling() is constant-folded to True while torch.compile
+        # traces, so a compiled region sees only `original` (which dynamo maps to
+        # functional collectives), never our byte count on symbolic shapes. Looked up at
+        # call time: the bootstrap installs the hook while torch is still importing.
+        import torch
 
-        # The hot path: keep it to a flag test, a byte count, a dict lookup, an increment.
+        # The hot path: a flag test, a byte count, a dict lookup, an increment.
         def wrapper(*args, **kwargs):
-            if hook.observing:
+            if hook.observing and not torch.compiler.is_compiling():
                 try:
                     key = (
                         type_index,

@@ -84,6 +84,15 @@ def prepare(
             raise LagomError(f"{workdir}: cannot create the run folder: {exc.strerror or exc}") from None
     else:
         run_dir = Path(tempfile.mkdtemp(prefix="lagom-run-")).resolve()
+    try:
+        return _lay_out(config, config_path, run_dir, env, use_plugin)
+    except BaseException:
+        if workdir is None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
+def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[str, str], use_plugin: bool) -> RunSetup:
     stale = run_dir / audit.PART_DIR
     if stale.is_dir():
         shutil.rmtree(stale)  # parts of an earlier run in the same --workdir

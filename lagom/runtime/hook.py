@@ -193,22 +193,45 @@ class Hook:
         # call time: the bootstrap installs the hook while torch is still importing.
         import torch
 
-        # The hot path: a flag test, a byte count, a dict lookup, an increment.
-        def wrapper(*args, **kwargs):
-            if hook.observing and not torch.compiler.is_compiling():
-                try:
-                    key = (
-                        type_index,
-                        nbytes_of(args, kwargs),
-                        args[group_pos] if len(args) > group_pos else kwargs.get("group"),
-                    )
-                    record = counts.get(key)
-                    if record is None:
-                        record = hook._new_record(key)
-                    record[0] += 1
-                except Exception as exc:
-                    hook.fail(spec.function, exc)
-            return original(*args, **kwargs)
+        # The hot path: a flag test, a byte count, a dict lookup, an increment. The
+        # common one-tensor case reads the tensor inline (one Python call fewer).
+        if spec.single_tensor and len(spec.buffers) == 1:
+            name = spec.buffers[0]
+            pos = params.index(name)
+
+            def wrapper(*args, **kwargs):
+                if hook.observing and not torch.compiler.is_compiling():
+                    try:
+                        key = (
+                            type_index,
+                            (args[pos] if len(args) > pos else kwargs[name]).nbytes,
+                            args[group_pos] if len(args) > group_pos else kwargs.get("group"),
+                        )
+                        record = counts.get(key)
+                        if record is None:
+                            record = hook._new_record(key)
+                        record[0] += 1
+                    except Exception as exc:
+                        hook.fail(spec.function, exc)
+                return original(*args, **kwargs)
+
+        else:
+
+            def wrapper(*args, **kwargs):
+                if hook.observing and not torch.compiler.is_compiling():
+                    try:
+                        key = (
+                            type_index,
+                            nbytes_of(args, kwargs),
+                            args[group_pos] if len(args) > group_pos else kwargs.get("group"),
+                        )
+                        record = counts.get(key)
+                        if record is None:
+                            record = hook._new_record(key)
+                        record[0] += 1
+                    except Exception as exc:
+                        hook.fail(spec.function, exc)
+                return original(*args, **kwargs)
 
         functools.update_wrapper(wrapper, original)
         wrapper.__lagom_original__ = original  # type: ignore[attr-defined]

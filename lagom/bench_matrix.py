@@ -120,6 +120,7 @@ def calibrated_cluster(preset: str, budget: int = 300, log: Callable[[str], None
     """
     text = (resources.files("costmodel") / "presets" / f"{preset}.yaml").read_text()
     calibrate = tuning._optional("costmodel.calibrate", "calibration").calibrate
+    backend_from_spec = tuning._optional("costmodel.calibration_backend", "calibration").backend_from_spec
     key = hashlib.sha256(f"{text}\nbudget={budget}".encode()).hexdigest()[:16]
     path = cache_dir() / f"calibrated-{preset}-{key}.yaml"
     if path.exists():
@@ -129,7 +130,7 @@ def calibrated_cluster(preset: str, budget: int = 300, log: Callable[[str], None
             path.unlink()
     if log:
         log(f"calibrating the analytic model against sim:{preset} ({budget} measurements)")
-    result = calibrate(f"sim:{preset}", budget=budget)
+    result = calibrate(backend_from_spec(f"sim:{preset}"), budget=budget)
     cluster = result if isinstance(result, ClusterSpec) else result.cluster
     tmp = path.with_suffix(".tmp")
     cluster.dump(tmp)

@@ -7,8 +7,9 @@ content in $LAGOM_CACHE_DIR or the temp dir), and every plan is judged on the
 simulator with noise off. Per cell: Lagom's speedup over NCCL's default, AutoCCL and
 Optuna TPE given Lagom's evaluation count; the gap to exhaustive search where the
 space is small enough; the gap to the lower bound max(compute alone, communication
-alone at its best); Lagom's evaluations. Then per cluster the geometric means and
-the fit of evaluations against the number of signatures.
+alone at its best); Lagom's evaluations. Then per cluster the geometric means, the
+headroom (NCCL's time over the lower bound: the most any plan could gain) and the
+fit of evaluations against the number of signatures.
 
 ``--quick`` runs one FSDP, one TP and one EP workload on 8 GPUs per cluster (under
 3 minutes); ``--check`` makes the command exit 1 when a target is missed (CI).
@@ -115,6 +116,7 @@ def _print(results: list[bench_matrix.CellResult], summary: dict, evaluator: str
     for name, c in summary["clusters"].items():
         out.print(f"{name}: geomean x{c['geomean_speedup_vs_nccl']:.3f} vs NCCL, x{c['geomean_speedup_vs_autoccl']:.3f} "
                   f"vs AutoCCL, x{c['geomean_speedup_vs_optuna']:.3f} vs Optuna; worst cell x{c['min_speedup_vs_nccl']:.3f}; "
+                  f"headroom (NCCL / lower bound) x{c['geomean_headroom_vs_nccl']:.3f}; "
                   f"per strategy {c['speedup_vs_nccl_range_by_strategy']}", highlight=False)
     s = summary["evaluations_slope"]
     if s["slope"] is not None:

@@ -5,29 +5,30 @@ the lowest rung of each of its axes with priority H = 0.01. Repeatedly the unfin
 unit with the smallest H is served: it proposes one step, which is measured with one
 evaluation of the whole iteration.
 
-Step rule (the paper scales its step by the last relative improvement with an
-inconsistent sign; we use a shrinking pattern step instead):
+Step rule (the paper raises NC, NT and C together by a step scaled with the last
+relative improvement, with an inconsistent sign; ours):
 
-1. *Joint steps*: all of the unit's axes move up together by ``stride`` rungs
-   (stride starts at 2, i.e. about x2 channels and x2 chunk bytes per step).
-2. A step is *accepted* when it shortened the unit's own collective time x_j and did
-   not lengthen the iteration Z (both beyond a relative tolerance). On acceptance
-   H_j = (Y' - Y) / (x_j_old - x_j_new): compute time added per communication time
-   saved; cheap savings are served first.
-3. A rejected step is undone. A rejected joint step of stride 2 is retried with
-   stride 1; a rejected stride-1 joint step switches the unit to *single-axis steps*
-   (one rung of one axis at a time, channels, then chunk, then threads); an axis
-   whose single step is rejected is dropped; a unit with no axis left is finished.
-4. A unit is also finished when, after an accepted step, its collectives are hidden
-   (exposed time under 1% of x_j): more resources could only slow compute.
+1. A serve *probes* each of the unit's axes moved up by ``stride`` rungs (stride
+   starts at 2, about x2 channels or x2 chunk bytes), one evaluation per axis.
+2. A probe *helps* when it shortened the unit's own collective time x_j (by more than
+   the tolerance) and the iteration Z. The helping probe with the shortest Z is
+   taken: H_j = (Y' - Y) / (x_j_old - x_j_new), compute time added per communication
+   time saved; cheap savings are served first.
+3. When no probe helps, the stride drops to 1; when no stride-1 probe helps either,
+   the unit is finished. It is also finished when, after a step, its collectives are
+   hidden (exposed time under 1% of x_j): more resources could only slow compute.
 
-So each unit climbs once and is frozen: evaluations grow linearly with the number
-of units. In communication-bound windows Z falls whenever x_j falls, so the climb is
-per-collective minimisation; in compute-bound windows the Z check stops the climb
+Each unit climbs once and is frozen, so evaluations grow linearly with the number of
+units. In communication-bound windows Z falls whenever x_j falls, so the climb is
+per-collective minimisation; in compute-bound windows the Z test stops the climb
 where contention starts to cost more than it saves.
 
+A short *polish* follows: every resource coordinate one rung down or up, and the
+trades (channels one rung down with chunk one rung up, and the reverse) between
+units that share signatures, first improvement of Z wins, at most two rounds.
+
 Then each subspace unit (algorithm/protocol scope) tries the other pairs at the
-climbed resources, one evaluation each, keeping a switch only if Z falls. Finally the
+polished resources, one evaluation each, keeping a switch only if Z falls. Finally the
 guard: NCCL's default plan is evaluated too, and returned instead if it is not slower.
 """
 
@@ -53,10 +54,7 @@ class _UnitState:
     unit: Unit
     priority: float = INITIAL_PRIORITY
     stride: int = 2
-    single_axes: list[str] | None = None  # None while taking joint steps
     finished: str | None = None
-    climb_end: str = ""
-    descend_axes: list[str] | None = None  # set once the climb ended: axes still to try one rung down
     served: int = 0
     history: list[str] = field(default_factory=list)
 
@@ -66,8 +64,10 @@ class LagomSearch(SearchMethod):
 
     name = "lagom"
 
-    def __init__(self, initial_stride: int = 2, tolerance: float = 0.001, probe_subspaces: bool = True, guard: bool = True) -> None:
+    def __init__(self, initial_stride: int = 2, tolerance: float = 0.001, polish_rounds: int = 2,
+                 probe_subspaces: bool = True, guard: bool = True) -> None:
         self.initial_stride = max(1, initial_stride)
+        self.polish_rounds = polish_rounds
         self.tolerance = tolerance
         self.probe_subspaces = probe_subspaces
         self.guard = guard
@@ -94,38 +94,34 @@ class LagomSearch(SearchMethod):
                     break
                 state = min(open_states, key=lambda s: (s.priority, s.unit.index))
                 state.served += 1
-                if state.descend_axes is not None:
-                    current = self._descend_step(state, current, obj, steps, order)
+                moves = self._moves(state, current, space)
+                if not moves:
+                    self._finish(state, "at the top of its ladders", order, steps, current, obj)
                     continue
-                move = self._propose(state, current, space)
-                if move is None:
-                    self._end_climb(state, "at the top of its ladders", order, steps, current, obj)
-                    continue
-                candidate = obj.measure(current.point.with_levels(move))
                 x_old = obj.unit_comm_us(current, state.unit)
-                x_new = obj.unit_comm_us(candidate, state.unit)
-                change = _describe(move, current, space)
-                helped = x_new < x_old * (1 - tol) and candidate.iteration_us < current.iteration_us
-                if helped:
-                    saved = x_old - x_new
-                    state.priority = (candidate.compute_us - current.compute_us) / saved
+                probes = []
+                for move in moves:
+                    candidate = obj.measure(current.point.with_levels(move))
+                    x_new = obj.unit_comm_us(candidate, state.unit)
+                    helped = x_new < x_old * (1 - tol) and candidate.iteration_us < current.iteration_us
+                    probes.append((candidate.iteration_us, helped, move, candidate, x_new))
+                helping = [p for p in probes if p[1]]
+                for z, helped, move, candidate, x_new in probes:
+                    if not helped:
+                        steps.append(Step(state.unit.key, _describe(move, current, space), x_new, candidate.compute_us, z, None, "rejected"))
+                if helping:
+                    z, _, move, candidate, x_new = min(helping, key=lambda p: p[0])
+                    state.priority = (candidate.compute_us - current.compute_us) / (x_old - x_new)
+                    steps.append(Step(state.unit.key, _describe(move, current, space), x_new, candidate.compute_us, z, state.priority, "accepted"))
                     current = candidate
-                    steps.append(Step(state.unit.key, change, x_new, candidate.compute_us, candidate.iteration_us, state.priority, "accepted"))
                     if obj.unit_exposed_us(current, state.unit) < HIDDEN_FRACTION * max(x_new, 1e-9):
-                        self._end_climb(state, "communication hidden", order, steps, current, obj)
-                    continue
-                steps.append(Step(state.unit.key, change, x_new, candidate.compute_us, candidate.iteration_us, None, "rejected"))
-                if state.single_axes is None:
-                    if state.stride > 1:
-                        state.stride = 1
-                    elif len(state.unit.axes) > 1:
-                        state.single_axes = list(state.unit.axes)
-                    else:
-                        self._end_climb(state, "step stopped helping", order, steps, current, obj)
+                        self._finish(state, "communication hidden", order, steps, current, obj)
+                elif state.stride > 1:
+                    state.stride = 1
                 else:
-                    state.single_axes.pop(0)
-                    if not state.single_axes:
-                        self._end_climb(state, "step stopped helping", order, steps, current, obj)
+                    self._finish(state, "step stopped helping", order, steps, current, obj)
+            if self.polish_rounds:
+                current = self._polish(space, obj, current, steps)
             if self.probe_subspaces:
                 current = self._probe_subspaces(space, obj, current, steps)
         except BudgetExhausted:
@@ -151,59 +147,56 @@ class LagomSearch(SearchMethod):
         return result
 
     # -- helpers ---------------------------------------------------------------------
-    def _propose(self, state: _UnitState, current: Measured, space: SearchSpace) -> dict | None:
-        """The next move of a unit: {(unit index, axis): new rung}, or None when none can move."""
-        point = current.point
-        index = state.unit.index
-        while True:
-            axes = state.unit.axes if state.single_axes is None else state.single_axes[:1]
-            stride = state.stride if state.single_axes is None else 1
-            move = {}
-            for axis in axes:
-                top = len(space.axes[axis].values) - 1
-                rung = point.level(index, axis)
-                if rung < top:
-                    move[(index, axis)] = min(top, rung + stride)
-            if move:
-                return move
-            if state.single_axes is None:
-                return None
-            state.single_axes.pop(0)  # this axis is already at its top
-            if not state.single_axes:
-                return None
-
-    def _end_climb(self, state: _UnitState, why: str, order: list[str], steps: list[Step], current: Measured, obj: Objective) -> None:
-        """The climb is over; the unit next tries giving back one rung per axis."""
-        state.climb_end = why
-        state.descend_axes = [a for a in state.unit.axes if current.point.level(state.unit.index, a) > 0]
-        if not state.descend_axes:
-            self._finish(state, why, order, steps, current, obj)
-
-    def _descend_step(self, state: _UnitState, current: Measured, obj: Objective, steps: list[Step], order: list[str]) -> Measured:
-        """One rung down on the first axis left: kept only if the iteration gets shorter."""
-        axis = state.descend_axes[0]
-        index = state.unit.index
-        rung = current.point.level(index, axis)
-        move = {(index, axis): rung - 1}
-        candidate = obj.measure(current.point.with_levels(move))
-        change = _describe(move, current, obj.space)
-        x_new = obj.unit_comm_us(candidate, state.unit)
-        if candidate.iteration_us < current.iteration_us * (1 - self.tolerance):
-            steps.append(Step(state.unit.key, change, x_new, candidate.compute_us, candidate.iteration_us, state.priority, "accepted"))
-            current = candidate
-            if rung - 1 == 0:
-                state.descend_axes.pop(0)
-        else:
-            steps.append(Step(state.unit.key, change, x_new, candidate.compute_us, candidate.iteration_us, None, "rejected"))
-            state.descend_axes.pop(0)
-        if not state.descend_axes:
-            self._finish(state, state.climb_end, order, steps, current, obj)
-        return current
+    def _moves(self, state: _UnitState, current: Measured, space: SearchSpace) -> list[dict]:
+        """One candidate per axis of the unit not at its top: that axis up by the stride."""
+        moves = []
+        for axis in state.unit.axes:
+            top = len(space.axes[axis].values) - 1
+            rung = current.point.level(state.unit.index, axis)
+            if rung < top:
+                moves.append({(state.unit.index, axis): min(top, rung + state.stride)})
+        return moves
 
     def _finish(self, state: _UnitState, why: str, order: list[str], steps: list[Step], current: Measured, obj: Objective) -> None:
         state.finished = why
         order.append(state.unit.key)
         steps.append(Step(state.unit.key, "-", obj.unit_comm_us(current, state.unit), current.compute_us, current.iteration_us, state.priority, f"finished: {why}"))
+
+    def _polish(self, space: SearchSpace, obj: Objective, current: Measured, steps: list[Step]) -> Measured:
+        """Local search around the climbed point: every resource coordinate one rung up or
+        down, and the trade moves (channels one rung down, chunk one rung up, and the
+        reverse) for units that share signatures; first improvement of Z wins; rounds
+        repeat while something improved. Channels and chunk both buy bandwidth, at
+        different compute costs: the climb moves them together, this finds the mix."""
+        coords = [(u.index, a) for u in space.resource_units for a in u.axes]
+        sigs = {u.index: set(u.signatures) for u in space.resource_units}
+        keys = {u.index: u.key for u in space.resource_units}
+        trades = [
+            (c1, c2) for c1 in coords for c2 in coords
+            if c1[1] == "channels" and c2[1] == "chunk_bytes" and sigs[c1[0]] & sigs[c2[0]]
+        ]
+        moves = [{c: d} for c in coords for d in (-1, 1)]
+        moves += [{c1: -1, c2: 1} for c1, c2 in trades] + [{c1: 1, c2: -1} for c1, c2 in trades]
+        for _ in range(self.polish_rounds):
+            improved = False
+            for move in moves:
+                levels = {}
+                for (unit, axis), delta in move.items():
+                    rung = current.point.level(unit, axis) + delta
+                    if not 0 <= rung < len(space.axes[axis].values):
+                        break
+                    levels[(unit, axis)] = rung
+                else:
+                    candidate = obj.measure(current.point.with_levels(levels))
+                    if candidate.iteration_us < current.iteration_us * (1 - self.tolerance):
+                        label = " + ".join(sorted({keys[u] for u, _ in levels}))
+                        steps.append(Step(label, _describe(levels, current, space), candidate.comm_us_total(),
+                                          candidate.compute_us, candidate.iteration_us, None, "accepted (polish)"))
+                        current = candidate
+                        improved = True
+            if not improved:
+                break
+        return current
 
     def _probe_subspaces(self, space: SearchSpace, obj: Objective, current: Measured, steps: list[Step]) -> Measured:
         for unit in space.subspace_units:

@@ -37,6 +37,9 @@ class Measured:
     def compute_us(self) -> float:
         return self.timing.compute_us
 
+    def comm_us_total(self) -> float:
+        return self.timing.comm_us
+
     def comm_time_us(self, op_ids: tuple[int, ...]) -> float:
         ops = self.timing.ops
         return sum(ops[i].duration_us for i in op_ids if i in ops)

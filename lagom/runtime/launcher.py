@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,7 +151,7 @@ def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[st
     return setup
 
 
-def run_child(argv: list[str], env: dict[str, str], on_start: Callable[[subprocess.Popen], None] | None = None) -> int:
+def run_child(argv: list[str], env: dict[str, str]) -> int:
     """Run ``argv`` in its own process group, forwarding signals; its exit status.
 
     A child killed by signal N gives 128 + N, as a shell reports it.
@@ -178,8 +177,6 @@ def run_child(argv: list[str], env: dict[str, str], on_start: Callable[[subproce
         except ValueError:  # not the main thread: signals stay as they are
             break
     try:
-        if on_start is not None:
-            on_start(child)
         status = child.wait()
     finally:
         for sig, handler in previous.items():

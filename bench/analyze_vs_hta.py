@@ -11,7 +11,8 @@ writes it), each tool runs in its own child process:
 - HTA: ``TraceAnalysis(trace_dir=DIR)`` then ``get_comm_comp_overlap()`` and
   ``get_temporal_breakdown()`` (parse, trim, the two analyses).
 
-Wall time is the child's from start to exit (interpreter start and imports included);
+Wall time is the child's from start to exit (interpreter start and imports included),
+CPU time its user + system time (steadier than wall time on a loaded machine);
 peak memory is the child's own ``ru_maxrss`` (``os.wait4``). Linux carries the
 parent's high-water mark into a spawned child's ``ru_maxrss``, so the large trace is
 built in a child too and this process stays small (its own peak is printed). The table prints both and
@@ -67,8 +68,8 @@ print(json.dumps({"overlap": [None if v != v else float(v) for v in o["comp_comm
 """
 
 
-def run_child(argv: list[str]) -> tuple[float, float, bytes]:
-    """(wall seconds, peak RSS MiB, stdout) of one child process."""
+def run_child(argv: list[str]) -> tuple[float, float, float, bytes]:
+    """(wall seconds, CPU seconds, peak RSS MiB, stdout) of one child process."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     with tempfile.TemporaryFile() as out:
         start = time.perf_counter()
@@ -80,19 +81,19 @@ def run_child(argv: list[str]) -> tuple[float, float, bytes]:
         data = out.read()
     if proc.returncode != 0:
         raise SystemExit(f"child failed ({proc.returncode}): {' '.join(argv)}")
-    return wall, usage.ru_maxrss / 1024.0, data  # ru_maxrss is KiB on Linux
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024.0, data  # ru_maxrss is KiB on Linux
 
 
-def run_lagom(trace: Path) -> tuple[float, float, float | None]:
-    wall, rss, out = run_child([sys.executable, "-m", "lagom", "analyze", str(trace), "--json"])
-    return wall, rss, orjson.loads(out)["ranks"][0]["comm_comp_overlap_pct"]
+def run_lagom(trace: Path) -> tuple[float, float, float, float | None]:
+    wall, cpu, rss, out = run_child([sys.executable, "-m", "lagom", "analyze", str(trace), "--json"])
+    return wall, cpu, rss, orjson.loads(out)["ranks"][0]["comm_comp_overlap_pct"]
 
 
-def run_hta(trace: Path) -> tuple[float, float, float | None]:
+def run_hta(trace: Path) -> tuple[float, float, float, float | None]:
     with tempfile.TemporaryDirectory() as d:  # HTA takes a directory
         os.symlink(trace, Path(d) / trace.name)
-        wall, rss, out = run_child([sys.executable, "-c", HTA_CHILD, d])
-    return wall, rss, orjson.loads(out.strip().splitlines()[-1])["overlap"][0]
+        wall, cpu, rss, out = run_child([sys.executable, "-c", HTA_CHILD, d])
+    return wall, cpu, rss, orjson.loads(out.strip().splitlines()[-1])["overlap"][0]
 
 
 def build_large_trace(source: Path, target: Path, min_bytes: int) -> tuple[int, int]:
@@ -160,9 +161,9 @@ def main() -> int:
     traces_dir = shared_traces_dir()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        cases = [] if args.skip_small else [(name, traces_dir / name) for name in HTA_FILES]
+        cases = [] if args.skip_small else [(name.removesuffix(".json.gz"), traces_dir / name) for name in HTA_FILES]
         big = Path(tmp) / f"replicated_{Path(args.source).name.removesuffix('.json.gz')}.json"
-        _, _, out = run_child([sys.executable, __file__, "--build-only", str(big), "--source", args.source,
+        _, _, _, out = run_child([sys.executable, __file__, "--build-only", str(big), "--source", args.source,
                                "--size-mb", str(args.size_mb)])
         copies, size = (int(x) for x in out.split())
         cases.append((f"{args.source.removesuffix('.json.gz')} x{copies} ({size / 1e6:.0f} MB)", big))
@@ -173,14 +174,14 @@ def main() -> int:
             rows.append((label, path.stat().st_size, lagom, hta))
 
     table = Table(title="lagom analyze vs Holistic Trace Analysis 0.5 (each in its own process)")
-    for col in ("trace", "file MB", "lagom s", "HTA s", "speed-up", "lagom MiB", "HTA MiB", "HTA/lagom mem",
-                "overlap % lagom", "overlap % HTA"):
+    for col in ("trace", "file MB", "lagom wall s", "HTA wall s", "wall speed-up", "lagom CPU s", "HTA CPU s",
+                "CPU speed-up", "lagom MiB", "HTA MiB", "HTA/lagom mem", "overlap % lagom", "overlap % HTA"):
         table.add_column(col, justify="left" if col == "trace" else "right")
-    for label, nbytes, (lw, lm, lo), (hw, hm, ho) in rows:
-        table.add_row(label, f"{nbytes / 1e6:.1f}", f"{lw:.2f}", f"{hw:.2f}", f"{hw / lw:.1f}x", f"{lm:.0f}",
-                      f"{hm:.0f}", f"{hm / lm:.1f}x", "n/a" if lo is None else f"{lo:.2f}",
-                      "n/a" if ho is None else f"{ho:.2f}")
-    Console(width=160).print(table)
+    for label, nbytes, (lw, lc, lm, lo), (hw, hc, hm, ho) in rows:
+        table.add_row(label, f"{nbytes / 1e6:.1f}", f"{lw:.2f}", f"{hw:.2f}", f"{hw / lw:.1f}x", f"{lc:.2f}",
+                      f"{hc:.2f}", f"{hc / lc:.1f}x", f"{lm:.0f}", f"{hm:.0f}", f"{hm / lm:.1f}x",
+                      "n/a" if lo is None else f"{lo:.2f}", "n/a" if ho is None else f"{ho:.2f}")
+    Console(width=200).print(table)
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     print(f"(this process peaked at {own:.0f} MiB, a floor for the children's figures)")
     return 0

@@ -16,7 +16,7 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from nccl_env.errors import LagomError  # noqa: E402
 from traces.breakdown import comm_comp_overlap_pct  # noqa: E402
-from traces.intervals import union  # noqa: E402
+from traces.intervals import intersection, union  # noqa: E402
 from traces.workload import StreamKind, Workload  # noqa: E402
 
 _COLORS = {StreamKind.COMPUTE: "#3b6fb6", StreamKind.MEMORY: "#8c8c8c", StreamKind.COMMUNICATION: "#e8812b"}
@@ -76,16 +76,7 @@ def plot_step(workload: Workload, path: str) -> None:
                     ha="center", va="center", fontsize=8, color="white", fontweight="bold")
     comm_u = union((c.start_us, c.end_us) for c in colls if c.on_gpu)
     comp_u = union((o.start_us, o.end_us) for o in comp if not o.is_memory_op)
-    both = []
-    i = j = 0
-    while i < len(comm_u) and j < len(comp_u):
-        lo, hi = max(comm_u[i][0], comp_u[j][0]), min(comm_u[i][1], comp_u[j][1])
-        if hi > lo:
-            both.append((lo, hi))
-        if comm_u[i][1] < comp_u[j][1]:
-            i += 1
-        else:
-            j += 1
+    both = intersection(comm_u, comp_u)
     overlap_lane = len(lanes)
     for lo, hi in both:
         ax.axvspan(ms(lo), ms(hi), color=_OVERLAP, alpha=0.15, lw=0)

@@ -84,3 +84,13 @@ def test_shared_trace_matches_a_brute_force_count():
     # Only allreduce kernels overlap compute in this trace (the broadcasts run alone).
     assert [f.collective for f in report.figures] == ["all", "allreduce"]
     assert overall.median_slowdown > 1.0
+
+
+def test_interval_helpers():
+    from traces.intervals import CoverIndex, intersection, union
+
+    merged = union([(5, 7), (0, 2), (2, 3), (6, 9)])
+    assert merged == [(0, 3), (5, 9)]
+    assert intersection(merged, [(1, 6), (8, 20)]) == [(1, 3), (5, 6), (8, 9)]
+    cover = CoverIndex(merged)
+    assert cover.covered(-1, 100) == 7 and cover.covered(2.5, 5.5) == 1.0 and cover.covered(3, 5) == 0

@@ -70,11 +70,11 @@ def test_speed_fsdp_llama_16_gpus_within_50_ms():
     assert len(w.compute_ops) + len(w.collectives) > 1000
     sim.evaluate(w, Plan())
     best = float("inf")
-    for k in range(5):  # best of 5 is robust to a busy machine; each with a different plan
+    for k in range(5):  # CPU time, best of 5: robust to other jobs on a shared machine
         plan = Plan(default=CommConfig(channels=2 + k, chunk_bytes=(512 << 10) << (k % 3)))
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         sim.evaluate(w, plan)
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, time.process_time() - t0)
     assert best < 0.050
 
 

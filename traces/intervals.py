@@ -1,4 +1,4 @@
-"""Interval arithmetic on (start, end) pairs in microseconds: union, measure, intersection.
+"""Interval arithmetic on (start, end) pairs in microseconds: union, intersection, coverage.
 
 Small pure functions shared by the trace analyses. Intervals are half-open in spirit:
 intervals that merely touch are merged by :func:`union` (as HTA does) and contribute
@@ -26,25 +26,20 @@ def union(intervals: Iterable[Interval]) -> list[Interval]:
     return out
 
 
-def measure(disjoint: Iterable[Interval]) -> float:
-    """Total length of disjoint intervals."""
-    return sum(end - start for start, end in disjoint)
-
-
-def intersection_measure(a: list[Interval], b: list[Interval]) -> float:
-    """Length of the intersection of two disjoint sorted interval lists (two-pointer sweep)."""
+def intersection(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    """The intervals where two disjoint sorted interval lists both hold (two-pointer sweep)."""
+    out: list[Interval] = []
     i = j = 0
-    total = 0.0
     while i < len(a) and j < len(b):
         lo = max(a[i][0], b[j][0])
         hi = min(a[i][1], b[j][1])
         if hi > lo:
-            total += hi - lo
+            out.append((lo, hi))
         if a[i][1] < b[j][1]:
             i += 1
         else:
             j += 1
-    return total
+    return out
 
 
 class CoverIndex:
@@ -53,10 +48,6 @@ class CoverIndex:
     def __init__(self, disjoint: list[Interval]) -> None:
         self._starts = [s for s, _ in disjoint]
         self._spans = disjoint
-        prefix = [0.0]
-        for s, e in disjoint:
-            prefix.append(prefix[-1] + (e - s))
-        self._prefix = prefix
 
     def covered(self, start: float, end: float) -> float:
         """Length of [start, end] covered by the intervals."""

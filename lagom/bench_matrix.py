@@ -33,7 +33,9 @@ from traces.workload import Workload
 from tuner import AutoCCL, Exhaustive, LagomSearch, OptunaTPE
 
 CLUSTERS = ("low-bw", "high-bw")
-EXHAUSTIVE_MAX_POINTS = 4000  # ground truth only where the space is this small (analytic evaluations)
+# ground truth only where the space is this small: the analytic model evaluates a point in
+# about a millisecond, the simulator in tens of milliseconds
+EXHAUSTIVE_MAX_POINTS = {"analytic": 4000, "sim": 2000}
 # --quick: one FSDP, one TP and one EP workload per cluster, on 8 GPUs (CI regression, < 3 minutes)
 QUICK_KINDS = ("fsdp", "tp", "ep")
 
@@ -164,7 +166,7 @@ def run_cell(
     tune_cluster: ClusterSpec,
     make_tune_evaluator: Callable[[], Evaluator],
     judge: Evaluator,
-    exhaustive_max_points: int = EXHAUSTIVE_MAX_POINTS,
+    exhaustive_max_points: int = 0,
 ) -> CellResult:
     workload = tuning.load_workload_arg(spec, tune_cluster)
     space = tuning.space_for(workload, tune_cluster)
@@ -210,11 +212,13 @@ def run_matrix(
     specs: list[str],
     clusters: tuple[str, ...] = CLUSTERS,
     evaluator: str = "analytic",
-    exhaustive_max_points: int = EXHAUSTIVE_MAX_POINTS,
+    exhaustive_max_points: int | None = None,
     nccl_version: str | None = None,
     on_cell: Callable[[CellResult], None] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> list[CellResult]:
+    if exhaustive_max_points is None:
+        exhaustive_max_points = EXHAUSTIVE_MAX_POINTS[evaluator]
     results = []
     for preset in clusters:
         judge_cluster = tuning.with_nccl_version(load_cluster(preset), nccl_version)

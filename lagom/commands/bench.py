@@ -42,9 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="what the methods tune with (default: analytic where built in, else sim)")
     parser.add_argument("--cluster", action="append", choices=bench_matrix.CLUSTERS, default=None,
                         help="limit to this cluster (repeatable)")
-    parser.add_argument("--exhaustive-max-points", type=int, default=bench_matrix.EXHAUSTIVE_MAX_POINTS,
-                        help="run exhaustive search where the space has at most this many points "
-                             f"(default {bench_matrix.EXHAUSTIVE_MAX_POINTS}; 0 = never)")
+    parser.add_argument("--exhaustive-max-points", type=int, default=None,
+                        help="run exhaustive search where the space has at most this many points (default "
+                             + ", ".join(f"{k} {v}" for k, v in bench_matrix.EXHAUSTIVE_MAX_POINTS.items()) + "; 0 = never)")
     parser.add_argument("--nccl-version", default=None,
                         help="tune for this NCCL instead of the preset's (e.g. 2.30.1: every knob but threads per collective)")
     parser.add_argument("--json", action="store_true", help="print cells and summary as JSON")

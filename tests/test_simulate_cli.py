@@ -26,7 +26,7 @@ def test_sizes_and_set():
     assert parse_size("2MiB") == 2 << 20 and parse_size("684KB") == 684 * 1024 and parse_size("4096") == 4096
     cfg = parse_set("channels=16,chunk=2MiB,threads=256,algorithm=ring,protocol=simple")
     assert cfg == CommConfig(Algorithm.RING, Protocol.SIMPLE, 16, 256, 2 << 20)
-    for bad in ("channels=0", "chunk=1.5B", "speed=3", "algorithm=fast", "channels"):
+    for bad in ("channels=0", "chunk=1.5B", "speed=3", "algorithm=fast", "channels", "chunk=1MiB,chunk_bytes=2MiB"):
         with pytest.raises(LagomError):
             parse_set(bad)
 
@@ -80,6 +80,10 @@ def test_workload_file_and_trace_arguments(tmp_path, capsys):
     (["fsdp:phi2", "--cluster", "low-bw", "--set", "chunk=lots"], "bad size"),
     (["fsdp:phi2", "--cluster", "low-bw", "--config", "/nonexistent.yaml"], "no such file"),
     (["fsdp:phi2", "--cluster", "low-bw", "--noise", "-1"], "--noise"),
+    (["fsdp:phi2", "--cluster", "low-bw", "--noise", "nan"], "--noise"),
+    (["fsdp:phi2", "--cluster", "low-bw", "--noise", "inf"], "--noise"),
+    (["fsdp:phi2", "--cluster", "low-bw", "--seed", "-3"], "--seed must be >= 0"),
+    (["fsdp:phi2", "--cluster", "low-bw", "--set", "channels=2,nc=4"], "channels is given twice"),
     (["fsdp:phi2", "--cluster", "low-bw", "--set", "channels=61"], "not valid on NCCL 2.18"),
 ])
 def test_bad_input_is_one_line_exit_2(argv, message, capsys):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from nccl_env.errors import LagomError
@@ -66,8 +67,10 @@ def run(args: argparse.Namespace) -> int:
     from lagom.knob_args import parse_set
     from lagom.workload_arg import load_workload_arg
 
-    if args.noise < 0:
-        raise LagomError(f"--noise must be >= 0, got {args.noise}")
+    if not (math.isfinite(args.noise) and args.noise >= 0):
+        raise LagomError(f"--noise must be a finite number >= 0, got {args.noise}")
+    if args.seed < 0:
+        raise LagomError(f"--seed must be >= 0, got {args.seed}")
     cluster = load_cluster(args.cluster)
     workload = load_workload_arg(args.workload, cluster)
     signatures = sorted({workload.signature(c, cluster.gpus_per_node) for c in workload.collectives})

@@ -43,10 +43,14 @@ def run(args: argparse.Namespace) -> int:
         from lagom.tuned_config import load_tuned_config
 
         cfg = load_tuned_config(args.config)
+        try:
+            text = render_plugin_table(cfg)
+        except LagomError as exc:  # an entry the plugin cannot carry: say which file it came from
+            raise LagomError(f"{args.config}: {exc}") from None
         if args.output:
             print(write_plugin_table(cfg, args.output))
         else:
-            sys.stdout.write(render_plugin_table(cfg))
+            sys.stdout.write(text)
         return 0
     if args.action == "check":
         from nccl_env.plugin_table import parse_table

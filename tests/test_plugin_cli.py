@@ -149,3 +149,23 @@ def test_doctor_reports_problems_as_lines(tmp_path):
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("2 problem(s): NCCL version:") and "cannot load" in last
     assert "C compiler: C compiler '/nonexistent/cc' not found" in last
+
+
+def test_plugin_table_says_when_its_nccl_loads_no_plugin():
+    """A config tuned for NCCL 2.18 (the paper's clusters) gets a table that no NCCL of that
+    version reads: the table says so instead of suggesting only the chunk size is lost."""
+    from lagom.plugin_export import plugin_table_comments
+    from lagom.tuned_config import parse_tuned_config
+
+    def comments(version: str) -> list[str]:
+        return plugin_table_comments(parse_tuned_config({
+            "format": "lagom.tuned-config", "version": 1, "nccl_version": version,
+            "collectives": [{"match": {"collective": "allgather"}, "set": {"channels": 2, "chunk_bytes": 700416}}]}))
+
+    old = comments("2.18.3")
+    assert any("NCCL 2.18.3 loads none of the plugin's ABIs" in c and ">= 2.21.0" in c for c in old)
+    assert not any("chunk_bytes is applied only" in c for c in old)
+    mid = comments("2.24.3")
+    assert not any("loads none" in c for c in mid)
+    assert any("chunk_bytes is applied only by NCCL >= 2.30.0" in c for c in mid)
+    assert not any("loads none" in c or "chunk_bytes is applied only" in c for c in comments("2.30.1"))

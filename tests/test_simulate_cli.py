@@ -83,6 +83,7 @@ def test_workload_file_and_trace_arguments(tmp_path, capsys):
     (["fsdp:phi2", "--cluster", "low-bw", "--noise", "nan"], "--noise"),
     (["fsdp:phi2", "--cluster", "low-bw", "--noise", "inf"], "--noise"),
     (["fsdp:phi2", "--cluster", "low-bw", "--seed", "-3"], "--seed must be >= 0"),
+    (["fsdp:phi2", "--cluster", "high-bw", "--set", "algorithm=nvls"], "models only ring and tree"),
     (["fsdp:phi2", "--cluster", "low-bw", "--set", "channels=2,nc=4"], "channels is given twice"),
     (["fsdp:phi2", "--cluster", "low-bw", "--set", "channels=61"], "not valid on NCCL 2.18"),
 ])

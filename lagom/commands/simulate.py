@@ -7,7 +7,7 @@ from their uncontended durations), a Lagom workload JSON file, or a spec string 
 Every collective runs with NCCL's modelled default choice, unless ``--set`` gives one
 CommConfig for all of them (``--set channels=16,chunk=2MiB``; keys channels, threads,
 chunk, algorithm, protocol; sizes take B/KB/KiB/MB/MiB, binary; values must be valid on
-the cluster's NCCL version) or ``--config`` applies a
+the cluster's NCCL version; the simulator takes algorithm ring or tree) or ``--config`` applies a
 tuned file from ``lagom tune`` (``--set`` then fills what the file leaves to NCCL).
 
 Prints the iteration time, compute busy time, communication busy and exposed time, and
@@ -24,9 +24,11 @@ import math
 import sys
 
 from nccl_env.errors import LagomError
+from nccl_env.knobs import Algorithm
 from nccl_env.plan import Plan
 
 EVALUATORS = ("sim", "analytic")
+SIM_ALGORITHMS = (Algorithm.RING, Algorithm.TREE)  # costmodel/sim_collective.py: others would run as a ring
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -88,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
         except ValueError:
             raise LagomError(f"cluster {cluster.name}: bad nccl_version {cluster.nccl_version!r}") from None
         validate_config(forced, version)
+        if args.evaluator == "sim" and forced.algorithm not in (None, *SIM_ALGORITHMS):
+            raise LagomError(f"--set algorithm={forced.algorithm.nccl_name}: the simulator models only "
+                             f"{' and '.join(a.nccl_name for a in SIM_ALGORITHMS)} (NVLS, CollNet and PAT are not modelled)")
         plan = Plan(entries={sig: plan.config_for(sig).merged_over(forced) for sig in signatures}, default=forced)
     evaluator = make_evaluator(args.evaluator, cluster, args.noise, args.seed)
     timing = evaluator.evaluate(workload, plan)

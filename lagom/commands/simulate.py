@@ -76,23 +76,31 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     workload = load_workload_arg(args.workload, cluster)
     signatures = sorted({workload.signature(c, cluster.gpus_per_node) for c in workload.collectives})
+    from nccl_env.rules import NcclVersion, validate_config
+
+    version = NcclVersion.parse(cluster.nccl_version)  # checked when the cluster was loaded
+
+    def check(config, origin: str) -> None:
+        """Values the cluster's NCCL would refuse, or the simulator cannot model, are an error."""
+        try:
+            validate_config(config, version)
+        except LagomError as exc:
+            raise LagomError(f"{origin}: {exc}") from None
+        if args.evaluator == "sim" and config.algorithm not in (None, *SIM_ALGORITHMS):
+            raise LagomError(f"{origin}: algorithm={config.algorithm.nccl_name}: the simulator models only "
+                             f"{' and '.join(a.nccl_name for a in SIM_ALGORITHMS)} (NVLS, CollNet and PAT are not modelled)")
+
     plan = Plan()
     if args.config:
         from lagom.tuned_config import load_tuned_config
 
-        plan = load_tuned_config(args.config).to_plan(signatures)
+        tuned = load_tuned_config(args.config)
+        for i, entry in enumerate(tuned.collectives):
+            check(entry.config, f"{args.config}: collectives[{i}]")
+        plan = tuned.to_plan(signatures)
     if args.set_config:
-        from nccl_env.rules import NcclVersion, validate_config
-
         forced = parse_set(args.set_config)
-        try:
-            version = NcclVersion.parse(cluster.nccl_version)
-        except ValueError:
-            raise LagomError(f"cluster {cluster.name}: bad nccl_version {cluster.nccl_version!r}") from None
-        validate_config(forced, version)
-        if args.evaluator == "sim" and forced.algorithm not in (None, *SIM_ALGORITHMS):
-            raise LagomError(f"--set algorithm={forced.algorithm.nccl_name}: the simulator models only "
-                             f"{' and '.join(a.nccl_name for a in SIM_ALGORITHMS)} (NVLS, CollNet and PAT are not modelled)")
+        check(forced, "--set")
         plan = Plan(entries={sig: plan.config_for(sig).merged_over(forced) for sig in signatures}, default=forced)
     evaluator = make_evaluator(args.evaluator, cluster, args.noise, args.seed)
     timing = evaluator.evaluate(workload, plan)

@@ -162,8 +162,16 @@ def measurement_plan(backend: CalibrationBackend, budget: int = 300, seed: int =
     def sig(ctype: CollectiveType, nbytes: int, layout: tuple[int, int]) -> Signature:
         return Signature("calib", ctype, int(nbytes), layout[0], layout[1])
 
+    cap = getattr(backend, "max_message_bytes", None) or 512 * _MIB
+
     def log_uniform(lo: float, hi: float) -> float:
         return math.exp(rng.uniform(math.log(lo), math.log(hi)))
+
+    def size(lo: int, hi: int) -> int:
+        """A message size, log-uniform in [lo, hi] scaled into the backend's limit, KiB-aligned."""
+        if hi > cap:
+            lo, hi = max(4 * _KIB, lo * cap // hi), cap
+        return max(4 * _KIB, int(log_uniform(lo, hi)) // _KIB * _KIB)
 
     def random_config(ctype: CollectiveType) -> CommConfig:
         algo = Algorithm.TREE if ctype is CollectiveType.ALLREDUCE and rng.random() < 0.2 else Algorithm.RING
@@ -183,7 +191,7 @@ def measurement_plan(backend: CalibrationBackend, budget: int = 300, seed: int =
     for _ in range(n_random):
         ctype = rng.choice(types)
         layout = rng.choice(layouts)
-        nbytes = int(log_uniform(32 * _KIB, 512 * _MIB)) // 1024 * 1024
+        nbytes = size(32 * _KIB, 512 * _MIB)
         s = sig(ctype, nbytes, layout)
         cfg = random_config(ctype)
         group = "collective latency-bound" if nbytes < 1 * _MIB else "collective bandwidth-bound"
@@ -194,7 +202,7 @@ def measurement_plan(backend: CalibrationBackend, budget: int = 300, seed: int =
     sweeps: list[Measurement] = []
     for layout in layouts:
         for ctype, nbytes in ((CollectiveType.ALLREDUCE, 64 * _MIB), (CollectiveType.ALLGATHER, 16 * _MIB)):
-            s = sig(ctype, nbytes, layout)
+            s = sig(ctype, min(nbytes, cap), layout)
             base = _default_config(cluster, s)
             base = replace(base, algorithm=Algorithm.RING, protocol=Protocol.SIMPLE)
             sweeps += [Measurement("collective", "channel sweep", s, replace(base, channels=c)) for c in channel_steps]
@@ -209,8 +217,7 @@ def measurement_plan(backend: CalibrationBackend, budget: int = 300, seed: int =
         op = shapes[i % len(shapes)]
         layout = layouts[(i // len(shapes)) % len(layouts)]
         ctype = overlap_types[i % len(overlap_types)]
-        nbytes = int(log_uniform(4 * _MIB, 128 * _MIB)) // 1024 * 1024
-        s = sig(ctype, nbytes, layout)
+        s = sig(ctype, size(4 * _MIB, 128 * _MIB), layout)
         base = _default_config(cluster, s)
         cfg = replace(base, algorithm=Algorithm.RING, channels=channel_steps[i % len(channel_steps)],
                       chunk_bytes=int(log_uniform(64 * _KIB, 8 * _MIB)) // (4 * _KIB) * (4 * _KIB),

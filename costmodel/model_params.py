@@ -66,17 +66,17 @@ PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("ll128_link_factor", "LL128: share of the link that carries payload",
               lambda c: 0.92, 0.05, 1.2, "protocol"),  # NCCL tuning.cc: LL128 ~92% (120 of 128 bytes)
     # ---- collective alone: latency terms -------------------------------------------
-    ParamSpec("launch_us", "fixed cost of one collective (launch, setup)", lambda c: 5.0, 0.0, 200.0, "latency"),
+    ParamSpec("launch_us", "fixed cost of one collective (launch, setup)", lambda c: 5.0, 0.0, 5000.0, "latency"),
     ParamSpec("step_simple_us", "latency of one pipeline step with Simple (per hop)",
-              lambda c: 3.4 + c.intra_node.latency_us, 0.0, 200.0, "latency"),  # NCCL tuning.cc hw latency
+              lambda c: 3.4 + c.intra_node.latency_us, 0.0, 5000.0, "latency"),  # NCCL tuning.cc hw latency
     ParamSpec("step_ll_us", "latency of one pipeline step with LL (per hop)",
-              lambda c: 0.6 + c.intra_node.latency_us, 0.0, 200.0, "latency"),
+              lambda c: 0.6 + c.intra_node.latency_us, 0.0, 5000.0, "latency"),
     ParamSpec("step_ll128_us", "latency of one pipeline step with LL128 (per hop)",
-              lambda c: 1.9 + c.intra_node.latency_us, 0.0, 200.0, "latency"),
+              lambda c: 1.9 + c.intra_node.latency_us, 0.0, 5000.0, "latency"),
     ParamSpec("net_step_us", "extra latency of a step that crosses the network",
-              lambda c: c.inter_node.latency_us, 0.0, 500.0, "latency"),
+              lambda c: c.inter_node.latency_us, 0.0, 5000.0, "latency"),
     ParamSpec("pipeline_fill", "pipeline fill, in stages per hop: time grows with the chunk size past a point",
-              lambda c: 1.0, 0.0, 20.0, "chunk"),
+              lambda c: 0.25, 0.0, 20.0, "chunk"),
     ParamSpec("channel_overhead_us", "cost per channel (setup, synchronisation); makes too many channels slower",
               lambda c: 0.2, 0.0, 50.0, "channels"),
     ParamSpec("tree_bw_factor", "Tree AllReduce bandwidth relative to Ring", lambda c: 0.9, 0.05, 2.0, "bandwidth"),

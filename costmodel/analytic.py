@@ -66,7 +66,7 @@ class _Static:
     compute_idx: list[int]
     coll_idx: list[int]
     compute_streams: int
-    two_streams: bool  # one compute stream and one collective stream: the fast timeline applies
+    one_compute_stream: bool  # one compute stream, any collective streams: the fast timeline applies
     base_sum_us: float
     rate_cache: dict  # (running compute ops, ids of running collective estimates) -> times
 
@@ -90,7 +90,7 @@ class AnalyticEvaluator:
         self.evaluations += 1
         st = self._static(workload)
         ests = [self.estimate(sig, plan.config_for(sig)) for sig in st.signatures]
-        timeline = self._timeline_two_streams if st.two_streams else self._timeline
+        timeline = self._timeline_one_compute_stream if st.one_compute_stream else self._timeline
         return self._timing(st, *timeline(st, ests))
 
     def estimate(self, signature: Signature, config: CommConfig) -> CollectiveEstimate:
@@ -222,8 +222,7 @@ class AnalyticEvaluator:
             compute_idx=[k for k in range(n) if not is_coll[k]],
             coll_idx=[k for k in range(n) if is_coll[k]],
             compute_streams=len(compute_streams), base_sum_us=base_sum, rate_cache={},
-            two_streams=len(compute_streams) <= 1 and len(coll_streams) <= 1
-            and not (compute_streams & coll_streams),
+            one_compute_stream=len(compute_streams) <= 1 and not (compute_streams & coll_streams),
         )
 
     # ---- the timeline -------------------------------------------------------------------------
@@ -335,93 +334,121 @@ class AnalyticEvaluator:
             raise LagomError(f"workload: op {st.op_ids[stuck]} can never start (cyclic dependencies)")
         return starts, ends, busy_compute, busy_comm, exposed
 
-    def _timeline_two_streams(self, st: _Static, ests: list[CollectiveEstimate]) -> tuple:
-        """:meth:`_timeline` for one compute and one collective stream (at most two ops run)."""
+    def _timeline_one_compute_stream(self, st: _Static, ests: list[CollectiveEstimate]) -> tuple:
+        """:meth:`_timeline` for one compute stream beside any number of collective streams
+        (every generated workload): the same phases, with the common cases unrolled."""
         n = st.n_ops
         starts = [0.0] * n
         ends = [0.0] * n
+        remaining = [1.0] * n
         waiting = list(st.n_preds)
         nxt = st.next_on_stream
         succs = st.succs
         is_coll = st.is_coll
         shapes = st.shapes
         sig_of = st.sig_of
-        cache = st.rate_cache
         shape_id = st.shape_id
+        cache = st.rate_cache
         times_under = self._times_under
-        c = x = -1  # running compute op, running collective (-1: none)
-        rc = rx = 1.0  # their remaining fractions
+        c = -1  # the running compute op
+        xs: list[int] = []  # the running collectives, sorted
         for k in range(n):
             if waiting[k] == 0:
                 if is_coll[k]:
-                    x = k
+                    xs.append(k)
                 else:
                     c = k
         t = 0.0
         done = 0
         busy_compute = busy_comm = exposed = 0.0
-        while c >= 0 or x >= 0:
-            if x < 0:
-                dt = rc * shapes[c].base_us  # type: ignore[union-attr]
+        while c >= 0 or xs:
+            if not xs:  # compute alone
+                dt = remaining[c] * shapes[c].base_us  # type: ignore[union-attr]
                 t += dt
                 busy_compute += dt
-                fin = (c,)
-            elif c < 0:
+                finished = [c]
+            elif len(xs) == 1:
+                x = xs[0]
                 e = ests[sig_of[x]]
-                dt = rx * e.time_us
+                if c < 0:  # one collective alone
+                    dt = remaining[x] * e.time_us
+                    t += dt
+                    busy_comm += dt
+                    exposed += dt
+                    finished = [x]
+                else:  # the common case: one kernel beside one collective
+                    key = (shape_id[c], id(e))
+                    pair = cache.get(key)
+                    if pair is None:
+                        pair = cache[key] = times_under(st, [c], [x], ests)
+                    yc, yx = pair
+                    tc = remaining[c] * yc
+                    tx = remaining[x] * yx
+                    if tc < tx * (1.0 - 1e-12):
+                        dt = tc
+                        remaining[x] -= dt / yx
+                        finished = [c]
+                    elif tx < tc * (1.0 - 1e-12):
+                        dt = tx
+                        remaining[c] -= dt / yc
+                        finished = [x]
+                    else:
+                        dt = tc
+                        finished = [c, x]
+                    t += dt
+                    busy_compute += dt
+                    busy_comm += dt
+            else:  # several collectives at once
+                key = (shape_id[c] if c >= 0 else -1, *[id(ests[sig_of[x]]) for x in xs])
+                times = cache.get(key)
+                if times is None:
+                    times = cache[key] = times_under(st, [c] if c >= 0 else [], xs, ests)
+                running = [c, *xs] if c >= 0 else xs
+                dt = min([remaining[k] * tk for k, tk in zip(running, times)])
                 t += dt
                 busy_comm += dt
-                exposed += dt
-                fin = (x,)
-            else:
-                e = ests[sig_of[x]]
-                key = (shape_id[c], id(e))
-                pair = cache.get(key)
-                if pair is None:
-                    pair = times_under(st, [c], [x], ests)
-                    cache[key] = pair
-                yc, yx = pair
-                tc = rc * yc
-                tx = rx * yx
-                if tc < tx * (1.0 - 1e-12):
-                    dt = tc
-                    rx -= dt / yx if yx > 0 else 1.0
-                    fin = (c,)
-                elif tx < tc * (1.0 - 1e-12):
-                    dt = tx
-                    rc -= dt / yc if yc > 0 else 1.0
-                    fin = (x,)
+                if c >= 0:
+                    busy_compute += dt
                 else:
-                    dt = tc
-                    fin = (c, x)
-                t += dt
-                busy_compute += dt
-                busy_comm += dt
-            for k in fin:
+                    exposed += dt
+                finished = []
+                for k, tk in zip(running, times):
+                    left = remaining[k] - (dt / tk if tk > 0 else 1.0)
+                    if left <= _EPS:
+                        finished.append(k)
+                    else:
+                        remaining[k] = left
+                if not finished:
+                    finished.append(min(running, key=remaining.__getitem__))
+            for k in finished:
                 ends[k] = t
                 done += 1
                 if k == c:
                     c = -1
                 else:
-                    x = -1
-            for k in fin:
+                    xs.remove(k)
+            for k in finished:
                 s = nxt[k]
                 if s >= 0:
                     waiting[s] -= 1
                     if waiting[s] == 0:
                         starts[s] = t
                         if is_coll[s]:
-                            x, rx = s, 1.0
+                            xs.append(s)
+                            if len(xs) > 1:
+                                xs.sort()
                         else:
-                            c, rc = s, 1.0
+                            c = s
                 for s in succs[k]:
                     waiting[s] -= 1
                     if waiting[s] == 0:
                         starts[s] = t
                         if is_coll[s]:
-                            x, rx = s, 1.0
+                            xs.append(s)
+                            if len(xs) > 1:
+                                xs.sort()
                         else:
-                            c, rc = s, 1.0
+                            c = s
         if done != n:
             stuck = next(k for k in range(n) if waiting[k] > 0)
             raise LagomError(f"workload: op {st.op_ids[stuck]} can never start (cyclic dependencies)")

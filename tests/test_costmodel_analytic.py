@@ -106,9 +106,9 @@ def test_general_and_two_stream_timelines_agree(low_bw):
     ev = AnalyticEvaluator(low_bw)
     w, sig = _window(64 * MIB)
     st = ev._static(w)
-    assert st.two_streams
+    assert st.one_compute_stream
     ests = [ev.estimate(s, RING_SIMPLE) for s in st.signatures]
-    fast = ev._timeline_two_streams(st, ests)
+    fast = ev._timeline_one_compute_stream(st, ests)
     general = ev._timeline(st, ests)
     for a, b in zip(fast[0] + fast[1], general[0] + general[1]):
         assert a == pytest.approx(b)

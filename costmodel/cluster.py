@@ -23,6 +23,12 @@ file written by ``lagom calibrate``. Schema (units in the key names)::
       nics_per_node: 1
       nic_bw_gb_per_s: 12.5         # per NIC, per direction
       latency_us: 5.0
+    nccl_graph:                     # optional: what NCCL's topology search finds (costmodel.nccl_defaults)
+      type_intra: pci               # pci | nvl: the ring's intra-node path class
+      ring_channels: 1              # rings found by the search, before init doubles them
+      ring_bw_intra_gb_per_s: 24.0  # per-channel bandwidth the search settled on
+      ring_bw_inter_gb_per_s: 12.0
+      compute_capability: 86
     nccl_defaults: {}               # optional overrides of NCCL's modelled choices
     sim: {}                         # simulator mechanism constants (costmodel.sim)
     model: {}                       # fitted analytic-model parameters (costmodel.analytic)
@@ -79,6 +85,7 @@ class ClusterSpec:
     intra_node: IntraNodeSpec
     inter_node: InterNodeSpec
     nccl_defaults: dict = field(default_factory=dict)
+    nccl_graph: dict = field(default_factory=dict)
     sim: dict = field(default_factory=dict)
     model: dict = field(default_factory=dict)
     source: str = ""  # file it was loaded from
@@ -155,7 +162,7 @@ def parse_cluster(data: object, origin: str) -> ClusterSpec:
     kind = str(intra.get("kind", ""))
     if kind not in INTRA_KINDS:
         raise bad(f"'intra_node.kind' must be one of {', '.join(INTRA_KINDS)}, got {kind!r}")
-    for key in ("nccl_defaults", "sim", "model"):
+    for key in ("nccl_defaults", "nccl_graph", "sim", "model"):
         if data.get(key) is not None and not isinstance(data.get(key), dict):
             raise bad(f"'{key}' must be a mapping")
     return ClusterSpec(
@@ -183,6 +190,7 @@ def parse_cluster(data: object, origin: str) -> ClusterSpec:
             latency_us=number(inter, "inter_node", "latency_us", float, -1e-12),
         ),
         nccl_defaults=dict(data.get("nccl_defaults") or {}),
+        nccl_graph=dict(data.get("nccl_graph") or {}),
         sim=dict(data.get("sim") or {}),
         model=dict(data.get("model") or {}),
     )

@@ -67,6 +67,7 @@ class ComputeOp:
     flops: float | None = None  # floating-point operations, when known (generated workloads)
     dram_bytes: float | None = None  # bytes read + written from device memory, when known
     is_memory_op: bool = False  # memcpy / memset rather than a compute kernel
+    launch_us: float | None = None  # CPU time of the runtime call that launched it (traces only)
 
     @property
     def end_us(self) -> float:
@@ -96,6 +97,7 @@ class CollectiveOp:
     algorithm: Algorithm | None = None  # as observed, when the trace says (kernel names are unreliable)
     protocol: Protocol | None = None
     on_gpu: bool = True  # False when only the CPU-side call was recorded (e.g. gloo)
+    launch_us: float | None = None  # CPU time of the runtime call that launched it (traces only)
 
     @property
     def end_us(self) -> float:

@@ -1,16 +1,74 @@
-"""`lagom analyze`: not built yet (see the open issues)."""
+"""`lagom analyze PATH... [--json] [--plot FILE.png] [--include-last-step]`
+
+Per rank of PyTorch profiler (Kineto) traces (a .json/.json.gz file, or a directory
+with one file per rank): the collectives (type, group size, message size, count,
+total time, exposed time = not overlapped by compute), communication/computation
+overlap %, the temporal breakdown (idle / compute / non-compute %), compute slowdown
+under communication, and the largest overlap windows.
+
+Overlap % and the breakdown follow Holistic Trace Analysis 0.5: by default the trace
+is trimmed to whole profiler steps (the last, usually unfinished, step is dropped);
+--include-last-step keeps it. All figures are over that analysed span.
+--json prints one object {"ranks": [...]}; --plot writes a PNG timeline of one
+profiler step of the first rank.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
+import orjson
+from rich.console import Console
+
+from lagom.analyze_report import rank_report, render
 from nccl_env.errors import LagomError
+from traces.kineto import read_trace
+from traces.steps import trim_to_profiler_steps
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("analyze", help="(not built yet)")
+    parser = sub.add_parser(
+        "analyze",
+        help="collectives, overlap and exposed communication in PyTorch profiler traces",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="trace file (.json, .json.gz) or directory of per-rank traces")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    parser.add_argument("--plot", metavar="FILE.png", help="write a PNG timeline of one profiler step (first rank)")
+    parser.add_argument(
+        "--include-last-step",
+        action="store_true",
+        help="keep the last profiler step (HTA's include_last_profiler_step=True)",
+    )
+    parser.add_argument("--top", type=int, default=5, metavar="N", help="overlap windows to list per rank (default 5)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise LagomError("'lagom analyze' is not built yet")
+    if args.top < 0:
+        raise LagomError(f"--top {args.top}: must be 0 or more")
+    if args.plot and not args.plot.lower().endswith(".png"):
+        raise LagomError(f"--plot {args.plot}: the timeline is written as PNG; give a .png file name")
+    workloads = []
+    for path in args.paths:
+        workloads += read_trace(path)
+    views = [trim_to_profiler_steps(w, include_last_step=args.include_last_step) for w in workloads]
+    reports = [
+        rank_report(v, top_windows=args.top, trimmed=len(v.profiler_steps) < len(w.profiler_steps))
+        for v, w in zip(views, workloads)
+    ]
+    if args.plot:
+        from lagom.plot_timeline import plot_step  # matplotlib only when asked
+
+        plot_step(views[0], args.plot)
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps({"ranks": reports}, option=orjson.OPT_INDENT_2) + b"\n")
+        sys.stdout.flush()
+    else:
+        console = Console()
+        render(reports, console)
+        if args.plot:
+            console.print(f"timeline written to {args.plot}")
+    return 0

@@ -1,0 +1,141 @@
+"""What ``lagom analyze`` reports for one rank: assembled once, printed as JSON or rich tables.
+
+:func:`rank_report` runs the stateless trace analyses on a trimmed Workload and returns
+the plain dict that ``--json`` prints; :func:`render` turns the same dicts into tables.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from traces.breakdown import comm_comp_overlap_pct, temporal_breakdown
+from traces.collectives_table import collectives_table
+from traces.contention import contention_report
+from traces.overlap import overlap_windows
+from traces.workload import Workload
+
+
+def rank_report(workload: Workload, top_windows: int = 5, trimmed: bool = False) -> dict:
+    """The ``--json`` object of one rank; ``workload`` is the analysed view (see
+    :func:`traces.steps.trim_to_profiler_steps`), ``trimmed`` says whether its last step was dropped."""
+    overlap = comm_comp_overlap_pct(workload)
+    breakdown = temporal_breakdown(workload)
+    collectives = [
+        {
+            "collective": row.collective.value,
+            "group_size": row.group_size,
+            "message_bytes": row.message_bytes,
+            "count": row.count,
+            "total_us": round(row.total_us, 3),
+            "exposed_us": round(row.exposed_us, 3),
+            "on_gpu": row.on_gpu,
+        }
+        for row in collectives_table(workload)
+    ]
+    types = {c.op_id: c.collective.value for c in workload.collectives}
+    windows = [w for w in overlap_windows(workload) if w.compute_ids]
+    windows.sort(key=lambda w: (-w.duration_us, w.start_us))
+    window_rows = [
+        {
+            "start_us": round(w.start_us, 3),
+            "end_us": round(w.end_us, 3),
+            "duration_us": round(w.duration_us, 3),
+            "collectives": len(w.collective_ids),
+            "compute_ops": len(w.compute_ids),
+            "collective_types": sorted({types[i] for i in w.collective_ids}),
+        }
+        for w in windows[:top_windows]
+    ]
+    contention = contention_report(workload)
+    return {
+        "rank": workload.rank,
+        "world_size": workload.world_size,
+        "source": workload.source,
+        "device": workload.device_name,
+        "profiler_steps": len(workload.profiler_steps),
+        "last_step_dropped": trimmed,
+        "comm_comp_overlap_pct": None if overlap is None else round(overlap, 2),
+        "idle_pct": round(breakdown.idle_pct, 2) if breakdown else None,
+        "compute_pct": round(breakdown.compute_pct, 2) if breakdown else None,
+        "non_compute_pct": round(breakdown.non_compute_pct, 2) if breakdown else None,
+        "breakdown_basis": breakdown.basis if breakdown else None,
+        "span_us": round(breakdown.span_us, 3) if breakdown else 0.0,
+        "collectives": collectives,
+        "windows": window_rows,
+        "contention": [
+            {"collective": f.collective, "median_slowdown": round(f.median_slowdown, 4), "pairs": f.pairs}
+            for f in contention.figures
+        ],
+    }
+
+
+def _bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1000:.3f}"
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def render(reports: list[dict], console: Console) -> None:
+    """Rich tables, one block per rank."""
+    for r in reports:
+        steps = "last (unfinished) step dropped, as HTA does" if r["last_step_dropped"] else "all of the trace"
+        console.rule(f"[bold]rank {r['rank']}[/] of {r['world_size']}  ·  {r['source']}")
+        summary = Table(show_header=False, box=None, pad_edge=False)
+        summary.add_column(style="bold")
+        summary.add_column()
+        summary.add_row("device", r["device"] or "unknown")
+        summary.add_row("analysed", f"{_ms(r['span_us'])} ms, {r['profiler_steps']} profiler step(s), {steps}")
+        overlap = r["comm_comp_overlap_pct"]
+        summary.add_row(
+            "comm/compute overlap",
+            f"{_pct(overlap)} %" if overlap is not None else "n/a (no communication kernels)",
+        )
+        basis = "" if r["breakdown_basis"] != "cpu-collectives" else "  (no GPU kernels: over CPU-side collectives)"
+        summary.add_row(
+            "time breakdown",
+            f"idle {_pct(r['idle_pct'])} %  ·  compute {_pct(r['compute_pct'])} %  ·  "
+            f"non-compute {_pct(r['non_compute_pct'])} %{basis}",
+        )
+        console.print(summary)
+
+        if r["collectives"]:
+            t = Table(title="collectives", title_justify="left")
+            for col, justify in (("type", "left"), ("group", "right"), ("message", "right"), ("count", "right"),
+                                 ("total ms", "right"), ("exposed ms", "right"), ("exposed %", "right")):
+                t.add_column(col, justify=justify, no_wrap=True)
+            for c in r["collectives"]:
+                exposed_pct = 100.0 * c["exposed_us"] / c["total_us"] if c["total_us"] > 0 else 0.0
+                kind = c["collective"] + ("" if c["on_gpu"] else " (cpu)")
+                t.add_row(kind, str(c["group_size"]), _bytes(c["message_bytes"]), str(c["count"]),
+                          _ms(c["total_us"]), _ms(c["exposed_us"]), f"{exposed_pct:.1f}")
+            console.print(t)
+        else:
+            console.print("no collectives in the analysed span")
+
+        if r["contention"]:
+            t = Table(title="compute slowdown under communication (same kernel, same launch shape)", title_justify="left")
+            t.add_column("overlapping collective")
+            t.add_column("median slowdown", justify="right")
+            t.add_column("kernel pairs", justify="right")
+            for f in r["contention"]:
+                t.add_row(f["collective"], f"{f['median_slowdown']:.3f}x", str(f["pairs"]))
+            console.print(t)
+
+        if r["windows"]:
+            t = Table(title="largest overlap windows", title_justify="left")
+            for col in ("start ms", "duration ms", "collectives", "compute ops", "types"):
+                t.add_column(col, justify="left" if col == "types" else "right")
+            for w in r["windows"]:
+                t.add_row(_ms(w["start_us"]), _ms(w["duration_us"]), str(w["collectives"]), str(w["compute_ops"]),
+                          ", ".join(w["collective_types"]))
+            console.print(t)

@@ -1,0 +1,294 @@
+"""Turn a Plan into what stock NCCL accepts: process-wide env, per-group ncclConfig, plugin table.
+
+Which knob goes through which door (REFERENCE.md section 3; README "NCCL knobs and
+the tuner plugin"):
+
+- per collective, through Lagom's tuner plugin: algorithm, protocol and channels from
+  NCCL 2.21 (plugin ABI v2), chunk size from 2.30 (v6 getChunkSize);
+- per process group (``ncclConfig_t`` minCTAs/maxCTAs, PyTorch
+  ``ProcessGroupNCCL.Options().config``): channels, when the plugin cannot carry them;
+- process-wide env (read once per process): threads always (NCCL_NTHREADS,
+  NCCL_LL128_NTHREADS), chunk size before 2.30 (NCCL_BUFFSIZE), algorithm/protocol
+  when the plugin is not used (NCCL_ALGO/NCCL_PROTO, per-function syntax from 2.24).
+
+When a door cannot carry what the plan asks (two thread counts in one process, two
+chunk sizes before 2.30, two channel counts in one group without the plugin, ...)
+:func:`deliver` picks the value of the collective with the largest message (it
+moves the most bytes; ties go to the first signature in sorted order) and says so in
+``Delivery.compromises``. The tuner uses the same rules as constraints
+(:func:`nccl_env.rules.per_collective_knobs`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from nccl_env.errors import LagomError
+from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
+from nccl_env.plan import Plan, Signature
+from nccl_env.plugin_table import PLUGIN_COLLECTIVES, PluginEntry
+from nccl_env.rules import (
+    CTAS_ENV_SINCE,
+    DEFAULT_BUFFSIZE_BYTES,
+    PER_FUNCTION_ALGO_SINCE,
+    NcclVersion,
+    buffsize_for_chunk,
+    per_collective_knobs,
+    validate_config,
+)
+
+# Spellings NCCL_ALGO / NCCL_PROTO parse (init.cc ncclFuncStr / ncclAlgoStr / ncclProtoStr; case-insensitive).
+ENV_FUNC_NAME = {
+    CollectiveType.BROADCAST: "broadcast",
+    CollectiveType.REDUCE: "reduce",
+    CollectiveType.ALLGATHER: "allgather",
+    CollectiveType.REDUCESCATTER: "reducescatter",
+    CollectiveType.ALLREDUCE: "allreduce",
+}
+ENV_ALGO_NAME = {
+    Algorithm.TREE: "tree",
+    Algorithm.RING: "ring",
+    Algorithm.COLLNET_DIRECT: "collnetdirect",
+    Algorithm.COLLNET_CHAIN: "collnetchain",
+    Algorithm.NVLS: "nvls",
+    Algorithm.NVLS_TREE: "nvlstree",
+    Algorithm.PAT: "pat",
+}
+ENV_PROTO_NAME = {Protocol.LL: "LL", Protocol.LL128: "LL128", Protocol.SIMPLE: "Simple"}
+
+# Every env name deliver() can set (lagom doctor checks the library knows them).
+ENV_NAMES = (
+    "NCCL_NTHREADS",
+    "NCCL_LL128_NTHREADS",
+    "NCCL_BUFFSIZE",
+    "NCCL_MIN_CTAS",
+    "NCCL_MAX_CTAS",
+    "NCCL_MIN_NCHANNELS",
+    "NCCL_MAX_NCHANNELS",
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+    "NCCL_TUNER_PLUGIN",
+)
+
+
+@dataclass
+class Delivery:
+    """A plan split over NCCL's doors.
+
+    ``group_configs`` maps a process-group name (Signature.group) to ncclConfig_t
+    values with PyTorch's attribute names (``min_ctas``, ``max_ctas``, ``cta_policy``):
+    set them on ``ProcessGroupNCCL.Options().config`` and pass the options to
+    ``new_group(pg_options=...)``.
+    """
+
+    env: dict[str, str] = field(default_factory=dict)
+    group_configs: dict[str, dict] = field(default_factory=dict)
+    plugin_entries: list[PluginEntry] = field(default_factory=list)
+    compromises: list[str] = field(default_factory=list)
+
+
+def plugin_env(plugin_path: str, table_path: str) -> dict[str, str]:
+    """The env that makes NCCL load Lagom's plugin with this table."""
+    return {"NCCL_TUNER_PLUGIN": str(plugin_path), "NCCL_TUNER_CONFIG_FILE": str(table_path)}
+
+
+def _pick(items: list[tuple[Signature, object]]) -> tuple[Signature, object]:
+    """The (signature, value) of the largest message; ties: first in sorted order."""
+    best = items[0]
+    for item in items[1:]:
+        if item[0].message_bytes > best[0].message_bytes:
+            best = item
+    return best
+
+
+def _one_value(knob: str, items: list[tuple[Signature, object]], scope: str, why: str,
+               compromises: list[str], show=str) -> tuple[Signature, object]:
+    sig, value = _pick(items)
+    distinct = sorted({show(v) for _, v in items})
+    if len(distinct) > 1:
+        compromises.append(
+            f"{knob}: the plan asks for {', '.join(distinct)} {scope}, but {why}; "
+            f"chose {show(value)} (from {sig.label()}, the largest message)"
+        )
+    return sig, value
+
+
+def deliver(plan: Plan, version: NcclVersion, use_plugin: bool = True) -> Delivery:
+    """Split ``plan`` over env / process-group configs / plugin table for NCCL ``version``.
+
+    ``use_plugin=False`` delivers without the tuner plugin (everything per collective
+    falls back to env and group configs). Raises LagomError when a config is invalid
+    on ``version`` (naming the signature).
+    """
+    out = Delivery()
+    items = sorted(plan.entries.items())
+    for sig, cfg in items:
+        try:
+            validate_config(cfg, version, sig.collective)
+        except LagomError as exc:
+            raise LagomError(f"{sig.label()}: {exc}") from None
+    if plan.default != CommConfig():
+        validate_config(plan.default, version)
+    per_coll = per_collective_knobs(version) if use_plugin else frozenset()
+
+    def door_knobs(sig: Signature) -> frozenset[str]:
+        return per_coll if sig.collective in PLUGIN_COLLECTIVES else frozenset()
+
+    _plugin_part(items, plan.default, per_coll, out)
+    for sig, cfg in items:
+        if sig.collective not in PLUGIN_COLLECTIVES:
+            asked = [k for k in ("algorithm", "protocol", "channels") if getattr(cfg, k) is not None]
+            if asked:
+                out.compromises.append(
+                    f"{sig.label()}: {', '.join(asked)} not delivered: NCCL does not consult a tuner plugin or "
+                    f"NCCL_ALGO/NCCL_PROTO for point-to-point traffic; NCCL decides"
+                )
+    _threads(items, plan.default, out)
+    _chunk(items, plan.default, version, per_coll, door_knobs, out)
+    _channels(items, plan.default, version, per_coll, out)
+    _algo_proto(items, plan.default, version, per_coll, out)
+    return out
+
+
+def _plugin_part(items: list[tuple[Signature, CommConfig]], default: CommConfig, per_coll: frozenset[str],
+                 out: Delivery) -> None:
+    if not per_coll:
+        return
+    by_key: dict[tuple, tuple[Signature, PluginEntry]] = {}
+    for sig, cfg in items:
+        if sig.collective not in PLUGIN_COLLECTIVES:
+            continue
+        settings = {k: getattr(cfg, k) for k in per_coll if getattr(cfg, k) is not None}
+        if not settings:
+            continue
+        entry = PluginEntry(
+            collective=sig.collective,
+            min_bytes=sig.message_bytes or None,
+            max_bytes=sig.message_bytes,
+            nodes=sig.nodes,
+            ranks=sig.ranks,
+            **settings,
+        )
+        key = (sig.collective, sig.message_bytes, sig.ranks, sig.nodes)
+        if key in by_key:
+            first_sig, first = by_key[key]
+            if first != entry:
+                out.compromises.append(
+                    f"{sig.label()}: the plugin cannot tell process groups apart ({first_sig.group!r} and "
+                    f"{sig.group!r} have the same collective, size, ranks and nodes); "
+                    f"both get the settings of group {first_sig.group!r}"
+                )
+            continue
+        by_key[key] = (sig, entry)
+        out.plugin_entries.append(entry)
+    fallback = {k: getattr(default, k) for k in per_coll if getattr(default, k) is not None}
+    if fallback:
+        out.plugin_entries.append(PluginEntry(**fallback))  # wildcard last: first match wins
+
+
+def _threads(items: list[tuple[Signature, CommConfig]], default: CommConfig, out: Delivery) -> None:
+    for var, ll128 in (("NCCL_NTHREADS", False), ("NCCL_LL128_NTHREADS", True)):
+        wanted = [(s, c.threads) for s, c in items if c.threads is not None and (c.protocol is Protocol.LL128) == ll128]
+        if not wanted and default.threads is not None and (default.protocol is Protocol.LL128) == ll128:
+            out.env[var] = str(default.threads)
+            continue
+        if wanted:
+            _, value = _one_value("threads", wanted, "in one process",
+                                  f"{var} is read once per process and no plugin ABI sets threads", out.compromises)
+            out.env[var] = str(value)
+
+
+def _chunk(items, default: CommConfig, version: NcclVersion, per_coll, door_knobs, out: Delivery) -> None:
+    wanted = [(s, c) for s, c in items if c.chunk_bytes is not None]
+    if "chunk_bytes" in per_coll:
+        # Per collective through getChunkSize, but NCCL clamps to the buffer: make it big enough.
+        needs = [buffsize_for_chunk(c.chunk_bytes, c.algorithm) for s, c in wanted if "chunk_bytes" in door_knobs(s)]
+        if default.chunk_bytes is not None:
+            needs.append(buffsize_for_chunk(default.chunk_bytes, default.algorithm))
+        need = max(needs, default=0)
+        if need > DEFAULT_BUFFSIZE_BYTES:
+            out.env["NCCL_BUFFSIZE"] = str(1 << (need - 1).bit_length())  # NCCL recommends powers of two
+        process_wide = [(s, c) for s, c in wanted if "chunk_bytes" not in door_knobs(s)]
+        for sig, _ in process_wide:
+            out.compromises.append(f"{sig.label()}: chunk_bytes not delivered: no per-collective door for "
+                                   f"point-to-point; NCCL decides")
+        return
+    if not wanted:
+        if default.chunk_bytes is not None:
+            out.env["NCCL_BUFFSIZE"] = str(buffsize_for_chunk(default.chunk_bytes, default.algorithm))
+        return
+    sig, cfg = _one_value(
+        "chunk_bytes", wanted, "in one process",
+        f"NCCL {version} has no per-collective chunk size (tuner getChunkSize needs 2.30) and NCCL_BUFFSIZE is "
+        f"one value per process", out.compromises, show=lambda c: str(c.chunk_bytes),
+    )
+    out.env["NCCL_BUFFSIZE"] = str(buffsize_for_chunk(cfg.chunk_bytes, cfg.algorithm))
+
+
+def _channels(items, default: CommConfig, version: NcclVersion, per_coll, out: Delivery) -> None:
+    if "channels" in per_coll:
+        return  # the plugin carries them (the default went into a wildcard entry)
+    wanted = [(s, c.channels) for s, c in items if c.channels is not None and s.collective in PLUGIN_COLLECTIVES]
+    default_channels = default.channels
+    if version < CTAS_ENV_SINCE:
+        if wanted:
+            _, value = _one_value("channels", wanted, "in one process",
+                                  f"NCCL {version} has neither a tuner plugin nor per-communicator CTAs",
+                                  out.compromises)
+            out.env["NCCL_MIN_NCHANNELS"] = out.env["NCCL_MAX_NCHANNELS"] = str(value)
+        elif default_channels is not None:
+            out.env["NCCL_MIN_NCHANNELS"] = out.env["NCCL_MAX_NCHANNELS"] = str(default_channels)
+        return
+    by_group: dict[str, list] = defaultdict(list)
+    for sig, value in wanted:
+        by_group[sig.group].append((sig, value))
+    for group, group_items in sorted(by_group.items()):
+        _, value = _one_value("channels", group_items, f"in process group {group!r}",
+                              "without the tuner plugin channels are set per communicator (minCTAs/maxCTAs)",
+                              out.compromises)
+        out.group_configs[group] = {"min_ctas": int(value), "max_ctas": int(value)}
+    if default_channels is not None:
+        if out.group_configs:
+            out.compromises.append(
+                f"channels: the plan's default of {default_channels} is not set process-wide because "
+                f"NCCL_MIN_CTAS/NCCL_MAX_CTAS override every communicator's minCTAs/maxCTAs; other groups: NCCL decides"
+            )
+        else:
+            out.env["NCCL_MIN_CTAS"] = out.env["NCCL_MAX_CTAS"] = str(default_channels)
+
+
+def _algo_proto(items, default: CommConfig, version: NcclVersion, per_coll, out: Delivery) -> None:
+    for knob, var, names in (("algorithm", "NCCL_ALGO", ENV_ALGO_NAME), ("protocol", "NCCL_PROTO", ENV_PROTO_NAME)):
+        if knob in per_coll:
+            continue  # the plugin carries it (the default went into a wildcard entry)
+        wanted = [(s, getattr(c, knob)) for s, c in items
+                  if getattr(c, knob) is not None and s.collective in PLUGIN_COLLECTIVES]
+        base = getattr(default, knob)
+        if not wanted and base is None:
+            continue
+        if version >= PER_FUNCTION_ALGO_SINCE:
+            parts = [names[base]] if base is not None else []
+            per_func: dict[CollectiveType, list] = defaultdict(list)
+            for sig, value in wanted:
+                per_func[sig.collective].append((sig, value))
+            for coll in PLUGIN_COLLECTIVES:
+                if coll not in per_func:
+                    continue
+                values = sorted({v for _, v in per_func[coll]})
+                if len(values) > 1:
+                    out.compromises.append(
+                        f"{knob}: {ENV_FUNC_NAME[coll]} asks for {', '.join(names[v] for v in values)} at different "
+                        f"sizes, but {var} cannot select by size; NCCL chooses among them"
+                    )
+                parts.append(f"{ENV_FUNC_NAME[coll]}:{','.join(names[v] for v in values)}")
+            out.env[var] = ";".join(parts)
+        else:
+            values = sorted({v for _, v in wanted} | ({base} if base is not None else set()))
+            if len(values) > 1 or (wanted and {s.collective for s, _ in wanted} != set(PLUGIN_COLLECTIVES)):
+                out.compromises.append(
+                    f"{knob}: NCCL {version} has no per-collective {var} (per-function syntax needs "
+                    f"{PER_FUNCTION_ALGO_SINCE}); {var}={','.join(names[v] for v in values)} limits every collective "
+                    f"and NCCL chooses among those"
+                )
+            out.env[var] = ",".join(names[v] for v in values)

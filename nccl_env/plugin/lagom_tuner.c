@@ -1,0 +1,721 @@
+/*
+ * Lagom's NCCL tuner plugin.
+ *
+ * Exports ncclTunerPlugin_v2 .. ncclTunerPlugin_v6 (ABI declared in lagom_tuner_abi.h)
+ * and a small C API (lagom_tuner_*) so that a process that loaded this library can
+ * replace the table live. The table comes from NCCL_TUNER_CONFIG_FILE (default
+ * ./nccl_tuner.conf), in NVIDIA's example CSV format plus Lagom's keyed extra fields;
+ * docs/plugin.md describes the format and the matching rules.
+ *
+ * It never makes NCCL fail: a missing or malformed file, an unknown name or an
+ * out-of-range number means "NCCL decides" for that line plus one warning through
+ * NCCL's logger. One process-wide table sits behind a rwlock, so communicators may
+ * call concurrently; each communicator's context holds only its rank/node counts
+ * and logger.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "lagom_tuner_abi.h"
+
+#define LAGOM_EXPORT __attribute__((visibility("default")))
+
+#define PLUGIN_NAME "Lagom"
+#define ANY (-1)
+#define UNKNOWN INT_MIN           /* an input NCCL does not pass to this call: not matched on */
+#define NUM_BUCKETS 17            /* ncclFunc_t 0..15 plus one for anything else */
+#define MAX_CHANNELS 64           /* MAXCHANNELS from NCCL 2.25 (32 before; NCCL caps it) */
+#define MAX_CHUNK_BYTES (1LL << 30)
+#define MAX_FILE_BYTES (64L << 20)
+#define MAX_FIELDS 32
+#define MAX_WARNINGS_PER_LOAD 100
+#define INDEX_MIN_ENTRIES 8       /* smaller buckets are scanned linearly */
+#define NUM_ALGOS_V2 6            /* NCCL 2.21 (the only NCCL that loads v2 first) has no PAT */
+
+typedef struct {
+  uint64_t minBytes, maxBytes; /* inclusive */
+  int64_t chunkBytes;          /* ANY = NCCL decides */
+  int32_t coll, algo, proto, channels, nNodes, nRanks, pipeOps, regBuff; /* ANY = any / NCCL decides */
+  int32_t line;
+  atomic_int warned; /* "pair unusable" said once per entry */
+} Entry;
+
+typedef struct {
+  int32_t* idx;      /* entry indices in file order */
+  int n;
+  /* Interval index (NULL when not built): bounds[k] starts elementary byte interval k;
+   * cand[candStart[k] .. candStart[k+1]) are the entries covering it, in file order. */
+  uint64_t* bounds;
+  int nBounds;
+  int32_t* candStart;
+  int32_t* cand;
+} Bucket;
+
+typedef struct {
+  Entry* entries;
+  int n;
+  int rejected;
+  Bucket buckets[NUM_BUCKETS];
+} Table;
+
+typedef struct {
+  int nRanks, nNodes;
+  uint64_t commId;
+  ncclDebugLogger_t log;
+} Ctx;
+
+static pthread_rwlock_t g_lock = PTHREAD_RWLOCK_INITIALIZER;
+static Table* g_table = NULL;   /* guarded by g_lock */
+static int g_apiOwned = 0;      /* guarded by g_lock: the table was set through the C API */
+static pthread_mutex_t g_logLock = PTHREAD_MUTEX_INITIALIZER;
+static ncclDebugLogger_t g_log = NULL; /* the latest NCCL logger, for API-triggered warnings */
+static atomic_int g_fallbackLevel = -1;
+
+/* ---------------------------------------------------------------- logging */
+
+static int fallback_level(void) {
+  int level = atomic_load(&g_fallbackLevel);
+  if (level >= 0) return level;
+  const char* env = getenv("NCCL_DEBUG");
+  level = NCCL_LOG_NONE;
+  if (env) {
+    if (strcasecmp(env, "VERSION") == 0) level = NCCL_LOG_VERSION;
+    else if (strcasecmp(env, "WARN") == 0) level = NCCL_LOG_WARN;
+    else if (strcasecmp(env, "INFO") == 0) level = NCCL_LOG_INFO;
+    else if (strcasecmp(env, "TRACE") == 0) level = NCCL_LOG_TRACE;
+  }
+  atomic_store(&g_fallbackLevel, level);
+  return level;
+}
+
+static ncclDebugLogger_t current_logger(void) {
+  pthread_mutex_lock(&g_logLock);
+  ncclDebugLogger_t fn = g_log;
+  pthread_mutex_unlock(&g_logLock);
+  return fn;
+}
+
+__attribute__((format(printf, 3, 4))) static void say(ncclDebugLogger_t log, ncclDebugLogLevel level,
+                                                       const char* fmt, ...) {
+  if (!log && (int)level > fallback_level()) return;
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (log) {
+    log(level, LAGOM_NCCL_TUNING, __FILE__, __LINE__, "%s", msg); /* never a format from the file */
+  } else {
+    fprintf(stderr, "lagom-tuner %s: %s\n", level == NCCL_LOG_WARN ? "WARN" : "INFO", msg);
+  }
+}
+
+/* ---------------------------------------------------------------- parsing */
+
+static void trim(char** s) {
+  char* p = *s;
+  while (*p == ' ' || *p == '\t' || *p == '\r') p++;
+  char* end = p + strlen(p);
+  while (end > p && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r')) *--end = '\0';
+  *s = p;
+}
+
+/* Lowercase, without '_' and '-', into out (size n). Returns 0 if it does not fit. */
+static int normalize_name(const char* s, char* out, size_t n) {
+  size_t j = 0;
+  for (; *s; s++) {
+    char c = *s;
+    if (c == '_' || c == '-') continue;
+    if (c >= 'A' && c <= 'Z') c = (char)(c - 'A' + 'a');
+    if (j + 1 >= n) return 0;
+    out[j++] = c;
+  }
+  out[j] = '\0';
+  return 1;
+}
+
+static int is_any(const char* s) { return strcmp(s, "-1") == 0 || strcasecmp(s, "any") == 0; }
+
+/* Index of the name in list (normalized), ANY for -1/any, -2 if unknown. */
+static int parse_name(const char* s, const char* const* names, int count) {
+  if (is_any(s)) return ANY;
+  char key[32];
+  if (!normalize_name(s, key, sizeof key)) return -2;
+  for (int i = 0; i < count; i++)
+    if (strcmp(key, names[i]) == 0) return i;
+  return -2;
+}
+
+static const char* const COLL_NAMES[] = {"broadcast", "reduce", "allgather", "reducescatter", "allreduce"};
+static const char* const ALGO_NAMES[] = {"tree", "ring", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat"};
+static const char* const PROTO_NAMES[] = {"ll", "ll128", "simple"};
+static const char* const ALGO_PRINT[] = {"tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat"};
+static const char* const PROTO_PRINT[] = {"ll", "ll128", "simple"};
+
+/* Strict decimal integer in [lo, hi]; 0 on any junk, sign misuse or overflow. */
+static int parse_int(const char* s, long long lo, long long hi, long long* out) {
+  const char* p = s;
+  int neg = 0;
+  if (*p == '-' || *p == '+') neg = (*p++ == '-');
+  if (*p < '0' || *p > '9') return 0;
+  unsigned long long v = 0;
+  for (; *p; p++) {
+    if (*p < '0' || *p > '9') return 0;
+    unsigned d = (unsigned)(*p - '0');
+    if (v > (ULLONG_MAX - d) / 10) return 0;
+    v = v * 10 + d;
+  }
+  if (neg) {
+    if (v > (unsigned long long)LLONG_MAX + 1ULL) return 0;
+    long long sv = (v == (unsigned long long)LLONG_MAX + 1ULL) ? LLONG_MIN : -(long long)v;
+    if (sv < lo || sv > hi) return 0;
+    *out = sv;
+  } else {
+    if (v > (unsigned long long)LLONG_MAX || (long long)v < lo || (long long)v > hi) return 0;
+    *out = (long long)v;
+  }
+  return 1;
+}
+
+/* A byte count: -1 = any, else 0 .. 2^64-1. */
+static int parse_bytes(const char* s, uint64_t anyValue, uint64_t* out) {
+  if (strcmp(s, "-1") == 0) { *out = anyValue; return 1; }
+  const char* p = s;
+  if (*p == '+') p++;
+  if (*p < '0' || *p > '9') return 0;
+  uint64_t v = 0;
+  for (; *p; p++) {
+    if (*p < '0' || *p > '9') return 0;
+    unsigned d = (unsigned)(*p - '0');
+    if (v > (UINT64_MAX - d) / 10) return 0;
+    v = v * 10 + d;
+  }
+  *out = v;
+  return 1;
+}
+
+/* Parse one line (comment already cut, trimmed, non-empty). 0 + reason on rejection. */
+static int parse_line(char* line, Entry* e, char* why, size_t whyLen) {
+  char* tok[MAX_FIELDS];
+  int nt = 0;
+  char* p = line;
+  for (;;) {
+    if (nt == MAX_FIELDS) { snprintf(why, whyLen, "more than %d fields", MAX_FIELDS); return 0; }
+    char* comma = strchr(p, ',');
+    if (comma) *comma = '\0';
+    tok[nt] = p;
+    trim(&tok[nt]);
+    nt++;
+    if (!comma) break;
+    p = comma + 1;
+  }
+  int npos = 0;
+  while (npos < nt && strchr(tok[npos], '=') == NULL) npos++;
+  if (npos < 8) { snprintf(why, whyLen, "%d positional fields, need at least 8", npos); return 0; }
+  if (npos > 10) { snprintf(why, whyLen, "%d positional fields, at most 10 (extras go as key=value)", npos); return 0; }
+
+  long long v;
+  memset(e, 0, sizeof *e);
+  e->chunkBytes = ANY;
+  e->pipeOps = ANY;
+  e->regBuff = ANY;
+
+  int c = parse_name(tok[0], COLL_NAMES, 5);
+  if (c == -2) { snprintf(why, whyLen, "unknown collective '%.40s'", tok[0]); return 0; }
+  e->coll = c;
+  if (!parse_bytes(tok[1], 0, &e->minBytes)) { snprintf(why, whyLen, "min_bytes '%.40s' is not a byte count or -1", tok[1]); return 0; }
+  if (!parse_bytes(tok[2], UINT64_MAX, &e->maxBytes)) { snprintf(why, whyLen, "max_bytes '%.40s' is not a byte count or -1", tok[2]); return 0; }
+  if (e->minBytes > e->maxBytes) { snprintf(why, whyLen, "min_bytes is larger than max_bytes"); return 0; }
+  int a = parse_name(tok[3], ALGO_NAMES, 7);
+  if (a == -2) { snprintf(why, whyLen, "unknown algorithm '%.40s'", tok[3]); return 0; }
+  e->algo = a;
+  int pr = parse_name(tok[4], PROTO_NAMES, 3);
+  if (pr == -2) { snprintf(why, whyLen, "unknown protocol '%.40s'", tok[4]); return 0; }
+  e->proto = pr;
+  if (!parse_int(tok[5], -1, MAX_CHANNELS, &v) || v == 0) {
+    snprintf(why, whyLen, "channels '%.40s' not -1 or 1-%d", tok[5], MAX_CHANNELS); return 0;
+  }
+  e->channels = (int32_t)v;
+  if (!parse_int(tok[6], -1, INT_MAX, &v) || v == 0) { snprintf(why, whyLen, "nNodes '%.40s' not -1 or a positive count", tok[6]); return 0; }
+  e->nNodes = (int32_t)v;
+  if (!parse_int(tok[7], -1, INT_MAX, &v) || v == 0) { snprintf(why, whyLen, "nRanks '%.40s' not -1 or a positive count", tok[7]); return 0; }
+  e->nRanks = (int32_t)v;
+  if (npos > 8) {
+    if (!parse_int(tok[8], -1, INT_MAX, &v) || v == 0) { snprintf(why, whyLen, "numPipeOps '%.40s' not -1 or a positive count", tok[8]); return 0; }
+    e->pipeOps = (int32_t)v;
+  }
+  if (npos > 9) {
+    if (!parse_int(tok[9], -1, 1, &v)) { snprintf(why, whyLen, "regBuff '%.40s' not -1, 0 or 1", tok[9]); return 0; }
+    e->regBuff = (int32_t)v;
+  }
+  int haveChunk = 0;
+  for (int i = npos; i < nt; i++) {
+    char* eq = strchr(tok[i], '=');
+    if (!eq) { snprintf(why, whyLen, "positional field '%.40s' after a key=value field", tok[i]); return 0; }
+    *eq = '\0';
+    char* key = tok[i];
+    char* val = eq + 1;
+    trim(&key);
+    trim(&val);
+    if (strcmp(key, "chunk_bytes") == 0) {
+      if (haveChunk) { snprintf(why, whyLen, "chunk_bytes given twice"); return 0; }
+      haveChunk = 1;
+      if (!parse_int(val, -1, MAX_CHUNK_BYTES, &v) || v == 0) {
+        snprintf(why, whyLen, "chunk_bytes '%.40s' not -1 or 1-%lld", val, (long long)MAX_CHUNK_BYTES); return 0;
+      }
+      e->chunkBytes = v;
+    } else {
+      snprintf(why, whyLen, "unknown field '%.40s'", key);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+static int bucket_of(int coll) { return (coll >= 0 && coll < NUM_BUCKETS - 1) ? coll : NUM_BUCKETS - 1; }
+
+static int cmp_u64(const void* a, const void* b) {
+  uint64_t x = *(const uint64_t*)a, y = *(const uint64_t*)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Largest k with bounds[k] <= x (bounds[0] == 0 always). */
+static int interval_of(const uint64_t* bounds, int n, uint64_t x) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    int mid = lo + (hi - lo + 1) / 2;
+    if (bounds[mid] <= x) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+static void free_bucket_index(Bucket* b) {
+  free(b->bounds);
+  free(b->candStart);
+  free(b->cand);
+  b->bounds = NULL;
+  b->candStart = NULL;
+  b->cand = NULL;
+  b->nBounds = 0;
+}
+
+/* Build the interval index of one bucket; on any failure leave it linear. */
+static void build_bucket_index(const Table* t, Bucket* b) {
+  if (b->n < INDEX_MIN_ENTRIES) return;
+  int maxBounds = 2 * b->n + 1;
+  b->bounds = malloc(sizeof(uint64_t) * (size_t)maxBounds);
+  if (!b->bounds) return;
+  int nb = 0;
+  b->bounds[nb++] = 0;
+  for (int i = 0; i < b->n; i++) {
+    const Entry* e = &t->entries[b->idx[i]];
+    b->bounds[nb++] = e->minBytes;
+    if (e->maxBytes != UINT64_MAX) b->bounds[nb++] = e->maxBytes + 1;
+  }
+  qsort(b->bounds, (size_t)nb, sizeof(uint64_t), cmp_u64);
+  int u = 0;
+  for (int i = 0; i < nb; i++)
+    if (u == 0 || b->bounds[i] != b->bounds[u - 1]) b->bounds[u++] = b->bounds[i];
+  b->nBounds = u;
+  /* Count candidates per interval, bounded so a pathological table stays linear. */
+  int32_t* count = calloc((size_t)u + 1, sizeof(int32_t));
+  if (!count) { free_bucket_index(b); return; }
+  long long total = 0, cap = 16LL * b->n + 1024;
+  for (int i = 0; i < b->n && total <= cap; i++) {
+    const Entry* e = &t->entries[b->idx[i]];
+    int k0 = interval_of(b->bounds, u, e->minBytes);
+    int k1 = interval_of(b->bounds, u, e->maxBytes);
+    for (int k = k0; k <= k1; k++) count[k]++;
+    total += k1 - k0 + 1;
+  }
+  if (total > cap) { free(count); free_bucket_index(b); return; }
+  b->candStart = malloc(sizeof(int32_t) * ((size_t)u + 1));
+  b->cand = malloc(sizeof(int32_t) * (size_t)(total > 0 ? total : 1));
+  if (!b->candStart || !b->cand) { free(count); free_bucket_index(b); return; }
+  b->candStart[0] = 0;
+  for (int k = 0; k < u; k++) b->candStart[k + 1] = b->candStart[k] + count[k];
+  memset(count, 0, sizeof(int32_t) * ((size_t)u + 1));
+  for (int i = 0; i < b->n; i++) {
+    const Entry* e = &t->entries[b->idx[i]];
+    int k0 = interval_of(b->bounds, u, e->minBytes);
+    int k1 = interval_of(b->bounds, u, e->maxBytes);
+    for (int k = k0; k <= k1; k++) b->cand[b->candStart[k] + count[k]++] = b->idx[i];
+  }
+  free(count);
+}
+
+static void free_table(Table* t) {
+  if (!t) return;
+  for (int i = 0; i < NUM_BUCKETS; i++) {
+    free(t->buckets[i].idx);
+    free_bucket_index(&t->buckets[i]);
+  }
+  free(t->entries);
+  free(t);
+}
+
+/* Parse text[0..len) into a new table (never NULL unless out of memory). */
+static Table* parse_table(const char* text, size_t len, const char* origin, ncclDebugLogger_t log) {
+  Table* t = calloc(1, sizeof(Table));
+  if (!t) return NULL;
+  char* buf = malloc(len + 1);
+  if (!buf) { free(t); return NULL; }
+  for (size_t i = 0; i < len; i++) buf[i] = text[i] == '\0' ? '\x7f' : text[i]; /* a NUL byte spoils its line */
+  buf[len] = '\0';
+  int cap = 0, lineNo = 0, warned = 0;
+  char* p = buf;
+  while (p && *p) {
+    char* nl = strchr(p, '\n');
+    if (nl) *nl = '\0';
+    lineNo++;
+    char* hash = strchr(p, '#');
+    if (hash) *hash = '\0';
+    char* line = p;
+    trim(&line);
+    p = nl ? nl + 1 : NULL;
+    if (*line == '\0') continue;
+    Entry e;
+    char why[160];
+    if (!parse_line(line, &e, why, sizeof why)) {
+      t->rejected++;
+      if (warned++ < MAX_WARNINGS_PER_LOAD)
+        say(log, NCCL_LOG_WARN, "TUNER/Lagom: %s:%d: %s; line ignored, NCCL decides", origin, lineNo, why);
+      continue;
+    }
+    if (t->n == cap) {
+      int ncap = cap ? cap * 2 : 64;
+      Entry* grown = realloc(t->entries, sizeof(Entry) * (size_t)ncap);
+      if (!grown) { say(log, NCCL_LOG_WARN, "TUNER/Lagom: %s: out of memory at line %d; rest ignored", origin, lineNo); break; }
+      t->entries = grown;
+      cap = ncap;
+    }
+    e.line = lineNo;
+    t->entries[t->n++] = e;
+  }
+  free(buf);
+  if (warned > MAX_WARNINGS_PER_LOAD)
+    say(log, NCCL_LOG_WARN, "TUNER/Lagom: %s: %d more rejected lines not listed", origin, warned - MAX_WARNINGS_PER_LOAD);
+  /* Buckets: an entry for collective c goes to bucket c; an any-collective entry to all. */
+  int counts[NUM_BUCKETS] = {0};
+  for (int i = 0; i < t->n; i++) {
+    if (t->entries[i].coll == ANY) for (int b = 0; b < NUM_BUCKETS; b++) counts[b]++;
+    else counts[bucket_of(t->entries[i].coll)]++;
+  }
+  for (int b = 0; b < NUM_BUCKETS; b++) {
+    t->buckets[b].idx = malloc(sizeof(int32_t) * (size_t)(counts[b] ? counts[b] : 1));
+    if (!t->buckets[b].idx) { free_table(t); return NULL; }
+  }
+  for (int i = 0; i < t->n; i++) {
+    int c = t->entries[i].coll;
+    for (int b = 0; b < NUM_BUCKETS; b++) {
+      if (c == ANY || bucket_of(c) == b) t->buckets[b].idx[t->buckets[b].n++] = i;
+    }
+  }
+  for (int b = 0; b < NUM_BUCKETS; b++) build_bucket_index(t, &t->buckets[b]);
+  say(log, NCCL_LOG_INFO, "TUNER/Lagom: %s: %d entries, %d lines rejected", origin, t->n, t->rejected);
+  return t;
+}
+
+/* Read a whole file; NULL (and *missing set when it does not exist) when unreadable. */
+static char* read_file(const char* path, size_t* len, int* missing, ncclDebugLogger_t log) {
+  *missing = 0;
+  FILE* f = fopen(path, "rb");
+  if (!f) { *missing = (errno == ENOENT); return NULL; }
+  size_t cap = 1 << 16, n = 0;
+  char* data = malloc(cap);
+  while (data) {
+    if (n == cap) {
+      if (cap >= (size_t)MAX_FILE_BYTES) {
+        say(log, NCCL_LOG_WARN, "TUNER/Lagom: %s is larger than %ld bytes; ignored, NCCL decides", path, MAX_FILE_BYTES);
+        free(data);
+        data = NULL;
+        break;
+      }
+      char* grown = realloc(data, cap * 2);
+      if (!grown) { free(data); data = NULL; break; }
+      data = grown;
+      cap *= 2;
+    }
+    size_t got = fread(data + n, 1, cap - n, f);
+    n += got;
+    if (got == 0) {
+      if (ferror(f)) { free(data); data = NULL; }
+      break;
+    }
+  }
+  fclose(f);
+  *len = n;
+  return data;
+}
+
+static void install(Table* t, int apiOwned) {
+  pthread_rwlock_wrlock(&g_lock);
+  Table* old = g_table;
+  g_table = t;
+  g_apiOwned = apiOwned;
+  pthread_rwlock_unlock(&g_lock);
+  free_table(old);
+}
+
+/* Load a file into a new table; returns entries, or -1 if the file is unreadable (empty table). */
+static int load_file(const char* path, int apiOwned, int quietIfMissing, ncclDebugLogger_t log) {
+  size_t len = 0;
+  int missing = 0;
+  char* data = read_file(path, &len, &missing, log);
+  Table* t;
+  int rc;
+  if (!data) {
+    if (missing && quietIfMissing)
+      say(log, NCCL_LOG_INFO, "TUNER/Lagom: no %s; NCCL decides everything", path);
+    else
+      say(log, NCCL_LOG_WARN, "TUNER/Lagom: cannot read tuner config %s (%s); NCCL decides everything", path,
+          missing ? "no such file" : "unreadable");
+    t = calloc(1, sizeof(Table));
+    rc = -1;
+  } else {
+    t = parse_table(data, len, path, log);
+    free(data);
+    rc = t ? t->n : -1;
+  }
+  install(t, apiOwned);
+  return rc;
+}
+
+static int load_from_env(ncclDebugLogger_t log) {
+  const char* path = getenv("NCCL_TUNER_CONFIG_FILE");
+  if (path && *path) return load_file(path, 0, 0, log);
+  return load_file("nccl_tuner.conf", 0, 1, log); /* NVIDIA's example default, quiet when absent */
+}
+
+/* ---------------------------------------------------------------- matching */
+
+static inline int entry_matches(const Entry* e, uint64_t nBytes, int nNodes, int nRanks, int pipeOps, int regBuff) {
+  return nBytes >= e->minBytes && nBytes <= e->maxBytes &&
+         (e->nNodes == ANY || e->nNodes == nNodes) &&
+         (e->nRanks == ANY || e->nRanks == nRanks) &&
+         (e->pipeOps == ANY || pipeOps == UNKNOWN || e->pipeOps == pipeOps) &&
+         (e->regBuff == ANY || regBuff == UNKNOWN || e->regBuff == regBuff);
+}
+
+/* First matching entry in file order, or NULL. Caller holds the read lock. */
+static Entry* lookup(Table* t, int coll, uint64_t nBytes, int nNodes, int nRanks, int pipeOps, int regBuff) {
+  if (!t || t->n == 0) return NULL;
+  const Bucket* b = &t->buckets[bucket_of(coll)];
+  if (b->bounds) {
+    int k = interval_of(b->bounds, b->nBounds, nBytes);
+    for (int32_t i = b->candStart[k]; i < b->candStart[k + 1]; i++) {
+      Entry* e = &t->entries[b->cand[i]];
+      if (entry_matches(e, nBytes, nNodes, nRanks, pipeOps, regBuff)) return e;
+    }
+    return NULL;
+  }
+  for (int i = 0; i < b->n; i++) {
+    Entry* e = &t->entries[b->idx[i]];
+    if (entry_matches(e, nBytes, nNodes, nRanks, pipeOps, regBuff)) return e;
+  }
+  return NULL;
+}
+
+static int usable(float cost) { return cost >= 0.0f; } /* NCCL_ALGO_PROTO_IGNORE is -1.0; NaN is not usable */
+
+static void warn_once(Ctx* ctx, Entry* e, const char* what) {
+  if (atomic_exchange(&e->warned, 1) == 0)
+    say(ctx->log, NCCL_LOG_WARN, "TUNER/Lagom: table line %d: %s; NCCL decides", e->line, what);
+}
+
+/* Zero the cost of the entry's algorithm/protocol pair (or best usable fill-in for a wildcard). */
+static void apply_costs(Ctx* ctx, Entry* e, float* table, int numAlgo, int numProto) {
+  if (e->algo == ANY && e->proto == ANY) return;
+  if (!table || numAlgo <= 0 || numProto <= 0 || numAlgo > 64 || numProto > 16) return;
+  int bestA = -1, bestP = -1;
+  float best = 0.0f;
+  for (int a = 0; a < numAlgo; a++) {
+    if (e->algo != ANY && a != e->algo) continue;
+    for (int p = 0; p < numProto; p++) {
+      if (e->proto != ANY && p != e->proto) continue;
+      float cost = table[a * numProto + p];
+      if (!usable(cost)) continue;
+      if (bestA < 0 || cost < best) { bestA = a; bestP = p; best = cost; }
+    }
+  }
+  if (bestA < 0) {
+    char what[96];
+    snprintf(what, sizeof what, "%s/%s is not usable for this collective",
+             e->algo == ANY ? "any" : ALGO_PRINT[e->algo], e->proto == ANY ? "any" : PROTO_PRINT[e->proto]);
+    warn_once(ctx, e, what);
+    return;
+  }
+  table[bestA * numProto + bestP] = 0.0f;
+}
+
+static ncclResult_t coll_info(void* context, ncclFunc_t collType, size_t nBytes, int numPipeOps, float** collCostTable,
+                              int numAlgo, int numProto, int regBuff, int* nChannels) {
+  Ctx* ctx = (Ctx*)context;
+  if (!ctx) return ncclSuccess;
+  pthread_rwlock_rdlock(&g_lock);
+  Entry* e = lookup(g_table, collType, (uint64_t)nBytes, ctx->nNodes, ctx->nRanks, numPipeOps, regBuff);
+  if (e) {
+    apply_costs(ctx, e, (float*)collCostTable, numAlgo, numProto);
+    if (e->channels > 0 && nChannels) *nChannels = e->channels;
+    if (ctx->log && fallback_level() >= NCCL_LOG_TRACE) /* formatting costs; only when NCCL_DEBUG=TRACE */
+      say(ctx->log, NCCL_LOG_TRACE, "TUNER/Lagom: coll %d bytes %zu matched line %d", collType, nBytes, e->line);
+  }
+  pthread_rwlock_unlock(&g_lock);
+  return ncclSuccess;
+}
+
+static int entry_count(void) {
+  pthread_rwlock_rdlock(&g_lock);
+  int n = g_table ? g_table->n : 0;
+  pthread_rwlock_unlock(&g_lock);
+  return n;
+}
+
+/* ---------------------------------------------------------------- ABI entry points */
+
+static ncclResult_t new_context(size_t nRanks, size_t nNodes, uint64_t commId, ncclDebugLogger_t log, void** context) {
+  if (!context) return ncclInvalidArgument;
+  Ctx* ctx = calloc(1, sizeof(Ctx));
+  if (!ctx) return ncclSystemError;
+  ctx->nRanks = nRanks > INT_MAX ? INT_MAX : (int)nRanks;
+  ctx->nNodes = nNodes > INT_MAX ? INT_MAX : (int)nNodes;
+  ctx->commId = commId;
+  ctx->log = log;
+  pthread_mutex_lock(&g_logLock);
+  if (log) g_log = log;
+  pthread_mutex_unlock(&g_logLock);
+  pthread_rwlock_rdlock(&g_lock);
+  int apiOwned = g_apiOwned;
+  pthread_rwlock_unlock(&g_lock);
+  if (!apiOwned) load_from_env(log); /* a table set through the C API wins until lagom_tuner_reload() */
+  say(log, NCCL_LOG_INFO, "TUNER/Lagom: init nRanks %d nNodes %d, %d entries", ctx->nRanks, ctx->nNodes,
+      entry_count());
+  *context = ctx;
+  return ncclSuccess;
+}
+
+static ncclResult_t init_v2(size_t nRanks, size_t nNodes, ncclDebugLogger_t log, void** context) {
+  return new_context(nRanks, nNodes, 0, log, context);
+}
+
+static ncclResult_t init_v5(void** context, uint64_t commId, size_t nRanks, size_t nNodes, ncclDebugLogger_t log,
+                            void* nvlDomainInfo, void* constants) {
+  (void)nvlDomainInfo;
+  (void)constants; /* read-only for us: NCCL's own constants stay as they are */
+  return new_context(nRanks, nNodes, commId, log, context);
+}
+
+static ncclResult_t finalize(void* context) {
+  Ctx* ctx = (Ctx*)context;
+  if (ctx) {
+    /* Forget this logger for API-triggered warnings: it may not outlive its communicator. */
+    pthread_mutex_lock(&g_logLock);
+    if (g_log == ctx->log) g_log = NULL;
+    pthread_mutex_unlock(&g_logLock);
+  }
+  free(context);
+  return ncclSuccess;
+}
+
+static ncclResult_t coll_info_v2(void* context, ncclFunc_t collType, size_t nBytes, int collNetSupport,
+                                 int nvlsSupport, int numPipeOps, int* algorithm, int* protocol, int* nChannels) {
+  Ctx* ctx = (Ctx*)context;
+  if (!ctx) return ncclSuccess;
+  pthread_rwlock_rdlock(&g_lock);
+  Entry* e = lookup(g_table, collType, (uint64_t)nBytes, ctx->nNodes, ctx->nRanks, numPipeOps, UNKNOWN);
+  if (e) {
+    if (e->algo != ANY && e->proto != ANY) {
+      int a = e->algo;
+      int ok = a < NUM_ALGOS_V2 &&
+               !((a == 2 || a == 3) && !collNetSupport) && !((a == 4 || a == 5) && !nvlsSupport);
+      if (ok && algorithm && protocol) {
+        *algorithm = a;
+        *protocol = e->proto;
+      } else {
+        warn_once(ctx, e, "algorithm not supported here (v2 ABI)");
+      }
+    } else if (e->algo != ANY || e->proto != ANY) {
+      warn_once(ctx, e, "the v2 ABI sets algorithm and protocol together only");
+    }
+    if (e->channels > 0 && nChannels) *nChannels = e->channels;
+  }
+  pthread_rwlock_unlock(&g_lock);
+  return ncclSuccess;
+}
+
+static ncclResult_t coll_info_v3(void* context, ncclFunc_t collType, size_t nBytes, int numPipeOps,
+                                 float** collCostTable, int numAlgo, int numProto, int* nChannels) {
+  return coll_info(context, collType, nBytes, numPipeOps, collCostTable, numAlgo, numProto, UNKNOWN, nChannels);
+}
+
+static ncclResult_t chunk_size(void* context, ncclFunc_t collType, size_t nBytes, int algo, int proto, int nChannels,
+                               size_t* chunkSize) {
+  (void)nChannels;
+  Ctx* ctx = (Ctx*)context;
+  if (!ctx || !chunkSize) return ncclSuccess;
+  pthread_rwlock_rdlock(&g_lock);
+  Entry* e = lookup(g_table, collType, (uint64_t)nBytes, ctx->nNodes, ctx->nRanks, UNKNOWN, UNKNOWN);
+  if (e && e->chunkBytes > 0 && (e->algo == ANY || e->algo == algo) && (e->proto == ANY || e->proto == proto))
+    *chunkSize = (size_t)e->chunkBytes;
+  pthread_rwlock_unlock(&g_lock);
+  return ncclSuccess;
+}
+
+LAGOM_EXPORT const lagomTuner_v2_t ncclTunerPlugin_v2 = {
+    .name = PLUGIN_NAME, .init = init_v2, .getCollInfo = coll_info_v2, .destroy = finalize};
+LAGOM_EXPORT const lagomTuner_v3_t ncclTunerPlugin_v3 = {
+    .name = PLUGIN_NAME, .init = init_v2, .getCollInfo = coll_info_v3, .destroy = finalize};
+LAGOM_EXPORT const lagomTuner_v4_t ncclTunerPlugin_v4 = {
+    .name = PLUGIN_NAME, .init = init_v2, .getCollInfo = coll_info, .destroy = finalize};
+LAGOM_EXPORT const lagomTuner_v5_t ncclTunerPlugin_v5 = {
+    .name = PLUGIN_NAME, .init = init_v5, .getCollInfo = coll_info, .finalize = finalize};
+LAGOM_EXPORT const lagomTuner_v6_t ncclTunerPlugin_v6 = {
+    .name = PLUGIN_NAME, .init = init_v5, .getCollInfo = coll_info, .finalize = finalize, .getChunkSize = chunk_size};
+
+/* ---------------------------------------------------------------- live C API */
+
+/* Replace the table with csv_text (NULL clears it). Returns the number of entries. */
+LAGOM_EXPORT int lagom_tuner_set_table(const char* csv_text) {
+  Table* t = csv_text ? parse_table(csv_text, strlen(csv_text), "<lagom_tuner_set_table>", current_logger())
+                      : calloc(1, sizeof(Table));
+  int n = t ? t->n : -1;
+  install(t, 1);
+  return n;
+}
+
+/* Replace the table with a file's. Returns entries, or -1 if unreadable (the table is then empty). */
+LAGOM_EXPORT int lagom_tuner_load_file(const char* path) {
+  if (!path) return lagom_tuner_set_table(NULL);
+  return load_file(path, 1, 0, current_logger());
+}
+
+/* Go back to NCCL_TUNER_CONFIG_FILE (read now and at each communicator init). Returns entries or -1. */
+LAGOM_EXPORT int lagom_tuner_reload(void) { return load_from_env(current_logger()); }
+
+LAGOM_EXPORT int lagom_tuner_entry_count(void) { return entry_count(); }
+
+/* Lines rejected when the current table was loaded. */
+LAGOM_EXPORT int lagom_tuner_rejected_count(void) {
+  pthread_rwlock_rdlock(&g_lock);
+  int n = g_table ? g_table->rejected : 0;
+  pthread_rwlock_unlock(&g_lock);
+  return n;
+}
+
+__attribute__((destructor)) static void unload(void) {
+  pthread_rwlock_wrlock(&g_lock);
+  Table* t = g_table;
+  g_table = NULL;
+  pthread_rwlock_unlock(&g_lock);
+  free_table(t);
+}

@@ -1,0 +1,185 @@
+"""NCCL's rules for knob values, per NCCL version.
+
+Sources (NVIDIA/nccl): docs/userguide/source/env.rst (NCCL_ALGO version table,
+NCCL_NTHREADS, NCCL_MIN/MAX_CTAS), src/graph/tuning.cc (getNthreads ranges),
+src/include/device.h (NCCL_SIMPLE_MAX_NTHREADS 512, NCCL_LL128_MAX_NTHREADS 640,
+ncclProtoGrainSize), src/plugin/tuner.cc and src/include/plugin/tuner/tuner_v*.h
+(which tuner-plugin ABI each version loads and what it can set).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, fields
+
+from nccl_env.errors import LagomError
+from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
+
+WARP_SIZE = 32  # CUDA warp size; NCCL thread counts must be multiples of it (tuning.cc getNthreads)
+THREADS_MIN = 64  # 2 * WARP_SIZE, tuning.cc getNthreads(NCCL_NTHREADS, min=2*WARP_SIZE)
+THREADS_MAX = 512  # NCCL_SIMPLE_MAX_NTHREADS / NCCL_LL_MAX_NTHREADS, device.h
+LL128_THREADS_MIN = 160  # NCCL_LL128_MAX_NTHREADS / 4, tuning.cc
+LL128_THREADS_MAX = 640  # NCCL_LL128_MAX_NTHREADS, device.h
+CHUNK_GRAIN_BYTES = 512  # ncclProtoGrainSize(NCCL_PROTO_SIMPLE), device.h: NCCL aligns chunks down to it
+CHUNK_MAX_BYTES = 1 << 30  # Lagom's sanity cap (NCCL clamps to the buffer anyway); also the plugin's cap
+DEFAULT_BUFFSIZE_BYTES = 4 << 20  # DEFAULT_BUFFSIZE, init.cc
+NCCL_STEPS = 8  # NCCL_STEPS, device.h: a buffer is split into 8 steps
+RING_SIMPLE_CHUNK_STEPS = 4  # chunkSteps for Ring/Simple (ALLREDUCE_CHUNKSTEPS = NCCL_STEPS/2)
+
+
+@functools.total_ordering
+@dataclass(frozen=True)
+class NcclVersion:
+    """An NCCL release, e.g. ``NcclVersion.parse("2.18.3")``; compares numerically."""
+
+    major: int
+    minor: int
+    patch: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> "NcclVersion":
+        """``"2.18.3"``, ``"2.18"``, ``"2.18.3-1"``, ``"v2.18.3"``; LagomError otherwise."""
+        m = re.fullmatch(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?(?:[-+][\w.]*)?\s*", str(text))
+        if not m:
+            raise LagomError(f"NCCL version {text!r} is not of the form MAJOR.MINOR[.PATCH] (e.g. 2.18.3)")
+        return cls(int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
+
+    @classmethod
+    def from_code(cls, code: int) -> "NcclVersion":
+        """Decode ``ncclGetVersion``'s integer: 21803 -> 2.18.3, 23203 -> 2.32.3, 2708 -> 2.7.8.
+
+        NCCL_VERSION_CODE is major*10000 + minor*100 + patch from 2.9 on and
+        major*1000 + minor*100 + patch before (nccl.h, NCCL_VERSION macro).
+        """
+        code = int(code)
+        if code <= 0:
+            raise LagomError(f"NCCL version code {code} is not positive")
+        if code >= 10000:
+            return cls(code // 10000, (code % 10000) // 100, code % 100)
+        return cls(code // 1000, (code % 1000) // 100, code % 100)
+
+    @property
+    def code(self) -> int:
+        return self.major * 10000 + self.minor * 100 + self.patch
+
+    def __lt__(self, other: "NcclVersion") -> bool:
+        return (self.major, self.minor, self.patch) < (other.major, other.minor, other.patch)
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}.{self.patch}"
+
+
+def _v(text: str) -> NcclVersion:
+    return NcclVersion.parse(text)
+
+
+# First NCCL version with each algorithm (env.rst, NCCL_ALGO version table).
+ALGORITHM_SINCE: dict[Algorithm, NcclVersion] = {
+    Algorithm.TREE: _v("2.4"),
+    Algorithm.RING: _v("2.0"),
+    Algorithm.COLLNET_DIRECT: _v("2.14"),  # "Collnet" 2.5-2.13 became CollnetDirect/CollnetChain
+    Algorithm.COLLNET_CHAIN: _v("2.14"),
+    Algorithm.NVLS: _v("2.17"),
+    Algorithm.NVLS_TREE: _v("2.18"),
+    Algorithm.PAT: _v("2.23"),
+}
+
+# Tuner plugin ABI symbols and the first NCCL that loads each (src/plugin/tuner/tuner_v*.cc history).
+TUNER_SYMBOL_SINCE: dict[str, NcclVersion] = {
+    "ncclTunerPlugin_v2": _v("2.21"),
+    "ncclTunerPlugin_v3": _v("2.22"),
+    "ncclTunerPlugin_v4": _v("2.24"),
+    "ncclTunerPlugin_v5": _v("2.28"),
+    "ncclTunerPlugin_v6": _v("2.30"),
+}
+
+MAXCHANNELS_64_SINCE = _v("2.25")  # MAXCHANNELS 32 -> 64 (REFERENCE.md section 3)
+PER_FUNCTION_ALGO_SINCE = _v("2.24")  # NCCL_ALGO/NCCL_PROTO "func:list;..." syntax (env.rst)
+CTAS_ENV_SINCE = _v("2.17")  # NCCL_MIN_CTAS / NCCL_MAX_CTAS and ncclConfig_t min/maxCTAs (env.rst)
+CTA_POLICY_SINCE = _v("2.27")  # ncclConfig_t CTAPolicy / NCCL_CTA_POLICY legacy values (env.rst)
+CHUNK_PLUGIN_SINCE = TUNER_SYMBOL_SINCE["ncclTunerPlugin_v6"]  # getChunkSize
+
+
+def max_channels(version: NcclVersion) -> int:
+    """MAXCHANNELS of this NCCL: 64 from 2.25, 32 before."""
+    return 64 if version >= MAXCHANNELS_64_SINCE else 32
+
+
+def algorithms_available(version: NcclVersion) -> tuple[Algorithm, ...]:
+    """Algorithms this NCCL has, in NCCL_ALGO_* order."""
+    return tuple(a for a in Algorithm if version >= ALGORITHM_SINCE[a])
+
+
+def num_algorithms(version: NcclVersion) -> int:
+    """NCCL_NUM_ALGORITHMS: rows of the tuner cost table (7 once PAT exists, 6 before)."""
+    return 7 if version >= ALGORITHM_SINCE[Algorithm.PAT] else 6
+
+
+def tuner_symbols(version: NcclVersion) -> tuple[str, ...]:
+    """Tuner-plugin symbols this NCCL can load, newest (the one it tries first) first."""
+    return tuple(sorted((s for s, v in TUNER_SYMBOL_SINCE.items() if version >= v), reverse=True))
+
+
+def per_collective_knobs(version: NcclVersion) -> frozenset[str]:
+    """CommConfig fields Lagom's tuner plugin can set per collective on this NCCL.
+
+    Empty before 2.21 (no plugin ABI Lagom exports); algorithm, protocol and channels
+    from 2.21; chunk_bytes from 2.30 (v6 getChunkSize). Threads never: no plugin ABI
+    carries them.
+    """
+    if not tuner_symbols(version):
+        return frozenset()
+    knobs = {"algorithm", "protocol", "channels"}
+    if version >= CHUNK_PLUGIN_SINCE:
+        knobs.add("chunk_bytes")
+    return frozenset(knobs)
+
+
+def process_wide_knobs(version: NcclVersion) -> frozenset[str]:
+    """CommConfig fields that can only be set once per process (or per communicator)."""
+    return frozenset(f.name for f in fields(CommConfig)) - per_collective_knobs(version)
+
+
+def validate_config(config: CommConfig, version: NcclVersion, collective: CollectiveType | None = None) -> None:
+    """Raise LagomError (knob, value, allowed range) if ``config`` is not valid on ``version``.
+
+    ``collective``, when given, names the collective in the message.
+    """
+    where = f" for {collective.value}" if collective is not None else ""
+
+    def bad(knob: str, value: object, allowed: str) -> LagomError:
+        return LagomError(f"{knob}={value}{where} is not valid on NCCL {version}: allowed {allowed}")
+
+    if config.algorithm is not None:
+        available = algorithms_available(version)
+        if config.algorithm not in available:
+            names = ", ".join(a.nccl_name for a in available)
+            raise bad("algorithm", config.algorithm.nccl_name, f"{names} (from {ALGORITHM_SINCE[config.algorithm]})")
+    if config.channels is not None:
+        top = max_channels(version)
+        if not 1 <= config.channels <= top:
+            raise bad("channels", config.channels, f"1-{top}")
+    if config.threads is not None:
+        if config.protocol is Protocol.LL128:
+            lo, hi = LL128_THREADS_MIN, LL128_THREADS_MAX
+        else:
+            lo, hi = THREADS_MIN, THREADS_MAX
+        if not lo <= config.threads <= hi or config.threads % WARP_SIZE:
+            proto = "LL128" if config.protocol is Protocol.LL128 else "LL/Simple"
+            raise bad("threads", config.threads, f"a multiple of {WARP_SIZE} in {lo}-{hi} ({proto})")
+    if config.chunk_bytes is not None:
+        c = config.chunk_bytes
+        if not CHUNK_GRAIN_BYTES <= c <= CHUNK_MAX_BYTES or c % CHUNK_GRAIN_BYTES:
+            raise bad("chunk_bytes", c, f"a multiple of {CHUNK_GRAIN_BYTES} in {CHUNK_GRAIN_BYTES}-{CHUNK_MAX_BYTES}")
+
+
+def buffsize_for_chunk(chunk_bytes: int, algorithm: Algorithm | None) -> int:
+    """Smallest NCCL_BUFFSIZE whose Simple-protocol chunk ceiling admits ``chunk_bytes``.
+
+    enqueue.cc calcCollChunking: chunk ceiling = BUFFSIZE / NCCL_STEPS * chunkSteps,
+    chunkSteps = 4 for Ring/Simple and 1 otherwise. ``None`` (NCCL decides) is taken
+    as Ring, NCCL's usual choice for large messages.
+    """
+    steps = RING_SIMPLE_CHUNK_STEPS if algorithm in (None, Algorithm.RING) else 1
+    return chunk_bytes * NCCL_STEPS // steps

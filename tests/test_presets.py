@@ -1,0 +1,92 @@
+"""Cluster presets and NCCL's modelled default choices (costmodel.nccl_defaults)."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+import pytest
+
+from costmodel.cluster import load_cluster, preset_names
+from costmodel.nccl_defaults import algo_estimates, comm_channels, nccl_default_config, resolve_config
+from nccl_env import Algorithm, CollectiveType, CommConfig, LagomError, Protocol, Signature
+
+PRESETS = ["a100-nvswitch", "h100-nvswitch", "high-bw", "low-bw"]
+
+
+def test_four_presets_load_and_every_number_has_a_source():
+    assert set(PRESETS) <= set(preset_names())
+    for name in PRESETS:
+        spec = load_cluster(name)
+        assert spec.world_size == 16 and spec.gpus_per_node == 8
+        assert spec.nccl_graph and spec.sim
+        text = (resources.files("costmodel") / "presets" / f"{name}.yaml").read_text()
+        for line in text.splitlines():
+            body = line.split("#", 1)[0]
+            if re.search(r":\s*-?[0-9][0-9.]*\s*$", body):
+                assert "#" in line, f"{name}: number without a source comment: {line.strip()}"
+
+
+def test_paper_clusters_differ_where_the_paper_says():
+    low, high = load_cluster("low-bw"), load_cluster("high-bw")
+    assert low.gpu == high.gpu  # both A40
+    assert low.intra_node.kind == "pcie" and high.intra_node.kind == "nvlink"
+    assert high.inter_node.nics_per_node * high.inter_node.nic_bw_gb_per_s > 7 * low.inter_node.nic_bw_gb_per_s
+
+
+def sig(coll, nbytes, ranks=8, nodes=1):
+    return Signature("0", coll, nbytes, ranks, nodes)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_default_config_fills_every_field(name):
+    cluster = load_cluster(name)
+    for coll in CollectiveType:
+        for nbytes in (1024, 1 << 20, 64 << 20):
+            for ranks, nodes in ((8, 1), (16, 2), (2, 2)):
+                cfg = nccl_default_config(cluster, sig(coll, nbytes, ranks, nodes))
+                assert None not in (cfg.algorithm, cfg.protocol, cfg.channels, cfg.threads, cfg.chunk_bytes)
+                assert 1 <= cfg.channels <= 32 and cfg.threads % 32 == 0 and cfg.chunk_bytes > 0
+
+
+def test_paper_default_on_cluster_a_is_nc8_chunk_2mb():
+    # Lagom paper: on cluster A NCCL runs the Phi-2 FSDP AllGather with NC = 8, C = 2 MB.
+    cfg = nccl_default_config(load_cluster("high-bw"), sig(CollectiveType.ALLGATHER, 160 << 20))
+    assert (cfg.algorithm, cfg.protocol, cfg.channels, cfg.chunk_bytes) == (Algorithm.RING, Protocol.SIMPLE, 8, 2 << 20)
+
+
+def test_small_messages_pick_ll_and_shed_channels():
+    cluster = load_cluster("a100-nvswitch")
+    small = nccl_default_config(cluster, sig(CollectiveType.ALLREDUCE, 4096))
+    large = nccl_default_config(cluster, sig(CollectiveType.ALLREDUCE, 256 << 20))
+    assert small.protocol is Protocol.LL and small.channels < large.channels == comm_channels(cluster)
+    assert large.protocol is Protocol.SIMPLE
+    # LL128 is NCCL's pick in between on NVLink Ampere, and is never picked over PCIe
+    mids = {nccl_default_config(cluster, sig(CollectiveType.ALLREDUCE, 1 << k)).protocol for k in range(12, 29)}
+    assert Protocol.LL128 in mids
+    low = load_cluster("low-bw")
+    assert all(e.protocol is not Protocol.LL128 for e in algo_estimates(low, sig(CollectiveType.ALLREDUCE, 1 << 20)))
+
+
+def test_nccl_model_time_grows_with_size_and_tree_only_for_allreduce():
+    cluster = load_cluster("low-bw")
+    est = algo_estimates(cluster, sig(CollectiveType.ALLREDUCE, 1 << 20, 16, 2))
+    assert {e.algorithm for e in est} == {Algorithm.RING, Algorithm.TREE}
+    assert {e.algorithm for e in algo_estimates(cluster, sig(CollectiveType.ALLGATHER, 1 << 20, 16, 2))} == {Algorithm.RING}
+    t = [min(e.time_us for e in algo_estimates(cluster, sig(CollectiveType.ALLREDUCE, 1 << k))) for k in range(10, 30, 2)]
+    assert t == sorted(t)
+
+
+def test_overrides_and_resolve():
+    cluster = load_cluster("low-bw")
+    cluster.nccl_defaults = {"channels": 4, "by_collective": {"allgather": {"chunk_bytes": 1 << 20}}}
+    s = sig(CollectiveType.ALLGATHER, 64 << 20)
+    assert nccl_default_config(cluster, s).channels == 4
+    assert nccl_default_config(cluster, s).chunk_bytes == 1 << 20
+    r = resolve_config(cluster, s, CommConfig(channels=2))
+    assert r.channels == 2 and r.chunk_bytes == 1 << 20 and r.algorithm is Algorithm.RING
+    forced = resolve_config(load_cluster("low-bw"), s, CommConfig(protocol=Protocol.LL))
+    assert forced.protocol is Protocol.LL and forced.chunk_bytes == 65536
+    cluster.nccl_defaults = {"protocol": "bogus"}
+    with pytest.raises(LagomError, match="nccl_defaults"):
+        nccl_default_config(cluster, s)

@@ -1,0 +1,58 @@
+"""The collectives of a Workload, grouped by (type, group size, message size), with exposed time.
+
+Exposed time is the part of a collective's duration during which no compute kernel
+(memcpy/memset excluded) runs on the rank: the communication the iteration waits for.
+CPU-side collectives (``on_gpu=False``) are measured against the same compute kernels;
+in a CPU-only trace there are none, so all their time is exposed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nccl_env.knobs import CollectiveType
+from traces.intervals import CoverIndex, union
+from traces.workload import Workload
+
+
+@dataclass(frozen=True)
+class CollectiveRow:
+    collective: CollectiveType
+    group_size: int
+    message_bytes: int
+    count: int
+    total_us: float
+    exposed_us: float
+    on_gpu: bool
+
+    @property
+    def exposed_pct(self) -> float:
+        return 100.0 * self.exposed_us / self.total_us if self.total_us > 0 else 0.0
+
+
+def compute_cover(workload: Workload) -> CoverIndex:
+    """Merged busy time of the compute kernels (memory ops excluded)."""
+    return CoverIndex(union((o.start_us, o.end_us) for o in workload.compute_ops if not o.is_memory_op))
+
+
+def exposed_us(workload: Workload) -> dict[int, float]:
+    """Collective op id -> time (us) not overlapped by any compute kernel."""
+    cover = compute_cover(workload)
+    return {c.op_id: c.duration_us - cover.covered(c.start_us, c.end_us) for c in workload.collectives}
+
+
+def collectives_table(workload: Workload) -> list[CollectiveRow]:
+    """One row per (type, group size, message bytes, on_gpu), largest total time first."""
+    exposed = exposed_us(workload)
+    rows: dict[tuple, list] = {}
+    for c in workload.collectives:
+        group = workload.groups.get(c.group)
+        size = group.size if group is not None else workload.world_size
+        key = (c.collective, size, c.message_bytes, c.on_gpu)
+        acc = rows.setdefault(key, [0, 0.0, 0.0])
+        acc[0] += 1
+        acc[1] += c.duration_us
+        acc[2] += exposed[c.op_id]
+    out = [CollectiveRow(k[0], k[1], k[2], n, total, exp, k[3]) for k, (n, total, exp) in rows.items()]
+    out.sort(key=lambda r: (-r.total_us, r.collective.value, r.message_bytes))
+    return out

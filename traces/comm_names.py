@@ -1,0 +1,112 @@
+"""Names a profiler trace uses for communication: NCCL/RCCL kernels, PyTorch comm calls, dtypes.
+
+Pure string functions used by :mod:`traces.kineto`. Every generation of NCCL kernel
+name is recognised:
+
+- NCCL <= 2.8: ``ncclAllReduceRingLLKernel_sum_f32(ncclColl)``
+- NCCL 2.9 - 2.18: ``ncclKernel_AllReduce_RING_LL_Sum_float(...)``, ``ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t``
+- NCCL >= 2.19: ``ncclDevKernel_AllReduce_Sum_f32_RING_LL(...)``, ``ncclDevKernel_SendRecv(...)``
+- RCCL / NCCL generic kernels: ``ncclDevKernel_Generic(...)``, ``ncclDevKernel_Generic_4(...)``,
+  ``ncclKernel_Generic...``: the collective is not in the name (the trace's metadata says).
+"""
+
+from __future__ import annotations
+
+import re
+
+from nccl_env.knobs import CollectiveType
+
+# A communication kernel: "nccl...Kernel..." (NCCL and RCCL), optionally after "void ".
+_NCCL_KERNEL_RE = re.compile(r"^(?:void\s+)?nccl\w*?Kernel")
+# The collective token right after the kernel prefix, per naming generation.
+_NEW_NAME_RE = re.compile(r"^(?:void\s+)?nccl(?:Dev)?Kernel_([A-Za-z]+)")
+_OLD_NAME_RE = re.compile(r"^(?:void\s+)?nccl([A-Z][A-Za-z]*?)(?:Ring|Tree|CollNet|Nvls|Pat)?(?:LL128|LL|Simple)?Kernel")
+
+# PyTorch comm calls on the CPU side: record_param_comms, "nccl:all_reduce",
+# "gloo:all_reduce", "c10d::allreduce_" ...
+COMM_CALL_PREFIXES = ("nccl:", "gloo:", "mpi:", "ucc:", "c10d::")
+
+# Bytes per element for the dtype spellings in Kineto args ("dtype", "Input type").
+# PyTorch's c10::ScalarType names and their C++ spellings.
+_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "f32": 4, "int": 4, "int32": 4, "uint32": 4, "int32_t": 4, "unsigned int": 4,
+    "double": 8, "float64": 8, "f64": 8, "long": 8, "int64": 8, "long int": 8, "int64_t": 8,
+    "uint64": 8, "unsigned long": 8, "complexfloat": 8, "c10::complex<float>": 8,
+    "complexdouble": 16, "c10::complex<double>": 16,
+    "half": 2, "float16": 2, "f16": 2, "c10::half": 2, "bfloat16": 2, "bf16": 2, "c10::bfloat16": 2,
+    "short": 2, "int16": 2, "int16_t": 2, "uint16": 2,
+    "char": 1, "int8": 1, "int8_t": 1, "signed char": 1, "byte": 1, "uint8": 1, "uint8_t": 1,
+    "unsigned char": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "c10::float8_e4m3fn": 1,
+    "c10::float8_e5m2": 1, "fp8": 1, "u8": 1, "i8": 1,
+}
+
+
+def is_comm_kernel(name: str) -> bool:
+    """True for an NCCL/RCCL kernel name."""
+    return _NCCL_KERNEL_RE.match(name) is not None
+
+
+def collective_from_kernel_name(name: str) -> CollectiveType | None:
+    """The collective a kernel name spells, or None (generic kernels, unknown tokens)."""
+    m = _NEW_NAME_RE.match(name) or _OLD_NAME_RE.match(name)
+    if m is None:
+        return None
+    token = m.group(1)
+    if token.lower() == "generic":
+        return None
+    return collective_from_call_name(token)
+
+
+def collective_from_call_name(text: str) -> CollectiveType | None:
+    """The collective of a PyTorch comm call or metadata spelling, or None.
+
+    ``nccl:all_reduce``, ``gloo:all_reduce``, ``c10d::_allgather_base_``,
+    ``allreduce_coalesced``, ``reduce_scatter_tensor``, ``all_to_all``, ``send``,
+    ``barrier`` (an allreduce of one element in NCCL), ``gather``/``scatter``
+    (grouped send/recv in NCCL).
+    """
+    for prefix in COMM_CALL_PREFIXES:
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+            break
+    key = text.strip().lower().replace("_", "").replace("-", "").replace(" ", "")
+    if not key:
+        return None
+    # Order matters: "reducescatter" and "allreduce" both contain "reduce".
+    if "reducescatter" in key:
+        return CollectiveType.REDUCESCATTER
+    if "allgather" in key:
+        return CollectiveType.ALLGATHER
+    if "alltoall" in key:
+        return CollectiveType.ALLTOALL
+    if "allreduce" in key or key.startswith("barrier"):
+        return CollectiveType.ALLREDUCE
+    if "broadcast" in key:
+        return CollectiveType.BROADCAST
+    if "sendrecv" in key or key in ("send", "recv", "isend", "irecv", "p2p") or "isendirecv" in key:
+        return CollectiveType.SENDRECV
+    if key.startswith(("send", "recv")):
+        return CollectiveType.SENDRECV
+    if key.startswith(("gather", "scatter")):
+        return CollectiveType.SENDRECV
+    if key.startswith("reduce"):
+        return CollectiveType.REDUCE
+    try:
+        return CollectiveType.parse(text)
+    except ValueError:
+        return None
+
+
+def dtype_bytes(dtype: object) -> int | None:
+    """Bytes per element of a dtype spelling ("Float", "c10::BFloat16", "unsigned char"), or None."""
+    if not isinstance(dtype, str):
+        return None
+    key = dtype.strip().lower()
+    if key.startswith("torch."):
+        key = key[len("torch."):]
+    return _DTYPE_BYTES.get(key)
+
+
+def is_comm_call(name: str) -> bool:
+    """A CPU-side event that stands for a communication call (or wraps one)."""
+    return name == "record_param_comms" or name.startswith(COMM_CALL_PREFIXES)

@@ -1,0 +1,97 @@
+"""Contention seen in a trace: how much slower compute kernels ran while a collective ran.
+
+A compute kernel (memcpy/memset excluded) that overlapped an on-GPU collective ran
+under that collective's contention for SMs and memory bandwidth. Kernels are matched
+by name and launch shape (grid, block): for a shape that ran both with no overlapping
+collective (the reference) and overlapped, each overlapped run's slowdown is its
+duration divided by the median reference duration. The report gives, per collective
+type (the type that overlapped the kernel longest), the median slowdown and the
+number of (overlapped kernel, reference) pairs behind it; ``"all"`` pools them.
+
+:func:`uncontended_durations` gives each kernel with a reference its estimated
+uncontended duration (the reference median), which lets a simulation start from a
+trace's kernels without the slowdown they already suffered.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from traces.intervals import CoverIndex, union
+from traces.workload import ComputeOp, Workload
+
+
+@dataclass(frozen=True)
+class ContentionFigure:
+    collective: str  # a CollectiveType value, or "all"
+    median_slowdown: float  # overlapped duration / median uncontended duration
+    pairs: int  # overlapped kernels with a reference behind the median
+
+
+@dataclass(frozen=True)
+class ContentionReport:
+    rank: int
+    figures: list[ContentionFigure]  # "all" first, then per collective type, when any pairs exist
+    kernel_shapes: int  # distinct (name, grid, block) with both overlapped and reference runs
+
+    def figure(self, collective: str) -> ContentionFigure | None:
+        return next((f for f in self.figures if f.collective == collective), None)
+
+
+_Key = tuple[str, tuple | None, tuple | None]
+
+
+def _key(op: ComputeOp) -> _Key:
+    return (op.name, op.grid, op.block)
+
+
+def _classify(workload: Workload) -> tuple[dict[_Key, list[float]], list[tuple[ComputeOp, str]]]:
+    """Reference durations per kernel shape, and the overlapped kernels with their dominant collective."""
+    by_type: dict[str, CoverIndex] = {}
+    for ctype in {c.collective.value for c in workload.collectives if c.on_gpu}:
+        spans = union((c.start_us, c.end_us) for c in workload.collectives if c.on_gpu and c.collective.value == ctype)
+        by_type[ctype] = CoverIndex(spans)
+    reference: dict[_Key, list[float]] = {}
+    overlapped: list[tuple[ComputeOp, str]] = []
+    for op in workload.compute_ops:
+        if op.is_memory_op:
+            continue
+        best_type, best = None, 0.0
+        for ctype, cover in by_type.items():
+            amount = cover.covered(op.start_us, op.end_us)
+            if amount > best:
+                best_type, best = ctype, amount
+        if best_type is None:
+            reference.setdefault(_key(op), []).append(op.duration_us)
+        else:
+            overlapped.append((op, best_type))
+    return reference, overlapped
+
+
+def contention_report(workload: Workload) -> ContentionReport:
+    reference, overlapped = _classify(workload)
+    medians = {k: statistics.median(v) for k, v in reference.items()}
+    ratios: dict[str, list[float]] = {}
+    shapes = set()
+    for op, ctype in overlapped:
+        ref = medians.get(_key(op))
+        if ref is None or ref <= 0:
+            continue
+        shapes.add(_key(op))
+        ratios.setdefault(ctype, []).append(op.duration_us / ref)
+    figures = []
+    pooled = [r for rs in ratios.values() for r in rs]
+    if pooled:
+        figures.append(ContentionFigure("all", statistics.median(pooled), len(pooled)))
+    for ctype in sorted(ratios):
+        figures.append(ContentionFigure(ctype, statistics.median(ratios[ctype]), len(ratios[ctype])))
+    return ContentionReport(workload.rank, figures, len(shapes))
+
+
+def uncontended_durations(workload: Workload) -> dict[int, float]:
+    """Compute op id -> median duration (us) of same name+grid+block kernels that ran with no
+    overlapping collective; only for ops whose shape has such a reference."""
+    reference, _ = _classify(workload)
+    medians = {k: statistics.median(v) for k, v in reference.items()}
+    return {op.op_id: medians[_key(op)] for op in workload.compute_ops if not op.is_memory_op and _key(op) in medians}

@@ -1,0 +1,619 @@
+"""Reading PyTorch profiler (Kineto) traces into Workloads, one per rank.
+
+:func:`read_trace` takes a ``.json`` / ``.json.gz`` file or a directory with one file
+per rank and returns one :class:`~traces.workload.Workload` per rank, sorted by rank.
+Bad input (missing file, not JSON, truncated gzip, not a trace, a trace with neither
+kernels nor collectives) raises :class:`~nccl_env.errors.LagomError` with one line
+naming the file and the problem.
+
+What becomes what:
+
+- ``kernel`` events (legacy ``Kernel``) whose name is an NCCL/RCCL kernel become
+  :class:`CollectiveOp` s; other kernels become :class:`ComputeOp` s with their launch
+  shape (grid, block, blocks per SM, registers, shared memory, occupancy);
+  ``gpu_memcpy`` / ``gpu_memset`` (legacy ``Memcpy`` / ``Memset``) become ComputeOps with
+  ``is_memory_op=True``. ``gpu_user_annotation`` spans are not kernels.
+- A collective's type, message size, dtype and process group come from, in order:
+  the kernel's own args (recent PyTorch copies ``Collective name``, ``In/Out msg
+  nelems``, ``dtype``, ``Process Group Name/Ranks`` onto it), the ``record_param_comms``
+  CPU op with the kernel's ``External id``, and the CPU comm calls that enclose the
+  kernel's launch (``correlation`` -> ``cudaLaunchKernel`` -> ``record_param_comms`` /
+  ``nccl:all_to_all`` / ``c10d::...`` on the launching thread, with their ``Input Dims``);
+  the kernel name is the last resort. ``message_bytes`` = max(in, out) elements x dtype size.
+- Traces without GPU communication kernels (e.g. gloo jobs) get their collectives from
+  the CPU comm calls (``record_param_comms``, ``gloo:all_reduce`` ...), ``on_gpu=False``,
+  on one pseudo-stream per CPU thread (negative stream ids).
+- ``ProfilerStep#N`` CPU annotations give ``profiler_steps``; CUDA sync events
+  (``Stream Wait Event`` with ``wait_on_stream``, recorded with PyTorch's
+  ``enable_cuda_sync_events``) give event dependencies between streams.
+- ``launch_us`` of each GPU op is the CPU time of the runtime call that launched it
+  (same ``correlation``); analyses use it to trim to whole profiler steps as HTA does.
+
+Times are microseconds from an integer origin: the floor of the earliest event of
+all files read together, so the ranks of one directory share a clock.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import re
+import zlib
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from nccl_env.errors import LagomError
+from nccl_env.knobs import CollectiveType
+from traces.comm_names import (
+    collective_from_call_name,
+    collective_from_kernel_name,
+    dtype_bytes,
+    is_comm_call,
+    is_comm_kernel,
+)
+from traces.workload import (
+    CollectiveOp,
+    ComputeOp,
+    Dependency,
+    DependencyKind,
+    ProcessGroup,
+    Stream,
+    StreamKind,
+    Workload,
+)
+
+# Event categories, current and legacy spellings (Kineto renamed them in 2021).
+_KERNEL, _MEMCPY, _MEMSET, _RUNTIME, _CPU, _GPU_ANNOTATION, _SYNC = range(7)
+_CATEGORY = {
+    "kernel": _KERNEL,
+    "gpu_memcpy": _MEMCPY,
+    "memcpy": _MEMCPY,
+    "gpu_memset": _MEMSET,
+    "memset": _MEMSET,
+    "cuda_runtime": _RUNTIME,
+    "cuda_driver": _RUNTIME,
+    "runtime": _RUNTIME,
+    "hip_runtime": _RUNTIME,
+    "cpu_op": _CPU,
+    "operator": _CPU,
+    "user_annotation": _CPU,
+    "gpu_user_annotation": _GPU_ANNOTATION,
+    "cuda_sync": _SYNC,
+}
+_COMM_KEYS = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Process Group Name")
+_RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.IGNORECASE)
+
+
+def read_trace(path: str | Path) -> list[Workload]:
+    """One Workload per rank from a trace file or a directory of per-rank trace files."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and _is_trace_name(p.name))
+        if not files:
+            raise LagomError(f"{path}: directory holds no .json or .json.gz trace files")
+    elif path.exists():
+        files = [path]
+    else:
+        raise LagomError(f"{path}: no such file or directory")
+    parsed = [_parse_file(f) for f in files]
+    _assign_ranks(parsed, path)
+    times = [p.min_ts for p in parsed if p.min_ts is not None]
+    origin = math.floor(min(times)) if times else 0
+    world = max([p.world_size or 0 for p in parsed] + [len(parsed), max(p.rank for p in parsed) + 1])
+    workloads = [p.build(origin, world) for p in parsed]
+    return sorted(workloads, key=lambda w: w.rank)
+
+
+def _is_trace_name(name: str) -> bool:
+    return name.endswith(".json") or name.endswith(".json.gz")
+
+
+# ---- file level -------------------------------------------------------------------------
+def load_trace_json(path: Path) -> dict:
+    """The parsed JSON object of a trace file (gzip detected by content). LagomError if unreadable."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise LagomError(f"{path}: no such file or directory") from None
+    except IsADirectoryError:
+        raise LagomError(f"{path}: is a directory, expected a trace file") from None
+    except OSError as exc:
+        raise LagomError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except EOFError:
+            raise LagomError(f"{path}: truncated gzip file (compressed stream ended early)") from None
+        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
+            raise LagomError(f"{path}: corrupt gzip file: {exc}") from None
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise LagomError(f"{path}: not valid JSON ({exc})") from None
+    if isinstance(doc, list):  # Chrome trace "JSON array" format
+        doc = {"traceEvents": doc}
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise LagomError(f"{path}: not a PyTorch profiler trace (no 'traceEvents' list)")
+    return doc
+
+
+@dataclass
+class _GpuOp:
+    ts: float
+    dur: float
+    name: str
+    stream: int
+    correlation: int | None
+    is_comm: bool
+    is_memory: bool
+    args: dict
+
+
+@dataclass
+class _CommCall:
+    """A CPU-side comm call: record_param_comms, nccl:/gloo: annotation or c10d:: op."""
+
+    ts: float
+    end: float
+    name: str
+    args: dict
+    thread: tuple
+
+
+@dataclass
+class _ParsedTrace:
+    path: Path
+    rank: int | None
+    world_size: int | None
+    device_name: str | None
+    sm_count: int | None
+    pg_config: list[ProcessGroup]
+    gpu_ops: list[_GpuOp] = field(default_factory=list)
+    launch_ts: dict[int, float] = field(default_factory=dict)
+    comm_calls: list[_CommCall] = field(default_factory=list)
+    comm_by_ext: dict[int, _CommCall] = field(default_factory=dict)
+    launch_thread: dict[int, tuple[float, float, tuple]] = field(default_factory=dict)
+    steps: list[tuple[float, float]] = field(default_factory=list)
+    # (waiting stream, producer stream, cudaEventRecord correlation, cudaStreamWaitEvent correlation)
+    stream_waits: list[tuple[int, int, int, int]] = field(default_factory=list)
+    min_ts: float | None = None
+
+    def build(self, origin: int, world_size: int) -> Workload:
+        return _WorkloadBuilder(self, origin, world_size).build()
+
+
+def _parse_file(path: Path) -> _ParsedTrace:
+    doc = load_trace_json(path)
+    parsed = _read_metadata(path, doc)
+    _read_events(parsed, doc["traceEvents"])
+    del doc
+    if not parsed.gpu_ops and not any(collective_from_call(c) for c in parsed.comm_calls):
+        raise LagomError(f"{path}: trace has neither GPU kernels nor collectives (nothing to analyse)")
+    return parsed
+
+
+def _read_metadata(path: Path, doc: dict) -> _ParsedTrace:
+    info = doc.get("distributedInfo")
+    info = info if isinstance(info, dict) else {}
+    rank = _int(info.get("rank"))
+    world = _int(info.get("world_size"))
+    groups: list[ProcessGroup] = []
+    pg_config = info.get("pg_config")
+    if isinstance(pg_config, list):
+        for pg in pg_config:
+            if not isinstance(pg, dict) or not isinstance(pg.get("pg_name"), (str, int)):
+                continue
+            ranks = _ranks(pg.get("ranks"))
+            size = _int(pg.get("pg_size"))
+            if not ranks and size:
+                ranks = tuple(range(size))
+            if ranks:
+                groups.append(ProcessGroup(str(pg["pg_name"]), ranks))
+    device_name = sm_count = None
+    props = doc.get("deviceProperties")
+    if isinstance(props, list) and props and isinstance(props[0], dict):
+        device_name = props[0].get("name") if isinstance(props[0].get("name"), str) else None
+        sm_count = _int(props[0].get("numSms"))
+    return _ParsedTrace(path, rank, world, device_name, sm_count, groups)
+
+
+def _assign_ranks(parsed: list[_ParsedTrace], path: Path) -> None:
+    """Rank from distributedInfo, else from the file name (``rank-3``, ``rank3``), else file order."""
+    used: dict[int, Path] = {}
+    for index, p in enumerate(parsed):
+        if p.rank is None:
+            m = _RANK_IN_NAME.search(p.path.name)
+            p.rank = int(m.group(1)) if m else index
+        if p.rank in used:
+            raise LagomError(f"{path}: files {used[p.rank].name} and {p.path.name} are both rank {p.rank}")
+        used[p.rank] = p.path
+
+
+# ---- event level --------------------------------------------------------------------------
+def _read_events(p: _ParsedTrace, events: list) -> None:
+    """One pass over the events; keeps only what the Workload needs."""
+    category = _CATEGORY
+    gpu_ops = p.gpu_ops
+    launch_ts = p.launch_ts
+    comm_calls = p.comm_calls
+    min_ts = math.inf
+    nccl_corr: set[int] = set()
+    for e in events:
+        if type(e) is not dict or e.get("ph") != "X":
+            continue
+        ts = e.get("ts")
+        dur = e.get("dur")
+        if type(ts) not in (int, float) or type(dur) not in (int, float) or dur < 0 or ts != ts:
+            continue
+        cat = e.get("cat")
+        name = e.get("name")
+        if type(cat) is not str or type(name) is not str or cat == "Trace":
+            continue
+        kind = category.get(cat)
+        if kind is None:
+            kind = category.get(cat.lower(), -1)
+        if ts < min_ts:
+            min_ts = ts
+        args = e.get("args")
+        if type(args) is not dict:
+            args = {}
+        if kind == _KERNEL or kind == _MEMCPY or kind == _MEMSET:
+            stream = _int(args.get("stream"))
+            if stream is None:
+                continue
+            corr = _int(args.get("correlation"))
+            comm = kind == _KERNEL and is_comm_kernel(name)
+            gpu_ops.append(_GpuOp(ts, dur, name, stream, corr, comm, kind != _KERNEL, args))
+            if comm and corr is not None:
+                nccl_corr.add(corr)
+        elif kind == _RUNTIME:
+            corr = _int(args.get("correlation"))
+            if corr is not None:
+                prev = launch_ts.get(corr)
+                if prev is None or ts < prev:
+                    launch_ts[corr] = ts
+        elif kind == _CPU:
+            if name.startswith("ProfilerStep"):
+                p.steps.append((ts, ts + dur))
+            elif is_comm_call(name):
+                call = _CommCall(ts, ts + dur, name, args, (e.get("pid"), e.get("tid")))
+                comm_calls.append(call)
+                ext = _int(args.get("External id"))
+                if ext is not None and name == "record_param_comms":
+                    p.comm_by_ext[ext] = call
+        elif kind == _SYNC:
+            wait_on = _int(args.get("wait_on_stream"))
+            record_corr = _int(args.get("wait_on_cuda_event_record_corr_id"))
+            stream = _int(args.get("stream"))
+            corr = _int(args.get("correlation"))
+            if wait_on is not None and wait_on >= 0 and record_corr is not None and stream is not None and corr is not None:
+                p.stream_waits.append((stream, wait_on, record_corr, corr))
+    p.min_ts = min_ts if min_ts != math.inf else None
+    if nccl_corr:
+        # Second, narrow pass: the launching thread of each NCCL kernel, for the CPU-side join.
+        for e in events:
+            if type(e) is not dict or e.get("ph") != "X":
+                continue
+            args = e.get("args")
+            if type(args) is not dict:
+                continue
+            corr = args.get("correlation")
+            if corr in nccl_corr and category.get(e.get("cat")) == _RUNTIME:
+                ts, dur = e.get("ts"), e.get("dur")
+                if type(ts) in (int, float) and type(dur) in (int, float):
+                    p.launch_thread[corr] = (ts, ts + dur, (e.get("pid"), e.get("tid")))
+
+
+def _int(value: object) -> int | None:
+    """An int from an int, an integral float or a decimal string; None otherwise."""
+    t = type(value)
+    if t is int:
+        return value  # type: ignore[return-value]
+    if t is float and value == value and value not in (math.inf, -math.inf) and value == int(value):  # type: ignore[arg-type]
+        return int(value)  # type: ignore[arg-type]
+    if t is str:
+        try:
+            return int(value)  # type: ignore[arg-type]
+        except ValueError:
+            return None
+    return None
+
+
+def _num(value: object) -> float | None:
+    t = type(value)
+    if (t is int or t is float) and value == value and abs(value) != math.inf:  # type: ignore[operator]
+        return float(value)  # type: ignore[arg-type]
+    return None
+
+
+def _triple(value: object) -> tuple[int, int, int] | None:
+    if type(value) is list and len(value) == 3:
+        xs = [_int(v) for v in value]
+        if all(x is not None and x >= 0 for x in xs):
+            return (xs[0], xs[1], xs[2])  # type: ignore[return-value]
+    return None
+
+
+def _ranks(value: object) -> tuple[int, ...]:
+    """Group ranks from a list or a "[0, 1]" string."""
+    if isinstance(value, str):
+        return tuple(int(x) for x in re.findall(r"-?\d+", value))
+    if isinstance(value, list):
+        out = [_int(v) for v in value]
+        return tuple(x for x in out if x is not None)
+    return ()
+
+
+# ---- collective metadata ---------------------------------------------------------------
+@dataclass
+class _CommInfo:
+    collective: CollectiveType | None = None
+    message_bytes: int | None = None
+    dtype: str | None = None
+    group: str | None = None
+    group_ranks: tuple[int, ...] = ()
+    group_size: int | None = None
+
+    def absorb_metadata(self, args: dict) -> None:
+        """Fill unset fields from PyTorch's comm metadata (kernel args or record_param_comms)."""
+        if self.collective is None and isinstance(args.get("Collective name"), str):
+            self.collective = collective_from_call_name(args["Collective name"])
+        dtype = args.get("dtype")
+        if self.dtype is None and isinstance(dtype, str):
+            self.dtype = dtype
+        if self.message_bytes is None:
+            size = dtype_bytes(dtype)
+            counts = [n for n in (_int(args.get("In msg nelems")), _int(args.get("Out msg nelems"))) if n is not None]
+            if size is not None and counts:
+                self.message_bytes = max(counts) * size
+        if self.group is None and isinstance(args.get("Process Group Name"), (str, int)):
+            self.group = str(args["Process Group Name"])
+        if not self.group_ranks:
+            self.group_ranks = _ranks(args.get("Process Group Ranks"))
+        if self.group_size is None:
+            self.group_size = _int(args.get("Group size"))
+
+    def absorb_call(self, call: _CommCall) -> None:
+        """Fill unset fields from a CPU comm call's name and tensor shapes."""
+        if call.name == "record_param_comms":
+            self.absorb_metadata(call.args)
+        elif self.collective is None:
+            self.collective = collective_from_call_name(call.name)
+        if self.message_bytes is None:
+            nbytes = _tensor_bytes(call.args)
+            if nbytes:
+                self.message_bytes = nbytes
+                if self.dtype is None:
+                    types = call.args.get("Input type")
+                    if isinstance(types, list) and types and isinstance(types[0], str) and dtype_bytes(types[0]):
+                        self.dtype = types[0]
+
+
+def _tensor_bytes(args: dict) -> int | None:
+    """Largest tensor (elements x dtype size) among a CPU op's ``Input Dims`` / ``Input type``."""
+    dims = args.get("Input Dims")
+    types = args.get("Input type")
+    if not isinstance(dims, list) or not isinstance(types, list):
+        return None
+    best = None
+    for shape, dtype in zip(dims, types):
+        size = dtype_bytes(dtype)
+        if size is None or not isinstance(shape, list) or not shape:
+            continue
+        n = 1
+        for d in shape:
+            d = _int(d)
+            if d is None or d < 0:
+                n = None
+                break
+            n *= d
+        if n is not None and (best is None or n * size > best):
+            best = n * size
+    return best
+
+
+def collective_from_call(call: _CommCall) -> CollectiveType | None:
+    info = _CommInfo()
+    info.absorb_call(call)
+    return info.collective
+
+
+# ---- building the Workload ---------------------------------------------------------------
+class _WorkloadBuilder:
+    def __init__(self, parsed: _ParsedTrace, origin: int, world_size: int) -> None:
+        self.p = parsed
+        self.origin = origin
+        self.world_size = world_size
+        self.groups: dict[str, ProcessGroup] = {g.name: g for g in parsed.pg_config}
+        # Comm calls per launching thread, sorted by start, for the enclosing-call join.
+        self.calls_by_thread: dict[tuple, list[_CommCall]] = {}
+        for call in sorted(parsed.comm_calls, key=lambda c: (c.ts, -c.end)):
+            self.calls_by_thread.setdefault(call.thread, []).append(call)
+        self.call_starts = {t: [c.ts for c in calls] for t, calls in self.calls_by_thread.items()}
+
+    def build(self) -> Workload:
+        p = self.p
+        o = self.origin
+        compute: list[ComputeOp] = []
+        colls: list[CollectiveOp] = []
+        stream_kind: dict[int, StreamKind] = {}
+        op_corr: list[tuple[ComputeOp | CollectiveOp, int | None]] = []
+        for g in p.gpu_ops:
+            launch = p.launch_ts.get(g.correlation) if g.correlation is not None else None
+            launch_us = None if launch is None else launch - o
+            if g.is_comm:
+                info = self._comm_info(g)
+                colls.append(self._collective(info, g.name, g.stream, g.ts - o, g.dur, True, launch_us))
+                op_corr.append((colls[-1], g.correlation))
+                stream_kind[g.stream] = StreamKind.COMMUNICATION
+            else:
+                a = g.args
+                compute.append(
+                    ComputeOp(
+                        op_id=-1,
+                        name=g.name,
+                        stream=g.stream,
+                        start_us=g.ts - o,
+                        duration_us=float(g.dur),
+                        grid=_triple(a.get("grid")),
+                        block=_triple(a.get("block")),
+                        blocks_per_sm=_num(a.get("blocks per SM")),
+                        registers_per_thread=_int(a.get("registers per thread")),
+                        shared_memory_bytes=_int(a.get("shared memory")),
+                        occupancy_pct=_num(a.get("est. achieved occupancy %")),
+                        is_memory_op=g.is_memory,
+                        launch_us=launch_us,
+                    )
+                )
+                op_corr.append((compute[-1], g.correlation))
+                kind = StreamKind.MEMORY if g.is_memory else StreamKind.COMPUTE
+                if stream_kind.get(g.stream) in (None, StreamKind.MEMORY):
+                    stream_kind[g.stream] = kind
+        streams = [Stream(s, k, f"stream {s}") for s, k in sorted(stream_kind.items())]
+        if not any(c.on_gpu for c in colls):
+            cpu_colls, cpu_streams = self._cpu_collectives()
+            colls += cpu_colls
+            streams += cpu_streams
+        _assign_ids(compute, colls)
+        deps = self._dependencies(op_corr)
+        steps = sorted((a - o, b - o) for a, b in set(p.steps))
+        return Workload(
+            rank=p.rank if p.rank is not None else 0,
+            world_size=self.world_size,
+            streams=streams,
+            compute_ops=compute,
+            collectives=colls,
+            groups=self.groups,
+            dependencies=deps,
+            source=str(p.path),
+            device_name=p.device_name,
+            sm_count=p.sm_count,
+            profiler_steps=steps,
+        )
+
+    def _comm_info(self, g: _GpuOp) -> _CommInfo:
+        info = _CommInfo()
+        if any(k in g.args for k in _COMM_KEYS):
+            info.absorb_metadata(g.args)
+        ext = _int(g.args.get("External id"))
+        if ext is not None and ext in self.p.comm_by_ext:
+            info.absorb_call(self.p.comm_by_ext[ext])
+        for call in self._enclosing_calls(g.correlation):
+            info.absorb_call(call)
+        if info.collective is None:
+            info.collective = collective_from_kernel_name(g.name)
+        return info
+
+    def _enclosing_calls(self, corr: int | None) -> list[_CommCall]:
+        """CPU comm calls enclosing the kernel's launch on its thread, innermost first."""
+        launch = self.p.launch_thread.get(corr) if corr is not None else None
+        if launch is None:
+            return []
+        ts, end, thread = launch
+        calls = self.calls_by_thread.get(thread)
+        if not calls:
+            return []
+        i = bisect_right(self.call_starts[thread], ts)
+        out = []
+        # Comm calls nest only a few deep; look back over a bounded number of candidates.
+        for call in reversed(calls[max(0, i - 16):i]):
+            if call.ts <= ts and call.end >= end:
+                out.append(call)
+        return out
+
+    def _collective(
+        self, info: _CommInfo, name: str, stream: int, start_us: float, dur: float, on_gpu: bool, launch_us: float | None
+    ) -> CollectiveOp:
+        group = self._group(info)
+        return CollectiveOp(
+            op_id=-1,
+            name=name,
+            collective=info.collective or CollectiveType.ALLREDUCE,  # generic kernel, no metadata: see docs
+            message_bytes=info.message_bytes or 0,
+            stream=stream,
+            start_us=start_us,
+            duration_us=float(dur),
+            group=group,
+            dtype=info.dtype,
+            on_gpu=on_gpu,
+            launch_us=launch_us,
+        )
+
+    def _group(self, info: _CommInfo) -> str:
+        """The op's process group name, registering the group if new."""
+        name = info.group
+        if name is None:
+            # No metadata: PyTorch's default group ("0") spans the world.
+            name = "0"
+        if name not in self.groups:
+            ranks = info.group_ranks
+            if not ranks:
+                size = info.group_size or self.world_size
+                ranks = tuple(range(size))  # positions only: the trace does not list the members
+            self.groups[name] = ProcessGroup(name, ranks)
+        return name
+
+    def _cpu_collectives(self) -> tuple[list[CollectiveOp], list[Stream]]:
+        """Collectives seen only as CPU comm calls: outermost call per nest, one pseudo-stream per thread."""
+        o = self.origin
+        ops: list[CollectiveOp] = []
+        thread_stream: dict[tuple, int] = {}
+        seen: set[tuple] = set()
+        for thread, calls in self.calls_by_thread.items():
+            i = 0
+            while i < len(calls):
+                outer = calls[i]
+                members = [outer]
+                j = i + 1
+                while j < len(calls) and calls[j].ts < outer.end and calls[j].end <= outer.end:
+                    members.append(calls[j])
+                    j += 1
+                i = j
+                key = (thread, outer.ts, outer.end)
+                if key in seen:
+                    continue
+                seen.add(key)
+                info = _CommInfo()
+                for call in members:
+                    info.absorb_call(call)
+                if info.collective is None:
+                    continue  # a wait or an unknown call
+                stream = thread_stream.setdefault(thread, -(len(thread_stream) + 1))
+                ops.append(self._collective(info, outer.name, stream, outer.ts - o, outer.end - outer.ts, False, None))
+        streams = [
+            Stream(sid, StreamKind.COMMUNICATION, f"cpu thread {thread[1]}") for thread, sid in thread_stream.items()
+        ]
+        return ops, streams
+
+    def _dependencies(self, op_corr: list) -> list[Dependency]:
+        """Event record/wait pairs (CUDA sync events): last op recorded on the producer stream
+        before the record call -> first op launched on the waiting stream after the wait call."""
+        if not self.p.stream_waits:
+            return []
+        by_stream: dict[int, list[tuple[int, int]]] = {}
+        for op, corr in op_corr:
+            if corr is not None:
+                by_stream.setdefault(op.stream, []).append((corr, op.op_id))
+        for lst in by_stream.values():
+            lst.sort()
+        deps: set[Dependency] = set()
+        for stream, wait_on, record_corr, wait_corr in self.p.stream_waits:
+            producers = by_stream.get(wait_on, [])
+            consumers = by_stream.get(stream, [])
+            i = bisect_right(producers, (record_corr, -1)) - 1
+            j = bisect_right(consumers, (wait_corr, 1 << 62))
+            if i >= 0 and j < len(consumers):
+                deps.add(Dependency(producers[i][1], consumers[j][1], DependencyKind.EVENT))
+        return sorted(deps, key=lambda d: (d.before, d.after))
+
+
+def _assign_ids(compute: list[ComputeOp], colls: list[CollectiveOp]) -> None:
+    """Sort each list by start and number all ops in global start order."""
+    compute.sort(key=lambda o: (o.start_us, o.stream))
+    colls.sort(key=lambda o: (o.start_us, o.stream))
+    merged = sorted([*compute, *colls], key=lambda o: (o.start_us, o.stream))
+    for i, op in enumerate(merged):
+        op.op_id = i

@@ -2,31 +2,33 @@
 
 ``AnalyticEvaluator(cluster).evaluate(workload, plan) -> Timing``
 
-Three closed-form pieces (see docs/costmodel.md for the equations):
+Three closed-form pieces (docs/costmodel.md has the equations):
 
-1. each collective's time alone from its settings
-   (:func:`costmodel.collective_model.collective_estimate`);
-2. each compute op's time under the collectives running beside it, by waves of
-   thread blocks on the SMs they leave and the memory bandwidth they leave
-   (:mod:`costmodel.contention_model`, the paper's Eq. 4-6), and each collective's
-   time under the memory traffic of the compute beside it;
+1. each collective's time from its settings: a chunk pipeline over channels, limited
+   by the link, the protocol, threads and per-step latency
+   (:mod:`costmodel.collective_model`);
+2. each compute kernel's time beside the running collectives, by waves of thread
+   blocks on the SMs they leave, the L2 they leave and the DRAM bandwidth they leave
+   (the paper's Eq. 4-6, :mod:`costmodel.contention_model`), and each collective's
+   time on the DRAM bandwidth and L2 the kernel leaves it;
 3. stream order and dependencies: an op starts when its stream's previous op and
-   every op it depends on have finished; while the set of running ops stays the
-   same every op progresses at a constant rate, so the timeline jumps from one
-   op end to the next (a change of settings shifts every later overlap: the cascade).
+   every op it depends on have finished; while the set of running ops stays the same
+   every op progresses at the constant rate of (2), so the timeline jumps from one op
+   end to the next. A change of settings shifts every later overlap (the cascade).
 
 Parameters come from the cluster file's ``model:`` section (fitted by ``lagom
 calibrate``), else from the hardware numbers (:func:`costmodel.model_params.default_params`).
 
-Speed: the workload's static data (stream order, dependencies, compute shapes) is
-built once per workload object; collective estimates are cached per (signature,
-setting) and contended rates per (compute op, collective estimate), so
-re-evaluating with one signature changed recomputes only what it touches.
+Speed: the workload's static data (stream order, dependencies, kernel shapes) is built
+once per workload object; collective estimates are cached per (signature, setting)
+and the contended times per (kernel shape, running collective estimates), so
+re-evaluating with one signature changed recomputes only what that change touches.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from costmodel.cluster import ClusterSpec
@@ -35,8 +37,9 @@ from costmodel.contention_model import (
     ComputeShape,
     GpuNumbers,
     compute_shape,
-    compute_time_us,
+    cta_wait_us,
     gpu_numbers,
+    running_set_times,
 )
 from costmodel.evaluator import OpTiming, Timing
 from costmodel.model_params import params_for
@@ -46,7 +49,7 @@ from nccl_env.plan import Plan, Signature
 from traces.workload import ComputeOp, Workload
 
 _EPS = 1e-9
-_CACHE_WORKLOADS = 8  # static data kept for this many workloads (LRU)
+_CACHE_WORKLOADS = 8  # static data kept for this many workloads
 
 
 @dataclass
@@ -55,20 +58,45 @@ class _Static:
 
     n_ops: int
     op_ids: list[int]
+    index: dict[int, int]  # op id -> position
     is_coll: list[bool]
-    next_on_stream: list[int]  # index of the next op on the same stream, -1 at the end
-    succs: list[tuple[int, ...]]  # dependency successors (cross-stream and same-stream)
+    next_on_stream: list[int]  # the next op on the same stream, -1 at the end
+    succs: list[tuple[int, ...]]  # dependency successors
     n_preds: list[int]  # stream predecessor + dependencies
     shapes: list[ComputeShape | None]
-    shape_id: list[int]  # compute ops with equal shapes share an id (and cached rates)
-    sig_of: list[int]  # collective -> index into signatures; -1 for compute
+    shape_id: list[int]  # kernels with equal shapes share an id (and cached times)
+    busy: list[bool]  # counts toward compute-busy time (a kernel, not a memcpy/memset)
+    sig_of: list[int]  # collective -> index into signatures; -1 for kernels
     signatures: list[Signature]
-    compute_idx: list[int]
-    coll_idx: list[int]
-    compute_streams: int
-    one_compute_stream: bool  # one compute stream, any collective streams: the fast timeline applies
-    base_sum_us: float
-    rate_cache: dict  # (running compute ops, ids of running collective estimates) -> times
+    crosses_net: list[bool]  # per signature
+    compute_streams: dict[int, list[int]]  # stream -> its kernels
+    one_compute_stream: bool
+    rate_cache: dict
+
+
+class _OpTimings(Mapping):
+    """``Timing.ops``: op id -> OpTiming for every op, built on first access of each."""
+
+    __slots__ = ("_index", "_starts", "_ends")
+
+    def __init__(self, index: dict[int, int], starts: list[float], ends: list[float]) -> None:
+        self._index, self._starts, self._ends = index, starts, ends
+
+    def __getitem__(self, op_id: int) -> OpTiming:
+        k = self._index[op_id]
+        return OpTiming(self._starts[k], self._ends[k] - self._starts[k])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, op_id: object) -> bool:
+        return op_id in self._index
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} op timings>"
 
 
 class AnalyticEvaluator:
@@ -77,15 +105,14 @@ class AnalyticEvaluator:
     def __init__(self, cluster: ClusterSpec, params: dict[str, float] | None = None) -> None:
         self.cluster = cluster
         self.params = dict(params) if params is not None else params_for(cluster)
-        p = self.params
         g = cluster.gpu
-        self.gpu: GpuNumbers = gpu_numbers(g.sm_count, g.peak_tflops, g.mem_bw_gb_per_s, g.l2_bytes,
-                                           g.max_blocks_per_sm, p["mem_efficiency"])
+        self.gpu: GpuNumbers = gpu_numbers(g.sm_count, g.l2_bytes, g.mem_bw_gb_per_s, g.peak_tflops,
+                                           g.max_blocks_per_sm, g.max_threads_per_sm, self.params["mem_efficiency"])
         self.evaluations = 0
-        self._statics: dict[int, tuple[weakref.ref, _Static]] = {}
+        self._statics: dict[int, tuple[weakref.ref, int, _Static]] = {}
         self._est_cache: dict[tuple[Signature, CommConfig], CollectiveEstimate] = {}
 
-    # ---- public ------------------------------------------------------------------------
+    # ---- public ------------------------------------------------------------------------------
     def evaluate(self, workload: Workload, plan: Plan) -> Timing:
         self.evaluations += 1
         st = self._static(workload)
@@ -94,16 +121,20 @@ class AnalyticEvaluator:
         return self._timing(st, *timeline(st, ests))
 
     def estimate(self, signature: Signature, config: CommConfig) -> CollectiveEstimate:
-        """The collective alone under ``config`` (None fields resolved to NCCL's choices)."""
+        """The collective under ``config`` (None fields resolved to NCCL's choices)."""
         key = (signature, config)
         est = self._est_cache.get(key)
         if est is None:
             full = self.resolve(signature, config)
-            p = self.params
             est = collective_estimate(
-                p, signature.collective, signature.message_bytes, signature.ranks, signature.nodes,
-                full.algorithm, full.protocol, full.channels, full.threads, full.chunk_bytes,
+                self.params, signature.collective, signature.message_bytes, signature.ranks, signature.nodes,
+                self.cluster.gpus_per_node, full.algorithm, full.protocol, full.channels, full.threads,
+                full.chunk_bytes, self.gpu.l2_bytes, self.gpu.mem_bw,
             )
+            if len(self._est_cache) > 200_000:
+                self._est_cache.clear()
+                for hit in self._statics.values():
+                    hit[2].rate_cache.clear()  # keyed by estimate ids
             self._est_cache[key] = est
         return est
 
@@ -111,7 +142,7 @@ class AnalyticEvaluator:
         """``config`` with every None field filled by NCCL's modelled default."""
         if None not in (config.algorithm, config.protocol, config.channels, config.threads, config.chunk_bytes):
             return config
-        from costmodel.nccl_defaults import resolve_config  # the simulator issue's NCCL model
+        from costmodel.nccl_defaults import resolve_config
 
         return resolve_config(self.cluster, signature, config)
 
@@ -120,215 +151,177 @@ class AnalyticEvaluator:
         return self.estimate(signature, config).time_us
 
     def compute_shape(self, op: ComputeOp) -> ComputeShape:
-        return compute_shape(self.gpu, op.duration_us, op.thread_blocks, op.blocks_per_sm, op.flops, op.dram_bytes)
+        threads = op.block[0] * op.block[1] * op.block[2] if op.block else None
+        return compute_shape(self.params, self.gpu, op.name, op.duration_us, op.thread_blocks, threads,
+                             op.blocks_per_sm, op.flops, op.dram_bytes, op.shared_memory_bytes, op.is_memory_op)
+
+    def compute_time_us(self, op: ComputeOp) -> float:
+        """The kernel alone on the whole GPU, microseconds."""
+        return self.compute_shape(op).base_us
 
     def overlap_us(self, op: ComputeOp, signature: Signature, config: CommConfig) -> tuple[float, float]:
-        """(kernel time, collective time) when both start together on two streams.
-
-        ``op.duration_us`` is the kernel's time alone. The same phases as the timeline:
-        both run at their contended rates until the first ends, the other finishes alone.
-        """
+        """(kernel time, collective time) when both start together on two streams: both run
+        at their contended rates until the first ends, then the other finishes alone."""
         shape = self.compute_shape(op)
         est = self.estimate(signature, config)
-        yc, yx = self.pair_times_us(shape, est)
-        if yc <= 0 or yx <= 0:
-            return yc, yx
-        if yc <= yx:
-            return yc, yc + (1.0 - yc / yx) * est.time_us
-        return yx + (1.0 - yx / yc) * shape.base_us, yx
+        yc, yx = running_set_times(self.params, self.gpu, [shape], [est], [signature.nodes > 1])
+        x_rem = 1.0 + cta_wait_us(self.gpu, shape, est.channels) / max(est.time_us, 1e-9)
+        tc, tx = yc, x_rem * yx
+        if tc <= tx:
+            return tc, tc + (x_rem - tc / yx) * est.time_us
+        return tx + (1.0 - tx / yc) * shape.base_us, tx
 
-    def pair_times_us(self, shape: ComputeShape, est: CollectiveEstimate) -> tuple[float, float]:
-        """Durations of a kernel and a collective were they to run side by side throughout."""
-        p = self.params
-        gpu = self.gpu
-        gain = p["l2_miss_gain"]
-        y = compute_time_us(gpu, shape, est.channels, est.mem_bw_bytes_per_us, est.footprint_bytes, gain)
-        comp_mem = 0.0
-        if y > 0 and shape.blocks > 0:
-            pressure = min(1.0, est.footprint_bytes / gpu.l2_bytes)
-            comp_mem = shape.blocks * shape.bytes_per_block * (1.0 + gain * pressure) / y
-        slow = 1.0 + p["coll_mem_sensitivity"] * comp_mem / gpu.mem_bw_bytes_per_us
-        return y, est.time_us * slow
-
-    # ---- static data ----------------------------------------------------------------------
+    # ---- static data ----------------------------------------------------------------------------
     def _static(self, workload: Workload) -> _Static:
         key = id(workload)
+        size = len(workload.compute_ops) + len(workload.collectives) + len(workload.dependencies)
         hit = self._statics.get(key)
-        if hit is not None and hit[0]() is workload:
-            return hit[1]
+        if hit is not None and hit[0]() is workload and hit[1] == size:
+            return hit[2]
         st = self._build_static(workload)
         if len(self._statics) >= _CACHE_WORKLOADS:
             self._statics.pop(next(iter(self._statics)))
-        self._statics[key] = (weakref.ref(workload), st)
+        self._statics[key] = (weakref.ref(workload), size, st)
         return st
 
     def _build_static(self, w: Workload) -> _Static:
         ops = [*w.compute_ops, *w.collectives]
-        # stream order = list order within each kind; merge the two kinds on a stream by start time
-        ops_sorted = sorted(range(len(ops)), key=lambda i: (ops[i].start_us, i))
-        op_ids = [ops[i].op_id for i in ops_sorted]
+        order = sorted(range(len(ops)), key=lambda i: (ops[i].start_us, i))  # stream order = list order
+        op_ids = [ops[i].op_id for i in order]
         index = {oid: k for k, oid in enumerate(op_ids)}
         if len(index) != len(op_ids):
-            raise LagomError(f"workload {w.source or ''}: op ids are not unique".replace("  ", " "))
+            raise LagomError(f"workload {w.source or '(unnamed)'}: op ids are not unique")
         n = len(op_ids)
-        is_coll = [i >= len(w.compute_ops) for i in ops_sorted]
+        is_coll = [i >= len(w.compute_ops) for i in order]
         next_on_stream = [-1] * n
         n_preds = [0] * n
         succs: list[list[int]] = [[] for _ in range(n)]
-        last_on_stream: dict[int, int] = {}
-        for k, i in enumerate(ops_sorted):
-            s = ops[i].stream
-            prev = last_on_stream.get(s)
+        last: dict[int, int] = {}
+        for k, i in enumerate(order):
+            prev = last.get(ops[i].stream)
             if prev is not None:
                 next_on_stream[prev] = k
                 n_preds[k] += 1
-            last_on_stream[s] = k
+            last[ops[i].stream] = k
         for dep in w.dependencies:
-            a = index.get(dep.before)
-            b = index.get(dep.after)
+            a, b = index.get(dep.before), index.get(dep.after)
             if a is None or b is None or a == b:
                 continue
             succs[a].append(b)
             n_preds[b] += 1
         shapes: list[ComputeShape | None] = [None] * n
         shape_id = [-1] * n
-        shape_ids: dict[ComputeShape, int] = {}
+        busy = [False] * n
+        ids: dict[ComputeShape, int] = {}
         sig_index: dict[Signature, int] = {}
         signatures: list[Signature] = []
         sig_of = [-1] * n
-        per_node = self.cluster.gpus_per_node
-        base_sum = 0.0
-        compute_streams = set()
-        coll_streams = {ops[i].stream for k, i in enumerate(ops_sorted) if is_coll[k]}
-        for k, i in enumerate(ops_sorted):
+        compute_streams: dict[int, list[int]] = {}
+        for k, i in enumerate(order):
             op = ops[i]
             if is_coll[k]:
-                sig = w.signature(op, per_node)
+                sig = w.signature(op, self.cluster.gpus_per_node)
                 j = sig_index.get(sig)
                 if j is None:
                     j = sig_index[sig] = len(signatures)
                     signatures.append(sig)
                 sig_of[k] = j
             else:
-                shapes[k] = compute_shape(self.gpu, op.duration_us, op.thread_blocks, op.blocks_per_sm,
-                                          op.flops, op.dram_bytes)
-                shape_id[k] = shape_ids.setdefault(shapes[k], len(shape_ids))  # type: ignore[arg-type]
-                base_sum += op.duration_us
-                compute_streams.add(op.stream)
+                shape = self.compute_shape(op)
+                shapes[k] = shape
+                shape_id[k] = ids.setdefault(shape, len(ids))
+                busy[k] = not op.is_memory_op
+                compute_streams.setdefault(op.stream, []).append(k)
+        coll_streams = {ops[i].stream for k, i in enumerate(order) if is_coll[k]}
         return _Static(
-            n_ops=n, op_ids=op_ids, is_coll=is_coll, next_on_stream=next_on_stream,
-            succs=[tuple(s) for s in succs], n_preds=n_preds, shapes=shapes, shape_id=shape_id, sig_of=sig_of,
-            signatures=signatures,
-            compute_idx=[k for k in range(n) if not is_coll[k]],
-            coll_idx=[k for k in range(n) if is_coll[k]],
-            compute_streams=len(compute_streams), base_sum_us=base_sum, rate_cache={},
-            one_compute_stream=len(compute_streams) <= 1 and not (compute_streams & coll_streams),
+            n_ops=n, op_ids=op_ids, index=index, is_coll=is_coll, next_on_stream=next_on_stream,
+            succs=[tuple(s) for s in succs], n_preds=n_preds, shapes=shapes, shape_id=shape_id, busy=busy,
+            sig_of=sig_of, signatures=signatures, crosses_net=[s.nodes > 1 for s in signatures],
+            compute_streams=compute_streams,
+            one_compute_stream=len(compute_streams) <= 1 and not (set(compute_streams) & coll_streams),
+            rate_cache={},
         )
 
-    # ---- the timeline -------------------------------------------------------------------------
+    # ---- the timeline -------------------------------------------------------------------------------
     def _times_under(self, st: _Static, comps: list[int], colls: list[int],
                      ests: list[CollectiveEstimate]) -> list[float]:
-        """Durations of the running compute ops then collectives, were the running set fixed."""
-        cests = [ests[st.sig_of[k]] for k in colls]
-        key = (tuple([st.shape_id[k] for k in comps]), tuple(map(id, cests)))
+        """Durations of the running kernels then collectives, were the running set fixed."""
+        key = (tuple([st.shape_id[k] for k in comps]), tuple([id(ests[st.sig_of[k]]) for k in colls]))
         hit = st.rate_cache.get(key)
-        if hit is not None:
-            return hit
-        p = self.params
-        gpu = self.gpu
-        channels = sum(e.channels for e in cests)
-        mem_bw = sum(e.mem_bw_bytes_per_us for e in cests)
-        footprint = sum(e.footprint_bytes for e in cests)
-        gain = p["l2_miss_gain"]
-        pressure = min(1.0, footprint / gpu.l2_bytes)
-        out: list[float] = []
-        comp_mem = 0.0
-        for k in comps:
-            shape: ComputeShape = st.shapes[k]  # type: ignore[assignment]
-            y = compute_time_us(gpu, shape, channels, mem_bw, footprint, gain) if cests else shape.base_us
-            out.append(y)
-            if y > 0 and shape.blocks > 0:
-                comp_mem += shape.blocks * shape.bytes_per_block * (1.0 + gain * pressure) / y
-        slow = 1.0 + p["coll_mem_sensitivity"] * comp_mem / gpu.mem_bw_bytes_per_us
-        share = len(cests)
-        for e in cests:
-            out.append((e.latency_us + e.channel_us + e.bandwidth_us * share) * slow)
-        if len(st.rate_cache) > 500_000:
-            st.rate_cache.clear()
-        st.rate_cache[key] = out
-        return out
+        if hit is None:
+            hit = running_set_times(
+                self.params, self.gpu, [st.shapes[k] for k in comps],  # type: ignore[misc]
+                [ests[st.sig_of[k]] for k in colls], [st.crosses_net[st.sig_of[k]] for k in colls],
+            )
+            if len(st.rate_cache) > 500_000:
+                st.rate_cache.clear()
+            st.rate_cache[key] = hit
+        return hit
 
-    def _timeline(self, st: _Static, ests: list[CollectiveEstimate]) -> tuple[list[float], list[float], float, float, float]:
-        """Start and end of every op; compute-busy, comm-busy and exposed-comm time."""
+    def _start_collective(self, st: _Static, x: int, kernels: list[int], ests: list[CollectiveEstimate],
+                          remaining: list[float]) -> None:
+        """A collective launched beside full kernels waits for SMs for its CTAs."""
+        e = ests[st.sig_of[x]]
+        wait = max((cta_wait_us(self.gpu, st.shapes[k], e.channels) for k in kernels), default=0.0)  # type: ignore[arg-type]
+        if wait > 0.0:
+            remaining[x] += wait / max(e.time_us, 1e-9)
+
+    def _timeline(self, st: _Static, ests: list[CollectiveEstimate]) -> tuple:
+        """Start and end of every op, compute-busy, comm-busy and exposed-comm time (any streams)."""
         n = st.n_ops
         starts = [0.0] * n
         ends = [0.0] * n
         remaining = [1.0] * n
         waiting = list(st.n_preds)
-        nxt = st.next_on_stream
-        succs = st.succs
-        is_coll = st.is_coll
         comps: list[int] = []
         colls: list[int] = []
         ready = [k for k in range(n) if waiting[k] == 0]
         t = 0.0
         done = 0
         busy_compute = busy_comm = exposed = 0.0
-        times_under = self._times_under
-        shapes = st.shapes
         while True:
             for k in ready:
                 starts[k] = t
-                if is_coll[k]:
+                if st.is_coll[k]:
+                    if comps:
+                        self._start_collective(st, k, comps, ests, remaining)
                     colls.append(k)
                 else:
                     comps.append(k)
+            ready = []
             if not comps and not colls:
                 break
-            if len(ready) > 0:
-                comps.sort()
-                colls.sort()
-            ready = []
-            if colls:
-                times = times_under(st, comps, colls, ests)
-            else:
-                times = [shapes[k].base_us for k in comps]  # type: ignore[union-attr]
+            comps.sort()
+            colls.sort()
+            times = self._times_under(st, comps, colls, ests) if colls else [st.shapes[k].base_us for k in comps]  # type: ignore[union-attr]
             running = comps + colls
-            dt = min(remaining[k] * times[i] for i, k in enumerate(running))
+            dt = min(remaining[k] * tk for k, tk in zip(running, times))
             t += dt
-            if comps:
+            computing = any(st.busy[k] for k in comps)
+            if computing:
                 busy_compute += dt
-                if colls:
-                    busy_comm += dt
-            elif colls:
+            if colls:
                 busy_comm += dt
-                exposed += dt
+                if not computing:
+                    exposed += dt
             finished = []
-            for i, k in enumerate(running):
-                tk = times[i]
+            for k, tk in zip(running, times):
                 left = remaining[k] - (dt / tk if tk > 0 else 1.0)
                 if left <= _EPS:
                     finished.append(k)
                 else:
                     remaining[k] = left
-            if not finished:  # rounding left every op a sliver short
-                finished.append(min(running, key=lambda k: remaining[k]))
+            if not finished:
+                finished.append(min(running, key=remaining.__getitem__))
             for k in finished:
                 ends[k] = t
                 done += 1
-                if is_coll[k]:
-                    colls.remove(k)
-                else:
-                    comps.remove(k)
-                s = nxt[k]
-                if s >= 0:
-                    waiting[s] -= 1
-                    if waiting[s] == 0:
-                        ready.append(s)
-                for s in succs[k]:
-                    waiting[s] -= 1
-                    if waiting[s] == 0:
-                        ready.append(s)
+                (colls if st.is_coll[k] else comps).remove(k)
+                for s in (st.next_on_stream[k], *st.succs[k]):
+                    if s >= 0:
+                        waiting[s] -= 1
+                        if waiting[s] == 0:
+                            ready.append(s)
         if done != n:
             stuck = next(k for k in range(n) if waiting[k] > 0)
             raise LagomError(f"workload: op {st.op_ids[stuck]} can never start (cyclic dependencies)")
@@ -336,7 +329,7 @@ class AnalyticEvaluator:
 
     def _timeline_one_compute_stream(self, st: _Static, ests: list[CollectiveEstimate]) -> tuple:
         """:meth:`_timeline` for one compute stream beside any number of collective streams
-        (every generated workload): the same phases, with the common cases unrolled."""
+        (every generated workload): the same phases, the common cases unrolled."""
         n = st.n_ops
         starts = [0.0] * n
         ends = [0.0] * n
@@ -348,13 +341,17 @@ class AnalyticEvaluator:
         shapes = st.shapes
         sig_of = st.sig_of
         shape_id = st.shape_id
+        busy = st.busy
         cache = st.rate_cache
         times_under = self._times_under
-        c = -1  # the running compute op
+        gpu = self.gpu
+        c = -1  # the running kernel
         xs: list[int] = []  # the running collectives, sorted
         for k in range(n):
             if waiting[k] == 0:
                 if is_coll[k]:
+                    if c >= 0:
+                        self._start_collective(st, k, [c], ests, remaining)
                     xs.append(k)
                 else:
                     c = k
@@ -362,15 +359,16 @@ class AnalyticEvaluator:
         done = 0
         busy_compute = busy_comm = exposed = 0.0
         while c >= 0 or xs:
-            if not xs:  # compute alone
+            if not xs:  # a kernel alone
                 dt = remaining[c] * shapes[c].base_us  # type: ignore[union-attr]
                 t += dt
-                busy_compute += dt
+                if busy[c]:
+                    busy_compute += dt
                 finished = [c]
             elif len(xs) == 1:
                 x = xs[0]
                 e = ests[sig_of[x]]
-                if c < 0:  # one collective alone
+                if c < 0:  # a collective alone
                     dt = remaining[x] * e.time_us
                     t += dt
                     busy_comm += dt
@@ -396,8 +394,11 @@ class AnalyticEvaluator:
                         dt = tc
                         finished = [c, x]
                     t += dt
-                    busy_compute += dt
                     busy_comm += dt
+                    if busy[c]:
+                        busy_compute += dt
+                    else:
+                        exposed += dt
             else:  # several collectives at once
                 key = (shape_id[c] if c >= 0 else -1, *[id(ests[sig_of[x]]) for x in xs])
                 times = cache.get(key)
@@ -407,7 +408,7 @@ class AnalyticEvaluator:
                 dt = min([remaining[k] * tk for k, tk in zip(running, times)])
                 t += dt
                 busy_comm += dt
-                if c >= 0:
+                if c >= 0 and busy[c]:
                     busy_compute += dt
                 else:
                     exposed += dt
@@ -427,43 +428,40 @@ class AnalyticEvaluator:
                     c = -1
                 else:
                     xs.remove(k)
+            started_colls = []
             for k in finished:
-                s = nxt[k]
-                if s >= 0:
+                for s in (nxt[k], *succs[k]):
+                    if s < 0:
+                        continue
                     waiting[s] -= 1
                     if waiting[s] == 0:
                         starts[s] = t
                         if is_coll[s]:
                             xs.append(s)
-                            if len(xs) > 1:
-                                xs.sort()
+                            started_colls.append(s)
                         else:
                             c = s
-                for s in succs[k]:
-                    waiting[s] -= 1
-                    if waiting[s] == 0:
-                        starts[s] = t
-                        if is_coll[s]:
-                            xs.append(s)
-                            if len(xs) > 1:
-                                xs.sort()
-                        else:
-                            c = s
+            if started_colls:
+                if len(xs) > 1:
+                    xs.sort()
+                if c >= 0:
+                    shape = shapes[c]
+                    for x in started_colls:
+                        e = ests[sig_of[x]]
+                        wait = cta_wait_us(gpu, shape, e.channels)  # type: ignore[arg-type]
+                        if wait > 0.0:
+                            remaining[x] += wait / max(e.time_us, 1e-9)
         if done != n:
             stuck = next(k for k in range(n) if waiting[k] > 0)
             raise LagomError(f"workload: op {st.op_ids[stuck]} can never start (cyclic dependencies)")
         return starts, ends, busy_compute, busy_comm, exposed
 
-    # ---- summary -------------------------------------------------------------------------------
+    # ---- summary ----------------------------------------------------------------------------------------
     def _timing(self, st: _Static, starts: list[float], ends: list[float],
                 busy_compute: float, busy_comm: float, exposed: float) -> Timing:
-        ops = {oid: OpTiming(a, b - a) for oid, a, b in zip(st.op_ids, starts, ends)}
         iteration = (max(ends) - min(starts)) if st.n_ops else 0.0
-        busy_sum = sum([ends[k] - starts[k] for k in st.compute_idx])
-        uncontended = busy_compute * (st.base_sum_us / busy_sum) if busy_sum > 0 else busy_compute
+        uncontended = max((sum(st.shapes[k].base_us for k in ks if st.busy[k])  # type: ignore[union-attr]
+                           for ks in st.compute_streams.values()), default=0.0)
         return Timing(iteration_us=iteration, compute_us=busy_compute, comm_us=busy_comm,
-                      exposed_comm_us=exposed, compute_uncontended_us=uncontended, ops=ops)
-
-
-def fully_specified(config: CommConfig) -> bool:
-    return None not in (config.algorithm, config.protocol, config.channels, config.threads, config.chunk_bytes)
+                      exposed_comm_us=exposed, compute_uncontended_us=min(uncontended, busy_compute),
+                      ops=_OpTimings(st.index, starts, ends))  # type: ignore[arg-type]

@@ -34,6 +34,7 @@ from costmodel.model_params import PARAMS, default_params, model_section, params
 from nccl_env.errors import LagomError
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Signature
+from traces.generate import gemm_tile as generator_gemm_tile
 from traces.workload import ComputeOp
 
 Progress = Callable[[int, int, str], None]
@@ -41,8 +42,6 @@ Progress = Callable[[int, int, str], None]
 _KIB = 1024
 _MIB = 1024 * 1024
 
-# which parameters each fitting stage moves
-_CONTENTION_TERMS = {"contention"}
 
 
 @dataclass
@@ -96,41 +95,51 @@ class CalibrationResult:
 
 
 # ---- the measurement plan ------------------------------------------------------------------------
-def gemm_op(name: str, m: int, n: int, k: int, cluster: ClusterSpec, tile: int = 128,
-            blocks_per_sm: float = 1.0) -> ComputeOp:
-    """A BF16 GEMM C[m,n] = A[m,k] B[k,n] with ``tile`` x ``tile`` output tiles, one block each.
-
-    DRAM bytes: every block reads its A row-panel and B column-panel once from
-    DRAM (no L2 reuse across blocks is assumed) and writes its tile. The duration
-    is a roofline estimate; backends measure the real one.
-    """
-    blocks = math.ceil(m / tile) * math.ceil(n / tile)
+def gemm_op(m: int, n: int, k: int, label: str = "calib") -> ComputeOp:
+    """A BF16 GEMM C[m,n] = A[m,k] B[k,n] launched the way the workload generators launch one
+    (cuBLAS-like tile choice and kernel name, compulsory DRAM bytes; duration is a hint)."""
+    bm, bn, threads, bps, smem = generator_gemm_tile(m, n)
     flops = 2.0 * m * n * k
-    dram = blocks * (2 * tile * k * 2) + m * n * 2
-    g = cluster.gpu
-    est = max(flops / (g.peak_tflops * 1e6 * 0.7), dram / (g.mem_bw_gb_per_s * 1e3 * 0.85))
-    return ComputeOp(op_id=1, name=name, stream=0, start_us=0.0, duration_us=est, grid=(blocks, 1, 1),
-                     block=(256, 1, 1), blocks_per_sm=blocks_per_sm, flops=flops, dram_bytes=float(dram))
+    dram = float((m * k + k * n + m * n) * 2)
+    return ComputeOp(op_id=1, name=f"ampere_bf16_s16816gemm_bf16_{bm}x{bn}_ldg8_f2f_stages_32x3_tn [{label}]",
+                     stream=0, start_us=0.0, duration_us=flops / 1e8, grid=(math.ceil(n / bn), math.ceil(m / bm), 1),
+                     block=(threads, 1, 1), blocks_per_sm=float(bps), shared_memory_bytes=smem, flops=flops,
+                     dram_bytes=dram)
 
 
-def elementwise_op(name: str, nbytes: int, cluster: ClusterSpec) -> ComputeOp:
-    """A memory-bound kernel reading and writing ``nbytes`` (e.g. a fused activation)."""
-    blocks = max(1, nbytes // (256 * 16 * 2))
-    g = cluster.gpu
-    bps = min(g.max_blocks_per_sm, g.max_threads_per_sm // 256)
-    est = 2 * nbytes / (g.mem_bw_gb_per_s * 1e3 * 0.85)
-    return ComputeOp(op_id=1, name=name, stream=0, start_us=0.0, duration_us=est, grid=(blocks, 1, 1),
-                     block=(256, 1, 1), blocks_per_sm=float(bps), flops=float(nbytes), dram_bytes=2.0 * nbytes)
+def attention_op(batch: int, seq: int, heads: int, head_dim: int, backward: bool) -> ComputeOp:
+    """A causal FlashAttention-2 kernel (2 products of b*h*s*s*d, halved by the mask; backward 2.5x)."""
+    flops = 2.0 * 2.0 * batch * heads * seq * seq * head_dim / 2.0 * (2.5 if backward else 1.0)
+    dram = float(4 * batch * seq * heads * head_dim * 2 * (2 if backward else 1))
+    kind = "bwd" if backward else "fwd"
+    return ComputeOp(op_id=1, name=f"flash_{kind}_kernel [calib]", stream=0, start_us=0.0, duration_us=flops / 1e8,
+                     grid=(math.ceil(seq / 128), batch * heads, 1), block=(128, 1, 1), blocks_per_sm=1.0,
+                     shared_memory_bytes=96 * 1024, flops=flops, dram_bytes=dram)
+
+
+def elementwise_op(elements: int, bytes_per_element: float) -> ComputeOp:
+    """A memory-bound element-wise kernel (256 threads, 8 elements per thread, 6 blocks per SM)."""
+    dram = float(elements * bytes_per_element)
+    return ComputeOp(op_id=1, name="vectorized_elementwise_kernel [calib]", stream=0, start_us=0.0,
+                     duration_us=dram / 5e5, grid=(max(1, math.ceil(elements / (256 * 8))), 1, 1),
+                     block=(256, 1, 1), blocks_per_sm=6.0, flops=4.0 * elements, dram_bytes=dram)
 
 
 def calibration_shapes(cluster: ClusterSpec) -> list[ComputeOp]:
-    """Compute kernels the overlap measurements use: GEMMs from compute- to memory-bound."""
+    """Kernels the compute measurements use: GEMMs of every tile class, attention, element-wise."""
     return [
-        gemm_op("gemm_ffn_4096x14336x4096", 4096, 14336, 4096, cluster),
-        gemm_op("gemm_attn_4096x4096x4096", 4096, 4096, 4096, cluster, blocks_per_sm=2.0),
-        gemm_op("gemm_small_2048x2560x2560", 2048, 2560, 2560, cluster, blocks_per_sm=2.0),
-        gemm_op("gemm_skinny_512x8192x4096", 512, 8192, 4096, cluster),
-        elementwise_op("elementwise_256MiB", 256 * _MIB, cluster),
+        gemm_op(4096, 14336, 4096),  # FFN up, 256x128 tiles
+        gemm_op(4096, 4096, 14336),  # FFN down
+        gemm_op(4096, 4096, 4096),  # attention projection
+        gemm_op(2048, 10240, 2560),  # Phi-2 FFN
+        gemm_op(2048, 2560, 2560),  # Phi-2 projection, 128x128 tiles
+        gemm_op(512, 4096, 4096),  # a skinny GEMM
+        gemm_op(256, 2048, 1024),  # small, 64x64 tiles
+        gemm_op(4096, 50304, 2560),  # an LM head
+        attention_op(2, 2048, 32, 128, backward=False),
+        attention_op(2, 2048, 32, 128, backward=True),
+        elementwise_op(64 * 1024 * 1024, 4.0),
+        elementwise_op(4 * 1024 * 1024, 6.0),
     ]
 
 
@@ -179,9 +188,10 @@ def measurement_plan(backend: CalibrationBackend, budget: int = 300, seed: int =
         chunk = int(log_uniform(16 * _KIB, 8 * _MIB)) // (4 * _KIB) * (4 * _KIB)
         return CommConfig(algo, proto, rng.choice(channel_steps), rng.choice([64, 128, 256, 384, 512]), chunk)
 
-    n_compute = len(shapes)
-    n_overlap = max(4, int(0.28 * budget))
-    n_sweep = max(6, int(0.2 * budget))
+    n_compute = min(len(shapes), max(3, budget // 25))
+    shapes = shapes[:n_compute]
+    n_overlap = max(4, int(0.3 * budget))
+    n_sweep = max(6, int(0.18 * budget))
     n_random = budget - n_compute - n_overlap - n_sweep
     plan: list[Measurement] = []
     # compute alone
@@ -217,7 +227,7 @@ def measurement_plan(backend: CalibrationBackend, budget: int = 300, seed: int =
         op = shapes[i % len(shapes)]
         layout = layouts[(i // len(shapes)) % len(layouts)]
         ctype = overlap_types[i % len(overlap_types)]
-        s = sig(ctype, size(4 * _MIB, 128 * _MIB), layout)
+        s = sig(ctype, size(1 * _MIB, 128 * _MIB), layout)
         base = _default_config(cluster, s)
         cfg = replace(base, algorithm=Algorithm.RING, channels=channel_steps[i % len(channel_steps)],
                       chunk_bytes=int(log_uniform(64 * _KIB, 8 * _MIB)) // (4 * _KIB) * (4 * _KIB),
@@ -228,23 +238,18 @@ def measurement_plan(backend: CalibrationBackend, budget: int = 300, seed: int =
 
 # ---- measuring -----------------------------------------------------------------------------------------
 def run_measurements(backend: CalibrationBackend, plan: list[Measurement], progress: Progress | None = None) -> None:
-    """Fill ``measured_us`` of every item. Compute ops in overlap items get their measured alone time."""
-    alone: dict[str, float] = {}
+    """Fill ``measured_us`` of every item."""
     total = len(plan)
     ordered = sorted(range(total), key=lambda i: {"compute": 0, "collective": 1, "overlap": 2}[plan[i].kind])
     for done, i in enumerate(ordered, 1):
         m = plan[i]
         if m.kind == "compute":
             assert m.op is not None
-            t = backend.measure_compute(m.op)
-            alone[m.op.name] = t
-            m.measured_us = (t,)
+            m.measured_us = (backend.measure_compute(m.op),)
         elif m.kind == "collective":
             m.measured_us = (backend.measure_collective(m.signature, m.config),)  # type: ignore[arg-type]
         else:
             assert m.op is not None
-            if m.op.name in alone:
-                m.op = replace(m.op, duration_us=alone[m.op.name])
             m.measured_us = tuple(backend.measure_overlap(m.op, m.signature, m.config))  # type: ignore[arg-type]
         if progress is not None:
             progress(done, total, m.group)
@@ -259,7 +264,7 @@ def predict(cluster: ClusterSpec, params: dict[str, float], m: Measurement) -> t
 
 def _predict(ev: AnalyticEvaluator, m: Measurement) -> tuple[float, ...]:
     if m.kind == "compute":
-        return (m.op.duration_us,)  # type: ignore[union-attr]  # the model takes compute alone as given
+        return (ev.compute_time_us(m.op),)  # type: ignore[arg-type]
     if m.kind == "collective":
         return (ev.estimate(m.signature, m.config).time_us,)  # type: ignore[arg-type]
     return ev.overlap_us(m.op, m.signature, m.config)  # type: ignore[arg-type]
@@ -270,7 +275,7 @@ class _Fitter:
 
     def __init__(self, cluster: ClusterSpec, items: list[Measurement], start: dict[str, float], names: list[str]) -> None:
         self.cluster = cluster
-        self.items = [m for m in items if m.kind != "compute" and all(v > 0 for v in m.measured_us)]
+        self.items = [m for m in items if all(v > 0 for v in m.measured_us)]
         self.start = dict(start)
         self.names = names
         specs = {p.name: p for p in PARAMS}
@@ -317,15 +322,24 @@ class _Fitter:
 
 def fit_params(cluster: ClusterSpec, items: list[Measurement], start: dict[str, float] | None = None,
                noise_scale: float = 0.02) -> dict[str, float]:
-    """Fitted parameters (three stages: collective terms, contention terms, all)."""
+    """Fitted parameters, in stages: collective terms on collectives alone, compute terms on
+    kernels alone, contention terms on the overlaps, then everything on everything."""
     params = dict(start) if start is not None else default_params(cluster)
-    collective_names = [p.name for p in PARAMS if p.term not in _CONTENTION_TERMS]
-    contention_names = [p.name for p in PARAMS if p.term in _CONTENTION_TERMS]
-    alone = [m for m in items if m.kind == "collective"]
-    overlap = [m for m in items if m.kind == "overlap"]
-    params = _Fitter(cluster, alone, params, collective_names).fit(noise_scale)
-    params = _Fitter(cluster, overlap, params, contention_names).fit(noise_scale)
-    return _Fitter(cluster, items, params, [p.name for p in PARAMS]).fit(noise_scale)
+    by_term: dict[str, list[str]] = {}
+    for spec in PARAMS:
+        by_term.setdefault(spec.term, []).append(spec.name)
+    compute_names = by_term.get("compute", [])
+    contention_names = by_term.get("contention", [])
+    collective_names = [p.name for p in PARAMS if p.term not in ("compute", "contention")]
+    stages = [
+        ([m for m in items if m.kind == "collective"], collective_names),
+        ([m for m in items if m.kind == "compute"], compute_names),
+        ([m for m in items if m.kind == "overlap"], contention_names),
+        (items, [p.name for p in PARAMS]),
+    ]
+    for subset, names in stages:
+        params = _Fitter(cluster, subset, params, names).fit(noise_scale)
+    return params
 
 
 def fit_report(backend_name: str, cluster: ClusterSpec, items: list[Measurement], params: dict[str, float],
@@ -336,10 +350,8 @@ def fit_report(backend_name: str, cluster: ClusterSpec, items: list[Measurement]
         ev = AnalyticEvaluator(cluster, values)
         out = []
         for m in items:
-            if m.kind == "compute":
-                continue
             pred = _predict(ev, m)
-            labels = [m.group] if m.kind == "collective" else ["overlap: compute", "overlap: collective"]
+            labels = [m.group] if m.kind != "overlap" else ["overlap: compute", "overlap: collective"]
             for label, p, v in zip(labels, pred, m.measured_us):
                 out.append((label, 100.0 * (p - v) / v))
         return out

@@ -1,26 +1,28 @@
-"""Closed-form time of one collective running alone, from its NCCL settings.
+"""Closed-form time of one collective from its NCCL settings, alone or beside compute.
 
 A pure function over plain numbers (the adapter that feeds it is
-:mod:`costmodel.analytic`); parameters come from :mod:`costmodel.model_params`.
+:mod:`costmodel.analytic`); the parameters ``p`` are :mod:`costmodel.model_params`.
 
-The collective is a pipeline of chunks over ``channels`` parallel channels:
+A ring-family collective on ``n`` ranks moves, per rank, ``W`` payload bytes (the
+nccl-tests bus factor x message: 2(n-1)/n for AllReduce, (n-1)/n for AllGather,
+ReduceScatter and AlltoAll, 1 for Broadcast and Reduce). Its ``NC`` channels (one
+CTA each) each carry 1/NC of it, chunk step by chunk step:
 
-* ``steps`` S: hops one piece of data makes (Ring AllReduce 2(n-1); AllGather,
-  ReduceScatter, Broadcast, Reduce, AlltoAll n-1; Tree AllReduce twice the tree depth).
-* ``wire`` W: bytes one rank sends (nccl-tests bus factor x message: 2(n-1)/n for
-  AllReduce, (n-1)/n for AllGather / ReduceScatter / AlltoAll, 1 for Broadcast).
-* Each channel moves W / (S * NC) bytes per step, in ``k`` chunks of ``c`` <= chunk bytes.
-* Bandwidth B = min(link ceiling x protocol's payload share, NC x channel bandwidth
-  (protocol, threads)): saturating in channels; the link ceiling is the slowest hop
-  (the NICs across nodes).
-* One pipeline stage costs ``alpha + c / (B / NC)`` (latency per step, plus the chunk
-  over the channel's share of bandwidth); the pipeline runs S*k stages plus a fill of
-  ``pipeline_fill x (S - 1)`` stages, so time is unimodal in the chunk size: small
-  chunks pay latency per stage, large ones a long fill.
-* Plus a fixed launch cost and a small cost per channel (too many channels is slower).
+* a channel copies at ``r = channel bandwidth(protocol) x min(1, threads / saturation)``;
+* a step moves ``c = min(chunk x payload share, message / (n x NC))`` bytes and costs
+  ``c / r + sync(protocol)``; a channel makes ``N = steps per loop x ceil(share / c)`` steps
+  (steps per loop: 2(n-1) for AllReduce, n-1 for AllGather / ReduceScatter / AlltoAll);
+* all channels together cannot beat the link: ``R = min(NC x r, link x payload share)``,
+  the link being the slowest hop (a node's NICs, shared by its ranks, across nodes);
+* ``time = launch + hop latencies + one step of pipeline fill + max(W / R, N x step)``.
 
-Latency, bandwidth, chunk and channel terms are reported separately
-(:class:`CollectiveEstimate`) so calibration can report residuals per term.
+So the time falls with the chunk (fewer synchronisations) until the pipeline fill
+and the per-step cost of big chunks take over (unimodal), and saturates in channels
+once the link is the limit. While it runs the collective holds ``NC`` SMs, keeps
+``fifo_chunks x NC x chunk`` bytes in flight in L2 (its footprint), and moves
+``coll_dram_per_byte`` DRAM bytes per payload byte, plus ``fifo_dram_per_byte`` for
+the share of its footprint the L2 cannot hold. Beside compute it gets the DRAM
+bandwidth and L2 compute leaves it (:meth:`CollectiveEstimate.time_under`).
 """
 
 from __future__ import annotations
@@ -32,103 +34,103 @@ from nccl_env.knobs import Algorithm, CollectiveType, Protocol
 
 _GB = 1e9 / 1e6  # bytes per microsecond in one GB/s
 
-# Memory bytes touched per wire byte before the fitted scale: a reducing collective
-# reads its input and the received data and writes the sum (3), a copying one reads
-# and writes (2). NCCL src/device/prims_simple.h: recvReduceSend / directRecvCopySend.
-_MEM_TOUCHES = {
-    CollectiveType.ALLREDUCE: 3.0,
-    CollectiveType.REDUCESCATTER: 3.0,
-    CollectiveType.REDUCE: 3.0,
-    CollectiveType.ALLGATHER: 2.0,
-    CollectiveType.BROADCAST: 2.0,
-    CollectiveType.ALLTOALL: 2.0,
-    CollectiveType.SENDRECV: 2.0,
-}
-
 
 @dataclass(frozen=True)
 class CollectiveEstimate:
-    """One collective alone: its time and what it puts on the GPU while it runs."""
+    """One collective under one resolved setting: what it costs and what it takes."""
 
-    time_us: float
-    latency_us: float  # launch + per-stage latency
-    bandwidth_us: float  # bytes over bandwidth, incl. pipeline fill
-    channel_us: float  # per-channel cost
-    wire_bytes: float  # bytes one rank sends
-    mem_bytes: float  # device-memory bytes it reads + writes (drives V(NC, C))
+    time_us: float  # alone
+    fixed_us: float  # launch + hop latencies + pipeline fill
+    steps_us: float  # N x step: the chunk pipeline's own pace
+    wire_bytes: float  # payload bytes one rank sends (W)
+    rate_cap: float  # min(NC x r, link x payload), payload bytes/us
     channels: int
-    footprint_bytes: float  # bytes it keeps in flight (L2 pressure)
+    footprint_bytes: float  # L2 it keeps busy
+    dram_base: float  # DRAM bytes per payload byte
+    dram_fifo: float  # extra DRAM bytes per payload byte when the footprint spills
 
-    @property
-    def mem_bw_bytes_per_us(self) -> float:
-        """V: device-memory bandwidth it consumes while running at this speed."""
-        return self.mem_bytes / self.time_us if self.time_us > 0 else 0.0
+    def dram_per_byte(self, l2_bytes: float) -> float:
+        """DRAM bytes per payload byte when ``l2_bytes`` of L2 are left to its footprint."""
+        if self.footprint_bytes <= 0:
+            return self.dram_base
+        spill = max(0.0, self.footprint_bytes - max(0.0, l2_bytes)) / self.footprint_bytes
+        return self.dram_base + self.dram_fifo * spill
+
+    def time_under(self, l2_bytes: float, mem_bw: float, link_share: float = 1.0) -> float:
+        """Its time with ``l2_bytes`` of L2 and ``mem_bw`` bytes/us of DRAM bandwidth left to it,
+        and ``link_share`` of its links (other collectives on the same links take the rest)."""
+        if self.wire_bytes <= 0:
+            return self.fixed_us
+        rate = min(self.rate_cap * link_share, max(mem_bw, 1e-6) / max(1e-9, self.dram_per_byte(l2_bytes)))
+        return self.fixed_us + max(self.wire_bytes / rate, self.steps_us)
+
+    def dram_demand(self, l2_bytes: float, link_share: float = 1.0) -> float:
+        """DRAM bytes/us it pulls at its own (link-limited) pace."""
+        if self.wire_bytes <= 0:
+            return 0.0
+        own = self.fixed_us + max(self.wire_bytes / (self.rate_cap * link_share), self.steps_us)
+        return self.wire_bytes / own * self.dram_per_byte(l2_bytes)
 
 
-def ring_steps(collective: CollectiveType, ranks: int) -> int:
-    """Hops per piece of data on a ring (NCCL src/device/all_reduce.h etc.)."""
-    if ranks <= 1:
-        return 0
+def ring_shape(collective: CollectiveType, ranks: int) -> tuple[float, int]:
+    """(bus factor, steps per loop) of a ring collective (nccl-tests; NCCL src/device/*.h)."""
+    n = ranks
+    if n <= 1:
+        return 0.0, 1
     if collective is CollectiveType.ALLREDUCE:
-        return 2 * (ranks - 1)
-    if collective is CollectiveType.SENDRECV:
-        return 1
-    return ranks - 1
-
-
-def wire_bytes(collective: CollectiveType, message_bytes: float, ranks: int) -> float:
-    """Bytes one rank sends (nccl-tests bus bandwidth factors, REFERENCE.md section 5)."""
-    if ranks <= 1:
-        return 0.0
-    if collective is CollectiveType.ALLREDUCE:
-        return message_bytes * 2.0 * (ranks - 1) / ranks
-    if collective in (CollectiveType.BROADCAST, CollectiveType.REDUCE, CollectiveType.SENDRECV):
-        return float(message_bytes)
-    return message_bytes * (ranks - 1) / ranks
-
-
-def link_ceiling_gb_per_s(p: dict, collective: CollectiveType, ranks: int, nodes: int) -> float:
-    """The slowest hop's bandwidth for one rank's traffic (GB/s)."""
-    intra = p["intra_bw_gb_per_s"]
-    if nodes <= 1:
-        return intra
-    net = p["net_bw_gb_per_s"]
+        return 2.0 * (n - 1) / n, 2 * (n - 1)
+    if collective in (CollectiveType.ALLGATHER, CollectiveType.REDUCESCATTER):
+        return (n - 1) / n, n - 1
     if collective is CollectiveType.ALLTOALL:
-        # Every rank of a node sends (n - g)/(n - 1) of its data over the node's NICs.
-        per_node = max(1, ranks // nodes)
-        off_node = (ranks - per_node) / max(1, ranks - 1)
-        return min(intra, net / max(1e-9, per_node * off_node))
-    return min(intra, net)  # a ring crosses each node boundary once per channel
+        return (n - 1) / n, n - 1
+    if collective is CollectiveType.SENDRECV:
+        return 1.0, n - 1
+    return 1.0, 1  # broadcast / reduce: one pipeline through n-1 hops
 
 
-def protocol_link_factor(p: dict, protocol: Protocol) -> float:
-    """Share of a link's bytes that are payload under ``protocol``."""
+def hops(collective: CollectiveType, algorithm: Algorithm, ranks: int, nodes: int) -> tuple[int, int]:
+    """(hops inside nodes, hops across nodes) on the collective's critical path."""
+    n = ranks
+    per_node = max(1, n // max(1, nodes))
+    if algorithm is Algorithm.TREE and collective is CollectiveType.ALLREDUCE:
+        net = 2 * int(math.log2(nodes)) if nodes > 1 else 0
+        return 2 * (per_node - 1), net
+    if collective is CollectiveType.ALLREDUCE:
+        net = 2 * nodes if nodes > 1 else 0
+        return 2 * (n - 1) - net, net
+    if collective in (CollectiveType.ALLGATHER, CollectiveType.REDUCESCATTER):
+        net = nodes - 1
+        return n - 1 - net, net
+    net = 1 if nodes > 1 else 0
+    return 1 - net, net
+
+
+def link_bytes_per_us(p: dict, collective: CollectiveType, algorithm: Algorithm, ranks: int, nodes: int,
+                      gpus_per_node: int) -> float:
+    """The slowest hop's bandwidth for one rank's payload, bytes/us."""
+    intra = p["intra_bw_gb_per_s"] * _GB
+    per_node = max(1, ranks // max(1, nodes))
+    nic_share = p["net_bw_gb_per_s"] * _GB * min(1.0, per_node / max(1, gpus_per_node))
+    if nodes <= 1:
+        link = intra
+    elif collective is CollectiveType.ALLTOALL:
+        local = (per_node - 1) / max(1, ranks - 1)
+        remote = 1.0 - local
+        link = 1.0 / max(local / intra if per_node > 1 else 0.0, remote / nic_share)
+    else:
+        link = min(intra, nic_share) if per_node > 1 else nic_share
+    if algorithm is Algorithm.TREE:
+        link *= p["tree_bw_factor"]
+    return link
+
+
+def protocol_numbers(p: dict, protocol: Protocol) -> tuple[float, float, float]:
+    """(channel copy rate GB/s, payload share of the link, sync per step us)."""
     if protocol is Protocol.LL:
-        return p["ll_link_factor"]
+        return p["channel_bw_ll_gb_per_s"], p["ll_payload"], p["sync_ll_us"]
     if protocol is Protocol.LL128:
-        return p["ll128_link_factor"]
-    return 1.0
-
-
-def channel_bw_gb_per_s(p: dict, protocol: Protocol, threads: int) -> float:
-    """One channel's payload bandwidth with ``threads`` threads."""
-    if protocol is Protocol.LL:
-        base = p["channel_bw_ll_gb_per_s"]
-    elif protocol is Protocol.LL128:
-        base = p["channel_bw_ll128_gb_per_s"]
-    else:
-        base = p["channel_bw_simple_gb_per_s"]
-    return base * (max(32, threads) / 512.0) ** p["thread_exponent"]
-
-
-def step_latency_us(p: dict, protocol: Protocol, nodes: int) -> float:
-    if protocol is Protocol.LL:
-        base = p["step_ll_us"]
-    elif protocol is Protocol.LL128:
-        base = p["step_ll128_us"]
-    else:
-        base = p["step_simple_us"]
-    return base + (p["net_step_us"] if nodes > 1 else 0.0)
+        return p["channel_bw_ll128_gb_per_s"], p["ll128_payload"], p["sync_ll128_us"]
+    return p["channel_bw_simple_gb_per_s"], 1.0, p["sync_simple_us"]
 
 
 def collective_estimate(
@@ -137,38 +139,46 @@ def collective_estimate(
     message_bytes: float,
     ranks: int,
     nodes: int,
+    gpus_per_node: int,
     algorithm: Algorithm,
     protocol: Protocol,
     channels: int,
     threads: int,
     chunk_bytes: int,
+    l2_bytes: float,
+    mem_bw: float,
 ) -> CollectiveEstimate:
-    """Time of one collective alone under a fully resolved configuration."""
+    """The collective under a fully resolved setting; ``time_us`` alone on a GPU with
+    ``l2_bytes`` of L2 and ``mem_bw`` bytes/us of DRAM bandwidth."""
     nc = max(1, int(channels))
-    if ranks <= 1 or message_bytes <= 0:
+    n = max(1, int(ranks))
+    nodes = max(1, int(nodes))
+    size = float(max(1, message_bytes))
+    if n <= 1:
         t = p["launch_us"]
-        return CollectiveEstimate(t, t, 0.0, 0.0, 0.0, 0.0, nc, 0.0)
-    per_channel = channel_bw_gb_per_s(p, protocol, threads)
-    ceiling = link_ceiling_gb_per_s(p, collective, ranks, nodes)
-    if algorithm is Algorithm.TREE and collective is CollectiveType.ALLREDUCE:
-        per_node = max(1, ranks // max(1, nodes))
-        depth = (per_node - 1) + (math.ceil(math.log2(nodes)) if nodes > 1 else 0)
-        steps = max(1, 2 * depth)
-        wire = 2.0 * message_bytes  # up the tree and down again
-        ceiling *= p["tree_bw_factor"]
-    else:
-        steps = ring_steps(collective, ranks)
-        wire = wire_bytes(collective, message_bytes, ranks)
-    bw = min(ceiling * protocol_link_factor(p, protocol), nc * per_channel) * _GB  # bytes/us, all channels
-    per_step_channel = wire / (steps * nc)
-    chunk = max(1.0, float(chunk_bytes))
-    k = max(1, math.ceil(per_step_channel / chunk))
-    c = per_step_channel / k
-    alpha = step_latency_us(p, protocol, nodes)
-    stages = steps * k + p["pipeline_fill"] * (steps - 1)
-    latency = p["launch_us"] + stages * alpha
-    bandwidth = stages * c * nc / bw
-    channel = nc * p["channel_overhead_us"]
-    mem = wire * _MEM_TOUCHES.get(collective, 2.0) * p["mem_traffic_scale"]
-    footprint = nc * chunk * p["l2_footprint_per_channel_chunk"]
-    return CollectiveEstimate(latency + bandwidth + channel, latency, bandwidth, channel, wire, mem, nc, footprint)
+        return CollectiveEstimate(t, t, 0.0, 0.0, 1.0, nc, 0.0, 0.0, 0.0)
+    ch_gb, payload, sync = protocol_numbers(p, protocol)
+    r = ch_gb * _GB * min(1.0, max(1, threads) / p["saturation_threads"])
+    bus, steps_per_loop = ring_shape(collective, n)
+    link = link_bytes_per_us(p, collective, algorithm, n, nodes, gpus_per_node)
+    rate_cap = min(nc * r, link * payload)
+    rooted = collective in (CollectiveType.BROADCAST, CollectiveType.REDUCE)
+    share = size / nc if rooted else size / (n * nc)
+    c = max(1.0, min(max(1.0, chunk_bytes) * payload, share))
+    loops = max(1, math.ceil(share / c - 1e-9))
+    step = c / r + sync
+    intra_hops, net_hops = hops(collective, algorithm, n, nodes)
+    latency = intra_hops * p["intra_hop_us"] + net_hops * p["net_hop_us"]
+    fill = step * (n - 2 if rooted else 1)
+    fixed = p["launch_us"] + latency + fill
+    est = CollectiveEstimate(
+        time_us=0.0, fixed_us=fixed, steps_us=steps_per_loop * loops * step, wire_bytes=bus * size,
+        rate_cap=rate_cap, channels=nc, footprint_bytes=p["fifo_chunks"] * nc * max(1.0, chunk_bytes),
+        dram_base=p["coll_dram_per_byte"], dram_fifo=p["fifo_dram_per_byte"],
+    )
+    return _with_time(est, est.time_under(l2_bytes, mem_bw))
+
+
+def _with_time(est: CollectiveEstimate, time_us: float) -> CollectiveEstimate:
+    object.__setattr__(est, "time_us", time_us)
+    return est

@@ -42,55 +42,71 @@ class ParamSpec:
 
 
 def _intra_bw(c: ClusterSpec) -> float:
-    return 0.9 * c.intra_node.bw_gb_per_s  # NCCL rings reach ~90% of link bandwidth (nccl-tests busbw)
+    return c.intra_node.bw_gb_per_s
 
 
 def _net_bw(c: ClusterSpec) -> float:
-    return 0.9 * c.inter_node.nic_bw_gb_per_s * c.inter_node.nics_per_node  # ~90% of line rate (IB verbs)
+    return c.inter_node.nic_bw_gb_per_s * c.inter_node.nics_per_node
+
+
+def _sm86(c: ClusterSpec) -> bool:
+    """GA10x (A40, sm_86): NCCL halves its per-channel bandwidth figures there."""
+    return int((c.nccl_graph or {}).get("compute_capability", 86 if c.gpu.sm_count == 84 else 80)) == 86
 
 
 PARAMS: tuple[ParamSpec, ...] = (
-    # ---- collective alone: bandwidth terms ---------------------------------------
-    ParamSpec("intra_bw_gb_per_s", "ring bus bandwidth ceiling per GPU inside a node", _intra_bw, 0.5, 2000.0, "bandwidth"),
-    ParamSpec("net_bw_gb_per_s", "ring bus bandwidth ceiling per node across nodes (all NICs)", _net_bw, 0.1, 2000.0, "bandwidth"),
-    ParamSpec("channel_bw_simple_gb_per_s", "one channel's bandwidth at 512 threads with Simple",
-              lambda c: 12.0, 0.1, 1000.0, "channels"),  # NCCL topo.h SM86_NVLINK_BW: 12 GB/s per channel
-    ParamSpec("channel_bw_ll128_gb_per_s", "one channel's bandwidth at 512 threads with LL128",
-              lambda c: 10.0, 0.1, 1000.0, "channels"),  # NCCL 2.18 tuning.cc perChMaxRingLL128Bws (sm_86 halved)
-    ParamSpec("channel_bw_ll_gb_per_s", "one channel's bandwidth at 512 threads with LL",
-              lambda c: 4.0, 0.05, 1000.0, "channels"),  # NCCL 2.18 tuning.cc llMaxBws (sm_86 halved)
-    ParamSpec("thread_exponent", "channel bandwidth scales as (threads/512)^this",
-              lambda c: 0.5, 0.0, 2.0, "threads"),
-    ParamSpec("ll_link_factor", "LL: share of the link that carries payload (8-byte lines carry 4)",
-              lambda c: 0.5, 0.05, 1.2, "protocol"),  # NCCL tuning.cc: LL carries half payload
-    ParamSpec("ll128_link_factor", "LL128: share of the link that carries payload",
-              lambda c: 0.92, 0.05, 1.2, "protocol"),  # NCCL tuning.cc: LL128 ~92% (120 of 128 bytes)
-    # ---- collective alone: latency terms -------------------------------------------
-    ParamSpec("launch_us", "fixed cost of one collective (launch, setup)", lambda c: 5.0, 0.0, 5000.0, "latency"),
-    ParamSpec("step_simple_us", "latency of one pipeline step with Simple (per hop)",
-              lambda c: 3.4 + c.intra_node.latency_us, 0.0, 5000.0, "latency"),  # NCCL tuning.cc hw latency
-    ParamSpec("step_ll_us", "latency of one pipeline step with LL (per hop)",
-              lambda c: 0.6 + c.intra_node.latency_us, 0.0, 5000.0, "latency"),
-    ParamSpec("step_ll128_us", "latency of one pipeline step with LL128 (per hop)",
-              lambda c: 1.9 + c.intra_node.latency_us, 0.0, 5000.0, "latency"),
-    ParamSpec("net_step_us", "extra latency of a step that crosses the network",
-              lambda c: c.inter_node.latency_us, 0.0, 5000.0, "latency"),
-    ParamSpec("pipeline_fill", "pipeline fill, in stages per hop: time grows with the chunk size past a point",
-              lambda c: 0.25, 0.0, 20.0, "chunk"),
-    ParamSpec("channel_overhead_us", "cost per channel (setup, synchronisation); makes too many channels slower",
-              lambda c: 0.2, 0.0, 50.0, "channels"),
-    ParamSpec("tree_bw_factor", "Tree AllReduce bandwidth relative to Ring", lambda c: 0.9, 0.05, 2.0, "bandwidth"),
-    # ---- contention --------------------------------------------------------------------
-    ParamSpec("mem_traffic_scale", "scale of the device-memory bytes a collective touches per byte it sends (V)",
+    # ---- collective alone: links ----------------------------------------------------------------
+    ParamSpec("intra_bw_gb_per_s", "link bandwidth per GPU and direction inside a node", _intra_bw, 0.5, 5000.0,
+              "bandwidth"),
+    ParamSpec("net_bw_gb_per_s", "network bandwidth per node and direction (all its NICs)", _net_bw, 0.1, 5000.0,
+              "bandwidth"),
+    ParamSpec("tree_bw_factor", "Tree's link bandwidth relative to Ring's", lambda c: 0.92, 0.05, 2.0,
+              "bandwidth"),  # NCCL tuning.cc: tree 0.92 of ring
+    # ---- collective alone: channels (one CTA each) ------------------------------------------------
+    ParamSpec("channel_bw_simple_gb_per_s", "one channel's copy rate with Simple at full threads",
+              lambda c: 12.0 if _sm86(c) else 20.0, 0.1, 1000.0, "channels"),  # NCCL topo.h SM86/SM80_NVLINK_BW
+    ParamSpec("channel_bw_ll128_gb_per_s", "one channel's copy rate with LL128 at full threads",
+              lambda c: 10.0 if _sm86(c) else 20.0, 0.1, 1000.0, "channels"),  # NCCL tuning.cc perChMaxRingLL128Bws
+    ParamSpec("channel_bw_ll_gb_per_s", "one channel's copy rate with LL at full threads",
+              lambda c: 4.0 if _sm86(c) else 5.5, 0.05, 1000.0, "channels"),  # NCCL tuning.cc llMaxBws / 16
+    ParamSpec("saturation_threads", "threads per channel from which its copy rate stops growing",
+              lambda c: 256.0, 32.0, 1024.0, "threads"),  # ~8 warps hide a copy loop's latency (Little's law)
+    ParamSpec("ll_payload", "LL: payload share of the link (8 flag bytes per 8 data bytes)",
+              lambda c: 0.5, 0.05, 1.0, "protocol"),  # NCCL devcomm.h ncclLLFifoLine
+    ParamSpec("ll128_payload", "LL128: payload share of the link (8 flag bytes per 128-byte line)",
+              lambda c: 120.0 / 128.0, 0.05, 1.0, "protocol"),  # NCCL devcomm.h LL128 line
+    # ---- collective alone: latency -------------------------------------------------------------------
+    ParamSpec("launch_us", "fixed cost of one collective (kernel launch, work fetch)", lambda c: 5.0, 0.0, 5000.0,
+              "latency"),  # NCCL tuning.cc baseLat 6.6-8.4 us
+    ParamSpec("intra_hop_us", "latency of one hop inside a node", lambda c: c.intra_node.latency_us, 0.0, 5000.0,
+              "latency"),
+    ParamSpec("net_hop_us", "latency of one hop across the network", lambda c: c.inter_node.latency_us, 0.0,
+              5000.0, "latency"),
+    ParamSpec("sync_simple_us", "Simple: synchronisation per chunk step (fence, flag, poll)", lambda c: 1.0, 0.0,
+              1000.0, "chunk"),
+    ParamSpec("sync_ll128_us", "LL128: synchronisation per chunk step", lambda c: 0.4, 0.0, 1000.0, "chunk"),
+    ParamSpec("sync_ll_us", "LL: synchronisation per chunk step", lambda c: 0.2, 0.0, 1000.0, "chunk"),
+    # ---- what a collective puts on memory --------------------------------------------------------------
+    ParamSpec("coll_dram_per_byte", "DRAM bytes a collective moves per payload byte (its result, its input)",
               lambda c: 1.0, 0.0, 20.0, "contention"),
-    ParamSpec("mem_efficiency", "fraction of peak memory bandwidth kernels reach",
-              lambda c: 0.85, 0.1, 1.0, "contention"),
-    ParamSpec("l2_footprint_per_channel_chunk", "L2 bytes a channel keeps in flight per chunk byte",
-              lambda c: 2.0, 0.0, 64.0, "contention"),
-    ParamSpec("l2_miss_gain", "extra DRAM traffic of compute when the collective fills the L2 (x bytes)",
-              lambda c: 1.0, 0.0, 100.0, "contention"),
-    ParamSpec("coll_mem_sensitivity", "how strongly compute's memory traffic slows a collective",
-              lambda c: 1.0, 0.0, 20.0, "contention"),
+    ParamSpec("fifo_dram_per_byte", "extra DRAM bytes per payload byte when its FIFO does not fit in L2",
+              lambda c: 2.0, 0.0, 20.0, "contention"),
+    ParamSpec("fifo_chunks", "chunks per channel resident in L2 (footprint = this x channels x chunk)",
+              lambda c: 1.0, 0.0, 16.0, "contention"),
+    # ---- compute alone ------------------------------------------------------------------------------------
+    ParamSpec("gemm_efficiency", "share of peak FLOP/s a GEMM block reaches", lambda c: 0.7, 0.05, 1.0,
+              "compute"),  # cuBLAS large BF16 GEMMs: ~70% of peak
+    ParamSpec("attention_efficiency", "share of peak FLOP/s an attention kernel reaches", lambda c: 0.6, 0.05, 1.0,
+              "compute"),  # FlashAttention-2 forward ~60% of peak (Dao 2023)
+    ParamSpec("mem_efficiency", "share of peak DRAM bandwidth kernels reach", lambda c: 0.85, 0.1, 1.0,
+              "compute"),  # STREAM-like copies ~85%
+    ParamSpec("kernel_overhead_us", "fixed cost of one compute kernel (launch, tail)", lambda c: 2.0, 0.0, 1000.0,
+              "compute"),
+    # ---- contention -----------------------------------------------------------------------------------------
+    ParamSpec("gemm_short_reuse", "operand reuse a GEMM keeps when its wave's slabs do not fit in L2",
+              lambda c: 1.5, 1.0, 100.0, "contention"),
+    ParamSpec("l2_working_set", "L2 a resident GEMM tile needs for full reuse, in shared-memory tiles",
+              lambda c: 1.0, 0.05, 20.0, "contention"),
 )
 
 PARAM_NAMES = tuple(p.name for p in PARAMS)

@@ -31,6 +31,7 @@ import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from costmodel.analytic_jump import JumpStatic, build_jump_static, jump_timeline
 from costmodel.cluster import ClusterSpec
 from costmodel.collective_model import CollectiveEstimate, collective_estimate
 from costmodel.contention_model import (
@@ -39,7 +40,10 @@ from costmodel.contention_model import (
     compute_shape,
     cta_wait_us,
     gpu_numbers,
+    pair_times,
+    pair_times_many,
     running_set_times,
+    shape_arrays,
 )
 from costmodel.evaluator import OpTiming, Timing
 from costmodel.model_params import params_for
@@ -68,21 +72,27 @@ class _Static:
     busy: list[bool]  # counts toward compute-busy time (a kernel, not a memcpy/memset)
     sig_of: list[int]  # collective -> index into signatures; -1 for kernels
     signatures: list[Signature]
-    crosses_net: list[bool]  # per signature
+    shape_list: list[ComputeShape]  # by shape id
+    jump: JumpStatic | None  # two streams: the jump timeline applies
+    pair_many: object  # estimate -> (kernel times, collective times, CTA waits) over shape ids
     compute_streams: dict[int, list[int]]  # stream -> its kernels
     one_compute_stream: bool
+    uncontended_us: float  # compute busy time with no collective running
     rate_cache: dict
 
 
 class _OpTimings(Mapping):
     """``Timing.ops``: op id -> OpTiming for every op, built on first access of each."""
 
-    __slots__ = ("_index", "_starts", "_ends")
+    __slots__ = ("_index", "_starts", "_ends", "_fill")
 
-    def __init__(self, index: dict[int, int], starts: list[float], ends: list[float]) -> None:
-        self._index, self._starts, self._ends = index, starts, ends
+    def __init__(self, index: dict[int, int], starts: list[float], ends: list[float], fill=None) -> None:
+        self._index, self._starts, self._ends, self._fill = index, starts, ends, fill
 
     def __getitem__(self, op_id: int) -> OpTiming:
+        if self._fill is not None:
+            self._fill()
+            self._fill = None
         k = self._index[op_id]
         return OpTiming(self._starts[k], self._ends[k] - self._starts[k])
 
@@ -117,6 +127,11 @@ class AnalyticEvaluator:
         self.evaluations += 1
         st = self._static(workload)
         ests = [self.estimate(sig, plan.config_for(sig)) for sig in st.signatures]
+        if st.jump is not None:
+            starts, ends, busy_c, busy_x, exposed, iteration, fill = jump_timeline(st.jump, ests, st.pair_many)
+            return Timing(iteration_us=iteration, compute_us=busy_c, comm_us=busy_x, exposed_comm_us=exposed,
+                          compute_uncontended_us=min(st.uncontended_us, busy_c),
+                          ops=_OpTimings(st.jump.index, starts, ends, fill))  # type: ignore[arg-type]
         timeline = self._timeline_one_compute_stream if st.one_compute_stream else self._timeline
         return self._timing(st, *timeline(st, ests))
 
@@ -164,7 +179,7 @@ class AnalyticEvaluator:
         at their contended rates until the first ends, then the other finishes alone."""
         shape = self.compute_shape(op)
         est = self.estimate(signature, config)
-        yc, yx = running_set_times(self.params, self.gpu, [shape], [est], [signature.nodes > 1])
+        yc, yx = running_set_times(self.params, self.gpu, [shape], [est])
         x_rem = 1.0 + cta_wait_us(self.gpu, shape, est.channels) / max(est.time_us, 1e-9)
         tc, tx = yc, x_rem * yx
         if tc <= tx:
@@ -236,10 +251,16 @@ class AnalyticEvaluator:
         return _Static(
             n_ops=n, op_ids=op_ids, index=index, is_coll=is_coll, next_on_stream=next_on_stream,
             succs=[tuple(s) for s in succs], n_preds=n_preds, shapes=shapes, shape_id=shape_id, busy=busy,
-            sig_of=sig_of, signatures=signatures, crosses_net=[s.nodes > 1 for s in signatures],
+            sig_of=sig_of, signatures=signatures, shape_list=list(ids),
             compute_streams=compute_streams,
             one_compute_stream=len(compute_streams) <= 1 and not (set(compute_streams) & coll_streams),
             rate_cache={},
+            uncontended_us=max((sum(shapes[k].base_us for k in ks if busy[k])  # type: ignore[union-attr]
+                                for ks in compute_streams.values()), default=0.0),
+            pair_many=self._pair_many(list(ids)),
+            jump=build_jump_static(op_ids, is_coll, next_on_stream, [tuple(x) for x in succs], n_preds, busy,
+                                   shape_id, [sh.base_us if sh is not None else 0.0 for sh in shapes], sig_of,
+                                   [ops[i].stream for i in order]),
         )
 
     # ---- the timeline -------------------------------------------------------------------------------
@@ -249,14 +270,17 @@ class AnalyticEvaluator:
         key = (tuple([st.shape_id[k] for k in comps]), tuple([id(ests[st.sig_of[k]]) for k in colls]))
         hit = st.rate_cache.get(key)
         if hit is None:
-            hit = running_set_times(
-                self.params, self.gpu, [st.shapes[k] for k in comps],  # type: ignore[misc]
-                [ests[st.sig_of[k]] for k in colls], [st.crosses_net[st.sig_of[k]] for k in colls],
-            )
+            hit = running_set_times(self.params, self.gpu, [st.shapes[k] for k in comps],  # type: ignore[misc]
+                                    [ests[st.sig_of[k]] for k in colls])
             if len(st.rate_cache) > 500_000:
                 st.rate_cache.clear()
             st.rate_cache[key] = hit
         return hit
+
+    def _pair_many(self, shapes: list[ComputeShape]):
+        arrays = shape_arrays(self.gpu, shapes)
+        p, gpu = self.params, self.gpu
+        return lambda e: pair_times_many(p, gpu, arrays, e)
 
     def _start_collective(self, st: _Static, x: int, kernels: list[int], ests: list[CollectiveEstimate],
                           remaining: list[float]) -> None:
@@ -378,7 +402,7 @@ class AnalyticEvaluator:
                     key = (shape_id[c], id(e))
                     pair = cache.get(key)
                     if pair is None:
-                        pair = cache[key] = times_under(st, [c], [x], ests)
+                        pair = cache[key] = pair_times(self.params, gpu, shapes[c], e)  # type: ignore[arg-type]
                     yc, yx = pair
                     tc = remaining[c] * yc
                     tx = remaining[x] * yx
@@ -428,7 +452,7 @@ class AnalyticEvaluator:
                     c = -1
                 else:
                     xs.remove(k)
-            started_colls = []
+            started_coll = False
             for k in finished:
                 for s in (nxt[k], *succs[k]):
                     if s < 0:
@@ -438,30 +462,25 @@ class AnalyticEvaluator:
                         starts[s] = t
                         if is_coll[s]:
                             xs.append(s)
-                            started_colls.append(s)
+                            started_coll = True
+                            if c >= 0:  # beside a running kernel: its CTAs wait for SMs
+                                e = ests[sig_of[s]]
+                                wait = cta_wait_us(gpu, shapes[c], e.channels)  # type: ignore[arg-type]
+                                if wait > 0.0:
+                                    remaining[s] += wait / max(e.time_us, 1e-9)
                         else:
                             c = s
-            if started_colls:
-                if len(xs) > 1:
-                    xs.sort()
-                if c >= 0:
-                    shape = shapes[c]
-                    for x in started_colls:
-                        e = ests[sig_of[x]]
-                        wait = cta_wait_us(gpu, shape, e.channels)  # type: ignore[arg-type]
-                        if wait > 0.0:
-                            remaining[x] += wait / max(e.time_us, 1e-9)
+            if started_coll and len(xs) > 1:
+                xs.sort()
         if done != n:
             stuck = next(k for k in range(n) if waiting[k] > 0)
             raise LagomError(f"workload: op {st.op_ids[stuck]} can never start (cyclic dependencies)")
         return starts, ends, busy_compute, busy_comm, exposed
 
     # ---- summary ----------------------------------------------------------------------------------------
-    def _timing(self, st: _Static, starts: list[float], ends: list[float],
-                busy_compute: float, busy_comm: float, exposed: float) -> Timing:
+    def _timing(self, st: _Static, starts: list[float], ends: list[float], busy_compute: float, busy_comm: float,
+                exposed: float, index: dict[int, int] | None = None) -> Timing:
         iteration = (max(ends) - min(starts)) if st.n_ops else 0.0
-        uncontended = max((sum(st.shapes[k].base_us for k in ks if st.busy[k])  # type: ignore[union-attr]
-                           for ks in st.compute_streams.values()), default=0.0)
         return Timing(iteration_us=iteration, compute_us=busy_compute, comm_us=busy_comm,
-                      exposed_comm_us=exposed, compute_uncontended_us=min(uncontended, busy_compute),
-                      ops=_OpTimings(st.index, starts, ends))  # type: ignore[arg-type]
+                      exposed_comm_us=exposed, compute_uncontended_us=min(st.uncontended_us, busy_compute),
+                      ops=_OpTimings(index or st.index, starts, ends))  # type: ignore[arg-type]

@@ -48,6 +48,7 @@ class CollectiveEstimate:
     footprint_bytes: float  # L2 it keeps busy
     dram_base: float  # DRAM bytes per payload byte
     dram_fifo: float  # extra DRAM bytes per payload byte when the footprint spills
+    crosses_net: bool = False  # its links are the network's (collectives on one class share it)
 
     def dram_per_byte(self, l2_bytes: float) -> float:
         """DRAM bytes per payload byte when ``l2_bytes`` of L2 are left to its footprint."""
@@ -156,7 +157,7 @@ def collective_estimate(
     size = float(max(1, message_bytes))
     if n <= 1:
         t = p["launch_us"]
-        return CollectiveEstimate(t, t, 0.0, 0.0, 1.0, nc, 0.0, 0.0, 0.0)
+        return CollectiveEstimate(t, t, 0.0, 0.0, 1.0, nc, 0.0, 0.0, 0.0, nodes > 1)
     ch_gb, payload, sync = protocol_numbers(p, protocol)
     r = ch_gb * _GB * min(1.0, max(1, threads) / p["saturation_threads"])
     bus, steps_per_loop = ring_shape(collective, n)
@@ -174,7 +175,7 @@ def collective_estimate(
     est = CollectiveEstimate(
         time_us=0.0, fixed_us=fixed, steps_us=steps_per_loop * loops * step, wire_bytes=bus * size,
         rate_cap=rate_cap, channels=nc, footprint_bytes=p["fifo_chunks"] * nc * max(1.0, chunk_bytes),
-        dram_base=p["coll_dram_per_byte"], dram_fifo=p["fifo_dram_per_byte"],
+        dram_base=p["coll_dram_per_byte"], dram_fifo=p["fifo_dram_per_byte"], crosses_net=nodes > 1,
     )
     return _with_time(est, est.time_under(l2_bytes, mem_bw))
 

@@ -28,6 +28,8 @@ import math
 import re
 from dataclasses import dataclass
 
+import numpy as np
+
 from costmodel.collective_model import CollectiveEstimate
 
 _TFLOPS = 1e12 / 1e6  # FLOP per microsecond in one TFLOP/s
@@ -162,22 +164,19 @@ def share_dram(demand_compute: float, demand_comm: float, total: float) -> tuple
     return half, half
 
 
-def running_set_times(p: dict, gpu: GpuNumbers, shapes: list[ComputeShape], ests: list[CollectiveEstimate],
-                      link_classes: list[bool]) -> list[float]:
+def running_set_times(p: dict, gpu: GpuNumbers, shapes: list[ComputeShape],
+                      ests: list[CollectiveEstimate]) -> list[float]:
     """Durations of the running kernels, then the running collectives, were the set fixed.
-
-    ``link_classes[j]`` is True when collective j crosses the network: collectives on the
-    same class of link share it evenly.
-    """
+    Collectives on the same class of link (network, or inside the node) share it evenly."""
     channels = sum(e.channels for e in ests)
     footprint = sum(e.footprint_bytes for e in ests)
     l2 = gpu.l2_bytes
     free = max(1, gpu.sm_count - channels)
     per_kernel = max(1, free // len(shapes)) if shapes else free
     l2_compute = l2 - footprint if footprint < l2 else 0.0
-    net = sum(link_classes)
-    intra = len(link_classes) - net
-    shares = [1.0 / (net if cls else intra) for cls in link_classes]
+    net = sum(e.crosses_net for e in ests)
+    intra = len(ests) - net
+    shares = [1.0 / (net if e.crosses_net else intra) for e in ests]
     l2_comm = [l2 * e.footprint_bytes / footprint if footprint > l2 else l2 for e in ests]
     demand_c = sum(compute_dram_demand(p, gpu, s, per_kernel, l2_compute) for s in shapes)
     demand_k = sum(e.dram_demand(l2k, sh) for e, l2k, sh in zip(ests, l2_comm, shares))
@@ -189,6 +188,23 @@ def running_set_times(p: dict, gpu: GpuNumbers, shapes: list[ComputeShape], ests
     return out
 
 
+def pair_times(p: dict, gpu: GpuNumbers, shape: ComputeShape, e: CollectiveEstimate) -> tuple[float, float]:
+    """:func:`running_set_times` for one kernel beside one collective (the hot case)."""
+    free = max(1, gpu.sm_count - e.channels)
+    l2 = gpu.l2_bytes
+    fp = e.footprint_bytes
+    l2_compute = l2 - fp if fp < l2 else 0.0
+    if shape.flops_block <= 0.0:
+        demand_c = _TRACE_MEMORY_SHARE * gpu.mem_bw
+        bw_c, bw_k = share_dram(demand_c, e.dram_demand(l2), gpu.mem_bw)
+        return compute_time_us(p, gpu, shape, free, l2_compute, bw_c), e.time_under(l2, bw_k)
+    slots, resident = waves(shape, free)
+    t_flops = slots * shape.flops_block / shape.flop_rate_sm
+    traffic = _traffic(p, shape, resident, l2_compute)
+    bw_c, bw_k = share_dram(traffic / (t_flops + shape.overhead_us), e.dram_demand(l2), gpu.mem_bw)
+    return max(t_flops, traffic / max(bw_c, 1e-6)) + shape.overhead_us, e.time_under(l2, bw_k)
+
+
 def cta_wait_us(gpu: GpuNumbers, shape: ComputeShape, channels: int) -> float:
     """A collective launched while a kernel fills the GPU waits for its CTAs to find SMs:
     the share ``NC / (lambda x TB)`` of one of the kernel's waves."""
@@ -197,3 +213,82 @@ def cta_wait_us(gpu: GpuNumbers, shape: ComputeShape, channels: int) -> float:
         return 0.0
     wave_us = shape.base_us / max(1.0, shape.blocks / full)
     return wave_us * channels / full
+
+
+@dataclass(frozen=True)
+class ShapeArrays:
+    """Many kernel shapes as numpy columns, for :func:`pair_times_many`."""
+
+    blocks: np.ndarray
+    tb: np.ndarray
+    flops_block: np.ndarray
+    flop_rate_sm: np.ndarray
+    dram: np.ndarray
+    reuse: np.ndarray
+    smem: np.ndarray
+    overhead: np.ndarray
+    trace_us: np.ndarray
+    base_us: np.ndarray
+    traced: np.ndarray  # bool: no FLOPs, scaled from the observed duration
+    full_waves: np.ndarray  # traced kernels: slots on the whole GPU
+
+
+def shape_arrays(gpu: GpuNumbers, shapes: list[ComputeShape]) -> ShapeArrays:
+    def col(name: str) -> np.ndarray:
+        return np.array([float(getattr(s, name)) for s in shapes])
+
+    blocks = col("blocks")
+    traced = np.array([s.flops_block <= 0.0 for s in shapes], dtype=bool)
+    full = np.array([waves(s, gpu.sm_count)[0] if s.blocks > 0 else 1 for s in shapes], dtype=float)
+    return ShapeArrays(blocks, col("tb"), col("flops_block"), col("flop_rate_sm"), col("dram_bytes"),
+                       col("tile_reuse"), col("smem_bytes"), col("overhead_us"), col("trace_us"), col("base_us"),
+                       traced, full)
+
+
+def pair_times_many(p: dict, gpu: GpuNumbers, s: ShapeArrays, e: CollectiveEstimate) -> tuple[np.ndarray, np.ndarray,
+                                                                                              np.ndarray]:
+    """:func:`pair_times` for many kernel shapes beside one collective: (kernel times,
+    collective times, the collective's CTA wait beside each kernel)."""
+    free = float(max(1, gpu.sm_count - e.channels))
+    l2 = gpu.l2_bytes
+    fp = e.footprint_bytes
+    l2_compute = l2 - fp if fp < l2 else 0.0
+    mu = np.maximum(s.blocks, 1.0)
+    per_sm = np.minimum(s.tb, np.maximum(1.0, np.ceil(mu / free)))
+    slots = np.ceil(mu / (free * per_sm)) * per_sm
+    resident = np.minimum(mu, free * per_sm)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t_flops = np.where(s.traced, 0.0, slots * s.flops_block / s.flop_rate_sm)
+        ws = resident * s.smem * p["l2_working_set"]
+        hit = np.where(ws > 0, np.minimum(1.0, max(0.0, l2_compute) / ws), 1.0)
+        flops = s.flops_block * s.blocks
+        per_flop = hit / (s.reuse * np.sqrt(resident)) + (1.0 - hit) / (s.reuse * p["gemm_short_reuse"])
+        traffic = np.where(s.reuse > 0, np.maximum(s.dram, flops * per_flop), s.dram)
+        demand_c = np.where(s.traced, _TRACE_MEMORY_SHARE * gpu.mem_bw, traffic / (t_flops + s.overhead))
+    demand_k = e.dram_demand(l2)
+    bw = gpu.mem_bw
+    half = bw / 2.0
+    fits = demand_c + demand_k <= bw
+    if demand_k <= half:
+        bw_c = np.where(fits, bw - demand_k, bw - demand_k)
+        bw_k = np.where(fits, bw - demand_c, demand_k)
+    else:
+        small = demand_c <= half
+        bw_c = np.where(fits, bw - demand_k, np.where(small, demand_c, half))
+        bw_k = np.where(fits, bw - demand_c, np.where(small, bw - demand_c, half))
+    bw_c = np.maximum(bw_c, 1e-6)
+    if s.traced.any():
+        sm_factor = np.where(s.blocks > 0, slots / s.full_waves, gpu.sm_count / free)
+        y_traced = s.trace_us * np.maximum(sm_factor, _TRACE_MEMORY_SHARE * gpu.mem_bw / bw_c) + s.overhead
+    else:
+        y_traced = 0.0
+    y = np.where(s.traced, y_traced, np.maximum(t_flops, traffic / bw_c) + s.overhead)
+    if e.wire_bytes <= 0:
+        yx = np.full_like(y, e.fixed_us)
+    else:
+        rate = np.minimum(e.rate_cap, np.maximum(bw_k, 1e-6) / max(1e-9, e.dram_per_byte(l2)))
+        yx = e.fixed_us + np.maximum(e.wire_bytes / rate, e.steps_us)
+    full_gpu = gpu.sm_count * s.tb
+    wait = np.where((s.blocks >= full_gpu) & (s.base_us > 0),
+                    s.base_us / np.maximum(1.0, s.blocks / full_gpu) * e.channels / full_gpu, 0.0)
+    return y, yx, wait

@@ -110,16 +110,38 @@ def test_alone_compute_is_exact_and_timing_sums_are_consistent(low_bw):
     assert t.comm_us == pytest.approx(t.ops[2].duration_us)
 
 
-def test_general_and_two_stream_timelines_agree(low_bw):
+@pytest.mark.parametrize("spec", ["fsdp:hidden=1024,layers=3,ffn=4096,heads=16,vocab=8000:gpus=16",
+                                  "tp:hidden=1024,layers=2,ffn=4096,heads=16,vocab=8000:tp=8,dp=2"])
+def test_fast_timelines_agree_with_the_general_one(low_bw, spec):
+    """The jump timeline (two streams) and the one-compute-stream loop are optimisations of the
+    general phase timeline: same starts and ends for every op, same busy and exposed times."""
+    from costmodel.analytic_jump import jump_timeline
+    from costmodel.accuracy import random_plan
+    from traces.generate import generate_workload
+
+    w = generate_workload(spec)
     ev = AnalyticEvaluator(low_bw)
-    w, sig = _window(64 * MIB)
     st = ev._static(w)
-    assert st.one_compute_stream
-    ests = [ev.estimate(s, RING_SIMPLE) for s in st.signatures]
-    fast = ev._timeline_one_compute_stream(st, ests)
-    general = ev._timeline(st, ests)
-    for a, b in zip(fast[0] + fast[1], general[0] + general[1]):
-        assert a == pytest.approx(b)
+    rng = random.Random(5)
+    for plan in (Plan(), random_plan(rng, w, low_bw), random_plan(rng, w, low_bw)):
+        ests = [ev.estimate(s, plan.config_for(s)) for s in st.signatures]
+        general = ev._timeline(st, ests)
+        fast = ev._timeline_one_compute_stream(st, ests)
+        variants = [(fast, st.index)]
+        if st.jump is not None:
+            starts, ends, busy_c, busy_x, exposed, _, fill = jump_timeline(st.jump, ests, st.pair_many)
+            fill()
+            variants.append(((starts, ends, busy_c, busy_x, exposed), st.jump.index))
+        for result, index in variants:
+            for op_id, k in st.index.items():
+                assert result[1][index[op_id]] == pytest.approx(general[1][k], rel=1e-6, abs=1e-6)
+                assert result[0][index[op_id]] == pytest.approx(general[0][k], rel=1e-6, abs=1e-6)
+            for a, b in zip(result[2:5], general[2:5]):
+                assert a == pytest.approx(b, rel=1e-6, abs=1e-6)
+    assert (st.jump is not None) == spec.startswith("fsdp")
+    timing = ev.evaluate(w, Plan())
+    assert len(timing.ops) == len(w.compute_ops) + len(w.collectives)
+    assert all(timing.ops[o.op_id].duration_us > 0 for o in w.compute_ops)
 
 
 def test_uncalibrated_cluster_uses_hardware_defaults_and_bad_model_keys_fail(low_bw, tmp_path):

@@ -180,7 +180,7 @@ class AnalyticEvaluator:
         shape = self.compute_shape(op)
         est = self.estimate(signature, config)
         yc, yx = running_set_times(self.params, self.gpu, [shape], [est])
-        x_rem = 1.0 + cta_wait_us(self.gpu, shape, est.channels) / max(est.time_us, 1e-9)
+        x_rem = 1.0 + cta_wait_us(self.params, self.gpu, shape) / max(est.time_us, 1e-9)
         tc, tx = yc, x_rem * yx
         if tc <= tx:
             return tc, tc + (x_rem - tc / yx) * est.time_us
@@ -286,7 +286,7 @@ class AnalyticEvaluator:
                           remaining: list[float]) -> None:
         """A collective launched beside full kernels waits for SMs for its CTAs."""
         e = ests[st.sig_of[x]]
-        wait = max((cta_wait_us(self.gpu, st.shapes[k], e.channels) for k in kernels), default=0.0)  # type: ignore[arg-type]
+        wait = max((cta_wait_us(self.params, self.gpu, st.shapes[k]) for k in kernels), default=0.0)  # type: ignore[arg-type]
         if wait > 0.0:
             remaining[x] += wait / max(e.time_us, 1e-9)
 
@@ -465,7 +465,7 @@ class AnalyticEvaluator:
                             started_coll = True
                             if c >= 0:  # beside a running kernel: its CTAs wait for SMs
                                 e = ests[sig_of[s]]
-                                wait = cta_wait_us(gpu, shapes[c], e.channels)  # type: ignore[arg-type]
+                                wait = cta_wait_us(self.params, gpu, shapes[c])  # type: ignore[arg-type]
                                 if wait > 0.0:
                                     remaining[s] += wait / max(e.time_us, 1e-9)
                         else:

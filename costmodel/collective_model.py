@@ -9,17 +9,18 @@ ReduceScatter and AlltoAll, 1 for Broadcast and Reduce). Its ``NC`` channels (on
 CTA each) each carry 1/NC of it, chunk step by chunk step:
 
 * a channel copies at ``r = channel bandwidth(protocol) x min(1, threads / saturation)``;
-* a step moves ``c = min(chunk x payload share, message / (n x NC))`` bytes and costs
-  ``c / r + sync(protocol)``; a channel makes ``N = steps per loop x ceil(share / c)`` steps
-  (steps per loop: 2(n-1) for AllReduce, n-1 for AllGather / ReduceScatter / AlltoAll);
+* a step moves ``c = min(chunk x payload share, message / (n x NC))`` bytes (NCCL shrinks the
+  chunk to a small message's share) and costs ``c / r + sync(protocol)``; a channel's share
+  takes ``steps per loop x (share / r + ceil(share / c) x sync)`` (steps per loop: 2(n-1)
+  for AllReduce, n-1 for AllGather / ReduceScatter / AlltoAll);
 * all channels together cannot beat the link: ``R = min(NC x r, link x payload share)``,
   the link being the slowest hop (a node's NICs, shared by its ranks, across nodes);
-* ``time = launch + hop latencies + one step of pipeline fill + max(W / R, N x step)``.
+* ``time = launch + hop latencies + one step of pipeline fill + max(W / R, the steps' pace)``.
 
 So the time falls with the chunk (fewer synchronisations) until the pipeline fill
 and the per-step cost of big chunks take over (unimodal), and saturates in channels
 once the link is the limit. While it runs the collective holds ``NC`` SMs, keeps
-``fifo_chunks x NC x chunk`` bytes in flight in L2 (its footprint), and moves
+``fifo_chunks x NC x c / payload share`` bytes in flight in L2 (its footprint), and moves
 ``coll_dram_per_byte`` DRAM bytes per payload byte, plus ``fifo_dram_per_byte`` for
 the share of its footprint the L2 cannot hold. Beside compute it gets the DRAM
 bandwidth and L2 compute leaves it (:meth:`CollectiveEstimate.time_under`).
@@ -172,9 +173,11 @@ def collective_estimate(
     latency = intra_hops * p["intra_hop_us"] + net_hops * p["net_hop_us"]
     fill = step * (n - 2 if rooted else 1)
     fixed = p["launch_us"] + latency + fill
+    # NCCL's last loop runs a smaller chunk (realChunkSize): only the synchronisations are quantised,
+    # and what a channel keeps in flight is the chunk it really uses (in buffer bytes)
     est = CollectiveEstimate(
-        time_us=0.0, fixed_us=fixed, steps_us=steps_per_loop * loops * step, wire_bytes=bus * size,
-        rate_cap=rate_cap, channels=nc, footprint_bytes=p["fifo_chunks"] * nc * max(1.0, chunk_bytes),
+        time_us=0.0, fixed_us=fixed, steps_us=steps_per_loop * (share / r + loops * sync), wire_bytes=bus * size,
+        rate_cap=rate_cap, channels=nc, footprint_bytes=p["fifo_chunks"] * nc * c / payload,
         dram_base=p["coll_dram_per_byte"], dram_fifo=p["fifo_dram_per_byte"], crosses_net=nodes > 1,
     )
     return _with_time(est, est.time_under(l2_bytes, mem_bw))

@@ -133,7 +133,9 @@ def compute_time_us(p: dict, gpu: GpuNumbers, shape: ComputeShape, free_sms: int
     free = max(1, min(free_sms, gpu.sm_count))
     bw = max(mem_bw, 1e-6)
     if shape.flops_block <= 0.0:
-        if shape.blocks > 0:
+        if shape.memory_op:  # copy engines: only the DRAM share matters
+            sm_factor = 1.0
+        elif shape.blocks > 0:
             sm_factor = waves(shape, free)[0] / waves(shape, gpu.sm_count)[0]
         else:
             sm_factor = gpu.sm_count / free
@@ -205,14 +207,14 @@ def pair_times(p: dict, gpu: GpuNumbers, shape: ComputeShape, e: CollectiveEstim
     return max(t_flops, traffic / max(bw_c, 1e-6)) + shape.overhead_us, e.time_under(l2, bw_k)
 
 
-def cta_wait_us(gpu: GpuNumbers, shape: ComputeShape, channels: int) -> float:
-    """A collective launched while a kernel fills the GPU waits for its CTAs to find SMs:
-    the share ``NC / (lambda x TB)`` of one of the kernel's waves."""
+def cta_wait_us(p: dict, gpu: GpuNumbers, shape: ComputeShape) -> float:
+    """A collective launched beside a kernel that fills the GPU waits for its CTAs to find
+    SMs: the kernel's blocks retire wave by wave, so ``cta_wait_waves`` of a wave (half a wave
+    on average)."""
     full = gpu.sm_count * shape.tb
-    if shape.blocks < full or shape.base_us <= 0:
+    if full <= 0 or shape.blocks < full or shape.base_us <= 0 or shape.memory_op:
         return 0.0
-    wave_us = shape.base_us / max(1.0, shape.blocks / full)
-    return wave_us * channels / full
+    return p["cta_wait_waves"] * shape.base_us * full / shape.blocks
 
 
 @dataclass(frozen=True)
@@ -230,6 +232,7 @@ class ShapeArrays:
     trace_us: np.ndarray
     base_us: np.ndarray
     traced: np.ndarray  # bool: no FLOPs, scaled from the observed duration
+    memory_op: np.ndarray  # bool: a memcpy/memset on the copy engines (no SMs)
     full_waves: np.ndarray  # traced kernels: slots on the whole GPU
 
 
@@ -242,7 +245,7 @@ def shape_arrays(gpu: GpuNumbers, shapes: list[ComputeShape]) -> ShapeArrays:
     full = np.array([waves(s, gpu.sm_count)[0] if s.blocks > 0 else 1 for s in shapes], dtype=float)
     return ShapeArrays(blocks, col("tb"), col("flops_block"), col("flop_rate_sm"), col("dram_bytes"),
                        col("tile_reuse"), col("smem_bytes"), col("overhead_us"), col("trace_us"), col("base_us"),
-                       traced, full)
+                       traced, np.array([s.memory_op for s in shapes], dtype=bool), full)
 
 
 def pair_times_many(p: dict, gpu: GpuNumbers, s: ShapeArrays, e: CollectiveEstimate) -> tuple[np.ndarray, np.ndarray,
@@ -278,7 +281,7 @@ def pair_times_many(p: dict, gpu: GpuNumbers, s: ShapeArrays, e: CollectiveEstim
         bw_k = np.where(fits, bw - demand_c, np.where(small, bw - demand_c, half))
     bw_c = np.maximum(bw_c, 1e-6)
     if s.traced.any():
-        sm_factor = np.where(s.blocks > 0, slots / s.full_waves, gpu.sm_count / free)
+        sm_factor = np.where(s.memory_op, 1.0, np.where(s.blocks > 0, slots / s.full_waves, gpu.sm_count / free))
         y_traced = s.trace_us * np.maximum(sm_factor, _TRACE_MEMORY_SHARE * gpu.mem_bw / bw_c) + s.overhead
     else:
         y_traced = 0.0
@@ -289,6 +292,6 @@ def pair_times_many(p: dict, gpu: GpuNumbers, s: ShapeArrays, e: CollectiveEstim
         rate = np.minimum(e.rate_cap, np.maximum(bw_k, 1e-6) / max(1e-9, e.dram_per_byte(l2)))
         yx = e.fixed_us + np.maximum(e.wire_bytes / rate, e.steps_us)
     full_gpu = gpu.sm_count * s.tb
-    wait = np.where((s.blocks >= full_gpu) & (s.base_us > 0),
-                    s.base_us / np.maximum(1.0, s.blocks / full_gpu) * e.channels / full_gpu, 0.0)
+    wait = np.where((s.blocks >= full_gpu) & (s.base_us > 0) & ~s.memory_op,
+                    p["cta_wait_waves"] * s.base_us * full_gpu / np.maximum(s.blocks, 1.0), 0.0)
     return y, yx, wait

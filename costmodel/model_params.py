@@ -103,8 +103,10 @@ PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("kernel_overhead_us", "fixed cost of one compute kernel (launch, tail)", lambda c: 2.0, 0.0, 1000.0,
               "compute"),
     # ---- contention -----------------------------------------------------------------------------------------
+    ParamSpec("cta_wait_waves", "a collective launched beside a GPU-filling kernel waits this many of its waves",
+              lambda c: 0.5, 0.0, 4.0, "contention"),  # SMs free at the end of the current wave: half a wave on average
     ParamSpec("gemm_short_reuse", "operand reuse a GEMM keeps when its wave's slabs do not fit in L2",
-              lambda c: 1.5, 1.0, 100.0, "contention"),
+              lambda c: 1.2, 1.0, 100.0, "contention"),
     ParamSpec("l2_working_set", "L2 a resident GEMM tile needs for full reuse, in shared-memory tiles",
               lambda c: 1.0, 0.05, 20.0, "contention"),
 )

@@ -72,7 +72,7 @@ class FitReport:
     residuals: list[TermResidual]
     params: list[tuple[str, float, float, str, bool]]  # name, fitted, default, term, was fitted
     mape_pct: float
-    default_mape_pct: float  # the uncalibrated model on the same measurements
+    default_mape_pct: float  # the model at the fit's starting point (hardware defaults) on the same measurements
 
     def summary(self) -> dict:
         """A plain mapping for the cluster file's ``model.fit_report``."""
@@ -343,8 +343,11 @@ def fit_params(cluster: ClusterSpec, items: list[Measurement], start: dict[str, 
 
 
 def fit_report(backend_name: str, cluster: ClusterSpec, items: list[Measurement], params: dict[str, float],
-               fitted: set[str]) -> FitReport:
+               fitted: set[str], start: dict[str, float] | None = None) -> FitReport:
+    """Residuals per term at the fitted parameters; ``start`` (default: the hardware defaults)
+    is the baseline the report compares with."""
     defaults = default_params(cluster)
+    start = start if start is not None else defaults
 
     def errors(values: dict[str, float]) -> list[tuple[str, float]]:
         ev = AnalyticEvaluator(cluster, values)
@@ -363,21 +366,25 @@ def fit_report(backend_name: str, cluster: ClusterSpec, items: list[Measurement]
     rows = [TermResidual(term, len(es), sum(map(abs, es)) / len(es), max(map(abs, es)), sum(es) / len(es))
             for term, es in sorted(by_term.items())]
     mape = sum(abs(e) for _, e in fitted_errors) / max(1, len(fitted_errors))
-    default_errors = errors(defaults)
+    default_errors = errors(start)
     default_mape = sum(abs(e) for _, e in default_errors) / max(1, len(default_errors))
     table = [(p.name, params[p.name], defaults[p.name], p.term, p.name in fitted) for p in PARAMS]
     return FitReport(backend_name, len(items), rows, table, mape, default_mape)
 
 
 def calibrate(backend: CalibrationBackend, budget: int = 300, progress: Progress | None = None,
-              seed: int = 0) -> CalibrationResult:
-    """Measure ``backend`` at most ``budget`` times and fit the analytic model to it."""
+              seed: int = 0, start: dict[str, float] | None = None) -> CalibrationResult:
+    """Measure ``backend`` at most ``budget`` times and fit the analytic model to it.
+
+    The fit starts from ``start`` if given, else from the cluster's ``model:`` section, else
+    from the hardware defaults."""
     plan = measurement_plan(backend, budget, seed)
     run_measurements(backend, plan, progress)
     cluster = backend.cluster
-    start = params_for(cluster) if cluster.model else default_params(cluster)
+    if start is None:
+        start = params_for(cluster) if cluster.model else default_params(cluster)
     params = fit_params(cluster, plan, start)
     fitted = {n for n in params if abs(params[n] - start[n]) > 1e-12}
-    report = fit_report(backend.name, cluster, plan, params, fitted)
+    report = fit_report(backend.name, cluster, plan, params, fitted, start)
     out = replace(cluster, model=model_section(params, backend.name, report.summary()), source="")
     return CalibrationResult(out, params, report, plan)

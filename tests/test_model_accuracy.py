@@ -27,6 +27,7 @@ from costmodel.analytic import AnalyticEvaluator
 from costmodel.calibrate import calibrate
 from costmodel.calibration_backend import SimBackend
 from costmodel.cluster import load_cluster
+from costmodel.model_params import default_params, param_spec
 from costmodel.sim import Simulator
 from lagom.cli import main as lagom_main
 from nccl_env.plan import Plan
@@ -40,9 +41,14 @@ HELD_OUT = {
 
 @pytest.fixture(scope="module", params=["low-bw", "high-bw"])
 def calibrated(request):
+    """Calibrated on the simulator (1% noise, <= 300 measurements), starting from every
+    parameter off by up to -30%/+40%, so the fit has real work to do."""
     preset = load_cluster(request.param)
+    rng = random.Random(3)
+    start = {name: min(param_spec(name).upper, max(param_spec(name).lower, value * rng.uniform(0.7, 1.4)))
+             for name, value in default_params(preset).items()}
     backend = SimBackend(preset)  # default noise ~1%
-    result = calibrate(backend, budget=300)
+    result = calibrate(backend, budget=300, start=start)
     assert backend.measurements <= 300
     return preset, result
 
@@ -57,9 +63,9 @@ def test_calibrated_file_is_a_cluster_everywhere(calibrated, tmp_path):
     ev = AnalyticEvaluator(loaded)
     for name, value in result.params.items():
         assert ev.params[name] == pytest.approx(value, rel=1e-5)
-    # the fit explains the measurements to about the noise, far better than hardware defaults
-    assert result.report.mape_pct < 4.0
-    assert result.report.default_mape_pct > 2 * result.report.mape_pct
+    # the fit explains the measurements to about their noise, far better than where it started
+    assert result.report.mape_pct < 2.0
+    assert result.report.default_mape_pct > 3 * result.report.mape_pct
     assert {r.term for r in result.report.residuals} >= {"overlap: compute", "overlap: collective", "channel sweep"}
 
 

@@ -7,6 +7,7 @@ the plain dict that ``--json`` prints; :func:`render` turns the same dicts into 
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from traces.breakdown import comm_comp_overlap_pct, temporal_breakdown
@@ -89,11 +90,11 @@ def render(reports: list[dict], console: Console) -> None:
     """Rich tables, one block per rank."""
     for r in reports:
         steps = "last (unfinished) step dropped, as HTA does" if r["last_step_dropped"] else "all of the trace"
-        console.rule(f"[bold]rank {r['rank']}[/] of {r['world_size']}  ·  {r['source']}")
+        console.rule(f"[bold]rank {r['rank']}[/] of {r['world_size']}  ·  {escape(r['source'])}")
         summary = Table(show_header=False, box=None, pad_edge=False)
         summary.add_column(style="bold")
         summary.add_column()
-        summary.add_row("device", r["device"] or "unknown")
+        summary.add_row("device", escape(r["device"] or "unknown"))
         summary.add_row("analysed", f"{_ms(r['span_us'])} ms, {r['profiler_steps']} profiler step(s), {steps}")
         overlap = r["comm_comp_overlap_pct"]
         summary.add_row(

@@ -16,6 +16,7 @@ from pathlib import Path
 from lagom.tuned_config import CollectiveEntry, TunedConfig
 from nccl_env.errors import LagomError
 from nccl_env.plugin_table import PLUGIN_COLLECTIVES, PluginEntry, format_table
+from nccl_env.rules import CHUNK_PLUGIN_SINCE, NcclVersion
 
 
 def _entry(entry: CollectiveEntry) -> PluginEntry:
@@ -66,6 +67,14 @@ def plugin_table_comments(cfg: TunedConfig) -> list[str]:
                 )
         else:
             seen[key] = (line, entry)
+    if cfg.nccl_version and any(e.config.chunk_bytes is not None for e in kept):
+        try:
+            version = NcclVersion.parse(cfg.nccl_version)
+        except LagomError:
+            version = None
+        if version is not None and version < CHUNK_PLUGIN_SINCE:
+            comments.append(f"chunk_bytes is applied only by NCCL >= {CHUNK_PLUGIN_SINCE} (tuner getChunkSize); "
+                            f"on NCCL {version} use NCCL_BUFFSIZE (the config's env)")
     if any(e.config.threads is not None for e in cfg.collectives):
         comments.append("threads are process-wide (NCCL_NTHREADS in the config's env), not in this table")
     return comments

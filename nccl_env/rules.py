@@ -141,10 +141,13 @@ def process_wide_knobs(version: NcclVersion) -> frozenset[str]:
     return frozenset(f.name for f in fields(CommConfig)) - per_collective_knobs(version)
 
 
-def validate_config(config: CommConfig, version: NcclVersion, collective: CollectiveType | None = None) -> None:
+def validate_config(config: CommConfig, version: NcclVersion, collective: CollectiveType | None = None,
+                    buffsize_bytes: int | None = None) -> None:
     """Raise LagomError (knob, value, allowed range) if ``config`` is not valid on ``version``.
 
-    ``collective``, when given, names the collective in the message.
+    ``collective``, when given, names the collective in the message. ``buffsize_bytes``
+    (NCCL_BUFFSIZE), when given, also bounds chunk_bytes by the buffer's chunk ceiling
+    (NCCL would clamp a larger chunk silently).
     """
     where = f" for {collective.value}" if collective is not None else ""
 
@@ -172,6 +175,16 @@ def validate_config(config: CommConfig, version: NcclVersion, collective: Collec
         c = config.chunk_bytes
         if not CHUNK_GRAIN_BYTES <= c <= CHUNK_MAX_BYTES or c % CHUNK_GRAIN_BYTES:
             raise bad("chunk_bytes", c, f"a multiple of {CHUNK_GRAIN_BYTES} in {CHUNK_GRAIN_BYTES}-{CHUNK_MAX_BYTES}")
+        if buffsize_bytes is not None:
+            ceiling = max_chunk_bytes(buffsize_bytes, config.algorithm)
+            if c > ceiling:
+                raise bad("chunk_bytes", c, f"at most {ceiling} with NCCL_BUFFSIZE={buffsize_bytes}")
+
+
+def max_chunk_bytes(buffsize_bytes: int, algorithm: Algorithm | None) -> int:
+    """NCCL's chunk ceiling for a Simple-protocol buffer (enqueue.cc calcCollChunking, bufferMaxChunkSize)."""
+    steps = RING_SIMPLE_CHUNK_STEPS if algorithm in (None, Algorithm.RING) else 1
+    return buffsize_bytes // NCCL_STEPS * steps
 
 
 def buffsize_for_chunk(chunk_bytes: int, algorithm: Algorithm | None) -> int:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import threading
+import time
 
 import pytest
 
@@ -295,31 +297,74 @@ def test_python_parser_accepts_exactly_what_the_c_plugin_accepts(lib):
 
 
 def test_table_written_by_python_drives_the_c_plugin_like_python_lookup(lib, log):
+    """Random overlapping tables: the C plugin (indexed, per-shape views) picks what first-match in Python picks."""
     rng = random.Random(7)
     colls = [CollectiveType.ALLREDUCE, CollectiveType.ALLGATHER, CollectiveType.REDUCESCATTER]
     entries = []
-    for i in range(200):
+    for _ in range(300):
         size = 1 << rng.randrange(10, 30)
         entries.append(PluginEntry(
-            collective=rng.choice(colls + [None]), min_bytes=size, max_bytes=size * rng.choice([1, 2, 4]),
+            collective=rng.choice(colls + [None]), min_bytes=rng.choice([size, None]),
+            max_bytes=rng.choice([size, size * 4, None]),
             algorithm=rng.choice([Algorithm.RING, Algorithm.TREE, None]),
             protocol=rng.choice([Protocol.SIMPLE, Protocol.LL128, None]),
-            channels=rng.choice([None, 1, 2, 4, 8, 16]), nodes=rng.choice([None, 1]), ranks=rng.choice([None, 8, 16]),
-            chunk_bytes=rng.choice([None, 262144, 700416]),
+            channels=rng.choice([None, 1, 2, 4, 8, 16]), nodes=rng.choice([None, 1, 2]),
+            ranks=rng.choice([None, 8, 16]), pipe_ops=rng.choice([None, None, 1, 2]),
+            reg_buff=rng.choice([None, None, 0, 1]), chunk_bytes=rng.choice([None, 262144, 700416]),
         ))
     text = format_table(entries)
     assert parse_table(text) == (entries, [])
-    assert lib.set_table(text) == 200
-    with lib.open(6, 8, 1, log) as comm:
-        for _ in range(500):
-            coll = rng.choice(colls)
-            nbytes = 1 << rng.randrange(10, 32)
-            want = lookup(entries, coll, nbytes, nodes=1, ranks=8)
-            r = comm.get_coll_info(coll.nccl_func, nbytes, costs(7, coll.nccl_func))
-            assert r.n_channels == (want.channels or 0 if want else 0)
-            chunk = comm.get_chunk_size(coll.nccl_func, nbytes, RING, SIMPLE, 4, 12345)
-            expect_chunk = 12345
-            if want and want.chunk_bytes and want.algorithm in (None, Algorithm.RING) and want.protocol in (
-                    None, Protocol.SIMPLE):
-                expect_chunk = want.chunk_bytes
-            assert chunk == expect_chunk
+    assert lib.set_table(text) == 300
+    for abi in (3, 4, 6):
+        for ranks, nodes in ((8, 1), (16, 2)):
+            with lib.open(abi, ranks, nodes, log) as comm:
+                for _ in range(300):
+                    coll = rng.choice(colls)
+                    nbytes = 1 << rng.randrange(10, 32)
+                    pipe, reg = rng.choice([1, 2, 3]), rng.choice([0, 1])
+                    want = lookup(entries, coll, nbytes, nodes, ranks, pipe, None if abi == 3 else reg)
+                    r = comm.get_coll_info(coll.nccl_func, nbytes, costs(7, coll.nccl_func), num_pipe_ops=pipe,
+                                           reg_buff=reg)
+                    assert r.n_channels == ((want.channels or 0) if want else 0)
+                    if abi < 6:
+                        continue
+                    chunk = comm.get_chunk_size(coll.nccl_func, nbytes, RING, SIMPLE, 4, 12345)
+                    first = lookup(entries, coll, nbytes, nodes, ranks)  # pipeOps/regBuff not passed here
+                    expect = 12345
+                    if first and first.chunk_bytes and first.algorithm in (None, Algorithm.RING) and \
+                            first.protocol in (None, Protocol.SIMPLE):
+                        expect = first.chunk_bytes
+                    assert chunk == expect
+
+
+def test_concurrent_communicators_see_whole_tables_during_live_swaps(lib):
+    """Reader threads (ctypes drops the GIL) never see a half-replaced table."""
+    a = "allreduce,0,-1,ring,simple,3,-1,-1\n" * 50
+    b = "allreduce,0,-1,tree,ll,7,-1,-1\n" + "allgather,0,-1,ring,simple,1,-1,-1\n" * 500
+    lib.set_table(a)
+    allowed = {(3, (RING, SIMPLE)), (7, (TREE, LL))}
+    seen: set = set()
+    errors: list = []
+    stop = threading.Event()
+
+    def reader(abi: int) -> None:
+        with lib.open(abi, 8, 1) as comm:
+            while not stop.is_set():
+                r = comm.get_coll_info(ALLREDUCE, 1 << 20, costs(7))
+                got = (r.n_channels, r.chosen())
+                seen.add(got)
+                if got not in allowed:
+                    errors.append(got)
+
+    threads = [threading.Thread(target=reader, args=(abi,)) for abi in (3, 4, 5, 6)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 20
+    i = 0
+    while (i < 400 or seen != allowed) and time.monotonic() < deadline:  # a loaded machine may start readers late
+        assert lib.set_table(b if i % 2 else a) == (501 if i % 2 else 50)
+        i += 1
+    stop.set()
+    for t in threads:
+        t.join()
+    assert errors == [] and seen == allowed

@@ -84,6 +84,7 @@ _CATEGORY = {
     "cuda_sync": _SYNC,
 }
 _COMM_KEYS = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Process Group Name")
+MAX_RANKS = 1 << 20  # a sanity bound on ranks and group sizes read from a trace
 _RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.IGNORECASE)
 
 
@@ -200,6 +201,12 @@ def _read_metadata(path: Path, doc: dict) -> _ParsedTrace:
     info = info if isinstance(info, dict) else {}
     rank = _int(info.get("rank"))
     world = _int(info.get("world_size"))
+    if "rank" in info and (rank is None or not 0 <= rank < MAX_RANKS):
+        raise LagomError(f"{path}: distributedInfo.rank {_show(info['rank'])} is not a rank")
+    if "world_size" in info and (world is None or not 0 < world <= MAX_RANKS):
+        raise LagomError(f"{path}: distributedInfo.world_size {_show(info['world_size'])} is not a world size")
+    if rank is not None and world is not None and rank >= world:
+        raise LagomError(f"{path}: distributedInfo.rank {rank} is not below world_size {world}")
     groups: list[ProcessGroup] = []
     pg_config = info.get("pg_config")
     if isinstance(pg_config, list):
@@ -208,7 +215,7 @@ def _read_metadata(path: Path, doc: dict) -> _ParsedTrace:
                 continue
             ranks = _ranks(pg.get("ranks"))
             size = _int(pg.get("pg_size"))
-            if not ranks and size:
+            if not ranks and size and 0 < size <= MAX_RANKS:
                 ranks = tuple(range(size))
             if ranks:
                 groups.append(ProcessGroup(str(pg["pg_name"]), ranks))
@@ -226,7 +233,7 @@ def _assign_ranks(parsed: list[_ParsedTrace], path: Path) -> None:
     for index, p in enumerate(parsed):
         if p.rank is None:
             m = _RANK_IN_NAME.search(p.path.name)
-            p.rank = int(m.group(1)) if m else index
+            p.rank = int(m.group(1)) if m and int(m.group(1)) < MAX_RANKS else index
         if p.rank in used:
             raise LagomError(f"{path}: files {used[p.rank].name} and {p.path.name} are both rank {p.rank}")
         used[p.rank] = p.path
@@ -279,7 +286,7 @@ def _read_events(p: _ParsedTrace, events: list) -> None:
             if name.startswith("ProfilerStep"):
                 p.steps.append((ts, ts + dur))
             elif is_comm_call(name):
-                call = _CommCall(ts, ts + dur, name, args, (e.get("pid"), e.get("tid")))
+                call = _CommCall(ts, ts + dur, name, args, _thread(e))
                 comm_calls.append(call)
                 ext = _int(args.get("External id"))
                 if ext is not None and name == "record_param_comms":
@@ -300,11 +307,22 @@ def _read_events(p: _ParsedTrace, events: list) -> None:
             args = e.get("args")
             if type(args) is not dict:
                 continue
-            corr = args.get("correlation")
+            corr = _int(args.get("correlation"))
             if corr in nccl_corr and category.get(e.get("cat")) == _RUNTIME:
                 ts, dur = e.get("ts"), e.get("dur")
                 if type(ts) in (int, float) and type(dur) in (int, float):
-                    p.launch_thread[corr] = (ts, ts + dur, (e.get("pid"), e.get("tid")))
+                    p.launch_thread[corr] = (ts, ts + dur, _thread(e))
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _thread(event: dict) -> tuple:
+    """(pid, tid) as a hashable key, whatever types the trace used."""
+    pid, tid = event.get("pid"), event.get("tid")
+    return (pid if isinstance(pid, (int, str)) else repr(pid), tid if isinstance(tid, (int, str)) else repr(tid))
 
 
 def _int(value: object) -> int | None:
@@ -551,7 +569,7 @@ class _WorkloadBuilder:
         if name not in self.groups:
             ranks = info.group_ranks
             if not ranks:
-                size = info.group_size or self.world_size
+                size = info.group_size if info.group_size and 0 < info.group_size <= MAX_RANKS else self.world_size
                 ranks = tuple(range(size))  # positions only: the trace does not list the members
             self.groups[name] = ProcessGroup(name, ranks)
         return name

@@ -14,8 +14,7 @@ import argparse
 import ctypes
 import json
 import subprocess
-import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from nccl_env.errors import LagomError
 

@@ -1,16 +1,114 @@
-"""`lagom simulate`: not built yet (see the open issues)."""
+"""`lagom simulate WORKLOAD --cluster NAME|FILE`: one iteration on a virtual cluster.
+
+WORKLOAD is a profiler trace (file or directory; rank 0 is simulated, compute kernels
+from their uncontended durations), a Lagom workload JSON file, or a spec string such as
+``fsdp:llama3-8b:gpus=16``, ``tp:phi2:tp=8,dp=2``, ``ep:olmoe:ep=8``.
+
+Every collective runs with NCCL's modelled default choice, unless ``--set`` gives one
+CommConfig for all of them (``--set channels=16,chunk=2MiB``; keys channels, threads,
+chunk, algorithm, protocol; sizes take B/KB/KiB/MB/MiB, binary) or ``--config`` applies a
+tuned file from ``lagom tune`` (``--set`` then fills what the file leaves to NCCL).
+
+Prints the iteration time, compute busy time, communication busy and exposed time, and
+the slowdown of compute caused by contention; ``--json`` prints ``{"iteration_us",
+"compute_us", "comm_us", "exposed_comm_us", "compute_uncontended_us",
+"compute_slowdown", "evaluations", "cluster", "workload", "evaluator", "ops", "collectives"}``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 
 from nccl_env.errors import LagomError
+from nccl_env.plan import Plan
+
+EVALUATORS = ("sim", "analytic")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("simulate", help="(not built yet)")
+    parser = sub.add_parser(
+        "simulate",
+        help="one iteration of a workload on a virtual cluster",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("workload", metavar="WORKLOAD", help="trace, workload JSON, or spec string")
+    parser.add_argument("--cluster", required=True, metavar="NAME|FILE", help="preset name or cluster YAML")
+    parser.add_argument("--evaluator", choices=EVALUATORS, default="sim",
+                        help="sim: the simulator (default); analytic: Lagom's cost model")
+    parser.add_argument("--set", dest="set_config", metavar="KNOB=VALUE,...",
+                        help="one CommConfig for every collective, e.g. channels=16,chunk=2MiB")
+    parser.add_argument("--config", metavar="lagom.yaml", help="apply a tuned-config file")
+    parser.add_argument("--noise", type=float, default=0.01, help="multiplicative noise (std. dev., default 0.01; 0 = exact)")
+    parser.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
+    parser.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
     parser.set_defaults(func=run)
 
 
+def make_evaluator(name: str, cluster, noise: float, seed: int):
+    """The Evaluator called ``name`` on ``cluster``."""
+    if name == "sim":
+        from costmodel.sim import Simulator
+
+        return Simulator(cluster, noise=noise, seed=seed)
+    try:
+        from costmodel.analytic import AnalyticEvaluator
+    except ImportError:
+        raise LagomError("--evaluator analytic: the analytic cost model (costmodel.analytic) is not available in this build") from None
+    return AnalyticEvaluator(cluster)
+
+
 def run(args: argparse.Namespace) -> int:
-    raise LagomError("'lagom simulate' is not built yet")
+    from costmodel.cluster import load_cluster
+    from lagom.knob_args import parse_set
+    from lagom.workload_arg import load_workload_arg
+
+    if args.noise < 0:
+        raise LagomError(f"--noise must be >= 0, got {args.noise}")
+    cluster = load_cluster(args.cluster)
+    workload = load_workload_arg(args.workload, cluster)
+    signatures = sorted({workload.signature(c, cluster.gpus_per_node) for c in workload.collectives})
+    plan = Plan()
+    if args.config:
+        from lagom.tuned_config import load_tuned_config
+
+        plan = load_tuned_config(args.config).to_plan(signatures)
+    if args.set_config:
+        forced = parse_set(args.set_config)
+        plan = Plan(entries={sig: plan.config_for(sig).merged_over(forced) for sig in signatures}, default=forced)
+    evaluator = make_evaluator(args.evaluator, cluster, args.noise, args.seed)
+    timing = evaluator.evaluate(workload, plan)
+    result = {
+        "iteration_us": round(timing.iteration_us, 3),
+        "compute_us": round(timing.compute_us, 3),
+        "comm_us": round(timing.comm_us, 3),
+        "exposed_comm_us": round(timing.exposed_comm_us, 3),
+        "compute_uncontended_us": round(timing.compute_uncontended_us, 3),
+        "compute_slowdown": round(timing.compute_slowdown, 4),
+        "evaluations": evaluator.evaluations,
+        "cluster": cluster.name,
+        "workload": workload.source or args.workload,
+        "evaluator": args.evaluator,
+        "ops": len(workload.compute_ops) + len(workload.collectives),
+        "collectives": len(workload.collectives),
+    }
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{result['workload']} on {cluster.name} ({args.evaluator})")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    table.add_row("iteration (Z)", f"{timing.iteration_us / 1e3:,.2f} ms")
+    table.add_row("compute busy (Y)", f"{timing.compute_us / 1e3:,.2f} ms")
+    table.add_row("communication busy (X)", f"{timing.comm_us / 1e3:,.2f} ms")
+    table.add_row("exposed communication", f"{timing.exposed_comm_us / 1e3:,.2f} ms")
+    table.add_row("compute without contention", f"{timing.compute_uncontended_us / 1e3:,.2f} ms")
+    table.add_row("compute slowdown from contention", f"{timing.compute_slowdown:.3f}x")
+    table.add_row("ops / collectives", f"{result['ops']} / {result['collectives']}")
+    Console(file=sys.stdout).print(table)
+    return 0

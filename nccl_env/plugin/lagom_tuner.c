@@ -41,6 +41,7 @@
 #define MAX_WARNINGS_PER_LOAD 100
 #define INDEX_MIN_ENTRIES 8       /* smaller buckets are scanned linearly */
 #define NUM_ALGOS_V2 6            /* NCCL 2.21 (the only NCCL that loads v2 first) has no PAT */
+#define MAX_VIEWS 64              /* (nNodes, nRanks, numPipeOps, regBuff) combinations with their own index */
 
 typedef struct {
   uint64_t minBytes, maxBytes; /* inclusive */
@@ -49,6 +50,12 @@ typedef struct {
   int32_t line;
   atomic_int warned; /* "pair unusable" said once per entry */
 } Entry;
+
+/* The match fields of an Entry, packed for the lookup scan (32 bytes, parallel to entries). */
+typedef struct {
+  uint64_t minBytes, maxBytes;
+  int32_t nNodes, nRanks, pipeOps, regBuff;
+} Key;
 
 typedef struct {
   int32_t* idx;      /* entry indices in file order */
@@ -59,13 +66,26 @@ typedef struct {
   int nBounds;
   int32_t* candStart;
   int32_t* cand;
+  int32_t* first;    /* filtered views: first[k] = the first line covering interval k, or -1 (then no cand) */
 } Bucket;
+
+/* The lines that can match calls with these (nNodes, nRanks, numPipeOps, regBuff), bucketed by collective
+ * and indexed by bytes: the first candidate of a byte interval is then the answer. ANY fields filter nothing
+ * (the unfiltered view has ANY everywhere); UNKNOWN pipeOps/regBuff (not passed to the call) filter nothing. */
+typedef struct {
+  int nNodes, nRanks, pipeOps, regBuff;
+  Bucket buckets[NUM_BUCKETS];
+} View;
 
 typedef struct {
   Entry* entries;
+  Key* keys;                  /* keys[i] = match fields of entries[i] */
   int n;
   int rejected;
-  Bucket buckets[NUM_BUCKETS];
+  View all;                   /* every line; used when MAX_VIEWS shapes are taken */
+  pthread_mutex_t viewLock;   /* serialises building views */
+  View* views[MAX_VIEWS];     /* views[0..nViews) are published; built lazily on a shape's first lookup */
+  atomic_int nViews;
 } Table;
 
 typedef struct {
@@ -303,14 +323,25 @@ static void free_bucket_index(Bucket* b) {
   free(b->bounds);
   free(b->candStart);
   free(b->cand);
+  free(b->first);
   b->bounds = NULL;
   b->candStart = NULL;
   b->cand = NULL;
+  b->first = NULL;
   b->nBounds = 0;
 }
 
-/* Build the interval index of one bucket; on any failure leave it linear. */
-static void build_bucket_index(const Table* t, Bucket* b) {
+static int next_free(int32_t* parent, int k) { /* union-find with path halving */
+  while (parent[k] != k) {
+    parent[k] = parent[parent[k]];
+    k = parent[k];
+  }
+  return k;
+}
+
+/* Build the interval index of one bucket; on any failure leave it linear. With firstOnly (every line of the
+ * bucket matches every call it is asked about, bytes aside) keep only the first line per interval. */
+static void build_bucket_index(const Table* t, Bucket* b, int firstOnly) {
   if (b->n < INDEX_MIN_ENTRIES) return;
   int maxBounds = 2 * b->n + 1;
   b->bounds = malloc(sizeof(uint64_t) * (size_t)maxBounds);
@@ -327,6 +358,23 @@ static void build_bucket_index(const Table* t, Bucket* b) {
   for (int i = 0; i < nb; i++)
     if (u == 0 || b->bounds[i] != b->bounds[u - 1]) b->bounds[u++] = b->bounds[i];
   b->nBounds = u;
+  if (firstOnly) {
+    b->first = malloc(sizeof(int32_t) * (size_t)u);
+    int32_t* parent = malloc(sizeof(int32_t) * ((size_t)u + 1));
+    if (!b->first || !parent) { free(parent); free_bucket_index(b); return; }
+    for (int k = 0; k <= u; k++) parent[k] = k;
+    for (int k = 0; k < u; k++) b->first[k] = -1;
+    for (int i = 0; i < b->n; i++) {
+      const Entry* e = &t->entries[b->idx[i]];
+      int k1 = interval_of(b->bounds, u, e->maxBytes);
+      for (int k = next_free(parent, interval_of(b->bounds, u, e->minBytes)); k <= k1; k = next_free(parent, k)) {
+        b->first[k] = b->idx[i];
+        parent[k] = k + 1;
+      }
+    }
+    free(parent);
+    return;
+  }
   /* Count candidates per interval, bounded so a pathological table stays linear. */
   int32_t* count = calloc((size_t)u + 1, sizeof(int32_t));
   if (!count) { free_bucket_index(b); return; }
@@ -354,19 +402,72 @@ static void build_bucket_index(const Table* t, Bucket* b) {
   free(count);
 }
 
+static void free_view(View* v) {
+  for (int i = 0; i < NUM_BUCKETS; i++) {
+    free(v->buckets[i].idx);
+    v->buckets[i].idx = NULL;
+    v->buckets[i].n = 0;
+    free_bucket_index(&v->buckets[i]);
+  }
+}
+
 static void free_table(Table* t) {
   if (!t) return;
-  for (int i = 0; i < NUM_BUCKETS; i++) {
-    free(t->buckets[i].idx);
-    free_bucket_index(&t->buckets[i]);
+  free_view(&t->all);
+  for (int i = 0; i < atomic_load(&t->nViews); i++) {
+    free_view(t->views[i]);
+    free(t->views[i]);
   }
+  pthread_mutex_destroy(&t->viewLock);
+  free(t->keys);
   free(t->entries);
   free(t);
 }
 
+static Table* new_table(void) {
+  Table* t = calloc(1, sizeof(Table));
+  if (!t) return NULL;
+  t->all.nNodes = t->all.nRanks = t->all.pipeOps = t->all.regBuff = ANY;
+  pthread_mutex_init(&t->viewLock, NULL);
+  return t;
+}
+
+static int view_admits(const View* v, const Entry* e) {
+  return (v->nNodes == ANY || e->nNodes == ANY || e->nNodes == v->nNodes) &&
+         (v->nRanks == ANY || e->nRanks == ANY || e->nRanks == v->nRanks) &&
+         (v->pipeOps == ANY || v->pipeOps == UNKNOWN || e->pipeOps == ANY || e->pipeOps == v->pipeOps) &&
+         (v->regBuff == ANY || v->regBuff == UNKNOWN || e->regBuff == ANY || e->regBuff == v->regBuff);
+}
+
+/* Bucket the lines v admits: a line for collective c goes to bucket c, an any-collective line to all.
+ * Returns 0 when out of memory (v is then freed and empty). */
+static int build_view(const Table* t, View* v) {
+  int counts[NUM_BUCKETS] = {0};
+  for (int i = 0; i < t->n; i++) {
+    if (!view_admits(v, &t->entries[i])) continue;
+    if (t->entries[i].coll == ANY) for (int b = 0; b < NUM_BUCKETS; b++) counts[b]++;
+    else counts[bucket_of(t->entries[i].coll)]++;
+  }
+  for (int b = 0; b < NUM_BUCKETS; b++) {
+    v->buckets[b].n = 0;
+    v->buckets[b].idx = malloc(sizeof(int32_t) * (size_t)(counts[b] ? counts[b] : 1));
+    if (!v->buckets[b].idx) { free_view(v); return 0; }
+  }
+  for (int i = 0; i < t->n; i++) {
+    if (!view_admits(v, &t->entries[i])) continue;
+    int c = t->entries[i].coll;
+    for (int b = 0; b < NUM_BUCKETS; b++) {
+      if (c == ANY || bucket_of(c) == b) v->buckets[b].idx[v->buckets[b].n++] = i;
+    }
+  }
+  int firstOnly = v != &t->all; /* a filtered view admits only lines whose non-byte fields all match */
+  for (int b = 0; b < NUM_BUCKETS; b++) build_bucket_index(t, &v->buckets[b], firstOnly);
+  return 1;
+}
+
 /* Parse text[0..len) into a new table (never NULL unless out of memory). */
 static Table* parse_table(const char* text, size_t len, const char* origin, ncclDebugLogger_t log) {
-  Table* t = calloc(1, sizeof(Table));
+  Table* t = new_table();
   if (!t) return NULL;
   char* buf = malloc(len + 1);
   if (!buf) { free(t); return NULL; }
@@ -405,23 +506,13 @@ static Table* parse_table(const char* text, size_t len, const char* origin, nccl
   free(buf);
   if (warned > MAX_WARNINGS_PER_LOAD)
     say(log, NCCL_LOG_WARN, "TUNER/Lagom: %s: %d more rejected lines not listed", origin, warned - MAX_WARNINGS_PER_LOAD);
-  /* Buckets: an entry for collective c goes to bucket c; an any-collective entry to all. */
-  int counts[NUM_BUCKETS] = {0};
+  t->keys = malloc(sizeof(Key) * (size_t)(t->n ? t->n : 1));
+  if (!t->keys) { free_table(t); return NULL; }
   for (int i = 0; i < t->n; i++) {
-    if (t->entries[i].coll == ANY) for (int b = 0; b < NUM_BUCKETS; b++) counts[b]++;
-    else counts[bucket_of(t->entries[i].coll)]++;
+    const Entry* e = &t->entries[i];
+    t->keys[i] = (Key){e->minBytes, e->maxBytes, e->nNodes, e->nRanks, e->pipeOps, e->regBuff};
   }
-  for (int b = 0; b < NUM_BUCKETS; b++) {
-    t->buckets[b].idx = malloc(sizeof(int32_t) * (size_t)(counts[b] ? counts[b] : 1));
-    if (!t->buckets[b].idx) { free_table(t); return NULL; }
-  }
-  for (int i = 0; i < t->n; i++) {
-    int c = t->entries[i].coll;
-    for (int b = 0; b < NUM_BUCKETS; b++) {
-      if (c == ANY || bucket_of(c) == b) t->buckets[b].idx[t->buckets[b].n++] = i;
-    }
-  }
-  for (int b = 0; b < NUM_BUCKETS; b++) build_bucket_index(t, &t->buckets[b]);
+  if (!build_view(t, &t->all)) { free_table(t); return NULL; }
   say(log, NCCL_LOG_INFO, "TUNER/Lagom: %s: %d entries, %d lines rejected", origin, t->n, t->rejected);
   return t;
 }
@@ -480,7 +571,7 @@ static int load_file(const char* path, int apiOwned, int quietIfMissing, ncclDeb
     else
       say(log, NCCL_LOG_WARN, "TUNER/Lagom: cannot read tuner config %s (%s); NCCL decides everything", path,
           missing ? "no such file" : "unreadable");
-    t = calloc(1, sizeof(Table));
+    t = new_table();
     rc = -1;
   } else {
     t = parse_table(data, len, path, log);
@@ -499,29 +590,69 @@ static int load_from_env(ncclDebugLogger_t log) {
 
 /* ---------------------------------------------------------------- matching */
 
-static inline int entry_matches(const Entry* e, uint64_t nBytes, int nNodes, int nRanks, int pipeOps, int regBuff) {
-  return nBytes >= e->minBytes && nBytes <= e->maxBytes &&
-         (e->nNodes == ANY || e->nNodes == nNodes) &&
-         (e->nRanks == ANY || e->nRanks == nRanks) &&
-         (e->pipeOps == ANY || pipeOps == UNKNOWN || e->pipeOps == pipeOps) &&
-         (e->regBuff == ANY || regBuff == UNKNOWN || e->regBuff == regBuff);
+/* An UNKNOWN input (not passed by NCCL to this call) matches anything. */
+static inline int key_matches(const Key* k, uint64_t nBytes, int nNodes, int nRanks, int pipeOps, int regBuff) {
+  return nBytes >= k->minBytes && nBytes <= k->maxBytes &&
+         (k->nNodes == ANY || k->nNodes == nNodes) &&
+         (k->nRanks == ANY || k->nRanks == nRanks) &&
+         (k->pipeOps == ANY || pipeOps == UNKNOWN || k->pipeOps == pipeOps) &&
+         (k->regBuff == ANY || regBuff == UNKNOWN || k->regBuff == regBuff);
 }
 
 /* First matching entry in file order, or NULL. Caller holds the read lock. */
+static inline int view_is(const View* v, int nNodes, int nRanks, int pipeOps, int regBuff) {
+  return v->nNodes == nNodes && v->nRanks == nRanks && v->pipeOps == pipeOps && v->regBuff == regBuff;
+}
+
+/* The view for these call inputs, built on first use (caller holds the read lock). */
+static const View* view_for(Table* t, int nNodes, int nRanks, int pipeOps, int regBuff) {
+  int n = atomic_load_explicit(&t->nViews, memory_order_acquire);
+  for (int i = 0; i < n; i++)
+    if (view_is(t->views[i], nNodes, nRanks, pipeOps, regBuff)) return t->views[i];
+  if (n >= MAX_VIEWS || nNodes == ANY || nRanks == ANY || pipeOps == ANY || regBuff == ANY) return &t->all;
+  const View* found = &t->all;
+  pthread_mutex_lock(&t->viewLock);
+  n = atomic_load_explicit(&t->nViews, memory_order_relaxed);
+  for (int i = 0; i < n; i++)
+    if (view_is(t->views[i], nNodes, nRanks, pipeOps, regBuff)) found = t->views[i];
+  if (found == &t->all && n < MAX_VIEWS) {
+    View* v = calloc(1, sizeof(View));
+    if (v) {
+      v->nNodes = nNodes;
+      v->nRanks = nRanks;
+      v->pipeOps = pipeOps;
+      v->regBuff = regBuff;
+      if (build_view(t, v)) {
+        t->views[n] = v;
+        atomic_store_explicit(&t->nViews, n + 1, memory_order_release);
+        found = v;
+      } else {
+        free(v);
+      }
+    }
+  }
+  pthread_mutex_unlock(&t->viewLock);
+  return found;
+}
+
 static Entry* lookup(Table* t, int coll, uint64_t nBytes, int nNodes, int nRanks, int pipeOps, int regBuff) {
   if (!t || t->n == 0) return NULL;
-  const Bucket* b = &t->buckets[bucket_of(coll)];
+  const Bucket* b = &view_for(t, nNodes, nRanks, pipeOps, regBuff)->buckets[bucket_of(coll)];
+  if (b->first) {
+    int32_t j = b->first[interval_of(b->bounds, b->nBounds, nBytes)];
+    return (j >= 0 && key_matches(&t->keys[j], nBytes, nNodes, nRanks, pipeOps, regBuff)) ? &t->entries[j] : NULL;
+  }
   if (b->bounds) {
     int k = interval_of(b->bounds, b->nBounds, nBytes);
     for (int32_t i = b->candStart[k]; i < b->candStart[k + 1]; i++) {
-      Entry* e = &t->entries[b->cand[i]];
-      if (entry_matches(e, nBytes, nNodes, nRanks, pipeOps, regBuff)) return e;
+      int32_t j = b->cand[i];
+      if (key_matches(&t->keys[j], nBytes, nNodes, nRanks, pipeOps, regBuff)) return &t->entries[j];
     }
     return NULL;
   }
   for (int i = 0; i < b->n; i++) {
-    Entry* e = &t->entries[b->idx[i]];
-    if (entry_matches(e, nBytes, nNodes, nRanks, pipeOps, regBuff)) return e;
+    int32_t j = b->idx[i];
+    if (key_matches(&t->keys[j], nBytes, nNodes, nRanks, pipeOps, regBuff)) return &t->entries[j];
   }
   return NULL;
 }
@@ -687,7 +818,7 @@ LAGOM_EXPORT const lagomTuner_v6_t ncclTunerPlugin_v6 = {
 /* Replace the table with csv_text (NULL clears it). Returns the number of entries. */
 LAGOM_EXPORT int lagom_tuner_set_table(const char* csv_text) {
   Table* t = csv_text ? parse_table(csv_text, strlen(csv_text), "<lagom_tuner_set_table>", current_logger())
-                      : calloc(1, sizeof(Table));
+                      : new_table();
   int n = t ? t->n : -1;
   install(t, 1);
   return n;

@@ -1,0 +1,361 @@
+"""The virtual cluster: a fluid event simulation of one rank's iteration (an Evaluator).
+
+``Simulator(cluster, noise=0.01, seed=0).evaluate(workload, plan) -> Timing``.
+
+Every stream runs its ops in list order; an op starts when its stream predecessor and
+all its dependencies have finished. Between two events (an op starting or ending) the
+set of running ops is fixed, so every running op progresses at a constant rate given by
+the resources the others leave it:
+
+* a running collective holds ``NC`` SMs (one CTA per channel) for its whole duration;
+  compute kernels run their thread-block waves on the SMs left
+  (:mod:`costmodel.sim_compute`);
+* a collective's in-flight FIFO data (``NC x chunk``) takes that much L2 from the
+  compute kernels; what does not fit spills to DRAM;
+* DRAM bandwidth is shared max-min fairly between the compute kernels' and the
+  collectives' demands; two collectives on the same link class share the link;
+* a collective launched while a kernel fills the GPU waits for SMs until the kernel's
+  current wave of blocks retires (half a wave on average);
+* each collective's own pace is its chunk pipeline (:mod:`costmodel.sim_collective`).
+
+A collective's CommConfig is ``plan.config_for(signature)`` resolved over NCCL's modelled
+default (:func:`costmodel.nccl_defaults.resolve_config`). Each op's duration carries a
+seeded multiplicative noise factor ``N(1, noise)`` (clipped to [0.5, 1.5]); ``noise=0`` is
+exact and deterministic. ``evaluations`` counts evaluate() calls.
+
+Entry points for calibration (tiny workloads work too):
+:meth:`Simulator.collective_time_us` (one collective alone, no noise),
+:meth:`Simulator.compute_time_us` (one kernel under a given channel count / chunk),
+:meth:`Simulator.overlap_us` (one kernel and one collective started together).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from nccl_env.knobs import CommConfig
+from nccl_env.plan import Plan, Signature
+from traces.workload import CollectiveOp, ComputeOp, ProcessGroup, Stream, StreamKind, Workload
+
+from costmodel.cluster import ClusterSpec
+from costmodel.evaluator import OpTiming, Timing
+from costmodel.nccl_defaults import resolve_config
+from costmodel.sim_collective import CollectiveModel
+from costmodel.sim_compute import ComputeModel
+from costmodel.sim_params import sim_params
+
+_NOISE_CLIP = (0.5, 1.5)
+
+
+class _Static:
+    """Per-workload data that does not depend on the plan: built once, reused by every evaluation."""
+
+    def __init__(self, workload: Workload, cluster: ClusterSpec, params):
+        compute = [op for op in workload.compute_ops]
+        colls = [op for op in workload.collectives]
+        self.ops: list = compute + colls
+        self.n_compute = len(compute)
+        index = {op.op_id: i for i, op in enumerate(self.ops)}
+        self.op_ids = [op.op_id for op in self.ops]
+        n = len(self.ops)
+        succ: list[list[int]] = [[] for _ in range(n)]
+        pending = [0] * n
+        # stream order: ops of one stream run in list order (lists are sorted by start time)
+        last_on_stream: dict[int, int] = {}
+        for i in sorted(range(n), key=lambda k: (self.ops[k].start_us, k)):
+            sid = self.ops[i].stream
+            prev = last_on_stream.get(sid)
+            if prev is not None:
+                succ[prev].append(i)
+                pending[i] += 1
+            last_on_stream[sid] = i
+        for dep in workload.dependencies:
+            a, b = index.get(dep.before), index.get(dep.after)
+            if a is None or b is None or a == b:
+                continue
+            succ[a].append(b)
+            pending[b] += 1
+        self.succ = succ
+        self.pending = pending
+        self.compute_models = [ComputeModel(op, cluster.gpu, params) for op in compute]
+        gpn = cluster.gpus_per_node
+        self.signatures: list[Signature] = [workload.signature(op, gpn) for op in colls]
+        self.unique_signatures = sorted(set(self.signatures))
+        self.compute_streams = sorted({op.stream for op in compute})
+        self.compute_stream_of = [op.stream for op in compute]
+
+
+class Simulator:
+    """The virtual cluster as an Evaluator (see the module docstring for the mechanism)."""
+
+    def __init__(self, cluster: ClusterSpec, noise: float = 0.01, seed: int = 0):
+        self.cluster = cluster
+        self.params = sim_params(cluster)
+        self.noise = float(noise)
+        self.seed = seed
+        self.evaluations = 0
+        self._rng = np.random.default_rng(seed)
+        self._statics: dict[int, tuple[weakref.ref, int, _Static]] = {}
+        self._collective_models: dict[tuple[Signature, CommConfig], CollectiveModel] = {}
+        self._sm = cluster.gpu.sm_count
+        self._l2 = float(cluster.gpu.l2_bytes)
+        self._bw = cluster.gpu.mem_bw_gb_per_s * 1e3 * self.params.mem_efficiency
+
+    # ---- caches ------------------------------------------------------------------------------
+    def _static(self, workload: Workload) -> _Static:
+        key = id(workload)
+        size = len(workload.compute_ops) + len(workload.collectives) + len(workload.dependencies)
+        entry = self._statics.get(key)
+        if entry is not None and entry[0]() is workload and entry[1] == size:
+            return entry[2]
+        static = _Static(workload, self.cluster, self.params)
+        if len(self._statics) > 64:
+            self._statics = {k: v for k, v in self._statics.items() if v[0]() is not None}
+        self._statics[key] = (weakref.ref(workload), size, static)
+        return static
+
+    def collective_model(self, signature: Signature, config: CommConfig | None = None) -> CollectiveModel:
+        """The collective's model under ``config`` resolved over NCCL's default."""
+        requested = config or CommConfig()
+        key = (signature, requested)
+        model = self._collective_models.get(key)
+        if model is None:
+            resolved = resolve_config(self.cluster, signature, requested)
+            model = CollectiveModel(signature, resolved, self.cluster, self.params)
+            if len(self._collective_models) > 100_000:
+                self._collective_models.clear()
+            self._collective_models[key] = model
+        return model
+
+    # ---- entry points for calibration ----------------------------------------------------------
+    def collective_time_us(self, signature: Signature, config: CommConfig | None = None) -> float:
+        """One collective alone on an idle GPU (no noise, not counted as an evaluation)."""
+        return self.collective_model(signature, config).alone_us
+
+    def compute_time_us(self, op: ComputeOp, channels: int = 0, chunk_bytes: int = 0,
+                        comm_dram_bytes_per_us: float = 0.0) -> float:
+        """One kernel while ``channels`` CTAs with ``chunk_bytes`` chunks hold SMs and L2 and a
+        collective pulls ``comm_dram_bytes_per_us`` of DRAM (no noise, not counted)."""
+        model = ComputeModel(op, self.cluster.gpu, self.params)
+        footprint = self.params.fifo_resident_chunks * channels * chunk_bytes
+        return model.time_us(self._sm - channels, max(0.0, self._l2 - footprint),
+                             max(1e-6, self._bw - comm_dram_bytes_per_us))
+
+    def overlap_us(self, op: ComputeOp, signature: Signature, config: CommConfig | None = None) -> tuple[float, float]:
+        """(compute_us, collective_us) when the kernel and the collective start together (no noise)."""
+        wl = tiny_overlap_workload(op, signature)
+        plan = Plan(entries={signature: config or CommConfig()})
+        saved, self.noise = self.noise, 0.0
+        try:
+            timing = self.evaluate(wl, plan)
+        finally:
+            self.noise = saved
+            self.evaluations -= 1
+        return timing.ops[wl.compute_ops[0].op_id].duration_us, timing.ops[wl.collectives[0].op_id].duration_us
+
+    # ---- the evaluator -------------------------------------------------------------------------
+    def evaluate(self, workload: Workload, plan: Plan) -> Timing:
+        self.evaluations += 1
+        st = self._static(workload)
+        n = len(st.ops)
+        nc = st.n_compute
+        if n == 0:
+            return Timing(0.0, 0.0, 0.0, 0.0, 0.0, {})
+        by_sig = {sig: self.collective_model(sig, plan.config_for(sig)) for sig in st.unique_signatures}
+        colls = [by_sig[sig] for sig in st.signatures]
+        if self.noise > 0:
+            factors = np.clip(self._rng.normal(1.0, self.noise, n), *_NOISE_CLIP).tolist()
+        else:
+            factors = [1.0] * n
+        cmodels = st.compute_models
+        succ = st.succ
+        pending = list(st.pending)
+        start = [0.0] * n
+        end = [0.0] * n
+        remaining = [1.0] * n
+        sm, l2, bw = self._sm, self._l2, self._bw
+        ready = [i for i in range(n) if pending[i] == 0]
+        active_c: list[int] = []  # running compute ops
+        active_k: list[int] = []  # running collectives (indices into st.ops)
+        t = 0.0
+        done = 0
+        while done < n:
+            for i in ready:
+                start[i] = t
+                if i < nc:
+                    active_c.append(i)
+                else:
+                    model = colls[i - nc]
+                    # CTAs wait for SMs held by a running kernel: its blocks run in lockstep
+                    # waves, so SMs free up at the end of the current wave (half a wave on average)
+                    if active_c:
+                        wait = 0.0
+                        for j in active_c:
+                            cm = cmodels[j]
+                            if cm.blocks >= sm * cm.tb:
+                                waves = cm.blocks / (sm * cm.tb)
+                                wait = max(wait, 0.5 * cm.uncontended_us / waves)
+                        if wait > 0:
+                            remaining[i] += wait / max(model.alone_us, 1e-9)
+                    active_k.append(i)
+            ready = []
+            if not active_c and not active_k:  # a dependency cycle or missing op: release the rest
+                rest = [i for i in range(n) if pending[i] > 0]
+                for i in rest:
+                    pending[i] = 0
+                ready = rest
+                continue
+            # resources left by the running collectives
+            channels = 0
+            footprint = 0.0
+            net = intra = 0
+            for i in active_k:
+                m = colls[i - nc]
+                channels += m.channels
+                footprint += m.footprint_bytes
+                if m.link_class == "net":
+                    net += 1
+                else:
+                    intra += 1
+            n_c = len(active_c)
+            free_sms = max(1, sm - channels)
+            per_op_sms = max(1, free_sms // n_c) if n_c else free_sms
+            l2_compute = l2 - footprint if footprint < l2 else 0.0
+            # DRAM demands, then a max-min fair split
+            demand_c = 0.0
+            for i in active_c:
+                demand_c += cmodels[i].dram_demand(per_op_sms, l2_compute)
+            demand_k = 0.0
+            for i in active_k:
+                m = colls[i - nc]
+                share = 1.0 / (net if m.link_class == "net" else intra)
+                demand_k += m.dram_demand(l2 * m.footprint_bytes / footprint if footprint > l2 else l2, share)
+            if demand_c + demand_k <= bw:
+                bw_c, bw_k = bw - demand_k, bw - demand_c
+            else:
+                half = bw / 2.0
+                if demand_k <= half:
+                    bw_c, bw_k = bw - demand_k, demand_k
+                elif demand_c <= half:
+                    bw_c, bw_k = demand_c, bw - demand_c
+                else:
+                    bw_c, bw_k = half, half
+            # rates (fraction of the op per us) and the next event
+            rates = {}
+            dt = float("inf")
+            bw_each_c = bw_c / n_c if n_c else bw_c
+            for i in active_c:
+                r = 1.0 / (cmodels[i].time_us(per_op_sms, l2_compute, bw_each_c) * factors[i])
+                rates[i] = r
+                step = remaining[i] / r
+                if step < dt:
+                    dt = step
+            if active_k:
+                bw_each_k = bw_k / len(active_k)
+                for i in active_k:
+                    m = colls[i - nc]
+                    share = 1.0 / (net if m.link_class == "net" else intra)
+                    l2_k = l2 * m.footprint_bytes / footprint if footprint > l2 else l2
+                    r = 1.0 / (m.time_us(l2_k, bw_each_k, share) * factors[i])
+                    rates[i] = r
+                    step = remaining[i] / r
+                    if step < dt:
+                        dt = step
+            t += dt
+            finished = []
+            limit = dt * (1.0 + 1e-12) + 1e-12
+            for i, r in rates.items():
+                if remaining[i] / r <= limit:
+                    finished.append(i)
+                    remaining[i] = 0.0
+                else:
+                    remaining[i] -= r * dt
+            for i in finished:
+                end[i] = t
+                done += 1
+                if i < nc:
+                    active_c.remove(i)
+                else:
+                    active_k.remove(i)
+                for s in succ[i]:
+                    pending[s] -= 1
+                    if pending[s] == 0:
+                        ready.append(s)
+        return self._timing(st, start, end, factors)
+
+    def _timing(self, st: _Static, start: list[float], end: list[float], factors: list[float]) -> Timing:
+        nc = st.n_compute
+        ops = {op_id: OpTiming(s, e - s) for op_id, s, e in zip(st.op_ids, start, end)}
+        first = min(start)
+        last = max(end)
+        compute_spans = _union([(start[i], end[i]) for i in range(nc) if not st.ops[i].is_memory_op])
+        comm_spans = _union([(start[i], end[i]) for i in range(nc, len(st.ops))])
+        compute_us = sum(b - a for a, b in compute_spans)
+        comm_us = sum(b - a for a, b in comm_spans)
+        exposed = comm_us - _intersection(comm_spans, compute_spans)
+        per_stream: dict[int, float] = {}
+        for i in range(nc):
+            if st.ops[i].is_memory_op:
+                continue
+            sid = st.compute_stream_of[i]
+            per_stream[sid] = per_stream.get(sid, 0.0) + st.compute_models[i].uncontended_us * factors[i]
+        uncontended = max(per_stream.values(), default=0.0)
+        return Timing(
+            iteration_us=last - first,
+            compute_us=compute_us,
+            comm_us=comm_us,
+            exposed_comm_us=max(0.0, exposed),
+            compute_uncontended_us=min(uncontended, compute_us) if compute_us > 0 else 0.0,
+            ops=ops,
+        )
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    spans.sort()
+    out: list[list[float]] = []
+    for a, b in spans:
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1][1] = b
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _intersection(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> float:
+    i = j = 0
+    total = 0.0
+    while i < len(x) and j < len(y):
+        lo = max(x[i][0], y[j][0])
+        hi = min(x[i][1], y[j][1])
+        if hi > lo:
+            total += hi - lo
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def tiny_overlap_workload(op: ComputeOp, signature: Signature, collective_name: str = "collective") -> Workload:
+    """A two-op workload: ``op`` on a compute stream and one collective of ``signature`` on a
+    communication stream, both ready at time 0 (the calibration backend's building block)."""
+    kernel = ComputeOp(**{**op.__dict__, "op_id": 0, "stream": 1, "start_us": 0.0})
+    coll = CollectiveOp(1, collective_name, signature.collective, signature.message_bytes, 2, 0.0,
+                        0.0, signature.group)
+    ranks = tuple(range(signature.ranks))
+    return Workload(
+        rank=0,
+        world_size=signature.ranks,
+        streams=[Stream(1, StreamKind.COMPUTE), Stream(2, StreamKind.COMMUNICATION)],
+        compute_ops=[kernel],
+        collectives=[coll],
+        groups={signature.group: ProcessGroup(signature.group, ranks, signature.nodes)},
+        dependencies=[],
+        source="tiny overlap",
+    )
+
+
+__all__ = ["Simulator", "tiny_overlap_workload"]

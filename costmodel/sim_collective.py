@@ -1,0 +1,161 @@
+"""How long a collective takes: a chunk pipeline over channels, limited by links, protocol,
+threads, per-step synchronisation, DRAM bandwidth and L2 room.
+
+For one rank of a ring-family collective with ``n`` ranks, ``NC`` channels and chunk ``C``:
+
+* payload each rank puts on the wire: ``W = wire_factor x S`` (AllReduce ``2(n-1)/n``,
+  AllGather/ReduceScatter/AlltoAll ``(n-1)/n``, Broadcast/Reduce ``1``);
+* each channel is one CTA that moves its share chunk-step by chunk-step: ``N = K x loops``
+  steps of ``c = min(C x payload fraction, S / (n NC))`` bytes, each costing
+  ``c / r_ch + sync`` where ``r_ch`` is the CTA's copy rate (a per-channel figure scaled by
+  threads up to saturation) and ``sync`` the per-step flag handshake of the protocol;
+* all channels together cannot beat the link: payload rate ``R = min(NC x r_ch, link x
+  payload fraction, DRAM share / DRAM bytes per payload byte)``; a cross-node group's link
+  is its share of the node's NICs;
+* ``time = launch + K x hop latency + one step of pipeline fill + max(W / R, N x step)``.
+
+The FIFO data in flight is ``fifo_resident_chunks x NC x c`` bytes (``c`` the chunk really used,
+so at most the rank's share of the message).
+
+The chunk pipeline makes time fall with C (fewer syncs) until the fill step dominates
+(unimodal), and saturate in NC once the link is the limit. The FIFO data in flight,
+``fifo_resident_chunks x NC x C`` bytes, sits in L2; what does not fit spills to DRAM and
+costs extra DRAM traffic per payload byte. That footprint is what the compute model loses
+from its L2 (see :mod:`costmodel.sim_compute`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
+from nccl_env.plan import Signature
+
+from costmodel.cluster import ClusterSpec
+from costmodel.sim_params import SimParams
+
+
+class CollectiveModel:
+    """One collective under one resolved CommConfig; :meth:`time_us` is the hot path."""
+
+    __slots__ = ("channels", "footprint_bytes", "fixed_us", "steps_us", "wire_bytes", "rate_cap", "dram_base",
+                 "dram_fifo", "link_class", "config", "alone_us", "_memo")
+
+    def __init__(self, signature: Signature, config: CommConfig, cluster: ClusterSpec, params: SimParams):
+        self.config = config
+        gpu = cluster.gpu
+        n = max(1, signature.ranks)
+        nodes = max(1, signature.nodes)
+        ppn = max(1, n // nodes)
+        size = float(max(1, signature.message_bytes))
+        coll = signature.collective
+        proto = config.protocol if config.protocol is not None else Protocol.SIMPLE
+        algo = config.algorithm if config.algorithm is not None else Algorithm.RING
+        nc = max(1, min(int(config.channels or 1), gpu.sm_count - 1))
+        threads = int(config.threads or 512)
+        chunk = float(config.chunk_bytes or (1 << 21))
+        self.channels = nc
+        if proto is Protocol.LL:
+            per_ch, payload, sync = params.ll_bw_per_channel_gb_per_s, params.ll_payload_fraction, params.step_sync_us_ll
+        elif proto is Protocol.LL128:
+            per_ch, payload, sync = (params.ll128_bw_per_channel_gb_per_s, params.ll128_payload_fraction,
+                                     params.step_sync_us_ll128)
+        else:
+            per_ch, payload, sync = params.simple_bw_per_channel_gb_per_s, 1.0, params.step_sync_us_simple
+        r_ch = per_ch * 1e3 * min(1.0, threads / max(1, params.channel_saturation_threads))  # payload bytes/us
+        # links, payload bytes/us, per direction
+        intra = cluster.intra_node.bw_gb_per_s * 1e3
+        nic_share = (cluster.inter_node.nics_per_node * cluster.inter_node.nic_bw_gb_per_s * 1e3
+                     * min(1.0, ppn / cluster.gpus_per_node))
+        if n == 1:
+            wire_factor, steps_per_loop, link = 0.0, 1, float("inf")
+        elif coll is CollectiveType.ALLREDUCE:
+            wire_factor, steps_per_loop = 2.0 * (n - 1) / n, 2 * (n - 1)
+        elif coll in (CollectiveType.ALLGATHER, CollectiveType.REDUCESCATTER):
+            wire_factor, steps_per_loop = (n - 1) / n, n - 1
+        elif coll in (CollectiveType.ALLTOALL, CollectiveType.SENDRECV):
+            wire_factor, steps_per_loop = ((n - 1) / n if coll is CollectiveType.ALLTOALL else 1.0), max(1, n - 1)
+        else:  # broadcast / reduce: a pipeline through n-1 hops
+            wire_factor, steps_per_loop = 1.0, 1
+        if n > 1:
+            if coll is CollectiveType.ALLTOALL and nodes > 1:
+                local = (ppn - 1) / (n - 1)
+                remote = 1.0 - local
+                link = 1.0 / max(local / intra if ppn > 1 else 0.0, remote / nic_share)
+            elif nodes > 1:
+                link = min(intra, nic_share) if ppn > 1 else nic_share
+            else:
+                link = intra
+            if algo is Algorithm.TREE:
+                link *= params.tree_bw_fraction
+        self.link_class = "net" if nodes > 1 else "intra"
+        self.wire_bytes = wire_factor * size
+        self.rate_cap = min(nc * r_ch, link * payload)
+        # chunk pipeline
+        c = chunk * payload
+        per_channel_share = size / (max(1, n) * nc) if coll not in (CollectiveType.BROADCAST, CollectiveType.REDUCE) \
+            else size / nc
+        c_eff = max(1.0, min(c, per_channel_share))
+        loops = max(1, math.ceil(per_channel_share / c_eff - 1e-9))
+        step_us = c_eff / r_ch + sync
+        # NCCL's last loop uses a smaller chunk (realChunkSize), so only the syncs are quantised
+        self.steps_us = steps_per_loop * (per_channel_share / r_ch + loops * sync)
+        if n > 1:
+            if coll is CollectiveType.ALLREDUCE:
+                inter_hops = 2 * nodes if nodes > 1 else 0
+                hops = 2 * (n - 1)
+            elif coll in (CollectiveType.ALLGATHER, CollectiveType.REDUCESCATTER):
+                inter_hops, hops = nodes - 1, n - 1
+            else:
+                inter_hops, hops = (1 if nodes > 1 else 0), 1
+            if algo is Algorithm.TREE:
+                hops = 2 * (ppn - 1 + int(math.log2(nodes)))
+                inter_hops = 2 * int(math.log2(nodes))
+            latency = (hops - inter_hops) * cluster.intra_node.latency_us + inter_hops * cluster.inter_node.latency_us
+            fill = step_us * (n - 2 if coll in (CollectiveType.BROADCAST, CollectiveType.REDUCE) else 1)
+        else:
+            latency, fill = 0.0, 0.0
+        self.fixed_us = params.launch_us + latency + fill
+        # memory: result write / input read, plus FIFO traffic that does not fit in L2
+        # NCCL shrinks the chunk to the channel's share of a small message (realChunkSize), so the
+        # FIFO bytes in flight are the chunk actually used, in buffer bytes (LL: twice the payload)
+        self.footprint_bytes = params.fifo_resident_chunks * nc * (c_eff / payload) if n > 1 else 0.0
+        self.dram_base = params.dram_bytes_per_payload_byte
+        self.dram_fifo = params.fifo_dram_bytes_per_payload_byte
+        self._memo: dict = {}
+        self.alone_us = self.time_us(float(gpu.l2_bytes), gpu.mem_bw_gb_per_s * 1e3 * params.mem_efficiency, 1.0)
+
+    def dram_per_byte(self, l2_for_comm: float) -> float:
+        if self.footprint_bytes <= 0:
+            return self.dram_base
+        spill = max(0.0, self.footprint_bytes - max(0.0, l2_for_comm)) / self.footprint_bytes
+        return self.dram_base + self.dram_fifo * spill
+
+    def rate(self, l2_for_comm: float, bw_bytes_per_us: float, link_share: float) -> float:
+        """Payload bytes/us."""
+        per_byte = self.dram_per_byte(l2_for_comm)
+        return min(self.rate_cap * link_share if link_share < 1.0 else self.rate_cap,
+                   max(bw_bytes_per_us, 1e-6) / per_byte)
+
+    def time_us(self, l2_for_comm: float, bw_bytes_per_us: float, link_share: float) -> float:
+        """Duration if the state held for the whole collective."""
+        key = (l2_for_comm, bw_bytes_per_us, link_share)
+        cached = self._memo.get(key)
+        if cached is not None:
+            return cached
+        if self.wire_bytes <= 0:
+            value = self.fixed_us
+        else:
+            value = self.fixed_us + max(self.wire_bytes / self.rate(l2_for_comm, bw_bytes_per_us, link_share),
+                                        self.steps_us)
+        if len(self._memo) < 256:
+            self._memo[key] = value
+        return value
+
+    def dram_demand(self, l2_for_comm: float, link_share: float) -> float:
+        """Bytes/us of DRAM traffic at its link-limited pace."""
+        if self.wire_bytes <= 0:
+            return 0.0
+        rate = self.rate_cap * link_share
+        total = self.fixed_us + max(self.wire_bytes / rate, self.steps_us)
+        return self.wire_bytes / total * self.dram_per_byte(l2_for_comm)

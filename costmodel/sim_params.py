@@ -1,0 +1,68 @@
+"""The simulator's mechanism constants: defaults, each with its source, overridable per cluster.
+
+A preset's ``sim:`` mapping overrides any of these (unknown keys are a LagomError, so a
+typo cannot silently leave a default in place). ``docs/simulator.md`` explains where
+each one enters the mechanism.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from nccl_env.errors import LagomError
+
+from costmodel.cluster import ClusterSpec
+
+
+@dataclass(frozen=True)
+class SimParams:
+    # --- compute ---------------------------------------------------------------------------
+    gemm_efficiency: float = 0.72  # cuBLAS large BF16 GEMMs reach ~70-75% of dense tensor peak
+    attention_efficiency: float = 0.60  # FlashAttention-2 forward reaches ~60% of peak (Dao 2023, A100)
+    mem_efficiency: float = 0.85  # STREAM-like kernels reach ~85% of DRAM peak
+    kernel_overhead_us: float = 2.0  # launch + tail of one kernel on a busy stream (~2 us, nsys traces)
+    # GEMM L2 reuse: a wave of W resident tiles arranged as a square super-tile reuses each
+    # operand panel sqrt(W) times (CUTLASS threadblock swizzle), provided the wave's k-slabs
+    # (W x shared-memory tile) stay in L2; without L2 room only the reuse between blocks
+    # that read the same slab at the same moment survives: gemm_short_reuse x the tile's own
+    # reuse bm*bn/(bm+bn). Blocks of one wave that read the same A slab within the same
+    # k-step (row-mates in launch order) still share it: ~1.2x (a slab is read by 2 blocks
+    # at a time in about a fifth of the cases on a GA102-sized wave).
+    gemm_short_reuse: float = 1.22
+    # --- collectives -------------------------------------------------------------------------
+    simple_bw_per_channel_gb_per_s: float = 20.0  # NCCL topo.h SM80_NVLINK_BW: per-channel figure
+    ll128_bw_per_channel_gb_per_s: float = 20.0  # NCCL tuning.cc perChMaxRingLL128Bws Ampere
+    ll_bw_per_channel_gb_per_s: float = 5.5  # NCCL tuning.cc llMaxBws Ampere 87.7 GB/s / 16 channels
+    channel_saturation_threads: int = 256  # a CTA's copy loop is latency-bound below ~8 warps (Little's law)
+    ll_payload_fraction: float = 0.5  # LL: 8 bytes of flag per 8 bytes of data (NCCL devcomm.h ncclLLFifoLine)
+    ll128_payload_fraction: float = 120.0 / 128.0  # LL128: 8 flag bytes per 128-byte line
+    step_sync_us_simple: float = 1.0  # per chunk-step: __threadfence_system + flag post + poll over the link
+    step_sync_us_ll128: float = 0.4  # per step: flags travel inline with data, no fence
+    step_sync_us_ll: float = 0.2  # per step: flags inline, 8-byte granularity
+    launch_us: float = 5.0  # NCCL kernel launch + work-element fetch (NCCL tuning.cc baseLat is 6.6-8.4 us)
+    fifo_resident_chunks: float = 1.0  # of a channel's two-chunk FIFO (NCCL_STEPS / CHUNKSTEPS), one is in L2 on average
+    dram_bytes_per_payload_byte: float = 1.0  # a collective writes its result (and reads its input) once per byte
+    fifo_dram_bytes_per_payload_byte: float = 2.0  # FIFO traffic (peer write + CTA read) when it spills out of L2
+    tree_bw_fraction: float = 0.92  # NCCL tuning.cc: tree bandwidth 0.92 of the ring's
+    # --- measurement ----------------------------------------------------------------------------
+    noise: float = 0.01  # default multiplicative noise (std. dev.) per op duration
+
+
+_FIELDS = {f.name: f.type for f in fields(SimParams)}
+
+
+def sim_params(cluster: ClusterSpec) -> SimParams:
+    """Defaults overridden by the cluster's ``sim:`` mapping."""
+    raw = cluster.sim or {}
+    unknown = set(raw) - set(_FIELDS)
+    if unknown:
+        raise LagomError(f"cluster {cluster.name}: unknown 'sim' key(s) {sorted(unknown)} (known: {', '.join(sorted(_FIELDS))})")
+    values = {}
+    for key, value in raw.items():
+        try:
+            values[key] = int(value) if _FIELDS[key] in ("int", int) else float(value)
+        except (TypeError, ValueError):
+            raise LagomError(f"cluster {cluster.name}: 'sim.{key}' must be a number, got {value!r}") from None
+        if values[key] < 0:
+            raise LagomError(f"cluster {cluster.name}: 'sim.{key}' must be >= 0, got {value!r}")
+    return SimParams(**values)

@@ -1,0 +1,61 @@
+"""Command-line spellings of knob values: sizes (``2MiB``, ``684KB``) and ``--set`` assignments."""
+
+from __future__ import annotations
+
+import re
+
+from nccl_env.errors import LagomError
+from nccl_env.knobs import Algorithm, CommConfig, Protocol
+
+# Binary multiples for every spelling: NCCL sizes are powers of two and the Lagom paper's
+# "684 KB" chunk is 684 x 1024 bytes (a 1368 KiB NCCL_BUFFSIZE / 2).
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_KEYS = {"channels": "channels", "nc": "channels", "threads": "threads", "nt": "threads", "chunk": "chunk_bytes",
+         "chunk_bytes": "chunk_bytes", "algorithm": "algorithm", "algo": "algorithm", "protocol": "protocol",
+         "proto": "protocol"}
+
+
+def parse_size(text: str) -> int:
+    """``2MiB`` -> 2097152, ``684KB`` -> 700416, ``4096`` -> 4096 (K/M/G are binary)."""
+    match = _SIZE.match(str(text))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS:
+        raise LagomError(f"bad size {text!r}: expected a number with an optional unit (B, KB/KiB, MB/MiB, GB/GiB)")
+    value = float(match.group(1)) * _UNITS[unit]
+    if value < 1 or value != int(value):
+        raise LagomError(f"bad size {text!r}: must be a whole number of bytes >= 1")
+    return int(value)
+
+
+def parse_set(text: str) -> CommConfig:
+    """``channels=16,chunk=2MiB,threads=256,algorithm=ring,protocol=simple`` -> CommConfig."""
+    values: dict = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = item.partition("=")
+        field = _KEYS.get(key.strip().lower())
+        if not sep or field is None:
+            raise LagomError(f"--set: bad item {item!r}: expected KNOB=VALUE with KNOB one of channels, threads, chunk, algorithm, protocol")
+        value = value.strip()
+        if field == "algorithm":
+            names = [a.nccl_name for a in Algorithm]
+            if value.lower() not in names:
+                raise LagomError(f"--set: algorithm {value!r} is not one of {', '.join(names)}")
+            values[field] = Algorithm[value.upper()]
+        elif field == "protocol":
+            names = [p.nccl_name for p in Protocol]
+            if value.lower() not in names:
+                raise LagomError(f"--set: protocol {value!r} is not one of {', '.join(names)}")
+            values[field] = Protocol[value.upper()]
+        elif field == "chunk_bytes":
+            values[field] = parse_size(value)
+        else:
+            try:
+                number = int(value)
+            except ValueError:
+                raise LagomError(f"--set: {key} must be an integer, got {value!r}") from None
+            if number < 1:
+                raise LagomError(f"--set: {key} must be >= 1, got {number}")
+            values[field] = number
+    return CommConfig(**values)

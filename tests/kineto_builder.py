@@ -1,0 +1,58 @@
+"""Build small synthetic Kineto traces for tests (the shape PyTorch's profiler writes)."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import orjson
+
+
+class TraceBuilder:
+    """Events are added with explicit times; ``write`` produces a .json or .json.gz file."""
+
+    def __init__(self, rank: int | None = 0, world_size: int = 2, categories: dict | None = None) -> None:
+        self.events: list[dict] = []
+        self.corr = 1000
+        self.ext = 1
+        self.rank = rank
+        self.world_size = world_size
+        self.cat = {"kernel": "kernel", "runtime": "cuda_runtime", "cpu": "cpu_op", "memcpy": "gpu_memcpy"}
+        self.cat.update(categories or {})
+
+    def step(self, n: int, ts: float, dur: float) -> None:
+        self.events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 1, "tid": 1,
+                            "ts": ts, "dur": dur, "args": {}})
+
+    def cpu(self, name: str, ts: float, dur: float, **args) -> dict:
+        self.ext += 1
+        event = {"ph": "X", "cat": self.cat["cpu"], "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+                 "args": {"External id": self.ext, **args}}
+        self.events.append(event)
+        return event
+
+    def kernel(self, name: str, stream: int, ts: float, dur: float, launch_ts: float | None = None,
+               grid=(108, 1, 1), block=(256, 1, 1), cat: str | None = None, **args) -> int:
+        """A GPU op and its launching runtime call (1 us, at ``launch_ts`` or ts - 5)."""
+        self.corr += 1
+        launch_ts = ts - 5 if launch_ts is None else launch_ts
+        self.events.append({"ph": "X", "cat": self.cat["runtime"], "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                            "ts": launch_ts, "dur": 1, "args": {"correlation": self.corr, "External id": self.ext}})
+        kargs = {"stream": stream, "correlation": self.corr, "device": 0, "External id": self.ext,
+                 "grid": list(grid), "block": list(block), "registers per thread": 32, "shared memory": 1024,
+                 "blocks per SM": grid[0] / 108, "est. achieved occupancy %": 50, **args}
+        self.events.append({"ph": "X", "cat": cat or self.cat["kernel"], "name": name, "pid": 0, "tid": stream,
+                            "ts": ts, "dur": dur, "args": kargs})
+        return self.corr
+
+    def doc(self) -> dict:
+        out: dict = {"schemaVersion": 1, "traceEvents": self.events,
+                     "deviceProperties": [{"id": 0, "name": "Test GPU", "numSms": 108}]}
+        if self.rank is not None:
+            out["distributedInfo"] = {"backend": "nccl", "rank": self.rank, "world_size": self.world_size}
+        return out
+
+    def write(self, path: Path) -> Path:
+        data = orjson.dumps(self.doc())
+        path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
+        return path

@@ -1,0 +1,86 @@
+"""`lagom analyze` end to end: the README quickstart, --json, --include-last-step, --plot."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import matplotlib.image
+import orjson
+
+from conftest import REPO_ROOT, shared_traces_dir
+from lagom.cli import main
+
+EXAMPLE = REPO_ROOT / "traces" / "examples" / "a100_w2_allreduce_broadcast.json.gz"
+
+
+def _json(capsys, *argv) -> dict:
+    assert main(["analyze", *map(str, argv), "--json"]) == 0
+    return orjson.loads(capsys.readouterr().out)
+
+
+def test_readme_quickstart_command_runs_as_a_process():
+    # The README's command, through `python -m lagom` exactly as a user would run it.
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "lagom", "analyze", "traces/examples/a100_w2_allreduce_broadcast.json.gz"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "14.31 %" in proc.stdout  # HTA 0.5's overlap figure for this trace
+    assert "allreduce" in proc.stdout and "exposed" in proc.stdout
+
+
+def test_json_shape_and_figures(capsys):
+    out = _json(capsys, EXAMPLE)
+    (r,) = out["ranks"]
+    assert r["rank"] == 0
+    assert (r["comm_comp_overlap_pct"], r["idle_pct"], r["compute_pct"], r["non_compute_pct"]) == (14.31, 77.78, 17.26, 4.97)
+    kinds = {c["collective"] for c in r["collectives"]}
+    assert kinds == {"allreduce", "broadcast"}
+    assert sum(c["count"] for c in r["collectives"]) == 14  # 21 kernels, 7 in the dropped last step
+    for c in r["collectives"]:
+        assert 0 <= c["exposed_us"] <= c["total_us"] + 1e-6
+    assert r["windows"] and all(w["compute_ops"] > 0 and w["collectives"] > 0 for w in r["windows"])
+    assert [w["duration_us"] for w in r["windows"]] == sorted((w["duration_us"] for w in r["windows"]), reverse=True)
+    assert r["contention"][0]["collective"] == "all" and r["contention"][0]["pairs"] > 0
+
+
+def test_include_last_step_and_directory_of_ranks(capsys, tmp_path):
+    for name in ("w128_sendrecv_rank0.json.gz", "w128_sendrecv_rank1.json.gz"):
+        shutil.copy(shared_traces_dir() / name, tmp_path / name)
+    default = _json(capsys, tmp_path)
+    last = _json(capsys, tmp_path, "--include-last-step")
+    assert [r["rank"] for r in default["ranks"]] == [0, 1]
+    # HTA 0.5's figures (../shared/traces/README.md).
+    assert [r["comm_comp_overlap_pct"] for r in default["ranks"]] == [11.81, 20.05]
+    assert [r["comm_comp_overlap_pct"] for r in last["ranks"]] == [14.95, 19.93]
+
+
+def test_cpu_only_trace_gets_an_answer_where_hta_raises(capsys):
+    (r,) = _json(capsys, shared_traces_dir() / "cpu_only_rank34.json.gz")["ranks"]
+    assert r["rank"] == 34 and r["comm_comp_overlap_pct"] is None
+    assert r["breakdown_basis"] == "cpu-collectives"
+    assert r["non_compute_pct"] > 50 and sum(c["count"] for c in r["collectives"]) == 10
+
+
+def test_plot_writes_a_png(capsys, tmp_path):
+    png = tmp_path / "step.png"
+    assert main(["analyze", str(shared_traces_dir() / "w128_sendrecv_rank0.json.gz"), "--plot", str(png)]) == 0
+    assert "timeline written" in capsys.readouterr().out
+    image = matplotlib.image.imread(png)
+    height, width = image.shape[:2]
+    assert width >= 1200 and height >= 300
+    # Not blank: the lanes hold coloured bars.
+    assert (image[..., :3].std(axis=(0, 1)) > 0.05).all()
+
+
+def test_help_is_the_command_doc(capsys):
+    try:
+        main(["analyze", "--help"])
+    except SystemExit as exc:
+        assert exc.code == 0
+    out = capsys.readouterr().out
+    assert "--include-last-step" in out and "Holistic Trace Analysis" in out

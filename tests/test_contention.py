@@ -1,0 +1,86 @@
+"""Contention seen in a trace: a constructed trace with a known slowdown, and the shared traces."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from conftest import shared_traces_dir
+from kineto_builder import TraceBuilder
+from traces.contention import contention_report, uncontended_durations
+from traces.kineto import read_trace
+
+AR = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+BC = "ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+def _known_slowdown_trace(tmp_path):
+    b = TraceBuilder()
+    t = 0.0
+    for dur in (96, 98, 99, 100, 100, 101, 102, 104, 100):  # alone: median 100 us
+        b.kernel("gemm", 7, t, dur)
+        t += 300
+    b.kernel(AR, 20, t, 6 * 300)  # six gemms under an allreduce: 1.3x
+    for dur in (126, 128, 130, 130, 132, 134):
+        b.kernel("gemm", 7, t + 10, dur)
+        t += 300
+    t += 500
+    b.kernel(BC, 20, t, 4 * 300)  # four under a broadcast: 1.5x
+    for dur in (148, 150, 150, 152):
+        b.kernel("gemm", 7, t + 10, dur)
+        t += 300
+    b.kernel("gemm", 7, t + 1000, 80, grid=(54, 1, 1))  # another launch shape, never overlapped
+    b.kernel("relu", 7, 300 * 9 + 250, 20)  # overlapped, never alone: no reference
+    b.kernel("Memcpy DtoD (Device -> Device)", 8, 300 * 9 + 50, 40, cat="gpu_memcpy")
+    (w,) = read_trace(b.write(tmp_path / "contention.json"))
+    return w
+
+
+def test_known_slowdown_per_collective_type(tmp_path):
+    w = _known_slowdown_trace(tmp_path)
+    report = contention_report(w)
+    assert report.figure("allreduce").median_slowdown == pytest.approx(1.30)
+    assert report.figure("allreduce").pairs == 6
+    assert report.figure("broadcast").median_slowdown == pytest.approx(1.50)
+    assert report.figure("broadcast").pairs == 4
+    assert report.figure("all").pairs == 10
+    # pooled ratios 1.26 .. 1.34 and 1.48 .. 1.52: the middle two are 1.32 and 1.34
+    assert report.figure("all").median_slowdown == pytest.approx(1.33)
+    assert report.kernel_shapes == 1
+
+
+def test_uncontended_durations_give_the_reference_median(tmp_path):
+    w = _known_slowdown_trace(tmp_path)
+    est = uncontended_durations(w)
+    gemms = [o for o in w.compute_ops if o.name == "gemm" and o.grid == (108, 1, 1)]
+    assert len(gemms) == 19 and all(est[o.op_id] == 100 for o in gemms)
+    other = next(o for o in w.compute_ops if o.grid == (54, 1, 1))
+    assert est[other.op_id] == 80
+    relu = next(o for o in w.compute_ops if o.name == "relu")
+    memcpy = next(o for o in w.compute_ops if o.is_memory_op)
+    assert relu.op_id not in est and memcpy.op_id not in est
+
+
+def test_shared_trace_matches_a_brute_force_count():
+    (w,) = read_trace(shared_traces_dir() / "a100_w2_allreduce_broadcast.json.gz")
+    colls = [c for c in w.collectives if c.on_gpu]
+    alone: dict = {}
+    under: list = []
+    for op in w.compute_ops:
+        if op.is_memory_op:
+            continue
+        hit = [c for c in colls if min(c.end_us, op.end_us) - max(c.start_us, op.start_us) > 0]
+        key = (op.name, op.grid, op.block)
+        if hit:
+            under.append((op, key))
+        else:
+            alone.setdefault(key, []).append(op.duration_us)
+    ratios = [op.duration_us / statistics.median(alone[key]) for op, key in under if key in alone]
+    report = contention_report(w)
+    overall = report.figure("all")
+    assert overall.pairs == len(ratios) > 50
+    assert overall.median_slowdown == pytest.approx(statistics.median(ratios))
+    # Only allreduce kernels overlap compute in this trace (the broadcasts run alone).
+    assert [f.collective for f in report.figures] == ["all", "allreduce"]
+    assert overall.median_slowdown > 1.0

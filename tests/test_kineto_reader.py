@@ -1,0 +1,182 @@
+"""traces.kineto.read_trace on the real shared traces and on constructed ones."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+
+import orjson
+import pytest
+
+from conftest import shared_traces_dir
+from kineto_builder import TraceBuilder
+from nccl_env import CollectiveType
+from traces import DependencyKind, StreamKind, Workload
+from traces.kineto import read_trace
+
+DTYPE_BYTES = {"Float": 4, "Long": 8}  # PyTorch: float32, int64
+
+
+def _raw(name: str) -> list[dict]:
+    return orjson.loads(gzip.decompress((shared_traces_dir() / name).read_bytes()))["traceEvents"]
+
+
+def test_a100_trace_collectives_come_from_kernel_metadata():
+    (w,) = read_trace(shared_traces_dir() / "a100_w2_allreduce_broadcast.json.gz")
+    assert (w.rank, w.world_size, w.device_name, w.sm_count) == (0, 2, "NVIDIA A100-PG509-200", 108)
+    raw_nccl = sorted(
+        (e for e in _raw("a100_w2_allreduce_broadcast.json.gz") if e.get("cat") == "kernel" and e["name"].startswith("nccl")),
+        key=lambda e: e["ts"],
+    )
+    assert [c.collective for c in w.collectives].count(CollectiveType.ALLREDUCE) == 15
+    assert [c.collective for c in w.collectives].count(CollectiveType.BROADCAST) == 6
+    for c, e in zip(w.collectives, raw_nccl):
+        a = e["args"]
+        assert c.name == e["name"]
+        assert c.message_bytes == max(a["In msg nelems"], a["Out msg nelems"]) * DTYPE_BYTES[a["dtype"]]
+        assert c.group == a["Process Group Name"] and c.dtype == a["dtype"] and c.on_gpu
+        assert c.duration_us == pytest.approx(e["dur"])
+    assert w.groups["0"].ranks == (0, 1)
+    assert {s.stream_id: s.kind for s in w.streams} == {7: StreamKind.COMPUTE, 40: StreamKind.COMMUNICATION}
+    assert len(w.profiler_steps) == 3
+
+
+def test_compute_ops_carry_launch_shape_and_memory_ops_are_flagged():
+    (w,) = read_trace(shared_traces_dir() / "a100_w2_allreduce_broadcast.json.gz")
+    raw = _raw("a100_w2_allreduce_broadcast.json.gz")
+    kernels = [e for e in raw if e.get("cat") == "kernel" and not e["name"].startswith("nccl")]
+    memory = [e for e in raw if e.get("cat") in ("gpu_memcpy", "gpu_memset")]
+    # gpu_user_annotation spans are not kernels.
+    assert len(w.compute_ops) == len(kernels) + len(memory)
+    assert sum(o.is_memory_op for o in w.compute_ops) == len(memory)
+    raw_ops = sorted(kernels + memory, key=lambda e: (e["ts"], e["args"]["stream"]))
+    for op, e in zip(w.compute_ops, raw_ops):
+        a = e["args"]
+        assert op.name == e["name"]
+        if e["cat"] == "kernel":
+            assert (list(op.grid), list(op.block)) == (a["grid"], a["block"])
+            assert (op.registers_per_thread, op.shared_memory_bytes) == (a["registers per thread"], a["shared memory"])
+            assert op.blocks_per_sm == a["blocks per SM"] and op.occupancy_pct == a["est. achieved occupancy %"]
+    assert all(o.launch_us is not None and o.launch_us <= o.start_us for o in w.compute_ops)
+    starts = [o.start_us for o in w.compute_ops]
+    assert starts == sorted(starts)
+    ids = [o.op_id for o in (*w.compute_ops, *w.collectives)]
+    assert len(set(ids)) == len(ids)
+
+
+def test_sendrecv_kernels_take_their_type_from_the_cpu_comm_call():
+    # w128: every NCCL kernel is a SendRecv kernel; the launching nccl:all_to_all /
+    # record_param_comms / c10d:: calls say what the collective really was.
+    (w,) = read_trace(shared_traces_dir() / "w128_sendrecv_rank0.json.gz")
+    assert (w.rank, w.world_size) == (0, 128)
+    assert all("SendRecv" in c.name for c in w.collectives)
+    types = {c.collective for c in w.collectives}
+    assert {CollectiveType.ALLTOALL, CollectiveType.ALLREDUCE, CollectiveType.ALLGATHER} <= types
+    # nccl:all_to_all with Input Dims [[419430400]] of 'unsigned char' (1 byte each).
+    assert any(c.collective is CollectiveType.ALLTOALL and c.message_bytes == 419430400 for c in w.collectives)
+
+
+def test_cpu_only_gloo_trace_yields_cpu_collectives():
+    (w,) = read_trace(shared_traces_dir() / "cpu_only_rank34.json.gz")
+    assert (w.rank, w.world_size) == (34, 300)
+    assert not w.compute_ops
+    # 11 gloo:all_reduce events, one an exact duplicate.
+    assert len(w.collectives) == 10
+    assert all(not c.on_gpu and c.collective is CollectiveType.ALLREDUCE for c in w.collectives)
+    assert sorted({c.message_bytes for c in w.collectives}) == [321271 * 4, 2082411 * 4]
+    assert all(w.stream_kind(c.stream) is StreamKind.COMMUNICATION and c.stream < 0 for c in w.collectives)
+    assert len(w.groups["0"].ranks) == 300
+
+
+def test_trace_without_distributed_info_still_reads():
+    (w,) = read_trace(shared_traces_dir() / "no_distributed_info.json.gz")
+    assert w.rank == 0 and w.world_size >= 1
+    assert w.collectives and all(c.collective is CollectiveType.ALLTOALL for c in w.collectives)
+
+
+def test_workload_json_round_trip_of_a_real_trace():
+    (w,) = read_trace(shared_traces_dir() / "w128_sendrecv_rank1.json.gz")
+    again = Workload.from_dict(orjson.loads(orjson.dumps(w.to_dict())))
+    assert again.to_dict() == w.to_dict()
+    assert again.compute_ops[5].launch_us == w.compute_ops[5].launch_us
+
+
+def test_directory_of_ranks_shares_one_clock(tmp_path):
+    for name in ("w128_sendrecv_rank0.json.gz", "w128_sendrecv_rank1.json.gz"):
+        shutil.copy(shared_traces_dir() / name, tmp_path / name)
+    ws = read_trace(tmp_path)
+    assert [w.rank for w in ws] == [0, 1]
+    raw0 = min(e["ts"] for e in _raw("w128_sendrecv_rank0.json.gz") if e.get("cat") == "kernel")
+    raw1 = min(e["ts"] for e in _raw("w128_sendrecv_rank1.json.gz") if e.get("cat") == "kernel")
+    first0 = min(o.start_us for o in ws[0].compute_ops + ws[0].collectives)
+    first1 = min(o.start_us for o in ws[1].compute_ops + ws[1].collectives)
+    assert first1 - first0 == pytest.approx(raw1 - raw0)
+
+
+def test_rank_from_file_name_when_no_distributed_info(tmp_path):
+    b = TraceBuilder(rank=None)
+    b.kernel("gemm", 7, 100, 10)
+    b.write(tmp_path / "job_rank3.json")
+    b.write(tmp_path / "job-rank-5.json.gz")
+    assert [w.rank for w in read_trace(tmp_path)] == [3, 5]
+    with pytest.raises(Exception, match="both rank 3"):
+        b.write(tmp_path / "other_rank3.json")
+        read_trace(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("ncclAllReduceRingLLKernel_sum_f32(ncclColl)", CollectiveType.ALLREDUCE),  # NCCL <= 2.8
+        ("ncclKernel_ReduceScatter_RING_SIMPLE_Sum_bf16(ncclDevComm*, unsigned long, ncclWork*)", CollectiveType.REDUCESCATTER),
+        ("ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", CollectiveType.ALLGATHER),  # >= 2.19
+        ("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", CollectiveType.SENDRECV),
+        ("ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", CollectiveType.BROADCAST),
+    ],
+)
+def test_every_generation_of_nccl_kernel_name(tmp_path, name, expected):
+    b = TraceBuilder()
+    b.kernel("gemm", 7, 100, 10)
+    b.kernel(name, 20, 100, 50)
+    (w,) = read_trace(b.write(tmp_path / "t.json"))
+    assert [c.collective for c in w.collectives] == [expected]
+    assert w.stream_kind(20) is StreamKind.COMMUNICATION
+
+
+def test_legacy_categories_and_generic_kernel_joined_to_record_param_comms(tmp_path):
+    # Legacy spellings (Kernel, Runtime, Operator, Memcpy); an RCCL-style generic kernel
+    # whose collective and size come from record_param_comms via External id.
+    b = TraceBuilder(categories={"kernel": "Kernel", "runtime": "Runtime", "cpu": "Operator"})
+    b.cpu("record_param_comms", 50, 20, **{"Collective name": "reduce_scatter_tensor", "In msg nelems": 4096,
+                                          "Out msg nelems": 1024, "dtype": "BFloat16", "Process Group Name": "7",
+                                          "Process Group Ranks": "[0, 1, 2, 3]", "Group size": 4})
+    b.kernel("ncclDevKernel_Generic_4(ncclDevComm*, unsigned long, ncclWork*)", 30, 100, 40, launch_ts=60)
+    b.kernel("Memcpy DtoD (Device -> Device)", 7, 200, 5, cat="Memcpy")
+    b.kernel("gemm", 7, 90, 30)
+    (w,) = read_trace(b.write(tmp_path / "legacy.json.gz"))
+    (c,) = w.collectives
+    assert (c.collective, c.message_bytes, c.dtype, c.group) == (CollectiveType.REDUCESCATTER, 4096 * 2, "BFloat16", "7")
+    assert w.groups["7"].ranks == (0, 1, 2, 3)
+    assert [o.is_memory_op for o in w.compute_ops] == [False, True]
+    assert w.stream_kind(7) is StreamKind.COMPUTE
+
+
+def test_stream_wait_events_become_dependencies(tmp_path):
+    b = TraceBuilder()
+    gemm_corr = b.kernel("gemm", 7, 100, 50, launch_ts=10)
+    b.corr += 1
+    record_corr = b.corr  # cudaEventRecord after the gemm launch
+    b.events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaEventRecord", "pid": 1, "tid": 1, "ts": 12,
+                     "dur": 1, "args": {"correlation": record_corr}})
+    b.corr += 1
+    wait_corr = b.corr
+    b.events.append({"ph": "X", "cat": "cuda_sync", "name": "Stream Wait Event", "pid": 0, "tid": 20, "ts": 150,
+                     "dur": 0, "args": {"stream": 20, "correlation": wait_corr, "wait_on_stream": 7,
+                                        "wait_on_cuda_event_record_corr_id": record_corr}})
+    b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)", 20, 151, 30, launch_ts=14)
+    b.kernel("relu", 7, 152, 5, launch_ts=15)
+    (w,) = read_trace(b.write(tmp_path / "deps.json"))
+    gemm = next(o for o in w.compute_ops if o.name == "gemm")
+    (dep,) = w.dependencies
+    assert dep.before == gemm.op_id and dep.after == w.collectives[0].op_id and dep.kind is DependencyKind.EVENT
+    assert gemm_corr < record_corr < wait_corr

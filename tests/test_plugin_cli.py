@@ -1,0 +1,133 @@
+"""`lagom plugin build|table|check` and `lagom doctor`, run as subprocesses like a user would."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lagom.plugin_export import plugin_entries_from_config
+from lagom.tuned_config import load_tuned_config
+from nccl_env import Algorithm, CollectiveType
+from nccl_env.libnccl import find_libnccl, nccl_version
+from nccl_env.plugin_build import PluginBuildError, build_plugin
+from nccl_env.plugin_table import parse_table
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def lagom(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "lagom", *args], capture_output=True, text=True, env=full_env,
+                          cwd=cwd or REPO, timeout=300)
+
+
+def test_plugin_build_prints_path_last_and_caches(tmp_path):
+    env = {"LAGOM_CACHE_DIR": str(tmp_path / "cache")}
+    first = lagom("plugin", "build", env=env)
+    assert first.returncode == 0, first.stderr
+    so = Path(first.stdout.strip().splitlines()[-1])
+    assert so.is_absolute() and so.exists() and so.parent == tmp_path / "cache"
+    lib = ctypes.CDLL(str(so))
+    assert all(hasattr(lib, f"ncclTunerPlugin_v{v}") for v in range(2, 7))
+    assert not hasattr(lib, "parse_table")  # internals stay hidden
+    mtime = so.stat().st_mtime_ns
+    again = lagom("plugin", "build", env=env)
+    assert Path(again.stdout.strip().splitlines()[-1]) == so and so.stat().st_mtime_ns == mtime
+
+
+def test_missing_or_broken_compiler_is_one_line_not_a_crash(tmp_path, monkeypatch):
+    proc = lagom("plugin", "build", "--cc", "/nonexistent/cc", env={"LAGOM_CACHE_DIR": str(tmp_path)})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == ["lagom plugin: error: C compiler '/nonexistent/cc' not found "
+                                                "(set CC or pass --cc to a working compiler)"]
+    monkeypatch.setenv("LAGOM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "/nowhere/gcc")
+    with pytest.raises(PluginBuildError, match="/nowhere/gcc"):
+        build_plugin(force=True)
+    broken = tmp_path / "broken-cc"
+    broken.write_text("#!/bin/sh\necho 'lagom_tuner.c:1:1: error: simulated failure' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    with pytest.raises(PluginBuildError, match="does not compile.*simulated failure"):
+        build_plugin(force=True, cc=str(broken))
+
+
+CONFIG = """\
+format: lagom.tuned-config
+version: 1
+cluster: low-bw
+nccl_version: "2.30.1"
+method: lagom
+env: {NCCL_NTHREADS: "256"}
+collectives:
+  - match: {collective: allgather, group: "dp", min_bytes: 1048576, max_bytes: 1048576, ranks: 8, nodes: 1}
+    set: {algorithm: ring, protocol: simple, channels: 2, chunk_bytes: 700416, threads: 256}
+  - match: {collective: allgather, group: "tp", min_bytes: 1048576, max_bytes: 1048576, ranks: 8, nodes: 1}
+    set: {channels: 6}
+  - match: {collective: alltoall, group: "ep"}
+    set: {channels: 3}
+  - match: {collective: reducescatter}
+    set: {protocol: simple}
+"""
+
+
+def test_plugin_table_from_tuned_config(tmp_path):
+    cfg_path = tmp_path / "lagom.yaml"
+    cfg_path.write_text(CONFIG)
+    entries = plugin_entries_from_config(load_tuned_config(cfg_path))
+    assert [e.collective for e in entries] == [CollectiveType.ALLGATHER, CollectiveType.ALLGATHER,
+                                               CollectiveType.REDUCESCATTER]
+    assert entries[0].algorithm is Algorithm.RING and entries[0].chunk_bytes == 700416
+    proc = lagom("plugin", "table", str(cfg_path))
+    assert proc.returncode == 0, proc.stderr
+    parsed, warns = parse_table(proc.stdout)
+    assert (parsed, warns) == (entries, [])
+    comments = [ln for ln in proc.stdout.splitlines() if ln.startswith("#")]
+    assert any("entries 1 and 2 differ only by process group ('dp' vs 'tp')" in c for c in comments)
+    assert any("alltoall left out" in c for c in comments)
+    out = tmp_path / "table.csv"
+    proc = lagom("plugin", "table", str(cfg_path), "-o", str(out))
+    assert proc.returncode == 0 and Path(proc.stdout.strip()) == out and out.read_text() == lagom(
+        "plugin", "table", str(cfg_path)).stdout
+    check = lagom("plugin", "check", str(out))
+    assert check.returncode == 0 and "3 entries, 0 rejected lines" in check.stdout
+    bad = tmp_path / "bad.csv"
+    bad.write_text("allreduce,0,-1,ring,simple,4,-1,-1\nallreduce,0,-1,warp,simple,4,-1,-1\n")
+    check = lagom("plugin", "check", str(bad))
+    assert check.returncode == 1 and "line 2: unknown algorithm 'warp'" in check.stdout
+    missing = lagom("plugin", "table", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2 and "nope.yaml: no such file" in missing.stderr
+
+
+def test_doctor_finds_the_wheel_libnccl_and_reads_its_version():
+    wheel_version = importlib.metadata.version("nvidia-nccl-cu12")
+    lib = find_libnccl()
+    assert lib.source == "nvidia-nccl-cu12" and lib.path.name == "libnccl.so.2"
+    assert str(nccl_version(lib.path)) == wheel_version
+    proc = lagom("doctor", "--json")
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0, report["problems"]
+    assert report["libnccl"]["source"] == "nvidia-nccl-cu12"
+    assert report["nccl_version"] == wheel_version
+    assert report["nccl_version_code"] == int("{}{:02d}{:02d}".format(*map(int, wheel_version.split("."))))
+    assert report["tuner_symbols"][0] == "ncclTunerPlugin_v6"
+    assert all(report["strings"][name] for name in ("NCCL_NTHREADS", "NCCL_BUFFSIZE", "NCCL_MIN_CTAS", "NCCL_ALGO"))
+    assert report["plugin"]["exports"] == [f"ncclTunerPlugin_v{v}" for v in range(2, 7)]
+    human = lagom("doctor")
+    assert human.returncode == 0 and wheel_version in human.stdout and "0 problem(s)" in human.stdout
+
+
+def test_doctor_reports_problems_as_lines(tmp_path):
+    not_nccl = tmp_path / "libnotnccl.so"
+    not_nccl.write_bytes(b"\x7fELF garbage")
+    proc = lagom("doctor", "--cc", "/nonexistent/cc", env={"LAGOM_LIBNCCL": str(not_nccl)})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr + proc.stdout
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("2 problem(s): NCCL version:") and "cannot load" in last
+    assert "C compiler: C compiler '/nonexistent/cc' not found" in last

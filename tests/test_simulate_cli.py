@@ -1,0 +1,87 @@
+"""`lagom simulate` end to end (in process), and the WORKLOAD / --set argument parsers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import shared_traces_dir
+from lagom.cli import main
+from lagom.knob_args import parse_set, parse_size
+from lagom.tuned_config import CollectiveEntry, Match, TunedConfig
+from lagom.workload_arg import load_workload_arg
+from costmodel.cluster import load_cluster
+from nccl_env import Algorithm, CollectiveType, CommConfig, LagomError, Protocol
+from traces.generate import generate_workload
+from traces.workload_io import save_workload
+
+
+def run_json(capsys, *argv) -> dict:
+    assert main(["simulate", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_sizes_and_set():
+    assert parse_size("2MiB") == 2 << 20 and parse_size("684KB") == 684 * 1024 and parse_size("4096") == 4096
+    cfg = parse_set("channels=16,chunk=2MiB,threads=256,algorithm=ring,protocol=simple")
+    assert cfg == CommConfig(Algorithm.RING, Protocol.SIMPLE, 16, 256, 2 << 20)
+    for bad in ("channels=0", "chunk=1.5B", "speed=3", "algorithm=fast", "channels"):
+        with pytest.raises(LagomError):
+            parse_set(bad)
+
+
+def test_simulate_spec_json_and_set_changes_the_result(capsys):
+    base = run_json(capsys, "fsdp:phi2:gpus=8", "--cluster", "high-bw", "--noise", "0")
+    assert {"iteration_us", "compute_us", "comm_us", "exposed_comm_us", "compute_slowdown", "evaluations"} <= set(base)
+    assert base["evaluations"] == 1 and base["ops"] > 500
+    assert base["iteration_us"] >= max(base["compute_us"], base["comm_us"])
+    assert base["compute_slowdown"] > 1.0
+    lean = run_json(capsys, "fsdp:phi2:gpus=8", "--cluster", "high-bw", "--noise", "0", "--set", "channels=2,chunk=684KB")
+    assert lean["compute_slowdown"] < base["compute_slowdown"]
+    again = run_json(capsys, "fsdp:phi2:gpus=8", "--cluster", "high-bw", "--noise", "0")
+    assert again == base  # noise 0 is exact
+    noisy = run_json(capsys, "fsdp:phi2:gpus=8", "--cluster", "high-bw", "--seed", "3")
+    assert noisy["iteration_us"] != base["iteration_us"]
+    assert abs(noisy["iteration_us"] / base["iteration_us"] - 1) < 0.05
+
+
+def test_simulate_table_and_tuned_config(tmp_path, capsys):
+    assert main(["simulate", "ep:olmoe:ep=8", "--cluster", "low-bw"]) == 0
+    out = capsys.readouterr().out
+    assert "iteration (Z)" in out and "compute slowdown" in out
+    tuned = TunedConfig(cluster="high-bw", collectives=[
+        CollectiveEntry(Match(collective=CollectiveType.ALLGATHER), CommConfig(channels=2, chunk_bytes=700416))])
+    tuned.dump(tmp_path / "lagom.yaml")
+    with_file = run_json(capsys, "fsdp:phi2:gpus=8", "--cluster", "high-bw", "--noise", "0", "--config",
+                         str(tmp_path / "lagom.yaml"))
+    base = run_json(capsys, "fsdp:phi2:gpus=8", "--cluster", "high-bw", "--noise", "0")
+    assert with_file["iteration_us"] != base["iteration_us"]
+
+
+def test_workload_file_and_trace_arguments(tmp_path, capsys):
+    w = generate_workload("tp:phi2:tp=8,dp=1")
+    save_workload(w, tmp_path / "w.json")
+    loaded = load_workload_arg(str(tmp_path / "w.json"))
+    assert loaded.to_dict() == w.to_dict()
+    trace = shared_traces_dir() / "a100_w2_allreduce_broadcast.json.gz"
+    observed = load_workload_arg(str(trace))
+    recovered = load_workload_arg(str(trace), load_cluster("a100-nvswitch"))
+    assert recovered.rank == 0 and len(recovered.collectives) == 21
+    assert sum(o.duration_us for o in recovered.compute_ops) <= sum(o.duration_us for o in observed.compute_ops)
+    out = run_json(capsys, str(trace), "--cluster", "a100-nvswitch")
+    assert out["collectives"] == 21 and out["iteration_us"] > 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["fsdp:gpt9:gpus=8", "--cluster", "low-bw"], "unknown model"),
+    (["nothing-here", "--cluster", "low-bw"], "not a file"),
+    (["fsdp:phi2", "--cluster", "mars"], "unknown cluster"),
+    (["fsdp:phi2", "--cluster", "low-bw", "--set", "chunk=lots"], "bad size"),
+    (["fsdp:phi2", "--cluster", "low-bw", "--config", "/nonexistent.yaml"], "no such file"),
+    (["fsdp:phi2", "--cluster", "low-bw", "--noise", "-1"], "--noise"),
+])
+def test_bad_input_is_one_line_exit_2(argv, message, capsys):
+    assert main(["simulate", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

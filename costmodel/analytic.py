@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from costmodel.analytic_jump import JumpStatic, build_jump_static, jump_timeline
 from costmodel.cluster import ClusterSpec
@@ -71,7 +71,8 @@ class _Static:
     shape_id: list[int]  # kernels with equal shapes share an id (and cached times)
     busy: list[bool]  # counts toward compute-busy time (a kernel, not a memcpy/memset)
     sig_of: list[int]  # collective -> index into signatures; -1 for kernels
-    signatures: list[Signature]
+    signatures: list[Signature]  # per collective kind (a signature may appear twice: on the GPU, on the host)
+    host_side: list[bool]  # run by the host (gloo in a CPU-only trace): no SMs, L2 or GPU DRAM
     shape_list: list[ComputeShape]  # by shape id
     jump: JumpStatic | None  # two streams: the jump timeline applies
     pair_many: object  # estimate -> (kernel times, collective times, CTA waits) over shape ids
@@ -121,12 +122,15 @@ class AnalyticEvaluator:
         self.evaluations = 0
         self._statics: dict[int, tuple[weakref.ref, int, _Static]] = {}
         self._est_cache: dict[tuple[Signature, CommConfig], CollectiveEstimate] = {}
+        self._host_cache: dict[tuple, tuple[CollectiveEstimate, CollectiveEstimate]] = {}
 
     # ---- public ------------------------------------------------------------------------------
     def evaluate(self, workload: Workload, plan: Plan) -> Timing:
         self.evaluations += 1
         st = self._static(workload)
         ests = [self.estimate(sig, plan.config_for(sig)) for sig in st.signatures]
+        if True in st.host_side:
+            ests = [self._host_side(e) if host else e for e, host in zip(ests, st.host_side)]
         if st.jump is not None:
             starts, ends, busy_c, busy_x, exposed, iteration, fill = jump_timeline(st.jump, ests, st.pair_many)
             return Timing(iteration_us=iteration, compute_us=busy_c, comm_us=busy_x, exposed_comm_us=exposed,
@@ -148,10 +152,20 @@ class AnalyticEvaluator:
             )
             if len(self._est_cache) > 200_000:
                 self._est_cache.clear()
+                self._host_cache.clear()
                 for hit in self._statics.values():
                     hit[2].rate_cache.clear()  # keyed by estimate ids
             self._est_cache[key] = est
         return est
+
+    def _host_side(self, est: CollectiveEstimate) -> CollectiveEstimate:
+        """The same collective run by the host: same pace, no SMs, L2 or GPU DRAM."""
+        key = ("host", id(est))
+        hit = self._host_cache.get(key)
+        if hit is None or hit[0] is not est:
+            hit = (est, replace(est, channels=0, footprint_bytes=0.0, dram_base=0.0, dram_fifo=0.0))
+            self._host_cache[key] = hit
+        return hit[1]
 
     def resolve(self, signature: Signature, config: CommConfig) -> CommConfig:
         """``config`` with every None field filled by NCCL's modelled default."""
@@ -228,18 +242,21 @@ class AnalyticEvaluator:
         shape_id = [-1] * n
         busy = [False] * n
         ids: dict[ComputeShape, int] = {}
-        sig_index: dict[Signature, int] = {}
+        sig_index: dict[tuple[Signature, bool], int] = {}
         signatures: list[Signature] = []
+        host_side: list[bool] = []
         sig_of = [-1] * n
         compute_streams: dict[int, list[int]] = {}
         for k, i in enumerate(order):
             op = ops[i]
             if is_coll[k]:
                 sig = w.signature(op, self.cluster.gpus_per_node)
-                j = sig_index.get(sig)
+                key = (sig, not op.on_gpu)
+                j = sig_index.get(key)
                 if j is None:
-                    j = sig_index[sig] = len(signatures)
+                    j = sig_index[key] = len(signatures)
                     signatures.append(sig)
+                    host_side.append(not op.on_gpu)
                 sig_of[k] = j
             else:
                 shape = self.compute_shape(op)
@@ -251,7 +268,7 @@ class AnalyticEvaluator:
         return _Static(
             n_ops=n, op_ids=op_ids, index=index, is_coll=is_coll, next_on_stream=next_on_stream,
             succs=[tuple(s) for s in succs], n_preds=n_preds, shapes=shapes, shape_id=shape_id, busy=busy,
-            sig_of=sig_of, signatures=signatures, shape_list=list(ids),
+            sig_of=sig_of, signatures=signatures, host_side=host_side, shape_list=list(ids),
             compute_streams=compute_streams,
             one_compute_stream=len(compute_streams) <= 1 and not (set(compute_streams) & coll_streams),
             rate_cache={},

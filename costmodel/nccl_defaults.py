@@ -150,12 +150,9 @@ def comm_channels(cluster: ClusterSpec, nodes: int = 1) -> int:
 
 
 def nccl_nbytes(signature: Signature) -> int:
-    """NCCL's ``info->nBytes``: per-rank count for AllGather/ReduceScatter, full buffer otherwise.
-
-    Signature.message_bytes is the larger of the input and output buffers on the rank.
-    """
-    if signature.collective in (CollectiveType.ALLGATHER, CollectiveType.REDUCESCATTER):
-        return max(1, signature.message_bytes // max(1, signature.ranks))
+    """NCCL 2.18's ``info->nBytes``: the whole buffer. For AllGather/ReduceScatter
+    ``ncclInfoSetDerived`` (src/include/info.h) multiplies the per-rank count by nRanks, which
+    is Signature.message_bytes (the larger of the rank's input and output buffers)."""
     return signature.message_bytes
 
 

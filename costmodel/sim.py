@@ -21,7 +21,9 @@ the resources the others leave it:
 A collective's CommConfig is ``plan.config_for(signature)`` resolved over NCCL's modelled
 default (:func:`costmodel.nccl_defaults.resolve_config`). Each op's duration carries a
 seeded multiplicative noise factor ``N(1, noise)`` (clipped to [0.5, 1.5]); ``noise=0`` is
-exact and deterministic. ``evaluations`` counts evaluate() calls.
+exact and deterministic. ``evaluations`` counts evaluate() calls. Per-workload data is
+built once and cached (keyed by the workload object): do not mutate a workload between
+evaluations; build a new one.
 
 Entry points for calibration (tiny workloads work too):
 :meth:`Simulator.collective_time_us` (one collective alone, no noise),
@@ -43,10 +45,16 @@ from costmodel.cluster import ClusterSpec
 from costmodel.evaluator import OpTiming, Timing
 from costmodel.nccl_defaults import resolve_config
 from costmodel.sim_collective import CollectiveModel
-from costmodel.sim_compute import ComputeModel
+from costmodel.sim_compute import ComputeModel, gemm_tile_from_name
 from costmodel.sim_params import sim_params
 
 _NOISE_CLIP = (0.5, 1.5)
+
+
+def _shape_key(op: ComputeOp) -> tuple:
+    name = op.name.lower()
+    return (gemm_tile_from_name(op.name), "flash" in name or "attn" in name, op.grid, op.block, op.blocks_per_sm,
+            op.shared_memory_bytes, op.flops, op.dram_bytes, op.duration_us if op.flops is None else None)
 
 
 class _Static:
@@ -79,10 +87,20 @@ class _Static:
             pending[b] += 1
         self.succ = succ
         self.pending = pending
-        self.compute_models = [ComputeModel(op, cluster.gpu, params) for op in compute]
+        # kernels of the same shape share one model (and its memo): layers repeat
+        shared: dict[tuple, ComputeModel] = {}
+        self.compute_models = []
+        for op in compute:
+            key = _shape_key(op)
+            model = shared.get(key)
+            if model is None:
+                model = shared[key] = ComputeModel(op, cluster.gpu, params)
+            self.compute_models.append(model)
+        self.state_cache: dict[tuple, list[float]] = {}
         gpn = cluster.gpus_per_node
         self.signatures: list[Signature] = [workload.signature(op, gpn) for op in colls]
         self.unique_signatures = sorted(set(self.signatures))
+        self.on_gpu = [op.on_gpu for op in colls]
         self.compute_streams = sorted({op.stream for op in compute})
         self.compute_stream_of = [op.stream for op in compute]
 
@@ -124,7 +142,7 @@ class Simulator:
         if model is None:
             resolved = resolve_config(self.cluster, signature, requested)
             model = CollectiveModel(signature, resolved, self.cluster, self.params)
-            if len(self._collective_models) > 100_000:
+            if len(self._collective_models) > 20_000:
                 self._collective_models.clear()
             self._collective_models[key] = model
         return model
@@ -164,18 +182,18 @@ class Simulator:
         if n == 0:
             return Timing(0.0, 0.0, 0.0, 0.0, 0.0, {})
         by_sig = {sig: self.collective_model(sig, plan.config_for(sig)) for sig in st.unique_signatures}
-        colls = [by_sig[sig] for sig in st.signatures]
+        colls = [by_sig[sig] if on_gpu else by_sig[sig].host_side() for sig, on_gpu in zip(st.signatures, st.on_gpu)]
         if self.noise > 0:
             factors = np.clip(self._rng.normal(1.0, self.noise, n), *_NOISE_CLIP).tolist()
         else:
             factors = [1.0] * n
         cmodels = st.compute_models
+        state_cache = st.state_cache
         succ = st.succ
         pending = list(st.pending)
         start = [0.0] * n
         end = [0.0] * n
         remaining = [1.0] * n
-        sm, l2, bw = self._sm, self._l2, self._bw
         ready = [i for i in range(n) if pending[i] == 0]
         active_c: list[int] = []  # running compute ops
         active_k: list[int] = []  # running collectives (indices into st.ops)
@@ -191,12 +209,7 @@ class Simulator:
                     # CTAs wait for SMs held by a running kernel: its blocks run in lockstep
                     # waves, so SMs free up at the end of the current wave (half a wave on average)
                     if active_c:
-                        wait = 0.0
-                        for j in active_c:
-                            cm = cmodels[j]
-                            if cm.blocks >= sm * cm.tb:
-                                waves = cm.blocks / (sm * cm.tb)
-                                wait = max(wait, 0.5 * cm.uncontended_us / waves)
+                        wait = max([cmodels[j].wave_wait_us for j in active_c])
                         if wait > 0:
                             remaining[i] += wait / max(model.alone_us, 1e-9)
                     active_k.append(i)
@@ -207,62 +220,35 @@ class Simulator:
                     pending[i] = 0
                 ready = rest
                 continue
-            # resources left by the running collectives
-            channels = 0
-            footprint = 0.0
-            net = intra = 0
-            for i in active_k:
-                m = colls[i - nc]
-                channels += m.channels
-                footprint += m.footprint_bytes
-                if m.link_class == "net":
-                    net += 1
-                else:
-                    intra += 1
-            n_c = len(active_c)
-            free_sms = max(1, sm - channels)
-            per_op_sms = max(1, free_sms // n_c) if n_c else free_sms
-            l2_compute = l2 - footprint if footprint < l2 else 0.0
-            # DRAM demands, then a max-min fair split
-            demand_c = 0.0
-            for i in active_c:
-                demand_c += cmodels[i].dram_demand(per_op_sms, l2_compute)
-            demand_k = 0.0
-            for i in active_k:
-                m = colls[i - nc]
-                share = 1.0 / (net if m.link_class == "net" else intra)
-                demand_k += m.dram_demand(l2 * m.footprint_bytes / footprint if footprint > l2 else l2, share)
-            if demand_c + demand_k <= bw:
-                bw_c, bw_k = bw - demand_k, bw - demand_c
-            else:
-                half = bw / 2.0
-                if demand_k <= half:
-                    bw_c, bw_k = bw - demand_k, demand_k
-                elif demand_c <= half:
-                    bw_c, bw_k = demand_c, bw - demand_c
-                else:
-                    bw_c, bw_k = half, half
-            # rates (fraction of the op per us) and the next event
+            if not active_k and len(active_c) == 1:  # fast path: one kernel alone on the GPU
+                i = active_c[0]
+                r = 1.0 / (cmodels[i].uncontended_us * factors[i])
+                dt = remaining[i] / r
+                t += dt
+                remaining[i] = 0.0
+                end[i] = t
+                done += 1
+                active_c.clear()
+                for s in succ[i]:
+                    pending[s] -= 1
+                    if pending[s] == 0:
+                        ready.append(s)
+                continue
+            key = (tuple([cmodels[i] for i in active_c]), tuple([colls[i - nc] for i in active_k]))
+            durations = state_cache.get(key)
+            if durations is None:
+                durations = self._state_durations(key[0], key[1])
+                if len(state_cache) > 50_000:
+                    state_cache.clear()
+                state_cache[key] = durations
             rates = {}
             dt = float("inf")
-            bw_each_c = bw_c / n_c if n_c else bw_c
-            for i in active_c:
-                r = 1.0 / (cmodels[i].time_us(per_op_sms, l2_compute, bw_each_c) * factors[i])
+            for i, d in zip(active_c + active_k, durations):
+                r = 1.0 / (d * factors[i])
                 rates[i] = r
                 step = remaining[i] / r
                 if step < dt:
                     dt = step
-            if active_k:
-                bw_each_k = bw_k / len(active_k)
-                for i in active_k:
-                    m = colls[i - nc]
-                    share = 1.0 / (net if m.link_class == "net" else intra)
-                    l2_k = l2 * m.footprint_bytes / footprint if footprint > l2 else l2
-                    r = 1.0 / (m.time_us(l2_k, bw_each_k, share) * factors[i])
-                    rates[i] = r
-                    step = remaining[i] / r
-                    if step < dt:
-                        dt = step
             t += dt
             finished = []
             limit = dt * (1.0 + 1e-12) + 1e-12
@@ -285,6 +271,49 @@ class Simulator:
                         ready.append(s)
         return self._timing(st, start, end, factors)
 
+    def _state_durations(self, kernels: tuple, collectives: tuple) -> list[float]:
+        """Duration of each running op (kernels first, then collectives) if this set of ops ran
+        together for the op's whole life: the resources each leaves the others."""
+        sm, l2, bw = self._sm, self._l2, self._bw
+        channels = 0
+        footprint = 0.0
+        net = intra = 0
+        for m in collectives:
+            channels += m.channels
+            footprint += m.footprint_bytes
+            if m.link_class == "net":
+                net += 1
+            else:
+                intra += 1
+        n_c = len(kernels)
+        free_sms = max(1, sm - channels)
+        per_op_sms = max(1, free_sms // n_c) if n_c else free_sms
+        # the collectives' in-flight FIFO data holds its footprint of L2; kernels get the rest
+        l2_compute = l2 - footprint if footprint < l2 else 0.0
+        shares = [1.0 / (net if m.link_class == "net" else intra) for m in collectives]
+        l2_comm = [l2 * m.footprint_bytes / footprint if footprint > l2 else l2 for m in collectives]
+        # DRAM: each side's demand at its own pace, then a max-min fair split
+        demand_c = sum(cm.dram_demand(per_op_sms, l2_compute) for cm in kernels)
+        demand_k = sum(m.dram_demand(l2k, share) for m, l2k, share in zip(collectives, l2_comm, shares))
+        if demand_c + demand_k <= bw:
+            bw_c, bw_k = bw - demand_k, bw - demand_c
+        else:
+            half = bw / 2.0
+            if demand_k <= half:
+                bw_c, bw_k = bw - demand_k, demand_k
+            elif demand_c <= half:
+                bw_c, bw_k = demand_c, bw - demand_c
+            else:
+                bw_c, bw_k = half, half
+        out = []
+        if n_c:
+            each = bw_c / n_c
+            out += [cm.time_us(per_op_sms, l2_compute, each) for cm in kernels]
+        if collectives:
+            each = bw_k / len(collectives)
+            out += [m.time_us(l2k, each, share) for m, l2k, share in zip(collectives, l2_comm, shares)]
+        return out
+
     def _timing(self, st: _Static, start: list[float], end: list[float], factors: list[float]) -> Timing:
         nc = st.n_compute
         ops = {op_id: OpTiming(s, e - s) for op_id, s, e in zip(st.op_ids, start, end)}
@@ -292,8 +321,8 @@ class Simulator:
         last = max(end)
         compute_spans = _union([(start[i], end[i]) for i in range(nc) if not st.ops[i].is_memory_op])
         comm_spans = _union([(start[i], end[i]) for i in range(nc, len(st.ops))])
-        compute_us = sum(b - a for a, b in compute_spans)
-        comm_us = sum(b - a for a, b in comm_spans)
+        compute_us = sum((b - a for a, b in compute_spans), 0.0)
+        comm_us = sum((b - a for a, b in comm_spans), 0.0)
         exposed = comm_us - _intersection(comm_spans, compute_spans)
         per_stream: dict[int, float] = {}
         for i in range(nc):

@@ -39,7 +39,7 @@ class CollectiveModel:
     """One collective under one resolved CommConfig; :meth:`time_us` is the hot path."""
 
     __slots__ = ("channels", "footprint_bytes", "fixed_us", "steps_us", "wire_bytes", "rate_cap", "dram_base",
-                 "dram_fifo", "link_class", "config", "alone_us", "_memo")
+                 "dram_fifo", "link_class", "config", "alone_us", "_memo", "_host")
 
     def __init__(self, signature: Signature, config: CommConfig, cluster: ClusterSpec, params: SimParams):
         self.config = config
@@ -123,7 +123,23 @@ class CollectiveModel:
         self.dram_base = params.dram_bytes_per_payload_byte
         self.dram_fifo = params.fifo_dram_bytes_per_payload_byte
         self._memo: dict = {}
+        self._host: CollectiveModel | None = None
         self.alone_us = self.time_us(float(gpu.l2_bytes), gpu.mem_bw_gb_per_s * 1e3 * params.mem_efficiency, 1.0)
+
+    def host_side(self) -> "CollectiveModel":
+        """The same collective run by the host (e.g. gloo in a CPU-only trace): same pace, but it
+        holds no SMs, no L2 and no GPU DRAM bandwidth."""
+        if self._host is None:
+            host = object.__new__(CollectiveModel)
+            for name in self.__slots__:
+                setattr(host, name, getattr(self, name))
+            host.channels = 0
+            host.footprint_bytes = 0.0
+            host.dram_base = host.dram_fifo = 0.0
+            host._memo = {}
+            host._host = host
+            self._host = host
+        return self._host
 
     def dram_per_byte(self, l2_for_comm: float) -> float:
         if self.footprint_bytes <= 0:
@@ -133,9 +149,11 @@ class CollectiveModel:
 
     def rate(self, l2_for_comm: float, bw_bytes_per_us: float, link_share: float) -> float:
         """Payload bytes/us."""
+        cap = self.rate_cap * link_share if link_share < 1.0 else self.rate_cap
         per_byte = self.dram_per_byte(l2_for_comm)
-        return min(self.rate_cap * link_share if link_share < 1.0 else self.rate_cap,
-                   max(bw_bytes_per_us, 1e-6) / per_byte)
+        if per_byte <= 0.0:  # a host-side collective uses no GPU DRAM
+            return cap
+        return min(cap, max(bw_bytes_per_us, 1e-6) / per_byte)
 
     def time_us(self, l2_for_comm: float, bw_bytes_per_us: float, link_share: float) -> float:
         """Duration if the state held for the whole collective."""
@@ -154,6 +172,16 @@ class CollectiveModel:
 
     def dram_demand(self, l2_for_comm: float, link_share: float) -> float:
         """Bytes/us of DRAM traffic at its link-limited pace."""
+        key = (l2_for_comm, None, link_share)
+        cached = self._memo.get(key)
+        if cached is not None:
+            return cached
+        value = self._dram_demand(l2_for_comm, link_share)
+        if len(self._memo) < 256:
+            self._memo[key] = value
+        return value
+
+    def _dram_demand(self, l2_for_comm: float, link_share: float) -> float:
         if self.wire_bytes <= 0:
             return 0.0
         rate = self.rate_cap * link_share

@@ -14,6 +14,7 @@ Mechanism (docs/simulator.md has the derivation):
 
 Kernels from a trace carry no FLOPs: their uncontended duration is scaled by the wave
 ratio (grid known) or by ``lambda / S`` and assumed to stream half the DRAM bandwidth.
+Memory copies/sets run on the copy engines: only the DRAM share slows them.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class ComputeModel:
 
     __slots__ = ("blocks", "tb", "flops_block", "dram", "tile_reuse", "smem", "overhead", "sm_count",
                  "flops_per_sm_us", "l2_bytes", "short_reuse", "from_trace", "trace_us", "bw_full", "_memo",
-                 "uncontended_us")
+                 "uncontended_us", "wave_wait_us", "copy_engine")
 
     def __init__(self, op: ComputeOp, gpu: GpuSpec, params: SimParams):
         self.sm_count = gpu.sm_count
@@ -58,6 +59,7 @@ class ComputeModel:
         self.tb = max(1, min(limit, int(op.blocks_per_sm or 1)))
         self.blocks = op.thread_blocks or 0
         self.from_trace = op.flops is None
+        self.copy_engine = op.is_memory_op  # memcpy/memset: DMA engines, no SMs; DRAM only
         self.trace_us = max(0.0, op.duration_us - self.overhead)
         self.tile_reuse = 0.0
         self.smem = float(op.shared_memory_bytes or 0)
@@ -80,6 +82,10 @@ class ComputeModel:
                     self.smem = 3.0 * (bm + bn) * 32 * 2
         self._memo: dict = {}
         self.uncontended_us = self.time_us(self.sm_count, self.l2_bytes, self.bw_full)
+        # a collective launched beside this kernel waits for the current wave to retire
+        full_wave = self.sm_count * self.tb
+        waves = self.blocks / full_wave if full_wave else 0.0
+        self.wave_wait_us = 0.5 * self.uncontended_us / waves if waves >= 1.0 else 0.0
 
     def _waves(self, free_sms: int) -> tuple[float, int]:
         """(waves x blocks per SM, resident tiles in a wave) on ``free_sms`` SMs."""
@@ -97,7 +103,9 @@ class ComputeModel:
         free_sms = max(1, min(free_sms, self.sm_count))
         bw = max(bw_bytes_per_us, 1e-6)
         if self.from_trace:
-            if self.blocks > 0:
+            if self.copy_engine:
+                sm_factor = 1.0
+            elif self.blocks > 0:
                 full, _ = self._waves(self.sm_count)
                 part, _ = self._waves(free_sms)
                 sm_factor = part / full
@@ -123,6 +131,16 @@ class ComputeModel:
 
     def dram_demand(self, free_sms: int, l2_free_bytes: float) -> float:
         """Bytes/us the kernel would pull if DRAM were not its limit (its compute-bound pace)."""
+        key = (free_sms, l2_free_bytes, None)
+        cached = self._memo.get(key)
+        if cached is not None:
+            return cached
+        value = self._dram_demand(free_sms, l2_free_bytes)
+        if len(self._memo) < 256:
+            self._memo[key] = value
+        return value
+
+    def _dram_demand(self, free_sms: int, l2_free_bytes: float) -> float:
         if self.from_trace:
             return _TRACE_MEMORY_FRACTION * self.bw_full
         slots, resident = self._waves(max(1, min(free_sms, self.sm_count)))

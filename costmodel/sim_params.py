@@ -44,8 +44,6 @@ class SimParams:
     dram_bytes_per_payload_byte: float = 1.0  # a collective writes its result (and reads its input) once per byte
     fifo_dram_bytes_per_payload_byte: float = 2.0  # FIFO traffic (peer write + CTA read) when it spills out of L2
     tree_bw_fraction: float = 0.92  # NCCL tuning.cc: tree bandwidth 0.92 of the ring's
-    # --- measurement ----------------------------------------------------------------------------
-    noise: float = 0.01  # default multiplicative noise (std. dev.) per op duration
 
 
 _FIELDS = {f.name: f.type for f in fields(SimParams)}

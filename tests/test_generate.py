@@ -19,6 +19,7 @@ def test_parse_spec_examples_and_aliases():
     assert (s.kind, s.model.name, s.gpus, s.micro_batch, s.steps) == ("fsdp", "llama3-8b", 16, 1, 2)
     s = parse_spec("tp:phi2:tp=8,dp=2")
     assert (s.tp, s.dp, s.gpus, s.micro_batch) == (8, 2, 16, 8)
+    assert parse_spec("tp:phi2:tp=8,gpus=16").dp == 2
     assert parse_spec("ep:olmoe:ep=8").model.name == "olmoe-1b-7b"
     assert parse_spec("ep:deepseek-moe:ep=8").model.name == "deepseek-moe-16b"
     s = parse_spec("fsdp:hidden=5120,layers=40,ffn=13824,heads=40,vocab=32000:gpus=16")
@@ -27,7 +28,7 @@ def test_parse_spec_examples_and_aliases():
 
 
 @pytest.mark.parametrize("bad", ["", "fsdp", "xyz:phi2", "fsdp:gpt5", "fsdp:phi2:gpus=0", "fsdp:phi2:tp=8",
-                                 "tp:phi2:tp=3", "ep:phi2:ep=8", "fsdp:hidden=10:gpus=8", "fsdp:phi2:gpus=x"])
+                                 "tp:phi2:tp=3", "tp:phi2:tp=8,gpus=12", "ep:phi2:ep=8", "fsdp:hidden=10:gpus=8", "fsdp:phi2:gpus=x"])
 def test_bad_specs_are_one_line_lagom_errors(bad):
     with pytest.raises(LagomError) as info:
         parse_spec(bad)

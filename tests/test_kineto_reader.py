@@ -180,3 +180,32 @@ def test_stream_wait_events_become_dependencies(tmp_path):
     (dep,) = w.dependencies
     assert dep.before == gemm.op_id and dep.after == w.collectives[0].op_id and dep.kind is DependencyKind.EVENT
     assert gemm_corr < record_corr < wait_corr
+
+
+def test_chunked_parsing_reads_the_same_workload(monkeypatch, tmp_path):
+    import traces.kineto_json as kj
+
+    path = shared_traces_dir() / "a100_w2_allreduce_broadcast.json.gz"
+    (whole,) = read_trace(path)
+    chunks = []
+    real_elements = kj._elements
+    monkeypatch.setattr(kj, "CHUNK_BYTES", 64 << 10)  # ~150 chunks instead of one
+    monkeypatch.setattr(kj, "_elements", lambda raw, a, b: chunks.append(b - a) or real_elements(raw, a, b))
+    (chunked,) = read_trace(path)
+    assert len(chunks) > 100
+    assert chunked.to_dict() == whole.to_dict()
+
+
+def test_traceevents_key_inside_a_string_falls_back_to_a_whole_parse(tmp_path):
+    b = TraceBuilder()
+    b.kernel("gemm", 7, 100, 10)
+    doc = b.doc()
+    # A metadata string that looks like the key comes first in the file.
+    text = orjson.dumps({"note": 'x "traceEvents": [1] y', **doc})
+    (tmp_path / "t.json").write_bytes(text)
+    (w,) = read_trace(tmp_path / "t.json")
+    assert [o.name for o in w.compute_ops] == ["gemm"]
+    # Chrome's bare-array format has no traceEvents key at all.
+    (tmp_path / "a.json").write_bytes(orjson.dumps(doc["traceEvents"]))
+    (w,) = read_trace(tmp_path / "a.json")
+    assert [o.name for o in w.compute_ops] == ["gemm"]

@@ -60,3 +60,48 @@ def test_tiny_workload_entry_points():
     assert sim.evaluations == 0  # helpers are not evaluations
     t = sim.evaluate(tiny_overlap_workload(op, sig), Plan())
     assert len(t.ops) == 2 and sim.evaluations == 1
+
+
+def test_speed_fsdp_llama_16_gpus_within_50_ms():
+    import time
+
+    sim = Simulator(load_cluster("low-bw"))
+    w = generate_workload("fsdp:llama3-8b:gpus=16")
+    assert len(w.compute_ops) + len(w.collectives) > 1000
+    sim.evaluate(w, Plan())
+    best = float("inf")
+    for k in range(5):  # best of 5 is robust to a busy machine; each with a different plan
+        plan = Plan(default=CommConfig(channels=2 + k, chunk_bytes=(512 << 10) << (k % 3)))
+        t0 = time.perf_counter()
+        sim.evaluate(w, plan)
+        best = min(best, time.perf_counter() - t0)
+    assert best < 0.050
+
+
+def test_host_side_collective_takes_no_gpu_resources():
+    sim = Simulator(load_cluster("low-bw"), noise=0.0)
+    op = ffn_gemm()
+    sig = Signature("g", CollectiveType.ALLREDUCE, 32 << 20, 8, 1)
+    wl = tiny_overlap_workload(op, sig)
+    on_gpu = sim.evaluate(wl, Plan(default=CommConfig(channels=32)))
+    wl_host = tiny_overlap_workload(op, sig)
+    wl_host.collectives[0].on_gpu = False
+    host = sim.evaluate(wl_host, Plan(default=CommConfig(channels=32)))
+    assert host.ops[0].duration_us == pytest.approx(sim.compute_time_us(op))
+    assert on_gpu.ops[0].duration_us > 1.1 * host.ops[0].duration_us
+
+
+@pytest.mark.parametrize("name", ["low-bw", "a100-nvswitch", "h100-nvswitch"])
+def test_kernel_time_grows_with_channels_and_chunk(name):
+    sim = Simulator(load_cluster(name), noise=0.0)
+    op = ffn_gemm()
+    alone = sim.compute_time_us(op)
+    for chunk in (256 << 10, 2 << 20):
+        times = [sim.compute_time_us(op, nc, chunk) for nc in (1, 2, 4, 8, 16, 32, 64)]
+        assert times[0] >= alone and all(b >= a for a, b in zip(times, times[1:]))
+    for nc in (2, 8):
+        times = [sim.compute_time_us(op, nc, 1 << k) for k in range(15, 24)]
+        assert all(b >= a for a, b in zip(times, times[1:]))
+    # a collective's DRAM traffic slows a memory-bound kernel
+    norm = next(o for o in generate_workload("fsdp:phi2:gpus=8").compute_ops if "norm1 fwd" in o.name)
+    assert sim.compute_time_us(norm, comm_dram_bytes_per_us=sim._bw / 2) > 1.5 * sim.compute_time_us(norm) - 4.0

@@ -24,7 +24,7 @@ def llama_ffn() -> list[ComputeOp]:
 
 
 def ffn_under_allreduce(sim: Simulator, channels: int | None, repeats: int = 4) -> tuple[float, float]:
-    """(FFN time, mean AllReduce time) with 32 MB AllReduces back to back beside the FFN."""
+    """(FFN time, median AllReduce time) with 32 MB AllReduces back to back beside the FFN."""
     ffn = llama_ffn()
     comp = [ComputeOp(i, o.name, 1, float(i), 0.0, grid=o.grid, block=o.block, blocks_per_sm=o.blocks_per_sm,
                       shared_memory_bytes=o.shared_memory_bytes, flops=o.flops, dram_bytes=o.dram_bytes)
@@ -35,7 +35,8 @@ def ffn_under_allreduce(sim: Simulator, channels: int | None, repeats: int = 4) 
                   {"tp": ProcessGroup("tp", tuple(range(8)), 1)}, [])
     t = sim.evaluate(wl, Plan(default=CommConfig(channels=channels)))
     compute = max(t.ops[o.op_id].end_us for o in comp) - min(t.ops[o.op_id].start_us for o in comp)
-    comm = sum(t.ops[c.op_id].duration_us for c in colls) / max(1, len(colls))
+    durations = sorted(t.ops[c.op_id].duration_us for c in colls)
+    comm = durations[len(durations) // 2] if durations else 0.0
     return compute, comm
 
 
@@ -59,10 +60,10 @@ def test_anchor_a_allreduce_beside_ffn_on_pcie():
     assert 1.0 < y[8] / alone < 1.15
 
 
-def paper_window(config: CommConfig, layer: int = 10) -> float:
+def paper_window(config: CommConfig, layer: int = 10, noise: float = 0.0, seed: int = 0) -> float:
     """Phi-2 FSDP on one high-bw node: forward window = layer l's compute + the AllGather of
     layer l+1 prefetched beside it; returns its span with ``config`` on that AllGather."""
-    sim = Simulator(load_cluster("high-bw"), noise=0.0)
+    sim = Simulator(load_cluster("high-bw"), noise=noise, seed=seed)
     w = generate_workload("fsdp:phi2:gpus=8")
     ag = next(c for c in w.collectives if f"[s0 L{layer + 1} allgather fwd]" in c.name)
     comps = [o for o in w.compute_ops if f"[s0 L{layer} " in o.name and " fwd]" in o.name]
@@ -80,6 +81,15 @@ def test_anchor_b_phi2_allgather_window_on_high_bw():
     lagom = paper_window(CommConfig(channels=2, chunk_bytes=684 * 1024))
     assert default / autoccl == pytest.approx(0.87, rel=0.10)
     assert default / lagom == pytest.approx(1.35, rel=0.10)
+
+
+def test_anchor_b_holds_under_measurement_noise():
+    for seed in (1, 2):
+        default = paper_window(CommConfig(), noise=0.01, seed=seed)
+        autoccl = paper_window(CommConfig(channels=61), noise=0.01, seed=seed)
+        lagom = paper_window(CommConfig(channels=2, chunk_bytes=684 * 1024), noise=0.01, seed=seed)
+        assert default / autoccl == pytest.approx(0.87, rel=0.10)
+        assert default / lagom == pytest.approx(1.35, rel=0.10)
 
 
 # (c) AllReduce bus bandwidth at large sizes, nccl-tests style (REFERENCE.md 2 and the presets):

@@ -80,6 +80,7 @@ def test_workload_file_and_trace_arguments(tmp_path, capsys):
     (["fsdp:phi2", "--cluster", "low-bw", "--set", "chunk=lots"], "bad size"),
     (["fsdp:phi2", "--cluster", "low-bw", "--config", "/nonexistent.yaml"], "no such file"),
     (["fsdp:phi2", "--cluster", "low-bw", "--noise", "-1"], "--noise"),
+    (["fsdp:phi2", "--cluster", "low-bw", "--set", "channels=61"], "not valid on NCCL 2.18"),
 ])
 def test_bad_input_is_one_line_exit_2(argv, message, capsys):
     assert main(["simulate", *argv]) == 2

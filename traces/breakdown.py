@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from traces.workload import Workload
 
@@ -35,6 +36,7 @@ _NOT_COMPUTE_RE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
 COMMUNICATION, MEMORY, COMPUTATION, OTHER = "communication", "memory", "computation", "other"
 
 
+@lru_cache(maxsize=1 << 16)  # kernel names repeat: classify each once
 def kernel_class(name: str) -> str:
     """HTA's kernel type of a GPU op name."""
     if _COMM_RE.match(name):

@@ -8,7 +8,7 @@
     MODEL  = phi2 | llama3-8b | mpt-7b | deepseek-moe-16b (deepseek-moe) | olmoe-1b-7b (olmoe)
            | hidden=H,layers=L,ffn=F,heads=A,vocab=V[,kv_heads=K][,experts=E,topk=k,shared_experts=S]
     PARAMS = comma-separated key=value:
-             fsdp: gpus (default 8)          tp: tp (8), dp (1)          ep: ep (8), gpus (= ep)
+             fsdp: gpus (default 8)    tp: tp (8), dp (1) or gpus (= tp x dp)    ep: ep (8), gpus (= ep)
              any:  mb (micro-batch), seq (sequence length, 2048), steps (micro-batches per
                    iteration), gpus_per_node (8)
 
@@ -45,6 +45,8 @@ What is generated (the real schedule, simplified where said):
   the micro-batch's two halves alternate so one half's AlltoAll overlaps the other
   half's compute. Dense gradients are AllReduced over all GPUs, expert gradients over
   the replicas when gpus > ep.
+* TP and EP iterations leave out the LM head and loss (FSDP has them): their cost is
+  small next to the layers and they add no collective the tuner could act on.
 
 Bad specs raise LagomError with one line saying what is accepted.
 """
@@ -152,7 +154,7 @@ FSDP_SAMPLES_PER_GPU = 2  # paper: FSDP global batch = 2 x GPUs
 DEFAULT_SEQ = 2048
 
 KINDS = ("fsdp", "tp", "ep")
-_PARAMS = {"fsdp": {"gpus"}, "tp": {"tp", "dp"}, "ep": {"ep", "gpus"}}
+_PARAMS = {"fsdp": {"gpus"}, "tp": {"tp", "dp", "gpus"}, "ep": {"ep", "gpus"}}
 _COMMON = {"mb", "seq", "steps", "gpus_per_node"}
 _SHAPE_KEYS = {"hidden", "layers", "ffn", "heads", "vocab", "kv_heads", "experts", "topk", "shared_experts"}
 
@@ -248,7 +250,11 @@ def parse_spec(spec: str) -> WorkloadSpec:
         steps = params.get("steps", max(1, FSDP_SAMPLES_PER_GPU // mb))
         out = WorkloadSpec(kind, model, gpus, dp=gpus, micro_batch=mb, seq=seq, steps=steps, gpus_per_node=per_node)
     elif kind == "tp":
-        tp, dp = params.get("tp", 8), params.get("dp", 1)
+        tp = params.get("tp", 8)
+        if "gpus" in params:
+            if params["gpus"] % tp or ("dp" in params and params["dp"] * tp != params["gpus"]):
+                raise LagomError(f"workload spec {spec!r}: gpus={params['gpus']} must equal tp x dp")
+        dp = params.get("dp", params.get("gpus", tp) // tp)
         if model.heads % tp or model.ffn % tp:
             raise LagomError(f"workload spec {spec!r}: tp={tp} must divide heads ({model.heads}) and ffn ({model.ffn})")
         if tp > per_node:
@@ -513,7 +519,7 @@ def _two_half_overlap(b: _Builder, halves: list[int], layers: int, fwd_attn, fwd
         after_mlp: dict[int, int] = {}
         ends = []
         for h in range(len(halves)):
-            ids = bwd_mlp(li, h, ready[h] if li == layers - 1 else ready[h])
+            ids = bwd_mlp(li, h, ready[h])
             after_mlp[h] = comm_after_mlp(li, h, "bwd", ids[-1])
         for h in range(len(halves)):
             ids = bwd_attn(li, h, (after_mlp[h],))

@@ -35,25 +35,19 @@ all files read together, so the ranks of one directory share a clock.
 
 from __future__ import annotations
 
-import gzip
+import gc
 import math
 import re
-import zlib
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import orjson
-
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CollectiveType
-from traces.comm_names import (
-    collective_from_call_name,
-    collective_from_kernel_name,
-    dtype_bytes,
-    is_comm_call,
-    is_comm_kernel,
-)
+from traces.comm_names import collective_from_kernel_name
+from traces.kineto_comm import CommInfo, collective_from_call, parse_ranks
+from traces.kineto_events import CommCall, EventReader, GpuOp, to_int
+from traces.kineto_json import read_events
 from traces.workload import (
     CollectiveOp,
     ComputeOp,
@@ -65,24 +59,6 @@ from traces.workload import (
     Workload,
 )
 
-# Event categories, current and legacy spellings (Kineto renamed them in 2021).
-_KERNEL, _MEMCPY, _MEMSET, _RUNTIME, _CPU, _GPU_ANNOTATION, _SYNC = range(7)
-_CATEGORY = {
-    "kernel": _KERNEL,
-    "gpu_memcpy": _MEMCPY,
-    "memcpy": _MEMCPY,
-    "gpu_memset": _MEMSET,
-    "memset": _MEMSET,
-    "cuda_runtime": _RUNTIME,
-    "cuda_driver": _RUNTIME,
-    "runtime": _RUNTIME,
-    "hip_runtime": _RUNTIME,
-    "cpu_op": _CPU,
-    "operator": _CPU,
-    "user_annotation": _CPU,
-    "gpu_user_annotation": _GPU_ANNOTATION,
-    "cuda_sync": _SYNC,
-}
 _COMM_KEYS = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Process Group Name")
 MAX_RANKS = 1 << 20  # a sanity bound on ranks and group sizes read from a trace
 _RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.IGNORECASE)
@@ -99,7 +75,15 @@ def read_trace(path: str | Path) -> list[Workload]:
         files = [path]
     else:
         raise LagomError(f"{path}: no such file or directory")
-    parsed = [_parse_file(f) for f in files]
+    # The parse allocates millions of short-lived containers and no reference cycles:
+    # the cyclic collector would only rescan them (10-25% of the read time).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        parsed = [_parse_file(f) for f in files]
+    finally:
+        if collecting:
+            gc.enable()
     _assign_ranks(parsed, path)
     times = [p.min_ts for p in parsed if p.min_ts is not None]
     origin = math.floor(min(times)) if times else 0
@@ -112,73 +96,22 @@ def _is_trace_name(name: str) -> bool:
     return name.endswith(".json") or name.endswith(".json.gz")
 
 
-# ---- file level -------------------------------------------------------------------------
-def load_trace_json(path: Path) -> dict:
-    """The parsed JSON object of a trace file (gzip detected by content). LagomError if unreadable."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise LagomError(f"{path}: no such file or directory") from None
-    except IsADirectoryError:
-        raise LagomError(f"{path}: is a directory, expected a trace file") from None
-    except OSError as exc:
-        raise LagomError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except EOFError:
-            raise LagomError(f"{path}: truncated gzip file (compressed stream ended early)") from None
-        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
-            raise LagomError(f"{path}: corrupt gzip file: {exc}") from None
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise LagomError(f"{path}: not valid JSON ({exc})") from None
-    if isinstance(doc, list):  # Chrome trace "JSON array" format
-        doc = {"traceEvents": doc}
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise LagomError(f"{path}: not a PyTorch profiler trace (no 'traceEvents' list)")
-    return doc
-
-
-@dataclass
-class _GpuOp:
-    ts: float
-    dur: float
-    name: str
-    stream: int
-    correlation: int | None
-    is_comm: bool
-    is_memory: bool
-    args: dict
-
-
-@dataclass
-class _CommCall:
-    """A CPU-side comm call: record_param_comms, nccl:/gloo: annotation or c10d:: op."""
-
-    ts: float
-    end: float
-    name: str
-    args: dict
-    thread: tuple
-
-
 @dataclass
 class _ParsedTrace:
+    """One file's metadata and compact event records, before times are shifted to the origin."""
+
     path: Path
     rank: int | None
     world_size: int | None
     device_name: str | None
     sm_count: int | None
     pg_config: list[ProcessGroup]
-    gpu_ops: list[_GpuOp] = field(default_factory=list)
+    gpu_ops: list[GpuOp] = field(default_factory=list)
     launch_ts: dict[int, float] = field(default_factory=dict)
-    comm_calls: list[_CommCall] = field(default_factory=list)
-    comm_by_ext: dict[int, _CommCall] = field(default_factory=dict)
     launch_thread: dict[int, tuple[float, float, tuple]] = field(default_factory=dict)
+    comm_calls: list[CommCall] = field(default_factory=list)
+    comm_by_ext: dict[int, CommCall] = field(default_factory=dict)
     steps: list[tuple[float, float]] = field(default_factory=list)
-    # (waiting stream, producer stream, cudaEventRecord correlation, cudaStreamWaitEvent correlation)
     stream_waits: list[tuple[int, int, int, int]] = field(default_factory=list)
     min_ts: float | None = None
 
@@ -187,20 +120,30 @@ class _ParsedTrace:
 
 
 def _parse_file(path: Path) -> _ParsedTrace:
-    doc = load_trace_json(path)
-    parsed = _read_metadata(path, doc)
-    _read_events(parsed, doc["traceEvents"])
-    del doc
+    meta, events = read_events(path, EventReader)
+    parsed = _read_metadata(path, meta)
+    parsed.gpu_ops = events.gpu_ops
+    parsed.launch_ts, parsed.launch_thread = events.launches()
+    parsed.comm_calls = events.comm_calls
+    parsed.comm_by_ext = events.comm_by_ext
+    parsed.steps = events.steps
+    parsed.stream_waits = events.stream_waits
+    parsed.min_ts = events.min_ts if events.min_ts != math.inf else None
     if not parsed.gpu_ops and not any(collective_from_call(c) for c in parsed.comm_calls):
         raise LagomError(f"{path}: trace has neither GPU kernels nor collectives (nothing to analyse)")
     return parsed
 
 
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _read_metadata(path: Path, doc: dict) -> _ParsedTrace:
     info = doc.get("distributedInfo")
     info = info if isinstance(info, dict) else {}
-    rank = _int(info.get("rank"))
-    world = _int(info.get("world_size"))
+    rank = to_int(info.get("rank"))
+    world = to_int(info.get("world_size"))
     if "rank" in info and (rank is None or not 0 <= rank < MAX_RANKS):
         raise LagomError(f"{path}: distributedInfo.rank {_show(info['rank'])} is not a rank")
     if "world_size" in info and (world is None or not 0 < world <= MAX_RANKS):
@@ -213,8 +156,8 @@ def _read_metadata(path: Path, doc: dict) -> _ParsedTrace:
         for pg in pg_config:
             if not isinstance(pg, dict) or not isinstance(pg.get("pg_name"), (str, int)):
                 continue
-            ranks = _ranks(pg.get("ranks"))
-            size = _int(pg.get("pg_size"))
+            ranks = parse_ranks(pg.get("ranks"))
+            size = to_int(pg.get("pg_size"))
             if not ranks and size and 0 < size <= MAX_RANKS:
                 ranks = tuple(range(size))
             if ranks:
@@ -223,8 +166,20 @@ def _read_metadata(path: Path, doc: dict) -> _ParsedTrace:
     props = doc.get("deviceProperties")
     if isinstance(props, list) and props and isinstance(props[0], dict):
         device_name = props[0].get("name") if isinstance(props[0].get("name"), str) else None
-        sm_count = _int(props[0].get("numSms"))
+        sm_count = to_int(props[0].get("numSms"))
     return _ParsedTrace(path, rank, world, device_name, sm_count, groups)
+
+
+def _assignparse_ranks(parsed: list[_ParsedTrace], path: Path) -> None:
+    """Rank from distributedInfo, else from the file name (``rank-3``, ``rank3``), else file order."""
+    used: dict[int, Path] = {}
+    for index, p in enumerate(parsed):
+        if p.rank is None:
+            m = _RANK_IN_NAME.search(p.path.name)
+            p.rank = int(m.group(1)) if m and int(m.group(1)) < MAX_RANKS else index
+        if p.rank in used:
+            raise LagomError(f"{path}: files {used[p.rank].name} and {p.path.name} are both rank {p.rank}")
+        used[p.rank] = p.path
 
 
 def _assign_ranks(parsed: list[_ParsedTrace], path: Path) -> None:
@@ -239,206 +194,6 @@ def _assign_ranks(parsed: list[_ParsedTrace], path: Path) -> None:
         used[p.rank] = p.path
 
 
-# ---- event level --------------------------------------------------------------------------
-def _read_events(p: _ParsedTrace, events: list) -> None:
-    """One pass over the events; keeps only what the Workload needs."""
-    category = _CATEGORY
-    gpu_ops = p.gpu_ops
-    launch_ts = p.launch_ts
-    comm_calls = p.comm_calls
-    min_ts = math.inf
-    nccl_corr: set[int] = set()
-    for e in events:
-        if type(e) is not dict or e.get("ph") != "X":
-            continue
-        ts = e.get("ts")
-        dur = e.get("dur")
-        if type(ts) not in (int, float) or type(dur) not in (int, float) or dur < 0 or ts != ts:
-            continue
-        cat = e.get("cat")
-        name = e.get("name")
-        if type(cat) is not str or type(name) is not str or cat == "Trace":
-            continue
-        kind = category.get(cat)
-        if kind is None:
-            kind = category.get(cat.lower(), -1)
-        if ts < min_ts:
-            min_ts = ts
-        args = e.get("args")
-        if type(args) is not dict:
-            args = {}
-        if kind == _KERNEL or kind == _MEMCPY or kind == _MEMSET:
-            stream = _int(args.get("stream"))
-            if stream is None:
-                continue
-            corr = _int(args.get("correlation"))
-            comm = kind == _KERNEL and is_comm_kernel(name)
-            gpu_ops.append(_GpuOp(ts, dur, name, stream, corr, comm, kind != _KERNEL, args))
-            if comm and corr is not None:
-                nccl_corr.add(corr)
-        elif kind == _RUNTIME:
-            corr = _int(args.get("correlation"))
-            if corr is not None:
-                prev = launch_ts.get(corr)
-                if prev is None or ts < prev:
-                    launch_ts[corr] = ts
-        elif kind == _CPU:
-            if name.startswith("ProfilerStep"):
-                p.steps.append((ts, ts + dur))
-            elif is_comm_call(name):
-                call = _CommCall(ts, ts + dur, name, args, _thread(e))
-                comm_calls.append(call)
-                ext = _int(args.get("External id"))
-                if ext is not None and name == "record_param_comms":
-                    p.comm_by_ext[ext] = call
-        elif kind == _SYNC:
-            wait_on = _int(args.get("wait_on_stream"))
-            record_corr = _int(args.get("wait_on_cuda_event_record_corr_id"))
-            stream = _int(args.get("stream"))
-            corr = _int(args.get("correlation"))
-            if wait_on is not None and wait_on >= 0 and record_corr is not None and stream is not None and corr is not None:
-                p.stream_waits.append((stream, wait_on, record_corr, corr))
-    p.min_ts = min_ts if min_ts != math.inf else None
-    if nccl_corr:
-        # Second, narrow pass: the launching thread of each NCCL kernel, for the CPU-side join.
-        for e in events:
-            if type(e) is not dict or e.get("ph") != "X":
-                continue
-            args = e.get("args")
-            if type(args) is not dict:
-                continue
-            corr = _int(args.get("correlation"))
-            if corr in nccl_corr and category.get(e.get("cat")) == _RUNTIME:
-                ts, dur = e.get("ts"), e.get("dur")
-                if type(ts) in (int, float) and type(dur) in (int, float):
-                    p.launch_thread[corr] = (ts, ts + dur, _thread(e))
-
-
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _thread(event: dict) -> tuple:
-    """(pid, tid) as a hashable key, whatever types the trace used."""
-    pid, tid = event.get("pid"), event.get("tid")
-    return (pid if isinstance(pid, (int, str)) else repr(pid), tid if isinstance(tid, (int, str)) else repr(tid))
-
-
-def _int(value: object) -> int | None:
-    """An int from an int, an integral float or a decimal string; None otherwise."""
-    t = type(value)
-    if t is int:
-        return value  # type: ignore[return-value]
-    if t is float and value == value and value not in (math.inf, -math.inf) and value == int(value):  # type: ignore[arg-type]
-        return int(value)  # type: ignore[arg-type]
-    if t is str:
-        try:
-            return int(value)  # type: ignore[arg-type]
-        except ValueError:
-            return None
-    return None
-
-
-def _num(value: object) -> float | None:
-    t = type(value)
-    if (t is int or t is float) and value == value and abs(value) != math.inf:  # type: ignore[operator]
-        return float(value)  # type: ignore[arg-type]
-    return None
-
-
-def _triple(value: object) -> tuple[int, int, int] | None:
-    if type(value) is list and len(value) == 3:
-        xs = [_int(v) for v in value]
-        if all(x is not None and x >= 0 for x in xs):
-            return (xs[0], xs[1], xs[2])  # type: ignore[return-value]
-    return None
-
-
-def _ranks(value: object) -> tuple[int, ...]:
-    """Group ranks from a list or a "[0, 1]" string."""
-    if isinstance(value, str):
-        return tuple(int(x) for x in re.findall(r"-?\d+", value))
-    if isinstance(value, list):
-        out = [_int(v) for v in value]
-        return tuple(x for x in out if x is not None)
-    return ()
-
-
-# ---- collective metadata ---------------------------------------------------------------
-@dataclass
-class _CommInfo:
-    collective: CollectiveType | None = None
-    message_bytes: int | None = None
-    dtype: str | None = None
-    group: str | None = None
-    group_ranks: tuple[int, ...] = ()
-    group_size: int | None = None
-
-    def absorb_metadata(self, args: dict) -> None:
-        """Fill unset fields from PyTorch's comm metadata (kernel args or record_param_comms)."""
-        if self.collective is None and isinstance(args.get("Collective name"), str):
-            self.collective = collective_from_call_name(args["Collective name"])
-        dtype = args.get("dtype")
-        if self.dtype is None and isinstance(dtype, str):
-            self.dtype = dtype
-        if self.message_bytes is None:
-            size = dtype_bytes(dtype)
-            counts = [n for n in (_int(args.get("In msg nelems")), _int(args.get("Out msg nelems"))) if n is not None]
-            if size is not None and counts:
-                self.message_bytes = max(counts) * size
-        if self.group is None and isinstance(args.get("Process Group Name"), (str, int)):
-            self.group = str(args["Process Group Name"])
-        if not self.group_ranks:
-            self.group_ranks = _ranks(args.get("Process Group Ranks"))
-        if self.group_size is None:
-            self.group_size = _int(args.get("Group size"))
-
-    def absorb_call(self, call: _CommCall) -> None:
-        """Fill unset fields from a CPU comm call's name and tensor shapes."""
-        if call.name == "record_param_comms":
-            self.absorb_metadata(call.args)
-        elif self.collective is None:
-            self.collective = collective_from_call_name(call.name)
-        if self.message_bytes is None:
-            nbytes = _tensor_bytes(call.args)
-            if nbytes:
-                self.message_bytes = nbytes
-                if self.dtype is None:
-                    types = call.args.get("Input type")
-                    if isinstance(types, list) and types and isinstance(types[0], str) and dtype_bytes(types[0]):
-                        self.dtype = types[0]
-
-
-def _tensor_bytes(args: dict) -> int | None:
-    """Largest tensor (elements x dtype size) among a CPU op's ``Input Dims`` / ``Input type``."""
-    dims = args.get("Input Dims")
-    types = args.get("Input type")
-    if not isinstance(dims, list) or not isinstance(types, list):
-        return None
-    best = None
-    for shape, dtype in zip(dims, types):
-        size = dtype_bytes(dtype)
-        if size is None or not isinstance(shape, list) or not shape:
-            continue
-        n = 1
-        for d in shape:
-            d = _int(d)
-            if d is None or d < 0:
-                n = None
-                break
-            n *= d
-        if n is not None and (best is None or n * size > best):
-            best = n * size
-    return best
-
-
-def collective_from_call(call: _CommCall) -> CollectiveType | None:
-    info = _CommInfo()
-    info.absorb_call(call)
-    return info.collective
-
-
 # ---- building the Workload ---------------------------------------------------------------
 class _WorkloadBuilder:
     def __init__(self, parsed: _ParsedTrace, origin: int, world_size: int) -> None:
@@ -447,7 +202,7 @@ class _WorkloadBuilder:
         self.world_size = world_size
         self.groups: dict[str, ProcessGroup] = {g.name: g for g in parsed.pg_config}
         # Comm calls per launching thread, sorted by start, for the enclosing-call join.
-        self.calls_by_thread: dict[tuple, list[_CommCall]] = {}
+        self.calls_by_thread: dict[tuple, list[CommCall]] = {}
         for call in sorted(parsed.comm_calls, key=lambda c: (c.ts, -c.end)):
             self.calls_by_thread.setdefault(call.thread, []).append(call)
         self.call_starts = {t: [c.ts for c in calls] for t, calls in self.calls_by_thread.items()}
@@ -468,7 +223,6 @@ class _WorkloadBuilder:
                 op_corr.append((colls[-1], g.correlation))
                 stream_kind[g.stream] = StreamKind.COMMUNICATION
             else:
-                a = g.args
                 compute.append(
                     ComputeOp(
                         op_id=-1,
@@ -476,12 +230,12 @@ class _WorkloadBuilder:
                         stream=g.stream,
                         start_us=g.ts - o,
                         duration_us=float(g.dur),
-                        grid=_triple(a.get("grid")),
-                        block=_triple(a.get("block")),
-                        blocks_per_sm=_num(a.get("blocks per SM")),
-                        registers_per_thread=_int(a.get("registers per thread")),
-                        shared_memory_bytes=_int(a.get("shared memory")),
-                        occupancy_pct=_num(a.get("est. achieved occupancy %")),
+                        grid=g.grid,
+                        block=g.block,
+                        blocks_per_sm=g.blocks_per_sm,
+                        registers_per_thread=g.registers,
+                        shared_memory_bytes=g.shared_memory,
+                        occupancy_pct=g.occupancy,
                         is_memory_op=g.is_memory,
                         launch_us=launch_us,
                     )
@@ -512,11 +266,12 @@ class _WorkloadBuilder:
             profiler_steps=steps,
         )
 
-    def _comm_info(self, g: _GpuOp) -> _CommInfo:
-        info = _CommInfo()
-        if any(k in g.args for k in _COMM_KEYS):
-            info.absorb_metadata(g.args)
-        ext = _int(g.args.get("External id"))
+    def _comm_info(self, g: GpuOp) -> CommInfo:
+        info = CommInfo()
+        args = g.args or {}
+        if any(k in args for k in _COMM_KEYS):
+            info.absorb_metadata(args)
+        ext = to_int(args.get("External id"))
         if ext is not None and ext in self.p.comm_by_ext:
             info.absorb_call(self.p.comm_by_ext[ext])
         for call in self._enclosing_calls(g.correlation):
@@ -525,7 +280,7 @@ class _WorkloadBuilder:
             info.collective = collective_from_kernel_name(g.name)
         return info
 
-    def _enclosing_calls(self, corr: int | None) -> list[_CommCall]:
+    def _enclosing_calls(self, corr: int | None) -> list[CommCall]:
         """CPU comm calls enclosing the kernel's launch on its thread, innermost first."""
         launch = self.p.launch_thread.get(corr) if corr is not None else None
         if launch is None:
@@ -543,7 +298,7 @@ class _WorkloadBuilder:
         return out
 
     def _collective(
-        self, info: _CommInfo, name: str, stream: int, start_us: float, dur: float, on_gpu: bool, launch_us: float | None
+        self, info: CommInfo, name: str, stream: int, start_us: float, dur: float, on_gpu: bool, launch_us: float | None
     ) -> CollectiveOp:
         group = self._group(info)
         return CollectiveOp(
@@ -560,7 +315,7 @@ class _WorkloadBuilder:
             launch_us=launch_us,
         )
 
-    def _group(self, info: _CommInfo) -> str:
+    def _group(self, info: CommInfo) -> str:
         """The op's process group name, registering the group if new."""
         name = info.group
         if name is None:
@@ -594,7 +349,7 @@ class _WorkloadBuilder:
                 if key in seen:
                     continue
                 seen.add(key)
-                info = _CommInfo()
+                info = CommInfo()
                 for call in members:
                     info.absorb_call(call)
                 if info.collective is None:

@@ -8,6 +8,11 @@ dropped when trimming. With fewer than two profiler steps nothing is trimmed.
 HTA compares whole microseconds (it rounds fractional timestamps up), so do we.
 
 CPU-only collectives (``on_gpu=False``) have no launch: they are kept by their own start.
+
+One deliberate difference: HTA 0.5 compares launch times measured from the trace start
+against the last step's end as an absolute timestamp, so with epoch timestamps its
+``include_last_profiler_step=True`` also keeps ops launched after the last step ended.
+Here they are dropped. None of the shared traces has such ops, so the figures agree.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ from their uncontended durations), a Lagom workload JSON file, or a spec string 
 
 Every collective runs with NCCL's modelled default choice, unless ``--set`` gives one
 CommConfig for all of them (``--set channels=16,chunk=2MiB``; keys channels, threads,
-chunk, algorithm, protocol; sizes take B/KB/KiB/MB/MiB, binary) or ``--config`` applies a
+chunk, algorithm, protocol; sizes take B/KB/KiB/MB/MiB, binary; values must be valid on
+the cluster's NCCL version) or ``--config`` applies a
 tuned file from ``lagom tune`` (``--set`` then fills what the file leaves to NCCL).
 
 Prints the iteration time, compute busy time, communication busy and exposed time, and
@@ -76,7 +77,14 @@ def run(args: argparse.Namespace) -> int:
 
         plan = load_tuned_config(args.config).to_plan(signatures)
     if args.set_config:
+        from nccl_env.rules import NcclVersion, validate_config
+
         forced = parse_set(args.set_config)
+        try:
+            version = NcclVersion.parse(cluster.nccl_version)
+        except ValueError:
+            raise LagomError(f"cluster {cluster.name}: bad nccl_version {cluster.nccl_version!r}") from None
+        validate_config(forced, version)
         plan = Plan(entries={sig: plan.config_for(sig).merged_over(forced) for sig in signatures}, default=forced)
     evaluator = make_evaluator(args.evaluator, cluster, args.noise, args.seed)
     timing = evaluator.evaluate(workload, plan)

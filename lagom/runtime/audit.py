@@ -1,0 +1,164 @@
+"""The audit: which collectives a job issued and whether the tuned file covered them.
+
+Each rank's hook writes ``<run dir>/audit/rank-<R>.json`` at exit (a *part*); the
+launcher merges the parts after the job ends, which works even when a rank died
+before rank 0 could collect anything. Merged file (``lagom run --audit FILE``)::
+
+    {"format": "lagom.audit", "version": 1, "config": "lagom.yaml", "ranks": 2,
+     "summary": {"collectives": 40, "matched": 30, "bytes": 81920, "bytes_matched": 61440},
+     "signatures": [{"collective": "allreduce", "group": "0", "group_size": 2, "nodes": 1,
+                     "bytes": 4096, "count": 20, "ranks": [0, 1], "entry": 0,
+                     "set": {"channels": 2}}, ...],
+     "per_rank": {"0": {"pid": 123, "summary": {...}, "signatures": [...],
+                        "process_groups": [...], "warnings": [...]}, ...}}
+
+``entry`` is the index of the first matching entry in the config's ``collectives``
+list (null: unmatched, NCCL decides). Counts are calls seen by the Python hook.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from nccl_env.errors import LagomError
+
+FORMAT = "lagom.audit"
+VERSION = 1
+PART_DIR = "audit"
+
+
+@dataclass(frozen=True)
+class SignatureCount:
+    """Calls of one signature on one rank (or summed over ranks once merged)."""
+
+    collective: str
+    group: str
+    group_size: int
+    nodes: int | None
+    bytes: int
+    count: int
+    entry: int | None  # index of the matching tuned entry, None = unmatched
+
+    @property
+    def matched(self) -> bool:
+        return self.entry is not None
+
+    def key(self) -> tuple:
+        return (self.collective, self.group, self.group_size, self.nodes, self.bytes)
+
+
+@dataclass(frozen=True)
+class Summary:
+    collectives: int
+    matched: int
+    bytes: int
+    bytes_matched: int
+
+    @classmethod
+    def of(cls, counts: Iterable[SignatureCount]) -> "Summary":
+        total = matched = nbytes = nbytes_matched = 0
+        for c in counts:
+            total += c.count
+            nbytes += c.count * c.bytes
+            if c.matched:
+                matched += c.count
+                nbytes_matched += c.count * c.bytes
+        return cls(total, matched, nbytes, nbytes_matched)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100.0 * part / whole:.0f}%" if whole else "-"
+
+
+def summary_line(who: str, summary: Summary) -> str:
+    """``lagom: rank 0: 40 collectives, 30 matched a tuned entry (75%), 60.0 KiB of 80.0 KiB covered (75%)``."""
+    return (
+        f"lagom: {who}: {summary.collectives} collectives, {summary.matched} matched a tuned entry "
+        f"({_pct(summary.matched, summary.collectives)}), {_size(summary.bytes_matched)} of "
+        f"{_size(summary.bytes)} covered ({_pct(summary.bytes_matched, summary.bytes)})"
+    )
+
+
+def rank_part(rank: int, counts: list[SignatureCount], process_groups: list[dict], warnings: list[str]) -> dict:
+    ordered = sorted(counts, key=lambda c: (c.group, c.collective, c.bytes))
+    return {
+        "rank": rank,
+        "pid": os.getpid(),
+        "summary": Summary.of(ordered).to_dict(),
+        "signatures": [asdict(c) for c in ordered],
+        "process_groups": process_groups,
+        "warnings": warnings,
+    }
+
+
+def write_rank_part(run_dir: str | Path, part: dict) -> Path:
+    """Write one rank's part atomically (rename), so a merge never reads half a file."""
+    folder = Path(run_dir) / PART_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"rank-{part['rank']}.json"
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(part, indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+def read_parts(run_dir: str | Path) -> list[dict]:
+    """Every rank part under ``run_dir``, by rank; unreadable parts are skipped."""
+    parts = []
+    for path in sorted((Path(run_dir) / PART_DIR).glob("rank-*.json")):
+        try:
+            parts.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return sorted(parts, key=lambda p: p.get("rank", 0))
+
+
+def merge_parts(parts: list[dict], entries_set: list[dict] | None = None, config_path: str = "") -> dict:
+    """One audit document from the rank parts. ``entries_set[i]`` is entry i's ``set``."""
+    merged: dict[tuple, dict] = {}
+    all_counts: list[SignatureCount] = []
+    for part in parts:
+        for raw in part.get("signatures", []):
+            c = SignatureCount(**raw)
+            all_counts.append(c)
+            row = merged.get(c.key())
+            if row is None:
+                row = merged[c.key()] = {**asdict(c), "count": 0, "ranks": []}
+                if c.entry is not None and entries_set is not None and c.entry < len(entries_set):
+                    row["set"] = entries_set[c.entry]
+            row["count"] += c.count
+            row["ranks"].append(part.get("rank"))
+    signatures = sorted(merged.values(), key=lambda r: (r["group"], r["collective"], r["bytes"]))
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "config": config_path,
+        "ranks": len(parts),
+        "summary": Summary.of(all_counts).to_dict(),
+        "signatures": signatures,
+        "per_rank": {str(p.get("rank")): {k: v for k, v in p.items() if k != "rank"} for p in parts},
+    }
+
+
+def write_audit(path: str | Path, document: dict) -> Path:
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(document, indent=1) + "\n")
+    except OSError as exc:
+        raise LagomError(f"{path}: cannot write the audit: {exc.strerror or exc}") from None
+    return path

@@ -1,0 +1,120 @@
+"""How ``lagom run`` gets the hook into every worker without touching the script.
+
+The launcher writes :data:`SITECUSTOMIZE` as ``sitecustomize.py`` into a folder it
+puts first on ``PYTHONPATH``. Python imports that module at start-up in every
+process of the job (torchrun's launcher and each rank). It first runs the
+``sitecustomize`` that would have run without Lagom (the next one on ``sys.path``),
+then calls :func:`activate`, which waits for ``torch.distributed`` to be imported
+(most processes of a job never import it, and importing torch eagerly would cost
+every Python process a second) and installs the hook right after, before the
+script's own ``from torch.distributed import ...`` lines bind any name.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+
+from lagom.runtime.env import ENV_CONFIG
+
+TARGET = "torch.distributed"
+
+# The file the launcher writes. Self-contained: it must chain the user's own
+# sitecustomize even when lagom cannot be imported in this process.
+SITECUSTOMIZE = '''\
+"""Written by `lagom run`: runs the next sitecustomize, then Lagom's bootstrap."""
+import os as _os
+import sys as _sys
+
+
+def _lagom_chain():
+    import importlib.machinery
+    import importlib.util
+
+    here = _os.path.realpath(_os.path.dirname(_os.path.abspath(__file__)))
+    rest = [p for p in _sys.path if _os.path.realpath(_os.path.abspath(p or ".")) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
+def _lagom_activate():
+    try:
+        from lagom.runtime import bootstrap
+    except ImportError:
+        home = _os.environ.get("LAGOM_HOME")
+        if home and home not in _sys.path:
+            _sys.path.append(home)
+        from lagom.runtime import bootstrap
+    bootstrap.activate()
+
+
+try:
+    _lagom_chain()
+finally:
+    try:
+        _lagom_activate()
+    except Exception as _exc:
+        print(f"lagom: warning: hook not installed ({type(_exc).__name__}: {_exc}); "
+              "running with NCCL's own choices", file=_sys.stderr)
+'''
+
+
+class _InstallAfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``callback`` once, right after module ``target`` has finished executing."""
+
+    def __init__(self, target: str, callback):
+        self.target = target
+        self.callback = callback
+        self._busy = False
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.target or self._busy:
+            return None
+        self._busy = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader = spec.loader
+        original_exec = loader.exec_module
+        finder = self
+
+        def exec_module(module):
+            original_exec(module)
+            finder.remove()
+            finder.callback()
+
+        loader.exec_module = exec_module
+        return spec
+
+    def remove(self) -> None:
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+
+
+def _install_hook() -> None:
+    try:
+        from lagom.runtime import install
+
+        install(lazy=True)
+    except Exception as exc:  # never break the import of torch
+        print(f"lagom: warning: hook not installed ({type(exc).__name__}: {exc}); running with NCCL's own choices", file=sys.stderr)
+
+
+def activate() -> None:
+    """Install the hook now if torch.distributed is loaded, else right after it loads."""
+    if not os.environ.get(ENV_CONFIG):
+        return
+    if TARGET in sys.modules:
+        _install_hook()
+        return
+    sys.meta_path.insert(0, _InstallAfterImport(TARGET, _install_hook))

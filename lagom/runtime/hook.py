@@ -1,0 +1,315 @@
+"""The torch.distributed hook: per-group NCCL options and a count of every collective.
+
+:class:`Hook` replaces the collective functions of ``torch.distributed`` (see
+:mod:`lagom.runtime.collectives`) with thin wrappers that count the call under its
+signature (type, bytes, group) and then call the original with the very same
+arguments, returning its result (tensors, async work handles) untouched. The tuned
+file is consulted once per distinct signature: the wrapper's steady-state cost is
+one byte count, one dict lookup and one increment. Group creation is wrapped by
+:class:`lagom.runtime.process_groups.GroupOptionsInjector`.
+
+Failure policy: anything that goes wrong inside the hook stops the hook's own work
+(the job keeps running with NCCL's choices) and prints ONE warning line. Notes about
+settings that cannot apply (gloo, a CPU-only torch) are printed once, by rank 0.
+Public entry point and documentation: :mod:`lagom.runtime`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import sys
+from pathlib import Path
+
+from nccl_env.errors import LagomError
+from lagom.runtime import audit
+from lagom.runtime.collectives import ALSO_IN_C10D, SPECS, TYPE_INDEX, TYPE_ORDER, CollectiveSpec
+from lagom.runtime.env import merge_env
+from lagom.runtime.process_groups import GroupOptionsInjector
+from lagom.tuned_config import TunedConfig, load_tuned_config
+
+_IGNORED = None  # record info for a call on a group this rank is not part of
+
+
+def _env_rank() -> int | None:
+    value = os.environ.get("RANK")
+    return int(value) if value is not None and value.strip().isdigit() else None
+
+
+class Hook:
+    """One process's hook. Build it through :func:`lagom.runtime.install`.
+
+    ``config`` may be given directly, or loaded from ``config_path`` on first need
+    (``lazy``: when the first process group is created, so that processes which never
+    create one, like torchrun's own launcher, never read or warn about the file).
+    """
+
+    def __init__(
+        self,
+        config: TunedConfig | None = None,
+        config_path: str | os.PathLike | None = None,
+        run_dir: str | os.PathLike | None = None,
+        stream=None,
+        lazy: bool = False,
+    ):
+        self.config = config
+        self.lazy = lazy
+        self.config_path = str(config_path) if config_path else ""
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.stream = stream
+        self.observing = False  # read by every wrapper; False = pass straight through
+        self.failed = False
+        self.counts: dict[tuple, list] = {}  # (type index, bytes, group) -> [count, info]
+        self.rank: int | None = None
+        self.warnings: list[str] = []
+        self.env_merge = None
+        self._said: set[str] = set()
+        self._patched: list[tuple[object, str, object]] = []  # (module, attribute, original)
+        self._injector: GroupOptionsInjector | None = None
+        self._config_tried = config is not None
+        self._finished = False
+
+    # ------------------------------------------------------------------ messages
+    def _emit(self, line: str) -> None:
+        stream = self.stream if self.stream is not None else sys.stderr
+        try:
+            print(line, file=stream, flush=True)
+        except (OSError, ValueError):
+            pass
+
+    def _is_rank0(self) -> bool:
+        rank = self.rank if self.rank is not None else _env_rank()
+        return rank is None or rank == 0
+
+    def note(self, message: str) -> None:
+        """An informational line, once per distinct message, printed by rank 0 only."""
+        if message in self._said:
+            return
+        self._said.add(message)
+        self.warnings.append(f"note: {message}")
+        if self._is_rank0():
+            self._emit(f"lagom: note: {message}")
+
+    def warn(self, message: str, everyone: bool = False) -> None:
+        """A warning line, once per process; ``everyone=False``: rank 0 prints it."""
+        if message in self._said:
+            return
+        self._said.add(message)
+        self.warnings.append(f"warning: {message}")
+        if everyone or self._is_rank0():
+            rank = self.rank if self.rank is not None else _env_rank()
+            where = f" (rank {rank})" if everyone and rank is not None else ""
+            self._emit(f"lagom: warning{where}: {message}")
+
+    def fail(self, where: str, exc: BaseException) -> None:
+        """Stop the hook's own work after an internal error; the job continues untouched."""
+        self.observing = False
+        if self.failed:
+            return
+        self.failed = True
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        self.warn(
+            f"hook disabled after an internal error in {where} ({type(exc).__name__}: {first}); "
+            "the job continues with NCCL's own choices",
+            everyone=True,
+        )
+
+    # ------------------------------------------------------------------ config
+    def ensure_config(self) -> TunedConfig | None:
+        """Load the tuned file on first need; on failure: one warning, hook off."""
+        if self._config_tried:
+            return self.config
+        self._config_tried = True
+        try:
+            if not self.config_path:
+                raise LagomError("no tuned config given (set LAGOM_CONFIG or pass a path)")
+            self.config = load_tuned_config(self.config_path)
+        except LagomError as exc:
+            self.observing = False
+            self.warn(f"{exc}; running with NCCL's own choices")
+            return None
+        self.env_merge = merge_env(self.config.env, os.environ)
+        if self.env_merge.kept and not self.lazy:  # under `lagom run` the launcher said it already
+            self.note(self.env_merge.kept_line())
+        return self.config
+
+    def _process_groups(self) -> dict[str, dict]:
+        """The tuned per-group settings, loading the file if needed; {} once failed."""
+        if self.failed:
+            return {}
+        config = self.ensure_config()
+        return config.process_groups if config is not None else {}
+
+    # ------------------------------------------------------------------ patching
+    def install(self) -> None:
+        """Patch torch.distributed. Raises on a torch without distributed support."""
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            raise LagomError("this torch has no torch.distributed")
+        import torch.distributed.distributed_c10d as c10d
+
+        self._injector = GroupOptionsInjector(self._process_groups, self.note, self.fail)
+        self._injector.install()
+        for spec in SPECS:
+            original = getattr(dist, spec.function, None)
+            if original is None or not callable(original):
+                continue
+            try:
+                params = list(inspect.signature(original).parameters)
+            except (TypeError, ValueError):
+                continue
+            if "group" not in params or any(name not in params for name in spec.buffers):
+                continue
+            wrapper = self._wrap(spec, original, params)
+            self._patch(dist, spec.function, wrapper)
+            if spec.function in ALSO_IN_C10D and getattr(c10d, spec.function, None) is original:
+                self._patch(c10d, spec.function, wrapper)
+        self.observing = self.config is not None or not self._config_tried
+
+    def _patch(self, module: object, name: str, replacement: object) -> None:
+        self._patched.append((module, name, getattr(module, name)))
+        setattr(module, name, replacement)
+
+    def uninstall(self) -> None:
+        """Put every original function back (later patches first)."""
+        self.observing = False
+        for module, name, original in reversed(self._patched):
+            setattr(module, name, original)
+        self._patched.clear()
+        if self._injector is not None:
+            self._injector.uninstall()
+
+    def _wrap(self, spec: CollectiveSpec, original, params: list[str]):
+        hook = self
+        counts = self.counts
+        type_index = TYPE_INDEX[spec.collective]
+        nbytes_of = spec.byte_rule(params)
+        group_pos = params.index("group")
+        # torch.compiler.is_compiling() is constant-folded to True while torch.compile
+        # traces, so a compiled region sees only `original` (which dynamo maps to
+        # functional collectives), never our byte count on symbolic shapes. Looked up at
+        # call time: the bootstrap installs the hook while torch is still importing.
+        import torch
+
+        # The hot path: a flag test, a byte count, a dict lookup, an increment. The
+        # common one-tensor case reads the tensor inline (one Python call fewer).
+        if spec.single_tensor and len(spec.buffers) == 1:
+            name = spec.buffers[0]
+            pos = params.index(name)
+
+            def wrapper(*args, **kwargs):
+                if hook.observing and not torch.compiler.is_compiling():
+                    try:
+                        key = (
+                            type_index,
+                            (args[pos] if len(args) > pos else kwargs[name]).nbytes,
+                            args[group_pos] if len(args) > group_pos else kwargs.get("group"),
+                        )
+                        record = counts.get(key)
+                        if record is None:
+                            record = hook._new_record(key)
+                        record[0] += 1
+                    except Exception as exc:
+                        hook.fail(spec.function, exc)
+                return original(*args, **kwargs)
+
+        else:
+
+            def wrapper(*args, **kwargs):
+                if hook.observing and not torch.compiler.is_compiling():
+                    try:
+                        key = (
+                            type_index,
+                            nbytes_of(args, kwargs),
+                            args[group_pos] if len(args) > group_pos else kwargs.get("group"),
+                        )
+                        record = counts.get(key)
+                        if record is None:
+                            record = hook._new_record(key)
+                        record[0] += 1
+                    except Exception as exc:
+                        hook.fail(spec.function, exc)
+                return original(*args, **kwargs)
+
+        functools.update_wrapper(wrapper, original)
+        wrapper.__lagom_original__ = original  # type: ignore[attr-defined]
+        return wrapper
+
+    # ------------------------------------------------------------------ signatures
+    def _new_record(self, key: tuple) -> list:
+        """First call of a signature: resolve the group and match the tuned file once."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return [0, _IGNORED]  # torch will raise its own error; not cached
+        config = self.ensure_config()
+        if config is None:
+            return [0, _IGNORED]
+        if self.rank is None:
+            self.rank = dist.get_rank()
+        type_index, nbytes, group = key
+        info = self._group_info(group)
+        if info is None:
+            record = [0, _IGNORED]
+        else:
+            name, size, nodes = info
+            collective = TYPE_ORDER[type_index]
+            entry = config.lookup(collective, name, nbytes, size, nodes)
+            index = None
+            if entry is not None:
+                index = next(i for i, e in enumerate(config.collectives) if e is entry)
+            record = [0, (collective.value, name, size, nodes, nbytes, index)]
+        self.counts[key] = record
+        return record
+
+    @staticmethod
+    def _group_info(group) -> tuple[str, int, int | None] | None:
+        """(name, size, nodes spanned) of a group argument; None if this rank is not in it."""
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        if group is None:
+            pg = c10d._get_default_group()
+        elif isinstance(group, str):
+            pg = c10d._resolve_process_group(group)
+        else:
+            pg = group
+        if pg is None or pg == dist.GroupMember.NON_GROUP_MEMBER:
+            return None
+        name = getattr(pg, "group_name", None) or c10d._get_process_group_name(pg)
+        ranks = dist.get_process_group_ranks(pg)
+        local = os.environ.get("LOCAL_WORLD_SIZE", "")
+        nodes = len({r // int(local) for r in ranks}) if local.isdigit() and int(local) > 0 else None
+        return str(name), len(ranks), nodes
+
+    def signature_counts(self) -> list[audit.SignatureCount]:
+        """Counts per signature; keys that name one group two ways (None, WORLD) are summed."""
+        totals: dict[tuple, int] = {}
+        for count, info in list(self.counts.values()):
+            if info is not _IGNORED and count:
+                totals[info] = totals.get(info, 0) + count
+        return [audit.SignatureCount(c, g, size, nodes, nbytes, n, entry) for (c, g, size, nodes, nbytes, entry), n in totals.items()]
+
+    def summary(self) -> audit.Summary:
+        return audit.Summary.of(self.signature_counts())
+
+    # ------------------------------------------------------------------ exit
+    def finish(self) -> None:
+        """At exit: write this rank's audit part; rank 0 prints the summary line."""
+        if self._finished:
+            return
+        self._finished = True
+        try:
+            counts = self.signature_counts()
+            decisions = [d.to_dict() for d in self._injector.decisions] if self._injector else []
+            if not counts and not decisions:
+                return  # this process never used torch.distributed (e.g. torchrun's launcher)
+            rank = self.rank if self.rank is not None else (_env_rank() or 0)
+            if self.run_dir is not None:
+                audit.write_rank_part(self.run_dir, audit.rank_part(rank, counts, decisions, self.warnings))
+            if rank == 0:
+                self._emit(audit.summary_line("rank 0", audit.Summary.of(counts)))
+        except Exception as exc:  # exit paths must never raise
+            self._emit(f"lagom: warning: audit not written ({type(exc).__name__}: {exc})")

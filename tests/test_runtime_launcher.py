@@ -1,0 +1,128 @@
+"""`lagom run` as a launcher: bad input, exit status, signals, the run folder.
+
+The jobs here are small Python children (no torch) so each case costs well under a
+second; the torchrun jobs are in test_runtime_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lagom.cli import main
+from tests.conftest import REPO_ROOT
+
+CONFIG = {
+    "format": "lagom.tuned-config",
+    "version": 1,
+    "nccl_version": "2.18.3",
+    "env": {"NCCL_NTHREADS": "256", "NCCL_BUFFSIZE": "2097152"},
+    "collectives": [{"match": {"collective": "allgather"}, "set": {"channels": 2}}],
+}
+
+
+@pytest.fixture
+def config_file(tmp_path) -> Path:
+    path = tmp_path / "lagom.yaml"
+    path.write_text(yaml.safe_dump(CONFIG))
+    return path
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+@pytest.mark.parametrize(
+    "make_args, message",
+    [
+        (lambda d, c: ["run", "--config", str(d / "missing.yaml"), "--", "true"], "missing.yaml: no such file"),
+        (lambda d, c: ["run", "--config", str(d / "corrupt.yaml"), "--", "true"], "corrupt.yaml: not valid YAML"),
+        (lambda d, c: ["run", "--config", str(d / "other.yaml"), "--", "true"], "not a Lagom tuned config"),
+        (lambda d, c: ["run", "--config", str(c)], "no command to run"),
+        (lambda d, c: ["run", "--config", str(c), "--"], "no command to run"),
+        (lambda d, c: ["run", "--config", str(c), "--no-plugin", "--", str(d / "no-such-program")], "command not found"),
+        (lambda d, c: ["run", "--config", str(d / "badversion.yaml"), "--no-plugin", "--", "true"], "nccl_version"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, config_file, capsys, make_args, message):
+    (tmp_path / "corrupt.yaml").write_text("format: [unclosed\n")
+    (tmp_path / "other.yaml").write_text("a: 1\n")
+    (tmp_path / "badversion.yaml").write_text(yaml.safe_dump(dict(CONFIG, nccl_version="two point eighteen")))
+    assert main(make_args(tmp_path, config_file)) == 2
+    line = _error_line(capsys)
+    assert line.startswith("lagom run: error: ") and message in line
+
+
+def test_exit_status_passes_through(config_file, capsys):
+    assert main(["run", "--config", str(config_file), "--no-plugin", "--", sys.executable, "-c", "import sys; sys.exit(3)"]) == 3
+    assert main(["run", "--config", str(config_file), "--no-plugin", "--", sys.executable, "-c", "pass"]) == 0
+    killed = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    assert main(["run", "--config", str(config_file), "--no-plugin", "--", sys.executable, "-c", killed]) == 128 + signal.SIGKILL
+
+
+def test_run_folder_env_and_user_wins(tmp_path, config_file, capsys, monkeypatch):
+    monkeypatch.setenv("NCCL_NTHREADS", "128")
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
+    workdir = tmp_path / "wd"
+    dump = tmp_path / "env.json"
+    child = f"import json, os; json.dump(dict(os.environ), open({str(dump)!r}, 'w'))"
+    assert main(["run", "--config", str(config_file), "--no-plugin", "--workdir", str(workdir), "--", sys.executable, "-c", child]) == 0
+    env = json.loads(dump.read_text())
+    assert env["NCCL_NTHREADS"] == "128" and env["NCCL_BUFFSIZE"] == "2097152"
+    assert "NCCL_TUNER_PLUGIN" not in env  # --no-plugin
+    boot, rest = env["PYTHONPATH"].split(os.pathsep)
+    assert Path(boot) == workdir / "bootstrap" and (Path(boot) / "sitecustomize.py").is_file() and rest == "/somewhere/else"
+    assert Path(env["LAGOM_CONFIG"]) == workdir / "lagom.yaml"
+    assert yaml.safe_load((workdir / "lagom.yaml").read_text()) == CONFIG
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"lagom run: applying {config_file}: 2 env knob(s), 0 process group(s), 1 collective entry",
+        "lagom run: your environment wins for NCCL_NTHREADS=128 (tuned: 256)",
+    ]
+
+
+def test_temporary_run_folder_is_removed(config_file, tmp_path, capsys):
+    dump = tmp_path / "dir.txt"
+    child = f"import os; open({str(dump)!r}, 'w').write(os.environ['LAGOM_RUN_DIR'])"
+    assert main(["run", "--config", str(config_file), "--no-plugin", "--", sys.executable, "-c", child]) == 0
+    assert dump.read_text() and not Path(dump.read_text()).exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_reach_the_job_and_its_status_comes_back(tmp_path, config_file, sig):
+    ready = tmp_path / "ready"
+    got = tmp_path / "got"
+    child = tmp_path / "child.py"
+    child.write_text(
+        "import signal, sys, time, pathlib\n"
+        "def on(signum, frame):\n"
+        f"    pathlib.Path({str(got)!r}).write_text(str(signum)); sys.exit(42)\n"
+        "signal.signal(signal.SIGTERM, on); signal.signal(signal.SIGINT, on)\n"
+        f"pathlib.Path({str(ready)!r}).write_text('1')\n"
+        "time.sleep(60)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    cmd = [sys.executable, "-m", "lagom", "run", "--config", str(config_file), "--no-plugin", "--", sys.executable, str(child)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() is not None else "timeout"
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 42
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert got.read_text() == str(int(sig))

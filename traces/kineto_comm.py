@@ -1,0 +1,98 @@
+"""What a trace says about one collective: type, size, dtype and process group.
+
+:class:`CommInfo` is filled from several sources in priority order (the first to
+give a field wins): the kernel's own args, ``record_param_comms`` metadata, then the
+names and tensor shapes of the CPU comm calls around the launch. See :mod:`traces.kineto`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from nccl_env.knobs import CollectiveType
+from traces.comm_names import collective_from_call_name, dtype_bytes
+from traces.kineto_events import CommCall, to_int
+
+
+def parse_ranks(value: object) -> tuple[int, ...]:
+    """Group ranks from a list or a "[0, 1]" string."""
+    if isinstance(value, str):
+        return tuple(int(x) for x in re.findall(r"-?\d+", value))
+    if isinstance(value, list):
+        out = [to_int(v) for v in value]
+        return tuple(x for x in out if x is not None)
+    return ()
+
+
+@dataclass
+class CommInfo:
+    collective: CollectiveType | None = None
+    message_bytes: int | None = None
+    dtype: str | None = None
+    group: str | None = None
+    group_ranks: tuple[int, ...] = ()
+    group_size: int | None = None
+
+    def absorb_metadata(self, args: dict) -> None:
+        """Fill unset fields from PyTorch's comm metadata (kernel args or record_param_comms)."""
+        if self.collective is None and isinstance(args.get("Collective name"), str):
+            self.collective = collective_from_call_name(args["Collective name"])
+        dtype = args.get("dtype")
+        if self.dtype is None and isinstance(dtype, str):
+            self.dtype = dtype
+        if self.message_bytes is None:
+            size = dtype_bytes(dtype)
+            counts = [n for n in (to_int(args.get("In msg nelems")), to_int(args.get("Out msg nelems"))) if n is not None]
+            if size is not None and counts:
+                self.message_bytes = max(counts) * size
+        if self.group is None and isinstance(args.get("Process Group Name"), (str, int)):
+            self.group = str(args["Process Group Name"])
+        if not self.group_ranks:
+            self.group_ranks = parse_ranks(args.get("Process Group Ranks"))
+        if self.group_size is None:
+            self.group_size = to_int(args.get("Group size"))
+
+    def absorb_call(self, call: CommCall) -> None:
+        """Fill unset fields from a CPU comm call's name and tensor shapes."""
+        if call.name == "record_param_comms":
+            self.absorb_metadata(call.args)
+        elif self.collective is None:
+            self.collective = collective_from_call_name(call.name)
+        if self.message_bytes is None:
+            nbytes = tensor_bytes(call.args)
+            if nbytes:
+                self.message_bytes = nbytes
+                if self.dtype is None:
+                    types = call.args.get("Input type")
+                    if isinstance(types, list) and types and isinstance(types[0], str) and dtype_bytes(types[0]):
+                        self.dtype = types[0]
+
+
+def tensor_bytes(args: dict) -> int | None:
+    """Largest tensor (elements x dtype size) among a CPU op's ``Input Dims`` / ``Input type``."""
+    dims = args.get("Input Dims")
+    types = args.get("Input type")
+    if not isinstance(dims, list) or not isinstance(types, list):
+        return None
+    best = None
+    for shape, dtype in zip(dims, types):
+        size = dtype_bytes(dtype)
+        if size is None or not isinstance(shape, list) or not shape:
+            continue
+        n = 1
+        for d in shape:
+            d = to_int(d)
+            if d is None or d < 0:
+                n = None
+                break
+            n *= d
+        if n is not None and (best is None or n * size > best):
+            best = n * size
+    return best
+
+
+def collective_from_call(call: CommCall) -> CollectiveType | None:
+    info = CommInfo()
+    info.absorb_call(call)
+    return info.collective

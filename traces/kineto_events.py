@@ -1,0 +1,226 @@
+"""One pass over a Kineto trace's events, keeping only what a Workload needs.
+
+:class:`EventReader` is fed chunks of events (see :mod:`traces.kineto_json`) and
+keeps compact records: GPU ops (kernels, memcpy, memset) with their launch shape,
+the CPU launch call of each correlation id (in flat arrays), CPU comm calls with
+their args, profiler steps and CUDA stream-wait events. Malformed events (missing or
+non-numeric ``ts``/``dur``, negative ``dur``, non-string ``cat``/``name``) are skipped,
+as HTA's parser drops rows without ``dur``; wrongly typed args read as absent.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import dataclass
+
+from traces.comm_names import is_comm_call, is_comm_kernel
+
+# Event categories, current and legacy spellings (Kineto renamed them in 2021).
+KERNEL, MEMCPY, MEMSET, RUNTIME, CPU, GPU_ANNOTATION, SYNC = range(7)
+CATEGORY = {
+    "kernel": KERNEL,
+    "gpu_memcpy": MEMCPY,
+    "memcpy": MEMCPY,
+    "gpu_memset": MEMSET,
+    "memset": MEMSET,
+    "cuda_runtime": RUNTIME,
+    "cuda_driver": RUNTIME,
+    "runtime": RUNTIME,
+    "hip_runtime": RUNTIME,
+    "cpu_op": CPU,
+    "operator": CPU,
+    "user_annotation": CPU,
+    "gpu_user_annotation": GPU_ANNOTATION,
+    "cuda_sync": SYNC,
+}
+_INT64 = 1 << 63
+_COMM_CALL_FIRST = frozenset("rngmuc")  # first letters of record_param_comms, nccl:, gloo:, mpi:, ucc:, c10d::
+
+
+@dataclass(slots=True)
+class GpuOp:
+    ts: float
+    dur: float
+    name: str
+    stream: int
+    correlation: int | None
+    is_comm: bool
+    is_memory: bool
+    grid: tuple[int, int, int] | None
+    block: tuple[int, int, int] | None
+    blocks_per_sm: float | None
+    registers: int | None
+    shared_memory: int | None
+    occupancy: float | None
+    args: dict | None  # kept for communication kernels only (their metadata)
+
+
+@dataclass(slots=True)
+class CommCall:
+    """A CPU-side comm call: record_param_comms, nccl:/gloo: annotation or c10d:: op."""
+
+    ts: float
+    end: float
+    name: str
+    args: dict
+    thread: tuple
+
+
+class EventReader:
+    """Accumulates the records of every chunk fed to it."""
+
+    def __init__(self) -> None:
+        self.gpu_ops: list[GpuOp] = []
+        self.comm_calls: list[CommCall] = []
+        self.comm_by_ext: dict[int, CommCall] = {}
+        self.steps: list[tuple[float, float]] = []
+        # (waiting stream, producer stream, cudaEventRecord correlation, cudaStreamWaitEvent correlation)
+        self.stream_waits: list[tuple[int, int, int, int]] = []
+        self.min_ts = math.inf
+        # CPU runtime calls, flat: correlation, start, end, thread index.
+        self._rt_corr = array("q")
+        self._rt_ts = array("d")
+        self._rt_end = array("d")
+        self._rt_thread = array("l")
+        self._threads: dict[tuple, int] = {}
+        self._names: dict[str, str] = {}  # one string object per distinct kernel name
+
+    def feed(self, events: list) -> None:
+        category = CATEGORY
+        gpu_ops = self.gpu_ops
+        names = self._names
+        rt_corr, rt_ts, rt_end, rt_thread = self._rt_corr, self._rt_ts, self._rt_end, self._rt_thread
+        threads = self._threads
+        min_ts = self.min_ts
+        for e in events:
+            if type(e) is not dict:
+                continue
+            # Like HTA, an event counts when it has a duration (complete "X" events do).
+            dur = e.get("dur")
+            if dur is None:
+                continue
+            ts = e.get("ts")
+            if type(ts) not in (int, float) or type(dur) not in (int, float) or dur < 0:
+                continue
+            cat = e.get("cat")
+            name = e.get("name")
+            if type(cat) is not str or type(name) is not str or cat == "Trace":
+                continue
+            kind = category.get(cat)
+            if kind is None:
+                kind = category.get(cat.lower(), -1)
+            if ts < min_ts:
+                min_ts = ts
+            args = e.get("args")
+            if type(args) is not dict:
+                args = {}
+            if kind == KERNEL or kind == MEMCPY or kind == MEMSET:
+                stream = args.get("stream")
+                if type(stream) is not int:
+                    stream = to_int(stream)
+                    if stream is None:
+                        continue
+                corr = args.get("correlation")
+                if type(corr) is not int:
+                    corr = to_int(corr)
+                name = names.setdefault(name, name)
+                comm = kind == KERNEL and is_comm_kernel(name)
+                gpu_ops.append(
+                    GpuOp(
+                        ts, dur, name, stream, corr, comm, kind != KERNEL,
+                        to_triple(args.get("grid")), to_triple(args.get("block")), to_num(args.get("blocks per SM")),
+                        to_int(args.get("registers per thread")), to_int(args.get("shared memory")),
+                        to_num(args.get("est. achieved occupancy %")), args if comm else None,
+                    )
+                )
+            elif kind == RUNTIME:
+                corr = args.get("correlation")
+                if type(corr) is not int:
+                    corr = to_int(corr)
+                if corr is not None and -_INT64 <= corr < _INT64:
+                    thread = (e.get("pid"), e.get("tid"))
+                    index = threads.get(thread) if type(thread[0]) is int and type(thread[1]) is int else None
+                    if index is None:
+                        thread = thread_key(e)
+                        index = threads.setdefault(thread, len(threads))
+                    rt_corr.append(corr)
+                    rt_ts.append(ts)
+                    rt_end.append(ts + dur)
+                    rt_thread.append(index)
+            elif kind == CPU:
+                first = name[:1]
+                if first == "P" and name.startswith("ProfilerStep"):
+                    self.steps.append((ts, ts + dur))
+                elif first in _COMM_CALL_FIRST and is_comm_call(name):
+                    call = CommCall(ts, ts + dur, name, args, thread_key(e))
+                    self.comm_calls.append(call)
+                    ext = to_int(args.get("External id"))
+                    if ext is not None and name == "record_param_comms":
+                        self.comm_by_ext[ext] = call
+            elif kind == SYNC:
+                wait_on = to_int(args.get("wait_on_stream"))
+                record_corr = to_int(args.get("wait_on_cuda_event_record_corr_id"))
+                stream = to_int(args.get("stream"))
+                corr = to_int(args.get("correlation"))
+                if wait_on is not None and wait_on >= 0 and None not in (record_corr, stream, corr):
+                    self.stream_waits.append((stream, wait_on, record_corr, corr))  # type: ignore[arg-type]
+        self.min_ts = min_ts
+
+    def launches(self) -> tuple[dict[int, float], dict[int, tuple[float, float, tuple]]]:
+        """(correlation -> earliest launch time) for every GPU op, and (correlation -> (start,
+        end, thread)) of the launch of every communication kernel."""
+        wanted = {g.correlation for g in self.gpu_ops if g.correlation is not None}
+        comm = {g.correlation for g in self.gpu_ops if g.is_comm and g.correlation is not None}
+        threads = {i: t for t, i in self._threads.items()}
+        launch_ts: dict[int, float] = {}
+        launch_thread: dict[int, tuple[float, float, tuple]] = {}
+        rt_ts, rt_end, rt_thread = self._rt_ts, self._rt_end, self._rt_thread
+        for i, corr in enumerate(self._rt_corr):
+            if corr in wanted:
+                ts = rt_ts[i]
+                prev = launch_ts.get(corr)
+                if prev is None or ts < prev:
+                    launch_ts[corr] = ts
+                if corr in comm:
+                    launch_thread[corr] = (ts, rt_end[i], threads[rt_thread[i]])
+        return launch_ts, launch_thread
+
+
+def thread_key(event: dict) -> tuple:
+    """(pid, tid) as a hashable key, whatever types the trace used."""
+    pid, tid = event.get("pid"), event.get("tid")
+    return (pid if isinstance(pid, (int, str)) else repr(pid), tid if isinstance(tid, (int, str)) else repr(tid))
+
+
+def to_int(value: object) -> int | None:
+    """An int from an int, an integral float or a decimal string; None otherwise."""
+    t = type(value)
+    if t is int:
+        return value  # type: ignore[return-value]
+    if t is float and value == value and value not in (math.inf, -math.inf) and value == int(value):  # type: ignore[arg-type]
+        return int(value)  # type: ignore[arg-type]
+    if t is str:
+        try:
+            return int(value)  # type: ignore[arg-type]
+        except ValueError:
+            return None
+    return None
+
+
+def to_num(value: object) -> float | None:
+    t = type(value)
+    if (t is int or t is float) and value == value and abs(value) != math.inf:  # type: ignore[operator]
+        return float(value)  # type: ignore[arg-type]
+    return None
+
+
+def to_triple(value: object) -> tuple[int, int, int] | None:
+    if type(value) is list and len(value) == 3:
+        a, b, c = value
+        if type(a) is int and type(b) is int and type(c) is int and a >= 0 and b >= 0 and c >= 0:
+            return (a, b, c)
+        xs = [to_int(v) for v in value]
+        if all(x is not None and x >= 0 for x in xs):
+            return (xs[0], xs[1], xs[2])  # type: ignore[return-value]
+    return None

@@ -1,0 +1,162 @@
+"""Reading a Kineto trace file's JSON: the metadata object, then its events in chunks.
+
+Parsing a whole trace into Python objects costs about eight times the file size in
+memory. :func:`read_events` instead hands the events to a sink a few megabytes at a time
+(parsed with orjson), so the sink keeps what it needs from each chunk and the rest is
+dropped; the metadata (the object around ``traceEvents``) is parsed at the end.
+
+Chunk boundaries are found without a tokenizer: a candidate boundary is a ``}``
+followed by ``,`` or ``]``; the piece up to it is accepted only if ``[piece]`` parses.
+Because every piece starts at an element of the events array, a piece that parses is
+a whole number of elements (a cut inside a string or a nested object cannot parse).
+Anything unexpected (non-object elements, a ``"traceEvents"`` key that is not the
+top-level one, malformed JSON) falls back to parsing the whole file, which also gives
+the precise error for malformed input.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+import orjson
+
+from nccl_env.errors import LagomError
+
+CHUNK_BYTES = 4 << 20
+_BOUNDARY = re.compile(rb"\}\s*,")
+_KEY = re.compile(rb'"traceEvents"\s*:\s*\[\s*')
+_SPACE = re.compile(rb"\s*")
+
+
+def read_bytes(path: Path) -> bytes:
+    """The file's bytes, gunzipped when they are gzip (detected by content)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise LagomError(f"{path}: no such file or directory") from None
+    except IsADirectoryError:
+        raise LagomError(f"{path}: is a directory, expected a trace file") from None
+    except OSError as exc:
+        raise LagomError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except EOFError:
+            raise LagomError(f"{path}: truncated gzip file (compressed stream ended early)") from None
+        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
+            raise LagomError(f"{path}: corrupt gzip file: {exc}") from None
+    return raw
+
+
+class EventSink(Protocol):
+    def feed(self, events: list) -> None: ...
+
+
+S = TypeVar("S", bound=EventSink)
+
+
+def read_events(path: Path, new_sink: Callable[[], S]) -> tuple[dict, S]:
+    """Feed the trace's events, chunk by chunk, to a sink from ``new_sink()``; return the
+    metadata (the top-level object without ``traceEvents``) and the sink. If the chunked
+    path gives up midway, a fresh sink gets all events from a whole-file parse.
+    LagomError if the file is unreadable or not a trace."""
+    raw = read_bytes(path)
+    sink = new_sink()
+    meta = _feed_chunks(raw, sink)
+    if meta is not None:
+        return meta, sink
+    doc = _parse_whole(path, raw)
+    del raw
+    events = doc.pop("traceEvents")
+    sink = new_sink()
+    sink.feed(events)
+    return doc, sink
+
+
+def _parse_whole(path: Path, raw: bytes) -> dict:
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise LagomError(f"{path}: not valid JSON ({exc})") from None
+    if isinstance(doc, list):  # Chrome trace "JSON array" format
+        doc = {"traceEvents": doc}
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise LagomError(f"{path}: not a PyTorch profiler trace (no 'traceEvents' list)")
+    return doc
+
+
+def _feed_chunks(raw: bytes, sink: EventSink) -> dict | None:
+    """Metadata after feeding every chunk, or None when the chunked path does not apply."""
+    key = _KEY.search(raw)
+    if key is None:
+        return None
+    start = key.end()
+    found = _array_end(raw, start)
+    if found is None:
+        return None
+    array_end, meta = found
+    pos = start
+    while pos < array_end:
+        chunk = None
+        if array_end - pos > CHUNK_BYTES:
+            m = _BOUNDARY.search(raw, pos + CHUNK_BYTES, array_end)
+            while m is not None:
+                chunk = _elements(raw, pos, m.start() + 1)
+                if chunk is not None:
+                    end = m.start() + 1
+                    break
+                m = _BOUNDARY.search(raw, m.end(), array_end)
+        if chunk is None:
+            end = array_end
+            chunk = _elements(raw, pos, end)
+            if chunk is None:
+                return None
+        sink.feed(chunk)
+        del chunk
+        pos = _SPACE.match(raw, end).end()
+        if pos < array_end:
+            if raw[pos:pos + 1] != b",":
+                return None
+            pos += 1
+    return meta
+
+
+def _array_end(raw: bytes, start: int) -> tuple[int, dict] | None:
+    """Index of the ``]`` closing the events array, and the metadata around it.
+
+    Tried from the back of the file: the right ``]`` is the last one for which the
+    file with the array emptied parses as an object whose ``traceEvents`` is ``[]``.
+    """
+    if raw[start:start + 1] == b"]":
+        candidates = [start]
+    else:
+        candidates = []
+        cut = len(raw)
+        while len(candidates) < 64:
+            cut = raw.rfind(b"]", start, cut)
+            if cut < 0:
+                break
+            candidates.append(cut)
+    for end in candidates:
+        try:
+            meta = orjson.loads(raw[:start] + b"]" + raw[end + 1:])
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(meta, dict) and meta.get("traceEvents") == []:
+            meta.pop("traceEvents")
+            return end, meta
+        return None  # parses, but "traceEvents" was not the top-level key
+    return None
+
+
+def _elements(raw: bytes, a: int, b: int) -> list | None:
+    """raw[a:b] parsed as a comma-separated run of JSON values, or None if it is not one."""
+    try:
+        return orjson.loads(b"[" + raw[a:b] + b"]")
+    except orjson.JSONDecodeError:
+        return None

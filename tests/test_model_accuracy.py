@@ -9,6 +9,7 @@ random overlap windows (issue 5, item 3).
 
 from __future__ import annotations
 
+import json
 import random
 import time
 
@@ -53,7 +54,7 @@ def calibrated(request):
     return preset, result
 
 
-def test_calibrated_file_is_a_cluster_everywhere(calibrated, tmp_path):
+def test_calibrated_file_is_a_cluster_everywhere(calibrated, tmp_path, capsys):
     preset, result = calibrated
     path = tmp_path / "cluster.yaml"
     result.cluster.dump(path)
@@ -67,6 +68,16 @@ def test_calibrated_file_is_a_cluster_everywhere(calibrated, tmp_path):
     assert result.report.mape_pct < 2.0
     assert result.report.default_mape_pct > 3 * result.report.mape_pct
     assert {r.term for r in result.report.residuals} >= {"overlap: compute", "overlap: collective", "channel sweep"}
+    # the file drives `lagom simulate --evaluator analytic`, next to the simulator on the same file
+    spec = "fsdp:hidden=1024,layers=4,ffn=4096,heads=16,vocab=8000:gpus=8"
+    results = {}
+    for evaluator in ("analytic", "sim"):
+        assert lagom_main(["simulate", spec, "--cluster", str(path), "--evaluator", evaluator, "--noise", "0",
+                           "--json"]) == 0
+        results[evaluator] = json.loads(capsys.readouterr().out)
+    assert results["analytic"]["evaluator"] == "analytic"
+    for key in ("iteration_us", "compute_us", "comm_us"):
+        assert results["analytic"][key] == pytest.approx(results["sim"][key], rel=0.05), key
 
 
 def test_mape_against_the_simulator_on_held_out_workloads(calibrated):

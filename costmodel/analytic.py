@@ -74,6 +74,9 @@ class _Static:
     signatures: list[Signature]  # per collective kind (a signature may appear twice: on the GPU, on the host)
     host_side: list[bool]  # run by the host (gloo in a CPU-only trace): no SMs, L2 or GPU DRAM
     shape_list: list[ComputeShape]  # by shape id
+    all_succs: list[tuple[int, ...]]  # stream successor then dependency successors
+    base_us: list[float]  # kernel alone (0 for collectives)
+    cta_wait_us: list[float]  # a collective's start delay beside this kernel (0 for collectives)
     jump: JumpStatic | None  # two streams: the jump timeline applies
     pair_many: object  # estimate -> (kernel times, collective times, CTA waits) over shape ids
     compute_streams: dict[int, list[int]]  # stream -> its kernels
@@ -275,6 +278,9 @@ class AnalyticEvaluator:
             uncontended_us=max((sum(shapes[k].base_us for k in ks if busy[k])  # type: ignore[union-attr]
                                 for ks in compute_streams.values()), default=0.0),
             pair_many=self._pair_many(list(ids)),
+            all_succs=[tuple(x for x in (next_on_stream[k], *succs[k]) if x >= 0) for k in range(n)],
+            base_us=[sh.base_us if sh is not None else 0.0 for sh in shapes],
+            cta_wait_us=[cta_wait_us(self.params, self.gpu, sh) if sh is not None else 0.0 for sh in shapes],
             jump=build_jump_static(op_ids, is_coll, next_on_stream, [tuple(x) for x in succs], n_preds, busy,
                                    shape_id, [sh.base_us if sh is not None else 0.0 for sh in shapes], sig_of,
                                    [ops[i].stream for i in order]),
@@ -376,23 +382,24 @@ class AnalyticEvaluator:
         ends = [0.0] * n
         remaining = [1.0] * n
         waiting = list(st.n_preds)
-        nxt = st.next_on_stream
-        succs = st.succs
+        allsucc = st.all_succs
         is_coll = st.is_coll
         shapes = st.shapes
         sig_of = st.sig_of
         shape_id = st.shape_id
         busy = st.busy
+        base = st.base_us
         cache = st.rate_cache
         times_under = self._times_under
-        gpu = self.gpu
+        p, gpu = self.params, self.gpu
+        waits = st.cta_wait_us
         c = -1  # the running kernel
         xs: list[int] = []  # the running collectives, sorted
         for k in range(n):
             if waiting[k] == 0:
                 if is_coll[k]:
-                    if c >= 0:
-                        self._start_collective(st, k, [c], ests, remaining)
+                    if c >= 0 and waits[c] > 0.0:
+                        remaining[k] += waits[c] / max(ests[sig_of[k]].time_us, 1e-9)
                     xs.append(k)
                 else:
                     c = k
@@ -400,12 +407,13 @@ class AnalyticEvaluator:
         done = 0
         busy_compute = busy_comm = exposed = 0.0
         while c >= 0 or xs:
+            f2 = -1  # a second op ending at the same time
             if not xs:  # a kernel alone
-                dt = remaining[c] * shapes[c].base_us  # type: ignore[union-attr]
+                dt = remaining[c] * base[c]
                 t += dt
                 if busy[c]:
                     busy_compute += dt
-                finished = [c]
+                f1 = c
             elif len(xs) == 1:
                 x = xs[0]
                 e = ests[sig_of[x]]
@@ -414,26 +422,26 @@ class AnalyticEvaluator:
                     t += dt
                     busy_comm += dt
                     exposed += dt
-                    finished = [x]
+                    f1 = x
                 else:  # the common case: one kernel beside one collective
                     key = (shape_id[c], id(e))
                     pair = cache.get(key)
                     if pair is None:
-                        pair = cache[key] = pair_times(self.params, gpu, shapes[c], e)  # type: ignore[arg-type]
+                        pair = cache[key] = pair_times(p, gpu, shapes[c], e)  # type: ignore[arg-type]
                     yc, yx = pair
                     tc = remaining[c] * yc
                     tx = remaining[x] * yx
                     if tc < tx * (1.0 - 1e-12):
                         dt = tc
                         remaining[x] -= dt / yx
-                        finished = [c]
+                        f1 = c
                     elif tx < tc * (1.0 - 1e-12):
                         dt = tx
                         remaining[c] -= dt / yc
-                        finished = [x]
+                        f1 = x
                     else:
                         dt = tc
-                        finished = [c, x]
+                        f1, f2 = c, x
                     t += dt
                     busy_comm += dt
                     if busy[c]:
@@ -462,7 +470,17 @@ class AnalyticEvaluator:
                         remaining[k] = left
                 if not finished:
                     finished.append(min(running, key=remaining.__getitem__))
-            for k in finished:
+                if len(finished) > 2:  # rare: end them one by one at the same time
+                    for k in finished[2:]:
+                        remaining[k] = 0.0
+                    f1 = finished[0]
+                    f2 = finished[1]
+                else:
+                    f1 = finished[0]
+                    f2 = finished[1] if len(finished) == 2 else -1
+            for k in (f1, f2):
+                if k < 0:
+                    continue
                 ends[k] = t
                 done += 1
                 if k == c:
@@ -470,21 +488,18 @@ class AnalyticEvaluator:
                 else:
                     xs.remove(k)
             started_coll = False
-            for k in finished:
-                for s in (nxt[k], *succs[k]):
-                    if s < 0:
-                        continue
+            for k in (f1, f2):
+                if k < 0:
+                    continue
+                for s in allsucc[k]:
                     waiting[s] -= 1
                     if waiting[s] == 0:
                         starts[s] = t
                         if is_coll[s]:
                             xs.append(s)
                             started_coll = True
-                            if c >= 0:  # beside a running kernel: its CTAs wait for SMs
-                                e = ests[sig_of[s]]
-                                wait = cta_wait_us(self.params, gpu, shapes[c])  # type: ignore[arg-type]
-                                if wait > 0.0:
-                                    remaining[s] += wait / max(e.time_us, 1e-9)
+                            if c >= 0 and waits[c] > 0.0:  # beside a full kernel: its CTAs wait for SMs
+                                remaining[s] += waits[c] / max(ests[sig_of[s]].time_us, 1e-9)
                         else:
                             c = s
             if started_coll and len(xs) > 1:

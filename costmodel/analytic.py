@@ -150,7 +150,8 @@ class AnalyticEvaluator:
             full = self.resolve(signature, config)
             est = collective_estimate(
                 self.params, signature.collective, signature.message_bytes, signature.ranks, signature.nodes,
-                self.cluster.gpus_per_node, full.algorithm, full.protocol, full.channels, full.threads,
+                self.cluster.gpus_per_node, full.algorithm, full.protocol,
+                min(full.channels, self.gpu.sm_count - 1), full.threads,  # a channel is a CTA: one SM each
                 full.chunk_bytes, self.gpu.l2_bytes, self.gpu.mem_bw,
             )
             if len(self._est_cache) > 200_000:
@@ -448,6 +449,35 @@ class AnalyticEvaluator:
                         busy_compute += dt
                     else:
                         exposed += dt
+            elif len(xs) == 2 and c >= 0:  # a kernel beside two collectives (e.g. TP + DP groups)
+                x1, x2 = xs
+                key = (shape_id[c], id(ests[sig_of[x1]]), id(ests[sig_of[x2]]))
+                times = cache.get(key)
+                if times is None:
+                    times = cache[key] = times_under(st, [c], xs, ests)
+                yc, y1, y2 = times
+                tc = remaining[c] * yc
+                t1 = remaining[x1] * y1
+                t2 = remaining[x2] * y2
+                dt = tc if tc <= t1 and tc <= t2 else (t1 if t1 <= t2 else t2)
+                t += dt
+                busy_comm += dt
+                if busy[c]:
+                    busy_compute += dt
+                else:
+                    exposed += dt
+                f1 = f2 = -1
+                for k, y in ((c, yc), (x1, y1), (x2, y2)):
+                    left = remaining[k] - dt / y
+                    if left <= _EPS:
+                        if f1 < 0:
+                            f1 = k
+                        elif f2 < 0:
+                            f2 = k
+                        else:
+                            remaining[k] = 0.0  # a third end at the same time: next step, dt = 0
+                    else:
+                        remaining[k] = left
             else:  # several collectives at once
                 key = (shape_id[c] if c >= 0 else -1, *[id(ests[sig_of[x]]) for x in xs])
                 times = cache.get(key)

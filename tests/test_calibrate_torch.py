@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-from collections import defaultdict
 
 from costmodel.cluster import load_cluster
 from costmodel.model_params import params_for
@@ -41,18 +40,12 @@ def test_torch_backend_calibrates_a_two_process_gloo_job(tmp_path):
     assert len(items) == 24
     assert all(v > 0 for m in items for v in m["measured_us"])
     assert all(m["signature"]["ranks"] == 2 for m in items if "signature" in m)
-    # real measurements: per collective type, the largest message is slower than the smallest
-    by_type = defaultdict(list)
-    for m in items:
-        if m["kind"] == "collective":
-            by_type[m["signature"]["collective"]].append((m["signature"]["message_bytes"], m["measured_us"][0]))
-    checked = 0
-    for points in by_type.values():
-        points.sort()
-        if len(points) >= 2 and points[-1][0] >= 16 * points[0][0]:
-            assert points[-1][1] > points[0][1]
-            checked += 1
-    assert checked >= 1
+    # real measurements: the largest messages take longer than the smallest (medians of a few,
+    # so one hiccup of this shared machine does not decide it)
+    timed = sorted((m["signature"]["message_bytes"], m["measured_us"][0]) for m in items if m["kind"] == "collective")
+    small, large = timed[:4], timed[-4:]
+    assert large[0][0] >= 16 * small[-1][0]
+    assert sorted(t for _, t in large)[2] > sorted(t for _, t in small)[2], timed
     # overlap: the matmul and the collective were both timed from a common start
     overlaps = [m for m in items if m["kind"] == "overlap"]
     assert overlaps and all(len(m["measured_us"]) == 2 for m in overlaps)

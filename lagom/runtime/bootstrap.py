@@ -78,21 +78,25 @@ class _InstallAfterImport(importlib.abc.MetaPathFinder):
         self._busy = True
         try:
             spec = importlib.util.find_spec(fullname)
+            loader = spec.loader if spec is not None else None
+            if loader is None or not hasattr(loader, "exec_module"):
+                return None  # let the normal machinery import it, unhooked
+            original_exec = loader.exec_module
+            finder = self
+
+            def exec_module(module):
+                original_exec(module)
+                finder.remove()
+                finder.callback()
+
+            loader.exec_module = exec_module
+            return spec
+        except Exception as exc:  # never break the import of torch
+            self.remove()
+            print(f"lagom: warning: hook not installed ({type(exc).__name__}: {exc}); running with NCCL's own choices", file=sys.stderr)
+            return None
         finally:
             self._busy = False
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader = spec.loader
-        original_exec = loader.exec_module
-        finder = self
-
-        def exec_module(module):
-            original_exec(module)
-            finder.remove()
-            finder.callback()
-
-        loader.exec_module = exec_module
-        return spec
 
     def remove(self) -> None:
         try:

@@ -310,6 +310,7 @@ class Hook:
             if self.run_dir is not None:
                 audit.write_rank_part(self.run_dir, audit.rank_part(rank, counts, decisions, self.warnings))
             if rank == 0:
-                self._emit(audit.summary_line("rank 0", audit.Summary.of(counts)))
+                partial = " (partial: the hook stopped after an internal error)" if self.failed else ""
+                self._emit(audit.summary_line("rank 0", audit.Summary.of(counts)) + partial)
         except Exception as exc:  # exit paths must never raise
             self._emit(f"lagom: warning: audit not written ({type(exc).__name__}: {exc})")

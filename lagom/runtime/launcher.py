@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from lagom.plugin_export import write_plugin_table
 from lagom.runtime import audit
 from lagom.runtime.bootstrap import SITECUSTOMIZE
 from lagom.runtime.env import ENV_CONFIG, ENV_HOME, ENV_RUN_DIR, merge_env
+from lagom.runtime.process_groups import cta_policy_value
 from lagom.tuned_config import TunedConfig, load_tuned_config
 
 PLUGIN_ENV = "NCCL_TUNER_PLUGIN"
@@ -65,6 +65,18 @@ def _check_nccl_version(config: TunedConfig, origin: Path) -> None:
         raise LagomError(f"{origin}: nccl_version {config.nccl_version!r} is not a NCCL version ({exc})") from None
 
 
+def _check_process_groups(config: TunedConfig, origin: Path) -> None:
+    """Every per-group setting must be one NCCL accepts (checked here, not at group creation)."""
+    for name, settings in config.process_groups.items():
+        for key, value in settings.items():
+            try:
+                number = cta_policy_value(value) if key == "cta_policy" else int(value)
+            except (TypeError, ValueError) as exc:
+                raise LagomError(f"{origin}: process group {name!r}: {key}: {exc}") from None
+            if number < 0:
+                raise LagomError(f"{origin}: process group {name!r}: {key} must be >= 0, got {number}")
+
+
 def prepare(
     config_path: str | os.PathLike,
     workdir: str | os.PathLike | None = None,
@@ -75,6 +87,7 @@ def prepare(
     config_path = Path(config_path)
     config = load_tuned_config(config_path)
     _check_nccl_version(config, config_path)
+    _check_process_groups(config, config_path)
     env = dict(os.environ if base_env is None else base_env)
     if workdir is not None:
         run_dir = Path(workdir).resolve()
@@ -138,7 +151,7 @@ def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[st
     return setup
 
 
-def run_child(argv: list[str], env: dict[str, str], on_start: Callable[[subprocess.Popen], None] | None = None) -> int:
+def run_child(argv: list[str], env: dict[str, str]) -> int:
     """Run ``argv`` in its own process group, forwarding signals; its exit status.
 
     A child killed by signal N gives 128 + N, as a shell reports it.
@@ -164,8 +177,6 @@ def run_child(argv: list[str], env: dict[str, str], on_start: Callable[[subproce
         except ValueError:  # not the main thread: signals stay as they are
             break
     try:
-        if on_start is not None:
-            on_start(child)
         status = child.wait()
     finally:
         for sig, handler in previous.items():

@@ -39,6 +39,7 @@ LagomError naming the file and the key on bad input.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -46,6 +47,7 @@ from pathlib import Path
 import yaml
 
 from nccl_env.errors import LagomError
+from nccl_env.rules import NcclVersion
 
 INTRA_KINDS = ("pcie", "nvlink", "nvswitch")
 
@@ -148,10 +150,15 @@ def parse_cluster(data: object, origin: str) -> ClusterSpec:
     def number(sec: dict, sec_name: str, key: str, kind: type, minimum: float = 0.0) -> float:
         if key not in sec:
             raise bad(f"'{sec_name}.{key}' is missing")
+        raw = sec[key]
+        if isinstance(raw, bool) or (kind is int and isinstance(raw, float) and not raw.is_integer()):
+            raise bad(f"'{sec_name}.{key}' must be {'an integer' if kind is int else 'a number'}, got {raw!r}")
         try:
-            value = kind(sec[key])
-        except (TypeError, ValueError):
-            raise bad(f"'{sec_name}.{key}' must be a number, got {sec[key]!r}") from None
+            value = kind(raw)
+        except (TypeError, ValueError, OverflowError):
+            raise bad(f"'{sec_name}.{key}' must be {'an integer' if kind is int else 'a number'}, got {raw!r}") from None
+        if not math.isfinite(value):
+            raise bad(f"'{sec_name}.{key}' must be finite, got {raw!r}")
         if value <= minimum:
             raise bad(f"'{sec_name}.{key}' must be > {minimum}, got {value}")
         return value
@@ -162,6 +169,13 @@ def parse_cluster(data: object, origin: str) -> ClusterSpec:
     kind = str(intra.get("kind", ""))
     if kind not in INTRA_KINDS:
         raise bad(f"'intra_node.kind' must be one of {', '.join(INTRA_KINDS)}, got {kind!r}")
+    version = data.get("nccl_version", "2.18.3")
+    if not isinstance(version, str):  # YAML reads 2.20 as the float 2.2: a version must be quoted
+        raise bad(f"'nccl_version' must be a quoted string such as \"2.18.3\", got {version!r}")
+    try:
+        NcclVersion.parse(version)
+    except (LagomError, ValueError):
+        raise bad(f"'nccl_version' {version!r} is not an NCCL version (e.g. \"2.18.3\")") from None
     for key in ("nccl_defaults", "nccl_graph", "sim", "model"):
         if data.get(key) is not None and not isinstance(data.get(key), dict):
             raise bad(f"'{key}' must be a mapping")
@@ -169,7 +183,7 @@ def parse_cluster(data: object, origin: str) -> ClusterSpec:
         name=str(data.get("name", origin)),
         nodes=int(number(data, "", "nodes", int)),
         gpus_per_node=int(number(data, "", "gpus_per_node", int)),
-        nccl_version=str(data.get("nccl_version", "2.18.3")),
+        nccl_version=version,
         gpu=GpuSpec(
             name=str(gpu.get("name", "gpu")),
             sm_count=int(number(gpu, "gpu", "sm_count", int)),

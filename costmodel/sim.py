@@ -33,10 +33,12 @@ Entry points for calibration (tiny workloads work too):
 
 from __future__ import annotations
 
+import math
 import weakref
 
 import numpy as np
 
+from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
 from traces.workload import CollectiveOp, ComputeOp, ProcessGroup, Stream, StreamKind, Workload
@@ -109,6 +111,10 @@ class Simulator:
     """The virtual cluster as an Evaluator (see the module docstring for the mechanism)."""
 
     def __init__(self, cluster: ClusterSpec, noise: float = 0.01, seed: int = 0):
+        if not (isinstance(noise, (int, float)) and math.isfinite(noise) and noise >= 0):
+            raise LagomError(f"simulator noise must be a finite number >= 0, got {noise!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+            raise LagomError(f"simulator seed must be an integer >= 0 (or None: unseeded), got {seed!r}")
         self.cluster = cluster
         self.params = sim_params(cluster)
         self.noise = float(noise)

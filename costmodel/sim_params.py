@@ -7,6 +7,7 @@ each one enters the mechanism.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 from nccl_env.errors import LagomError
@@ -47,6 +48,12 @@ class SimParams:
 
 
 _FIELDS = {f.name: f.type for f in fields(SimParams)}
+# Shares of a peak: above 1 is faster than the hardware, 0 never finishes (division by zero).
+_FRACTIONS = {"gemm_efficiency", "attention_efficiency", "mem_efficiency", "ll_payload_fraction",
+              "ll128_payload_fraction", "tree_bw_fraction"}
+# Rates and divisors that must not be 0.
+_POSITIVE = {"simple_bw_per_channel_gb_per_s", "ll128_bw_per_channel_gb_per_s", "ll_bw_per_channel_gb_per_s",
+             "channel_saturation_threads", "gemm_short_reuse"}
 
 
 def sim_params(cluster: ClusterSpec) -> SimParams:
@@ -57,10 +64,17 @@ def sim_params(cluster: ClusterSpec) -> SimParams:
         raise LagomError(f"cluster {cluster.name}: unknown 'sim' key(s) {sorted(unknown)} (known: {', '.join(sorted(_FIELDS))})")
     values = {}
     for key, value in raw.items():
+        is_int = _FIELDS[key] in ("int", int)
+        if isinstance(value, bool) or (is_int and isinstance(value, float) and not value.is_integer()):
+            raise LagomError(f"cluster {cluster.name}: 'sim.{key}' must be {'an integer' if is_int else 'a number'}, got {value!r}")
         try:
-            values[key] = int(value) if _FIELDS[key] in ("int", int) else float(value)
-        except (TypeError, ValueError):
+            values[key] = int(value) if is_int else float(value)
+        except (TypeError, ValueError, OverflowError):
             raise LagomError(f"cluster {cluster.name}: 'sim.{key}' must be a number, got {value!r}") from None
-        if values[key] < 0:
-            raise LagomError(f"cluster {cluster.name}: 'sim.{key}' must be >= 0, got {value!r}")
+        if not math.isfinite(values[key]) or values[key] < 0:
+            raise LagomError(f"cluster {cluster.name}: 'sim.{key}' must be a finite number >= 0, got {value!r}")
+        if key in _FRACTIONS and not 0 < values[key] <= 1:
+            raise LagomError(f"cluster {cluster.name}: 'sim.{key}' is a fraction: must be in (0, 1], got {value!r}")
+        if key in _POSITIVE and values[key] == 0:
+            raise LagomError(f"cluster {cluster.name}: 'sim.{key}' must be > 0, got {value!r}")
     return SimParams(**values)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from nccl_env.errors import LagomError
 
@@ -17,8 +18,15 @@ from nccl_env.errors import LagomError
 COMMANDS = ["analyze", "simulate", "calibrate", "tune", "run", "bench", "plugin", "doctor"]
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse prints usage plus the error; we print one line naming the command."""
+
+    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="lagom",
         description="Co-tune NCCL with the computation it overlaps: analyse traces, simulate, tune, run.",
     )

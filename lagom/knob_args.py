@@ -38,6 +38,8 @@ def parse_set(text: str) -> CommConfig:
         if not sep or field is None:
             raise LagomError(f"--set: bad item {item!r}: expected KNOB=VALUE with KNOB one of channels, threads, chunk, algorithm, protocol")
         value = value.strip()
+        if field in values:
+            raise LagomError(f"--set: {field} is given twice ({item!r}); give each knob once")
         if field == "algorithm":
             names = [a.nccl_name for a in Algorithm]
             if value.lower() not in names:

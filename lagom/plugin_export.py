@@ -16,7 +16,7 @@ from pathlib import Path
 from lagom.tuned_config import CollectiveEntry, TunedConfig
 from nccl_env.errors import LagomError
 from nccl_env.plugin_table import PLUGIN_COLLECTIVES, PluginEntry, format_table
-from nccl_env.rules import CHUNK_PLUGIN_SINCE, NcclVersion
+from nccl_env.rules import CHUNK_PLUGIN_SINCE, TUNER_SYMBOL_SINCE, NcclVersion, tuner_symbols
 
 
 def _entry(entry: CollectiveEntry) -> PluginEntry:
@@ -67,12 +67,16 @@ def plugin_table_comments(cfg: TunedConfig) -> list[str]:
                 )
         else:
             seen[key] = (line, entry)
-    if cfg.nccl_version and any(e.config.chunk_bytes is not None for e in kept):
-        try:
-            version = NcclVersion.parse(cfg.nccl_version)
-        except LagomError:
-            version = None
-        if version is not None and version < CHUNK_PLUGIN_SINCE:
+    try:
+        version = NcclVersion.parse(cfg.nccl_version) if cfg.nccl_version else None
+    except LagomError:
+        version = None
+    if version is not None and kept and not tuner_symbols(version):
+        first = min(TUNER_SYMBOL_SINCE.values())
+        comments.append(f"NCCL {version} loads none of the plugin's ABIs (the oldest, v2, needs NCCL >= {first}): this table has no "
+                        f"effect there; the config's env and process_groups carry what that NCCL takes")
+    elif version is not None and any(e.config.chunk_bytes is not None for e in kept):
+        if version < CHUNK_PLUGIN_SINCE:
             comments.append(f"chunk_bytes is applied only by NCCL >= {CHUNK_PLUGIN_SINCE} (tuner getChunkSize); "
                             f"on NCCL {version} use NCCL_BUFFSIZE (the config's env)")
     if any(e.config.threads is not None for e in cfg.collectives):

@@ -141,6 +141,16 @@ class TunedConfig:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False, width=100))
 
 
+def _match_int(match: dict, key: str, minimum: int) -> int | None:
+    """An integer ``match`` field (None = any); refuses fractions, booleans and text."""
+    value = match.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"match.{key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
 def parse_tuned_config(data: object, origin: str = "<config>") -> TunedConfig:
     """Validate a loaded YAML document; LagomError names ``origin`` and the problem."""
 
@@ -183,10 +193,10 @@ def parse_tuned_config(data: object, origin: str = "<config>") -> TunedConfig:
             match = Match(
                 collective=None if m.get("collective") is None else CollectiveType.parse(str(m["collective"])),
                 group=None if m.get("group") is None else str(m["group"]),
-                min_bytes=None if m.get("min_bytes") is None else int(m["min_bytes"]),
-                max_bytes=None if m.get("max_bytes") is None else int(m["max_bytes"]),
-                ranks=None if m.get("ranks") is None else int(m["ranks"]),
-                nodes=None if m.get("nodes") is None else int(m["nodes"]),
+                min_bytes=_match_int(m, "min_bytes", 0),
+                max_bytes=_match_int(m, "max_bytes", 0),
+                ranks=_match_int(m, "ranks", 1),
+                nodes=_match_int(m, "nodes", 1),
             )
             config = CommConfig.from_dict(raw["set"])
         except (ValueError, KeyError, TypeError) as exc:

@@ -228,7 +228,18 @@ def _chunk(items, default: CommConfig, version: NcclVersion, per_coll, door_knob
 
 def _channels(items, default: CommConfig, version: NcclVersion, per_coll, out: Delivery) -> None:
     if "channels" in per_coll:
-        return  # the plugin carries them (the default went into a wildcard entry)
+        # The plugin carries them (the default went into a wildcard entry), but NCCL caps a
+        # plugin's channel count at the communicator's (enqueue.cc: nc <= comm->nChannels).
+        # minCTAs = the most any collective of the group asks for lets it ask that many;
+        # below NCCL's own count it changes nothing, since NCCL keeps max(its count, minCTAs).
+        most: dict[str, int] = {}
+        for sig, cfg in items:
+            if cfg.channels is not None and sig.collective in PLUGIN_COLLECTIVES:
+                most[sig.group] = max(most.get(sig.group, 0), int(cfg.channels))
+        for group, value in sorted(most.items()):
+            if version >= CTAS_ENV_SINCE:
+                out.group_configs[group] = {"min_ctas": value}
+        return
     wanted = [(s, c.channels) for s, c in items if c.channels is not None and s.collective in PLUGIN_COLLECTIVES]
     default_channels = default.channels
     if version < CTAS_ENV_SINCE:

@@ -136,12 +136,36 @@ class CommConfig:
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown CommConfig field(s): {', '.join(sorted(unknown))}")
-        algo = data.get("algorithm")
-        proto = data.get("protocol")
         return cls(
-            algorithm=None if algo is None else Algorithm[str(algo).upper()],
-            protocol=None if proto is None else Protocol[str(proto).upper()],
-            channels=None if data.get("channels") is None else int(data["channels"]),
-            threads=None if data.get("threads") is None else int(data["threads"]),
-            chunk_bytes=None if data.get("chunk_bytes") is None else int(data["chunk_bytes"]),
+            algorithm=_enum_field(Algorithm, "algorithm", data.get("algorithm")),
+            protocol=_enum_field(Protocol, "protocol", data.get("protocol")),
+            channels=_int_field("channels", data.get("channels")),
+            threads=_int_field("threads", data.get("threads")),
+            chunk_bytes=_int_field("chunk_bytes", data.get("chunk_bytes")),
         )
+
+
+def _enum_field(enum_cls: type[enum.IntEnum], name: str, value: object):
+    """An Algorithm/Protocol from its NCCL name (or the enum itself); ValueError names the field."""
+    if value is None or isinstance(value, enum_cls):
+        return value
+    if isinstance(value, str) and value.strip().upper() in enum_cls.__members__:
+        return enum_cls[value.strip().upper()]
+    names = ", ".join(m.name.lower() for m in enum_cls)
+    raise ValueError(f"{name} {value!r} is not one of {names}")
+
+
+def _int_field(name: str, value: object) -> int | None:
+    """A whole number (an int, an integral float, or digits); bools and fractions are errors, not truncated."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if isinstance(value, float):
+        if value.is_integer():
+            return int(value)
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None

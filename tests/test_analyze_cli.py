@@ -84,3 +84,11 @@ def test_help_is_the_command_doc(capsys):
         assert exc.code == 0
     out = capsys.readouterr().out
     assert "--include-last-step" in out and "Holistic Trace Analysis" in out
+
+
+def test_piped_text_output_keeps_whole_headers(capsys):
+    """Redirected output used rich's 80-column default and cut headers to 'exposed…' / 'total …'."""
+    assert main(["analyze", str(shared_traces_dir() / "a100_w16_sendrecv_3streams_rank0.json.gz")]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out
+    assert "exposed ms" in out and "exposed %" in out and "reducescatter" in out

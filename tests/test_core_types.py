@@ -113,3 +113,26 @@ def test_bad_tuned_config_is_one_line_error(tmp_path, text, needle):
     with pytest.raises(LagomError) as info:
         load_tuned_config(tmp_path / "bad.yaml")
     assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("match,needle", [
+    ("{min_bytes: abc}", "match.min_bytes"),
+    ("{min_bytes: 1.5}", "match.min_bytes"),
+    ("{ranks: true}", "match.ranks"),
+    ("{nodes: 0}", "match.nodes"),
+])
+def test_tuned_config_match_values_are_checked_by_key(tmp_path, match, needle):
+    (tmp_path / "bad.yaml").write_text(
+        f"format: lagom.tuned-config\nversion: 1\ncollectives: [{{match: {match}, set: {{channels: 2}}}}]\n")
+    with pytest.raises(LagomError, match=needle.replace(".", r"\.")):
+        load_tuned_config(tmp_path / "bad.yaml")
+
+
+def test_cli_usage_errors_are_one_line(capsys):
+    from lagom.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["analyze", "x", "--top", "notanumber"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--top" in err

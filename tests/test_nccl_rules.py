@@ -110,7 +110,8 @@ def test_plugin_era_per_collective_and_chunk_from_2_30():
     assert [e.channels for e in d.plugin_entries] == [2, 4, 8]
     assert all(e.chunk_bytes is None for e in d.plugin_entries)
     assert d.env == {"NCCL_NTHREADS": "512", "NCCL_BUFFSIZE": str(1398784 * 2)}
-    assert d.group_configs == {}
+    # NCCL caps a plugin's channels at the communicator's: minCTAs lets the plugin ask for the most.
+    assert d.group_configs == {"0": {"min_ctas": 4}, "1": {"min_ctas": 8}}
     d = deliver(_plan(), V("2.30.1"))
     assert [e.chunk_bytes for e in d.plugin_entries] == [700416, 1398784, None]
     assert "NCCL_BUFFSIZE" not in d.env  # 1398784 fits NCCL's default 4 MiB buffer (ceiling 2 MiB)

@@ -105,6 +105,24 @@ def test_plugin_table_from_tuned_config(tmp_path):
     assert missing.returncode == 2 and "nope.yaml: no such file" in missing.stderr
 
 
+@pytest.mark.parametrize("match, knobs, message", [
+    ("{collective: allreduce}", "{channels: 999}", "lagom.yaml: cannot make a plugin table: plugin entry 0: channels=999"),
+    ("{collective: allreduce, min_bytes: 100, max_bytes: 10}", "{channels: 2}", "lagom.yaml: cannot make a plugin table"),
+    ("{collective: allreduce}", "{channels: true}", "collectives[0]: channels must be an integer, got True"),
+    ("{collective: allreduce}", "{chunk_bytes: 1.5}", "collectives[0]: chunk_bytes must be an integer, got 1.5"),
+    ("{collective: allreduce}", "{algorithm: bogus}", "collectives[0]: algorithm 'bogus' is not one of tree, ring"),
+    ("{collective: allreduce}", "{protocol: 7}", "collectives[0]: protocol 7 is not one of ll, ll128, simple"),
+])
+def test_plugin_table_bad_config_is_one_line_naming_the_file(tmp_path, match, knobs, message):
+    """Values the table cannot carry are refused with the file named; bools and fractions are
+    not truncated into a table line (they used to become channels 1 and chunk_bytes=1)."""
+    cfg = tmp_path / "lagom.yaml"
+    cfg.write_text(f"format: lagom.tuned-config\nversion: 1\ncollectives:\n  - match: {match}\n    set: {knobs}\n")
+    proc = lagom("plugin", "table", str(cfg))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr and str(cfg) in proc.stderr
+
+
 def test_doctor_finds_the_wheel_libnccl_and_reads_its_version():
     wheel_version = importlib.metadata.version("nvidia-nccl-cu12")
     lib = find_libnccl()
@@ -131,3 +149,23 @@ def test_doctor_reports_problems_as_lines(tmp_path):
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("2 problem(s): NCCL version:") and "cannot load" in last
     assert "C compiler: C compiler '/nonexistent/cc' not found" in last
+
+
+def test_plugin_table_says_when_its_nccl_loads_no_plugin():
+    """A config tuned for NCCL 2.18 (the paper's clusters) gets a table that no NCCL of that
+    version reads: the table says so instead of suggesting only the chunk size is lost."""
+    from lagom.plugin_export import plugin_table_comments
+    from lagom.tuned_config import parse_tuned_config
+
+    def comments(version: str) -> list[str]:
+        return plugin_table_comments(parse_tuned_config({
+            "format": "lagom.tuned-config", "version": 1, "nccl_version": version,
+            "collectives": [{"match": {"collective": "allgather"}, "set": {"channels": 2, "chunk_bytes": 700416}}]}))
+
+    old = comments("2.18.3")
+    assert any("NCCL 2.18.3 loads none of the plugin's ABIs" in c and ">= 2.21.0" in c for c in old)
+    assert not any("chunk_bytes is applied only" in c for c in old)
+    mid = comments("2.24.3")
+    assert not any("loads none" in c for c in mid)
+    assert any("chunk_bytes is applied only by NCCL >= 2.30.0" in c for c in mid)
+    assert not any("loads none" in c or "chunk_bytes is applied only" in c for c in comments("2.30.1"))

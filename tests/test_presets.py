@@ -90,3 +90,27 @@ def test_overrides_and_resolve():
     cluster.nccl_defaults = {"protocol": "bogus"}
     with pytest.raises(LagomError, match="nccl_defaults"):
         nccl_default_config(cluster, s)
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("sm_count: 84 ", "sm_count: 84.5 ", "'gpu.sm_count' must be an integer, got 84.5"),
+    ("sm_count: 84 ", "sm_count: true ", "'gpu.sm_count' must be an integer, got True"),
+    ("mem_bw_gb_per_s: 696 ", "mem_bw_gb_per_s: .nan ", "'gpu.mem_bw_gb_per_s' must be finite"),
+    ("nic_bw_gb_per_s: 12.0 ", "nic_bw_gb_per_s: .inf ", "'inter_node.nic_bw_gb_per_s' must be finite"),
+    ('nccl_version: "2.18.3"', 'nccl_version: "banana"', "'nccl_version' 'banana' is not an NCCL version"),
+    ('nccl_version: "2.18.3"', "nccl_version: 2.20", "'nccl_version' must be a quoted string"),
+    ("  gemm_efficiency: 0.70 ", "  gemm_efficiency: 7 ", "'sim.gemm_efficiency' is a fraction"),
+    ("  gemm_efficiency: 0.70 ", "  gemm_efficiency: 0 ", "'sim.gemm_efficiency' is a fraction"),
+])
+def test_bad_cluster_numbers_are_one_line_errors(tmp_path, old, new, message):
+    """These used to be truncated (84.5 SMs -> 84, true -> 1 SM), simulated with NaN/inf bandwidth,
+    kept as an unparseable NCCL version, or crashed the simulator (efficiency 0: ZeroDivisionError)."""
+    from costmodel.sim import Simulator
+
+    text = (resources.files("costmodel") / "presets" / "low-bw.yaml").read_text()
+    assert old in text
+    path = tmp_path / "cluster.yaml"
+    path.write_text(text.replace(old, new, 1))
+    with pytest.raises(LagomError) as info:
+        Simulator(load_cluster(path))
+    assert message in str(info.value) and "\n" not in str(info.value)

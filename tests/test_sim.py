@@ -7,7 +7,7 @@ import pytest
 from costmodel.cluster import load_cluster
 from costmodel.evaluator import Evaluator
 from costmodel.sim import Simulator, tiny_overlap_workload
-from nccl_env import CollectiveType, CommConfig, Plan, Signature
+from nccl_env import CollectiveType, CommConfig, LagomError, Plan, Signature
 from traces.generate import generate_workload
 from traces.workload import ComputeOp
 
@@ -47,6 +47,14 @@ def test_noise_is_seeded_and_zero_is_exact():
     assert b != a[0] and abs(b / a[0] - 1) < 0.05
     exact = Simulator(cl, noise=0.0)
     assert exact.evaluate(w, Plan()).iteration_us == exact.evaluate(w, Plan()).iteration_us
+
+
+@pytest.mark.parametrize("kwargs", [{"noise": float("nan")}, {"noise": float("inf")}, {"noise": -0.01},
+                                    {"seed": -1}, {"seed": 1.5}])
+def test_bad_noise_or_seed_is_a_lagom_error(kwargs):
+    """NaN noise used to switch noise off silently; a negative seed raised numpy's ValueError."""
+    with pytest.raises(LagomError, match="noise|seed"):
+        Simulator(load_cluster("high-bw"), **kwargs)
 
 
 def test_tiny_workload_entry_points():

@@ -26,7 +26,7 @@ def test_sizes_and_set():
     assert parse_size("2MiB") == 2 << 20 and parse_size("684KB") == 684 * 1024 and parse_size("4096") == 4096
     cfg = parse_set("channels=16,chunk=2MiB,threads=256,algorithm=ring,protocol=simple")
     assert cfg == CommConfig(Algorithm.RING, Protocol.SIMPLE, 16, 256, 2 << 20)
-    for bad in ("channels=0", "chunk=1.5B", "speed=3", "algorithm=fast", "channels"):
+    for bad in ("channels=0", "chunk=1.5B", "speed=3", "algorithm=fast", "channels", "chunk=1MiB,chunk_bytes=2MiB"):
         with pytest.raises(LagomError):
             parse_set(bad)
 
@@ -80,9 +80,29 @@ def test_workload_file_and_trace_arguments(tmp_path, capsys):
     (["fsdp:phi2", "--cluster", "low-bw", "--set", "chunk=lots"], "bad size"),
     (["fsdp:phi2", "--cluster", "low-bw", "--config", "/nonexistent.yaml"], "no such file"),
     (["fsdp:phi2", "--cluster", "low-bw", "--noise", "-1"], "--noise"),
+    (["fsdp:phi2", "--cluster", "low-bw", "--noise", "nan"], "--noise"),
+    (["fsdp:phi2", "--cluster", "low-bw", "--noise", "inf"], "--noise"),
+    (["fsdp:phi2", "--cluster", "low-bw", "--seed", "-3"], "--seed must be >= 0"),
+    (["fsdp:phi2", "--cluster", "high-bw", "--set", "algorithm=nvls"], "--set: algorithm=nvls: the simulator models only ring and tree"),
+    (["fsdp:phi2", "--cluster", "low-bw", "--set", "channels=2,nc=4"], "channels is given twice"),
     (["fsdp:phi2", "--cluster", "low-bw", "--set", "channels=61"], "not valid on NCCL 2.18"),
 ])
 def test_bad_input_is_one_line_exit_2(argv, message, capsys):
     assert main(["simulate", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("knobs, message", [
+    ("{channels: 999}", "collectives[0]: channels=999 is not valid on NCCL 2.18.3"),
+    ("{threads: 7}", "collectives[0]: threads=7 is not valid on NCCL 2.18.3"),
+    ("{algorithm: nvls}", "collectives[0]: algorithm=nvls: the simulator models only ring and tree"),
+])
+def test_tuned_config_values_are_checked_like_set(tmp_path, capsys, knobs, message):
+    """A tuned file used to be simulated with channels 999 (clamped to the SM count) or 7 threads."""
+    cfg = tmp_path / "lagom.yaml"
+    cfg.write_text(f"format: lagom.tuned-config\nversion: 1\ncollectives:\n  - match: {{collective: allgather}}\n"
+                   f"    set: {knobs}\n")
+    assert main(["simulate", "fsdp:phi2:gpus=8", "--cluster", "high-bw", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and str(cfg) in err

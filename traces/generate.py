@@ -205,6 +205,8 @@ def _kv_pairs(text: str, spec: str, allowed: set[str]) -> dict[str, int]:
         key = key.strip().lower()
         if not sep or key not in allowed:
             raise LagomError(f"workload spec {spec!r}: unknown parameter {item!r} (accepted: {', '.join(sorted(allowed))})")
+        if key in out:
+            raise LagomError(f"workload spec {spec!r}: {key} is given twice")
         try:
             number = int(value)
         except ValueError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import math
 from pathlib import Path
 
 import orjson
@@ -38,12 +39,85 @@ def load_workload(path: str | Path) -> Workload:
         raw = path.read_bytes()
         if path.suffix == ".gz":
             raw = gzip.decompress(raw)
-        return Workload.from_dict(orjson.loads(raw))
+        workload = Workload.from_dict(orjson.loads(raw))
     except FileNotFoundError:
         raise LagomError(f"{path}: no such file") from None
     except (OSError, EOFError, gzip.BadGzipFile) as exc:
         raise LagomError(f"{path}: cannot read: {exc}") from None
     except orjson.JSONDecodeError as exc:
         raise LagomError(f"{path}: not valid JSON: {exc}") from None
-    except (KeyError, ValueError, TypeError) as exc:
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise LagomError(f"{path}: not a valid Lagom workload: {exc}") from None
+    problem = workload_problem(workload)
+    if problem:
+        raise LagomError(f"{path}: not a valid Lagom workload: {problem}")
+    return workload
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def workload_problem(workload: Workload) -> str | None:
+    """The first inconsistency that would make an evaluator compute nonsense or crash, or None.
+
+    Checks what ``Workload.from_dict`` leaves unchecked: times and sizes are finite
+    numbers >= 0, op ids are unique, every op's stream and every collective's group
+    exist, and dependencies name existing ops.
+    """
+    streams = {s.stream_id for s in workload.streams}
+    ids: set[int] = set()
+    for op in (*workload.compute_ops, *workload.collectives):
+        what = f"op {op.op_id} ({op.name[:40]!r})"
+        if op.op_id in ids:
+            return f"op id {op.op_id} is used twice"
+        ids.add(op.op_id)
+        if not (_number(op.start_us) and _number(op.duration_us)) or op.duration_us < 0:
+            return f"{what}: start_us and duration_us must be finite numbers, duration >= 0"
+        if op.stream not in streams:
+            return f"{what}: stream {op.stream} is not in 'streams'"
+    for op in workload.collectives:
+        if not isinstance(op.message_bytes, int) or isinstance(op.message_bytes, bool) or op.message_bytes < 0:
+            return f"op {op.op_id}: message_bytes must be an integer >= 0, got {op.message_bytes!r}"
+        if op.group not in workload.groups:
+            return f"op {op.op_id}: process group {op.group!r} is not in 'groups'"
+    for op in workload.compute_ops:
+        for name in ("flops", "dram_bytes", "blocks_per_sm"):
+            value = getattr(op, name)
+            if value is not None and (not _number(value) or value < 0):
+                return f"op {op.op_id}: {name} must be a finite number >= 0, got {value!r}"
+    for dep in workload.dependencies:
+        if dep.before not in ids or dep.after not in ids:
+            return f"dependency {dep.before} -> {dep.after} names an op that is not in the workload"
+    return _cycle(workload)
+
+
+def _cycle(workload: Workload) -> str | None:
+    """A dependency cycle (through dependencies and each stream's list order), or None."""
+    succ: dict[int, list[int]] = {}
+    indegree: dict[int, int] = {}
+    last_on_stream: dict[int, int] = {}
+    for op in (*workload.compute_ops, *workload.collectives):
+        indegree.setdefault(op.op_id, 0)
+        prev = last_on_stream.get(op.stream)
+        if prev is not None:
+            succ.setdefault(prev, []).append(op.op_id)
+            indegree[op.op_id] += 1
+        last_on_stream[op.stream] = op.op_id
+    for dep in workload.dependencies:
+        succ.setdefault(dep.before, []).append(dep.after)
+        indegree[dep.after] += 1
+    ready = [i for i, d in indegree.items() if d == 0]
+    seen = 0
+    while ready:
+        i = ready.pop()
+        seen += 1
+        for j in succ.get(i, ()):
+            indegree[j] -= 1
+            if indegree[j] == 0:
+                ready.append(j)
+    if seen < len(indegree):
+        stuck = sorted(i for i, d in indegree.items() if d > 0)
+        return (f"dependencies form a cycle (with stream order): ops {', '.join(map(str, stuck[:5]))}"
+                f"{', ...' if len(stuck) > 5 else ''} can never start")
+    return None

@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(orjson.dumps({"ranks": reports}, option=orjson.OPT_INDENT_2) + b"\n")
         sys.stdout.flush()
     else:
-        console = Console()
+        # piped or redirected: rich would assume 80 columns and cut the headers ("exposed…")
+        console = Console() if sys.stdout.isatty() else Console(width=120)
         render(reports, console)
         if args.plot:
             console.print(f"timeline written to {args.plot}")

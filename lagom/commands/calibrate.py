@@ -1,16 +1,140 @@
-"""`lagom calibrate`: not built yet (see the open issues)."""
+"""`lagom calibrate`: fit the analytic cost model to a cluster from a few hundred measurements.
+
+    lagom calibrate --backend sim:PRESET --out cluster.yaml [--budget N] [--seed S] [--json]
+    torchrun --nproc_per_node 8 -m lagom calibrate --backend torch --cluster PRESET --out cluster.yaml
+
+The backend times collectives alone (over sizes, algorithms, protocols, channels,
+chunks, threads), a few compute kernels alone and under concurrent collectives;
+least squares with a robust loss fits the model's parameters to them. The output is
+the cluster file with its ``model:`` section filled: give it to ``--cluster``
+anywhere (``lagom simulate --evaluator analytic``, ``lagom tune``).
+
+``sim:PRESET`` measures the simulator of that preset (with its ~1% noise; ``--noise``
+changes it). ``torch`` measures the job it runs in (run it under torchrun, every
+rank runs the same plan, rank 0 fits and writes): NCCL on GPUs, gloo on CPU where
+NCCL's knobs have no effect. A progress bar goes to stderr; the fit report (error
+per term of the model, fitted parameters) to stdout, or JSON with ``--json``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
 
 from nccl_env.errors import LagomError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("calibrate", help="(not built yet)")
+    parser = sub.add_parser(
+        "calibrate",
+        help="fit the cost model to a cluster (simulated, or the torchrun job it runs in)",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--backend", required=True, metavar="sim:PRESET|torch",
+                        help="what to measure: the simulator of a preset or cluster file, or torch")
+    parser.add_argument("--out", "-o", required=True, metavar="FILE", help="cluster YAML to write")
+    parser.add_argument("--budget", type=int, default=300, metavar="N", help="measurements at most (default 300)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the measurement plan and simulator noise")
+    parser.add_argument("--noise", type=float, default=0.01,
+                        help="sim backend: relative measurement noise (default 0.01)")
+    parser.add_argument("--cluster", metavar="NAME|FILE",
+                        help="torch backend: the hardware description to start from (default low-bw)")
+    parser.add_argument("--dump-measurements", metavar="FILE", help="also write every measurement as JSON")
+    parser.add_argument("--json", action="store_true", help="print the fit report as JSON")
     parser.set_defaults(func=run)
 
 
+def _backend(args: argparse.Namespace):
+    if args.budget < 20 or args.budget > 100_000:
+        raise LagomError(f"--budget {args.budget}: must be between 20 and 100000")
+    if not 0.0 <= args.noise < 0.5:
+        raise LagomError(f"--noise {args.noise}: must be in [0, 0.5)")
+    if args.backend == "torch":
+        from costmodel.cluster import load_cluster
+        from lagom.calibrate_torch import TorchBackend
+
+        return TorchBackend(load_cluster(args.cluster or "low-bw"))
+    from costmodel.calibration_backend import backend_from_spec
+
+    return backend_from_spec(args.backend, noise=args.noise, seed=args.seed)
+
+
 def run(args: argparse.Namespace) -> int:
-    raise LagomError("'lagom calibrate' is not built yet")
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from costmodel.calibrate import calibrate
+
+    out = Path(args.out)
+    if out.parent and not out.parent.exists():
+        raise LagomError(f"--out {out}: folder {out.parent} does not exist")
+    backend = _backend(args)
+    leader = getattr(backend, "is_leader", True)
+    err = Console(stderr=True)
+    with Progress(TextColumn("[bold]calibrate[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err, transient=True, disable=not leader) as bar:
+        task = bar.add_task(backend.name, total=args.budget)
+
+        def progress(done: int, total: int, label: str) -> None:
+            bar.update(task, completed=done, total=total, description=f"{backend.name}: {label}")
+
+        result = calibrate(backend, budget=args.budget, progress=progress, seed=args.seed)
+    close = getattr(backend, "close", None)
+    if close is not None:
+        close()
+    if not leader:
+        return 0
+    result.cluster.dump(out)
+    if args.dump_measurements:
+        Path(args.dump_measurements).write_text(json.dumps([_measurement_dict(m) for m in result.measurements], indent=1))
+    report = result.report
+    if args.json:
+        print(json.dumps({
+            "out": str(out),
+            "backend": report.backend,
+            "measurements": report.measurements,
+            "mape_pct": report.mape_pct,
+            "uncalibrated_mape_pct": report.default_mape_pct,
+            "terms": [vars(r) for r in report.residuals],
+            "params": {name: value for name, value, *_ in report.params},
+        }, indent=2))
+        return 0
+    _print_report(Console(), result, out)
+    return 0
+
+
+def _measurement_dict(m) -> dict:
+    out = {"kind": m.kind, "group": m.group, "measured_us": list(m.measured_us)}
+    if m.signature is not None:
+        s = m.signature
+        out["signature"] = {"collective": s.collective.value, "message_bytes": s.message_bytes,
+                            "ranks": s.ranks, "nodes": s.nodes}
+    if m.config is not None:
+        out["config"] = m.config.to_dict()
+    if m.op is not None:
+        out["compute"] = {"name": m.op.name, "alone_us": m.op.duration_us}
+    return out
+
+
+def _print_report(console, result, out: Path) -> None:
+    from rich.table import Table
+
+    report = result.report
+    terms = Table(title=f"fit against {report.backend}: {report.measurements} measurements", title_justify="left")
+    for col in ("term", "n", "MAPE %", "max |err| %", "bias %"):
+        terms.add_column(col, justify="left" if col == "term" else "right")
+    for r in report.residuals:
+        terms.add_row(r.term, str(r.count), f"{r.mape_pct:.2f}", f"{r.max_abs_pct:.2f}", f"{r.bias_pct:+.2f}")
+    terms.add_row("all", "", f"{report.mape_pct:.2f}", "", "", style="bold")
+    terms.add_row("all, uncalibrated", "", f"{report.default_mape_pct:.2f}", "", "", style="dim")
+    console.print(terms)
+    params = Table(title="fitted parameters (model: section)", title_justify="left")
+    for col in ("parameter", "term", "fitted", "hardware default"):
+        params.add_column(col, justify="left" if col in ("parameter", "term") else "right")
+    for name, value, default, term, fitted in report.params:
+        params.add_row(name, term, f"{value:.4g}", f"{default:.4g}", style=None if fitted else "dim")
+    console.print(params)
+    print(f"wrote {out}", file=sys.stderr)

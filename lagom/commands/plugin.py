@@ -3,6 +3,7 @@
   lagom plugin build [--force] [--cc CC]     compile (cached); last line = absolute .so path
   lagom plugin table lagom.yaml [-o FILE]    the plugin's CSV table for a tuned config (stdout without -o)
   lagom plugin check TABLE.csv               parse a table as the plugin does; one line per rejected line
+                                             (exit status 1 when any line is rejected, 0 when none)
 
 Use the plugin with NCCL:  NCCL_TUNER_PLUGIN=<so path> NCCL_TUNER_CONFIG_FILE=<table> torchrun ...
 (docs/plugin.md has the table format and matching rules).
@@ -27,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     table = actions.add_parser("table", help="the plugin table (CSV) for a tuned config")
     table.add_argument("config", help="tuned config file (lagom.yaml)")
     table.add_argument("-o", "--output", help="write the table here instead of stdout")
-    check = actions.add_parser("check", help="parse a plugin table; list rejected lines")
+    check = actions.add_parser("check", help="parse a plugin table; list rejected lines (exit 1 if any)")
     check.add_argument("table", help="plugin table file (CSV)")
     parser.set_defaults(func=run, _parser=parser)
 
@@ -43,10 +44,14 @@ def run(args: argparse.Namespace) -> int:
         from lagom.tuned_config import load_tuned_config
 
         cfg = load_tuned_config(args.config)
+        try:
+            text = render_plugin_table(cfg)
+        except LagomError as exc:  # an entry the plugin cannot carry: say which file it came from
+            raise LagomError(f"{args.config}: {exc}") from None
         if args.output:
             print(write_plugin_table(cfg, args.output))
         else:
-            sys.stdout.write(render_plugin_table(cfg))
+            sys.stdout.write(text)
         return 0
     if args.action == "check":
         from nccl_env.plugin_table import parse_table

@@ -7,7 +7,7 @@ from their uncontended durations), a Lagom workload JSON file, or a spec string 
 Every collective runs with NCCL's modelled default choice, unless ``--set`` gives one
 CommConfig for all of them (``--set channels=16,chunk=2MiB``; keys channels, threads,
 chunk, algorithm, protocol; sizes take B/KB/KiB/MB/MiB, binary; values must be valid on
-the cluster's NCCL version) or ``--config`` applies a
+the cluster's NCCL version; the simulator takes algorithm ring or tree) or ``--config`` applies a
 tuned file from ``lagom tune`` (``--set`` then fills what the file leaves to NCCL).
 
 Prints the iteration time, compute busy time, communication busy and exposed time, and
@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from nccl_env.errors import LagomError
+from nccl_env.knobs import Algorithm
 from nccl_env.plan import Plan
 
 EVALUATORS = ("sim", "analytic")
+SIM_ALGORITHMS = (Algorithm.RING, Algorithm.TREE)  # costmodel/sim_collective.py: others would run as a ring
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -66,25 +69,38 @@ def run(args: argparse.Namespace) -> int:
     from lagom.knob_args import parse_set
     from lagom.workload_arg import load_workload_arg
 
-    if args.noise < 0:
-        raise LagomError(f"--noise must be >= 0, got {args.noise}")
+    if not (math.isfinite(args.noise) and args.noise >= 0):
+        raise LagomError(f"--noise must be a finite number >= 0, got {args.noise}")
+    if args.seed < 0:
+        raise LagomError(f"--seed must be >= 0, got {args.seed}")
     cluster = load_cluster(args.cluster)
     workload = load_workload_arg(args.workload, cluster)
     signatures = sorted({workload.signature(c, cluster.gpus_per_node) for c in workload.collectives})
+    from nccl_env.rules import NcclVersion, validate_config
+
+    version = NcclVersion.parse(cluster.nccl_version)  # checked when the cluster was loaded
+
+    def check(config, origin: str) -> None:
+        """Values the cluster's NCCL would refuse, or the simulator cannot model, are an error."""
+        try:
+            validate_config(config, version)
+        except LagomError as exc:
+            raise LagomError(f"{origin}: {exc}") from None
+        if args.evaluator == "sim" and config.algorithm not in (None, *SIM_ALGORITHMS):
+            raise LagomError(f"{origin}: algorithm={config.algorithm.nccl_name}: the simulator models only "
+                             f"{' and '.join(a.nccl_name for a in SIM_ALGORITHMS)} (NVLS, CollNet and PAT are not modelled)")
+
     plan = Plan()
     if args.config:
         from lagom.tuned_config import load_tuned_config
 
-        plan = load_tuned_config(args.config).to_plan(signatures)
+        tuned = load_tuned_config(args.config)
+        for i, entry in enumerate(tuned.collectives):
+            check(entry.config, f"{args.config}: collectives[{i}]")
+        plan = tuned.to_plan(signatures)
     if args.set_config:
-        from nccl_env.rules import NcclVersion, validate_config
-
         forced = parse_set(args.set_config)
-        try:
-            version = NcclVersion.parse(cluster.nccl_version)
-        except ValueError:
-            raise LagomError(f"cluster {cluster.name}: bad nccl_version {cluster.nccl_version!r}") from None
-        validate_config(forced, version)
+        check(forced, "--set")
         plan = Plan(entries={sig: plan.config_for(sig).merged_over(forced) for sig in signatures}, default=forced)
     evaluator = make_evaluator(args.evaluator, cluster, args.noise, args.seed)
     timing = evaluator.evaluate(workload, plan)

@@ -1,0 +1,92 @@
+"""The five packages import one way only: nccl_env <- traces <- costmodel <- tuner <- lagom.
+
+Every module's imports (top level and inside functions, absolute and relative) are read
+with ``ast``; a module may import its own package and lower ones, never a higher one.
+The tuner also never imports the simulator (DESIGN.md: it is judged against it).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+LAYERS = ["nccl_env", "traces", "costmodel", "tuner", "lagom"]
+SIMULATOR_MODULES = ("costmodel.sim",)  # costmodel.sim, costmodel.sim_collective, ...
+
+
+def _module_name(path: Path, root: Path = REPO_ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(path: Path, root: Path = REPO_ROOT) -> list[tuple[int, str]]:
+    """(line, absolute module name) for every import statement in ``path``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    name = _module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.append((node.lineno, target))
+            # `from costmodel import sim` names a module too
+            found.extend((node.lineno, f"{target}.{alias.name}") for alias in node.names)
+    return found
+
+
+def violations(path: Path, root: Path = REPO_ROOT) -> list[str]:
+    own = _module_name(path, root).split(".")[0]
+    own_rank = LAYERS.index(own)
+    out = []
+    for line, target in imported_modules(path, root):
+        top = target.split(".")[0]
+        if top in LAYERS and LAYERS.index(top) > own_rank:
+            out.append(f"{path.relative_to(root)}:{line}: {own} imports {target} (a higher layer)")
+        if own == "tuner" and target.startswith(SIMULATOR_MODULES):
+            out.append(f"{path.relative_to(root)}:{line}: tuner imports the simulator ({target})")
+    return out
+
+
+def _package_modules() -> list[Path]:
+    return sorted(p for layer in LAYERS for p in (REPO_ROOT / layer).rglob("*.py"))
+
+
+def test_every_package_module_is_checked():
+    modules = _package_modules()
+    assert {_module_name(p).split(".")[0] for p in modules} == set(LAYERS)
+    assert len(modules) > 40  # the packages really were walked
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_no_upward_imports(layer):
+    bad = [v for p in _package_modules() if _module_name(p).split(".")[0] == layer for v in violations(p)]
+    assert not bad, "\n".join(bad)
+
+
+def test_checker_catches_upward_and_relative_imports(tmp_path):
+    """The checker itself finds a violation, including a function-local and a relative import."""
+    fake_root = tmp_path
+    (fake_root / "traces").mkdir()
+    (fake_root / "tuner").mkdir()
+    (fake_root / "traces" / "bad.py").write_text("def f():\n    from costmodel.cluster import load_cluster\n")
+    (fake_root / "traces" / "ok.py").write_text("from .workload import Workload\nimport nccl_env.knobs\n")
+    (fake_root / "tuner" / "peek.py").write_text("from costmodel import sim\n")
+    assert violations(fake_root / "traces" / "bad.py", fake_root) == [
+        "traces/bad.py:2: traces imports costmodel.cluster (a higher layer)",
+        "traces/bad.py:2: traces imports costmodel.cluster.load_cluster (a higher layer)",
+    ]
+    assert violations(fake_root / "traces" / "ok.py", fake_root) == []
+    assert violations(fake_root / "tuner" / "peek.py", fake_root) == ["tuner/peek.py:1: tuner imports the simulator (costmodel.sim)"]

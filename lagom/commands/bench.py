@@ -135,12 +135,14 @@ def _plot(results: list[bench_matrix.CellResult], path: str) -> None:
 
     labels = [f"{r.cluster}\n{r.workload}" for r in results]
     xs = range(len(results))
-    fig, ax = plt.subplots(figsize=(max(6, len(results) * 0.6), 4))
+    fig, ax = plt.subplots(figsize=(max(6, len(results) * 0.45), 5))
     width = 0.27
     ax.bar([x - width for x in xs], [r.speedup_vs_nccl for r in results], width, label="vs NCCL default")
     ax.bar(list(xs), [r.speedup_vs_autoccl for r in results], width, label="vs AutoCCL")
     ax.bar([x + width for x in xs], [r.speedup_vs_optuna for r in results], width, label="vs Optuna (equal budget)")
     ax.axhline(1.0, color="black", linewidth=0.8)
+    values = [v for r in results for v in (r.speedup_vs_nccl, r.speedup_vs_autoccl, r.speedup_vs_optuna)]
+    ax.set_ylim(min(0.95, min(values) - 0.02), max(values) + 0.03)
     ax.set_ylabel("Lagom speedup (simulator, noise 0)")
     ax.set_xticks(list(xs))
     ax.set_xticklabels(labels, rotation=90, fontsize=6)

@@ -12,22 +12,16 @@ judge.
 
 from __future__ import annotations
 
-import hashlib
 import math
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from importlib import resources
-from pathlib import Path
 
 import numpy as np
 
 from costmodel.cluster import ClusterSpec, load_cluster
 from costmodel.evaluator import Evaluator
 from lagom import tuning
-from nccl_env.errors import LagomError
 from nccl_env.plan import Plan
 from traces.workload import Workload
 from tuner import AutoCCL, Exhaustive, LagomSearch, OptunaTPE
@@ -111,41 +105,6 @@ def matrix_specs(quick: bool) -> list[str]:
     return chosen
 
 
-# ---- calibration cache ------------------------------------------------------------------
-
-
-def cache_dir() -> Path:
-    path = Path(os.environ.get("LAGOM_CACHE_DIR") or Path(tempfile.gettempdir()) / "lagom-cache")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def calibrated_cluster(preset: str, budget: int = 300, log: Callable[[str], None] | None = None) -> ClusterSpec:
-    """The preset with its analytic-model parameters fitted against ``sim:PRESET``.
-
-    Cached by the preset file's content and the budget, so a bench run calibrates
-    each cluster once and later runs reuse the fit until the preset changes.
-    """
-    text = (resources.files("costmodel") / "presets" / f"{preset}.yaml").read_text()
-    calibrate = tuning._optional("costmodel.calibrate", "calibration").calibrate
-    backend_from_spec = tuning._optional("costmodel.calibration_backend", "calibration").backend_from_spec
-    key = hashlib.sha256(f"{text}\nbudget={budget}".encode()).hexdigest()[:16]
-    path = cache_dir() / f"calibrated-{preset}-{key}.yaml"
-    if path.exists():
-        try:
-            return load_cluster(path)
-        except LagomError:
-            path.unlink()
-    if log:
-        log(f"calibrating the analytic model against sim:{preset} ({budget} measurements)")
-    result = calibrate(backend_from_spec(f"sim:{preset}"), budget=budget)
-    cluster = result if isinstance(result, ClusterSpec) else result.cluster
-    tmp = path.with_suffix(".tmp")
-    cluster.dump(tmp)
-    tmp.replace(path)
-    return load_cluster(path)
-
-
 # ---- one cell ---------------------------------------------------------------------------
 
 
@@ -224,7 +183,7 @@ def run_matrix(
         judge_cluster = tuning.with_nccl_version(load_cluster(preset), nccl_version)
         judge = tuning.make_evaluator("sim", judge_cluster, noise=0.0)
         if evaluator == "analytic":
-            tune_cluster = tuning.with_nccl_version(calibrated_cluster(preset, log=log), nccl_version)
+            tune_cluster = tuning.with_nccl_version(tuning.calibrated_cluster(preset, log=log), nccl_version)
         else:
             tune_cluster = judge_cluster
         for spec in specs:

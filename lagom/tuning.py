@@ -7,12 +7,17 @@ model, what Lagom is meant to tune with offline) or ``sim`` (the virtual cluster
 from __future__ import annotations
 
 import bisect
+import hashlib
 import importlib
+import os
+import tempfile
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from importlib import resources
+from pathlib import Path
 
-from costmodel.cluster import ClusterSpec
+from costmodel.cluster import ClusterSpec, load_cluster, preset_names
 from costmodel.evaluator import Evaluator, Timing
 from lagom.tuned_config import CollectiveEntry, Match, TunedConfig
 from nccl_env.errors import LagomError
@@ -69,6 +74,55 @@ def nccl_defaults_fn() -> Callable[[ClusterSpec, Signature], CommConfig] | None:
 
 def space_for(workload: Workload, cluster: ClusterSpec) -> SearchSpace:
     return build_space(workload, cluster, defaults=nccl_defaults_fn())
+
+
+# ---- calibration cache ------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    path = Path(os.environ.get("LAGOM_CACHE_DIR") or Path(tempfile.gettempdir()) / "lagom-cache")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def calibrated_cluster(preset: str, budget: int = 300, log: Callable[[str], None] | None = None) -> ClusterSpec:
+    """The preset with its analytic-model parameters fitted against ``sim:PRESET``.
+
+    Cached (in $LAGOM_CACHE_DIR, else the temp dir) by the preset's content, the budget
+    and the cost model's and simulator's source, so a bench run calibrates each cluster
+    once and later runs reuse the fit until one of those changes.
+    """
+    text = (resources.files("costmodel") / "presets" / f"{preset}.yaml").read_text()
+    calibrate = _optional("costmodel.calibrate", "calibration").calibrate
+    backend_from_spec = _optional("costmodel.calibration_backend", "calibration").backend_from_spec
+    digest = hashlib.sha256(f"{text}\nbudget={budget}".encode())
+    for source in sorted((resources.files("costmodel")).iterdir(), key=lambda p: p.name):
+        if source.name.endswith(".py"):  # a changed model or simulator invalidates the fit
+            digest.update(source.read_bytes())
+    key = digest.hexdigest()[:16]
+    path = cache_dir() / f"calibrated-{preset}-{key}.yaml"
+    if path.exists():
+        try:
+            return load_cluster(path)
+        except LagomError:
+            path.unlink()
+    if log:
+        log(f"calibrating the analytic model against sim:{preset} ({budget} measurements)")
+    result = calibrate(backend_from_spec(f"sim:{preset}"), budget=budget)
+    cluster = result if isinstance(result, ClusterSpec) else result.cluster
+    tmp = path.with_suffix(".tmp")
+    cluster.dump(tmp)
+    tmp.replace(path)
+    return load_cluster(path)
+
+
+def tuning_cluster(cluster: ClusterSpec, cluster_arg: str, evaluator: str,
+                   log: Callable[[str], None] | None = None) -> ClusterSpec:
+    """The cluster the evaluator should model: for ``analytic`` on a preset without fitted
+    ``model:`` parameters, the preset calibrated against ``sim:PRESET`` (cached)."""
+    if evaluator != "analytic" or cluster.model or cluster_arg not in preset_names():
+        return cluster
+    return replace(calibrated_cluster(cluster_arg, log=log), nccl_version=cluster.nccl_version)
 
 
 @dataclass

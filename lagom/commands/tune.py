@@ -3,7 +3,8 @@
 WORKLOAD is a profiler trace, a workload JSON file or a generator spec such as
 ``fsdp:llama3-8b:gpus=16`` (as in ``lagom simulate``). The search (``--method``,
 default Lagom's priority search) asks an evaluator (``--evaluator``: the fitted
-``analytic`` cost model, or the ``sim`` simulator) for predicted iteration times;
+``analytic`` cost model, calibrated against ``sim:PRESET`` and cached when --cluster
+names a preset, or the ``sim`` simulator) for predicted iteration times;
 NCCL's default and AutoCCL are evaluated on the same evaluator for comparison.
 
 The table has one row per collective signature (collective[group] bytes x ranks /
@@ -59,8 +60,9 @@ def run(args: argparse.Namespace) -> int:
     cluster = tuning.with_nccl_version(load_cluster(args.cluster), args.nccl_version)
     workload = tuning.load_workload_arg(args.workload, cluster)
     evaluator_name = args.evaluator or tuning.default_evaluator_name()
-    evaluator = tuning.make_evaluator(evaluator_name, cluster)
     err = Console(stderr=True)
+    model_cluster = tuning.tuning_cluster(cluster, args.cluster, evaluator_name, log=lambda m: err.print(m, highlight=False))
+    evaluator = tuning.make_evaluator(evaluator_name, model_cluster)
     started = time.perf_counter()
     with Progress(TextColumn("[bold]tuning"), BarColumn(), MofNCompleteColumn(), TextColumn("evaluations"),
                   TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal) as bar:

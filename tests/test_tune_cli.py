@@ -74,3 +74,18 @@ def test_every_method_runs_from_the_cli(tmp_path, capsys):
     cluster = load_cluster("low-bw")
     default = Simulator(cluster, noise=0.0).evaluate(generate_workload("ep:olmoe:ep=8"), Plan())
     assert results["nccl"]["baseline_us"] == pytest.approx(default.iteration_us)
+
+
+def test_default_evaluator_is_the_calibrated_model_and_its_plan_holds_on_the_simulator(tmp_path, capsys):
+    spec = "tp:phi2:tp=8,dp=1"
+    code, out, err = run_cli(capsys, "tune", spec, "--cluster", "low-bw", "--no-autoccl", "-o", str(tmp_path / "a.yaml"), "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["evaluator"] == "analytic"
+    assert summary["tuned_us"] < summary["baseline_us"]
+    # judged on the simulator, the model's plan still beats NCCL's default
+    cluster = load_cluster("low-bw")
+    workload = generate_workload(spec)
+    plan = load_tuned_config(tmp_path / "a.yaml").to_plan(workload_signatures(workload, cluster.gpus_per_node))
+    sim = Simulator(cluster, noise=0.0)
+    assert sim.evaluate(workload, plan).iteration_us < sim.evaluate(workload, Plan()).iteration_us

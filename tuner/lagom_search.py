@@ -35,7 +35,7 @@ guard: NCCL's default plan is evaluated too, and returned instead if it is not s
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from costmodel.evaluator import Evaluator
 from nccl_env.plan import Plan
@@ -56,7 +56,6 @@ class _UnitState:
     stride: int = 2
     finished: str | None = None
     served: int = 0
-    history: list[str] = field(default_factory=list)
 
 
 class LagomSearch(SearchMethod):

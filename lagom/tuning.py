@@ -72,8 +72,15 @@ def nccl_defaults_fn() -> Callable[[ClusterSpec, Signature], CommConfig] | None:
     return nccl_default_config
 
 
+def _enabled_pairs(cluster: ClusterSpec, signature: Signature):
+    """The (algorithm, protocol) pairs NCCL's own tuning model enables for a collective."""
+    from costmodel.nccl_defaults import algo_estimates
+
+    return [(e.algorithm, e.protocol) for e in algo_estimates(cluster, signature)]
+
+
 def space_for(workload: Workload, cluster: ClusterSpec) -> SearchSpace:
-    return build_space(workload, cluster, defaults=nccl_defaults_fn())
+    return build_space(workload, cluster, defaults=nccl_defaults_fn(), enabled_pairs=_enabled_pairs)
 
 
 # ---- calibration cache ------------------------------------------------------------------

@@ -28,7 +28,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from costmodel.cluster import ClusterSpec
-from costmodel.nccl_defaults import algo_estimates
 from nccl_env.errors import LagomError
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Plan, Signature
@@ -113,18 +112,6 @@ def knob_scopes(version: str) -> dict[str, Scope]:
     scopes["chunk_bytes"] = Scope.COLLECTIVE if "chunk_bytes" in per_coll else Scope.PROCESS
     scopes["threads"] = Scope.COLLECTIVE if "threads" in per_coll else Scope.PROCESS
     return scopes
-
-
-def _enabled_pairs(cluster: ClusterSpec, signature: Signature, version: str) -> tuple[tuple[Algorithm, Protocol], ...]:
-    """The pairs NCCL's own tuning model enables here (costmodel.nccl_defaults), in
-    NCCL's order; :func:`pairs_for` where that model has no answer."""
-    if signature.collective in _P2P:
-        return ()
-    available = set(algorithms_available(_version(version)))
-    enabled = tuple(
-        (e.algorithm, e.protocol) for e in algo_estimates(cluster, signature) if e.algorithm in available
-    )
-    return enabled or pairs_for(signature, version, cluster.intra_node.kind)
 
 
 def pairs_for(signature: Signature, version: str, intra_kind: str) -> tuple[tuple[Algorithm, Protocol], ...]:
@@ -308,11 +295,15 @@ def build_space(
     cluster: ClusterSpec,
     defaults: Callable[[ClusterSpec, Signature], CommConfig] | None = None,
     nccl_version: str | None = None,
+    enabled_pairs: Callable[[ClusterSpec, Signature], Iterable[tuple[Algorithm, Protocol]]] | None = None,
 ) -> SearchSpace:
     """The space for ``workload`` on ``cluster`` (NCCL version: the cluster's unless given).
 
     ``defaults`` gives NCCL's own choice per signature (``costmodel.nccl_defaults``);
-    it seeds AutoCCL and the tune table's "old" column. Raises LagomError when the
+    it seeds AutoCCL and the tune table's "old" column. ``enabled_pairs`` gives the
+    (algorithm, protocol) pairs NCCL's tuning model enables for a signature; without
+    it, :func:`pairs_for`'s rule. The tuner imports no cost model: the caller
+    (``lagom.tuning.space_for``) passes both. Raises LagomError when the
     workload has no collective to tune.
     """
     version = nccl_version or cluster.nccl_version
@@ -335,7 +326,13 @@ def build_space(
     for scope in Scope:
         if scope in by_scope:
             resource_units += _units(signatures, scope, tuple(by_scope[scope]), len(resource_units))
-    pairs = {s: _enabled_pairs(cluster, s, version) for s in signatures}
+    available = set(algorithms_available(_version(version)))
+    pairs = {}
+    for sig in signatures:
+        enabled = () if enabled_pairs is None or sig.collective in _P2P else tuple(
+            (a, p) for a, p in enabled_pairs(cluster, sig) if a in available
+        )
+        pairs[sig] = enabled or pairs_for(sig, version, cluster.intra_node.kind)
     with_pairs = [s for s in signatures if pairs[s]]
     subspace_units = _units(with_pairs, scopes["algorithm"], (), 0)
     notes = []

@@ -152,6 +152,8 @@ def tune(
     """Run ``method``; also evaluate NCCL's default and (optionally) AutoCCL for comparison."""
     if method not in METHODS:
         raise LagomError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
+    if budget is not None and budget < 1:
+        raise LagomError(f"budget {budget}: must be at least 1 evaluation")
     space = space_for(workload, cluster)
     result = METHODS[method]().tune(workload, evaluator, space, budget=budget, progress=progress)
     baseline = result.baseline or evaluator.evaluate(workload, Plan())

@@ -54,6 +54,7 @@ def _error_line(capsys) -> str:
         (lambda d, c: ["run", "--config", str(d / "badversion.yaml"), "--no-plugin", "--", "true"], "nccl_version"),
         (lambda d, c: ["run", "--config", str(d / "badpolicy.yaml"), "--no-plugin", "--", "true"], "unknown cta_policy 'fastest'"),
         (lambda d, c: ["run", "--config", str(c), "--audit", str(d / "nodir" / "a.json"), "--", "true"], "audit's folder does not exist"),
+        (lambda d, c: ["run", "--config", str(c), "--audit", str(d), "--", "true"], "is a folder"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, config_file, capsys, make_args, message):
@@ -71,6 +72,19 @@ def test_exit_status_passes_through(config_file, capsys):
     assert main(["run", "--config", str(config_file), "--no-plugin", "--", sys.executable, "-c", "pass"]) == 0
     killed = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     assert main(["run", "--config", str(config_file), "--no-plugin", "--", sys.executable, "-c", killed]) == 128 + signal.SIGKILL
+
+
+def test_audit_that_cannot_be_written_after_the_job_keeps_the_jobs_status(tmp_path, config_file, capsys):
+    # the job replaces the audit's folder by a file: the audit fails after the job ran, and
+    # lagom run warns but returns the job's own status (not 2: the job did not fail on bad input)
+    folder = tmp_path / "out"
+    folder.mkdir()
+    job = f"import shutil, sys; shutil.rmtree({str(folder)!r}); open({str(folder)!r}, 'w').close(); sys.exit(5)"
+    code = main(["run", "--config", str(config_file), "--no-plugin", "--audit", str(folder / "a.json"),
+                 "--", sys.executable, "-c", job])
+    assert code == 5
+    err = capsys.readouterr().err
+    assert "lagom run: warning:" in err and "cannot write the audit" in err
 
 
 def test_run_folder_env_and_user_wins(tmp_path, config_file, capsys, monkeypatch):

@@ -207,13 +207,19 @@ def launch(
         raise LagomError(f"command not found (or not executable): {argv[0]}")
     if audit_path is not None and not Path(audit_path).resolve().parent.is_dir():
         raise LagomError(f"{audit_path}: the audit's folder does not exist")
+    if audit_path is not None and Path(audit_path).is_dir():
+        raise LagomError(f"{audit_path}: is a folder; --audit wants a file name")
     setup = prepare(config_path, workdir, use_plugin=use_plugin)
     try:
         for line in setup.messages:
             print(line, file=stream, flush=True)
         status = run_child(argv, setup.env)
         if audit_path is not None:
-            path, document = merge_audit(setup, audit_path)
+            try:
+                path, document = merge_audit(setup, audit_path)
+            except LagomError as exc:  # the job has run: its exit status stands, the audit is lost
+                print(f"lagom run: warning: {exc}", file=stream, flush=True)
+                return status
             print(
                 f"lagom run: audit of {document['ranks']} rank(s) written to {path}; "
                 + audit.summary_line("all ranks", audit.Summary(**document["summary"])).removeprefix("lagom: "),

@@ -55,12 +55,16 @@ def _error_line(capsys) -> str:
         (lambda d, c: ["run", "--config", str(d / "badpolicy.yaml"), "--no-plugin", "--", "true"], "unknown cta_policy 'fastest'"),
         (lambda d, c: ["run", "--config", str(c), "--audit", str(d / "nodir" / "a.json"), "--", "true"], "audit's folder does not exist"),
         (lambda d, c: ["run", "--config", str(c), "--audit", str(d), "--", "true"], "is a folder"),
+        (lambda d, c: ["run", "--config", str(d / "envlist.yaml"), "--no-plugin", "--", "true"], "env NCCL_NTHREADS: expected a single value"),
+        (lambda d, c: ["run", "--config", str(d / "negchannels.yaml"), "--", "true"], "negchannels.yaml: cannot make a plugin table"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, config_file, capsys, make_args, message):
     (tmp_path / "corrupt.yaml").write_text("format: [unclosed\n")
     (tmp_path / "other.yaml").write_text("a: 1\n")
     (tmp_path / "badversion.yaml").write_text(yaml.safe_dump(dict(CONFIG, nccl_version="two point eighteen")))
+    (tmp_path / "envlist.yaml").write_text(yaml.safe_dump(dict(CONFIG, env={"NCCL_NTHREADS": [256]})))
+    (tmp_path / "negchannels.yaml").write_text(yaml.safe_dump(dict(CONFIG, collectives=[{"match": {"collective": "allgather"}, "set": {"channels": -4}}])))
     (tmp_path / "badpolicy.yaml").write_text(yaml.safe_dump(dict(CONFIG, process_groups={"0": {"cta_policy": "fastest"}})))
     assert main(make_args(tmp_path, config_file)) == 2
     line = _error_line(capsys)

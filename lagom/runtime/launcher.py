@@ -26,6 +26,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from nccl_env.errors import LagomError
 from nccl_env.plugin_build import PluginBuildError, build_plugin
 from nccl_env.rules import NcclVersion
@@ -77,6 +79,14 @@ def _check_process_groups(config: TunedConfig, origin: Path) -> None:
                 raise LagomError(f"{origin}: process group {name!r}: {key} must be >= 0, got {number}")
 
 
+def _check_env(config: TunedConfig, origin: Path) -> None:
+    """Env values are single settings: a YAML list or mapping would reach NCCL as text like '[1]'."""
+    raw = yaml.safe_load(origin.read_text()) or {}
+    for name, value in (raw.get("env") or {}).items():
+        if isinstance(value, (list, dict)) or value is None:
+            raise LagomError(f"{origin}: env {name}: expected a single value, got {value!r}")
+
+
 def prepare(
     config_path: str | os.PathLike,
     workdir: str | os.PathLike | None = None,
@@ -88,6 +98,7 @@ def prepare(
     config = load_tuned_config(config_path)
     _check_nccl_version(config, config_path)
     _check_process_groups(config, config_path)
+    _check_env(config, config_path)
     env = dict(os.environ if base_env is None else base_env)
     if workdir is not None:
         run_dir = Path(workdir).resolve()
@@ -119,7 +130,10 @@ def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[st
         else:
             # A table the plugin cannot take is a bad config (exit 2); a plugin that
             # cannot be built only closes this door.
-            setup.table_path = write_plugin_table(config, run_dir / "tuner_table.csv")
+            try:
+                setup.table_path = write_plugin_table(config, run_dir / "tuner_table.csv")
+            except LagomError as exc:
+                raise LagomError(f"{config_path}: {exc}") from None
             try:
                 setup.plugin_path = Path(build_plugin()).resolve()
             except PluginBuildError as exc:

@@ -147,3 +147,13 @@ def test_signals_reach_the_job_and_its_status_comes_back(tmp_path, config_file, 
             proc.kill()
             proc.wait()
     assert got.read_text() == str(int(sig))
+
+
+def test_a_file_for_an_nccl_without_tuner_plugins_says_the_plugin_door_is_closed(tmp_path, config_file, capsys):
+    # CONFIG is for NCCL 2.18.3: no tuner-plugin ABI there, so the table cannot act
+    assert main(["run", "--config", str(config_file), "--", "true"]) == 0
+    assert "loads no tuner plugin" in capsys.readouterr().err
+    newer = tmp_path / "newer.yaml"
+    newer.write_text(yaml.safe_dump(dict(CONFIG, nccl_version="2.30.1")))
+    assert main(["run", "--config", str(newer), "--", "true"]) == 0
+    assert "loads no tuner plugin" not in capsys.readouterr().err

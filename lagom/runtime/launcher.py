@@ -30,7 +30,7 @@ import yaml
 
 from nccl_env.errors import LagomError
 from nccl_env.plugin_build import PluginBuildError, build_plugin
-from nccl_env.rules import NcclVersion
+from nccl_env.rules import TUNER_SYMBOL_SINCE, NcclVersion, tuner_symbols
 from lagom.plugin_export import write_plugin_table
 from lagom.runtime import audit
 from lagom.runtime.bootstrap import SITECUSTOMIZE
@@ -162,6 +162,9 @@ def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[st
         + (f" via tuner plugin {setup.plugin_path}" if setup.plugin_path else ""),
     ]
     setup.messages.insert(0, f"lagom run: applying {config_path}: {', '.join(doors)}")
+    if setup.plugin_path and config.nccl_version and not tuner_symbols(NcclVersion.parse(config.nccl_version)):
+        setup.messages.insert(1, f"lagom run: note: the file is for NCCL {config.nccl_version}, which loads no tuner plugin "
+                                 f"(NCCL >= {min(TUNER_SYMBOL_SINCE.values())}); there the env and process groups carry the settings")
     return setup
 
 

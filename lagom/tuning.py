@@ -88,7 +88,10 @@ def space_for(workload: Workload, cluster: ClusterSpec) -> SearchSpace:
 
 def cache_dir() -> Path:
     path = Path(os.environ.get("LAGOM_CACHE_DIR") or Path(tempfile.gettempdir()) / "lagom-cache")
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LagomError(f"LAGOM_CACHE_DIR={path}: cannot use it as the cache folder: {exc.strerror or exc}") from None
     return path
 
 

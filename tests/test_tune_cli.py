@@ -115,3 +115,12 @@ def test_budget_of_one_keeps_nccl_default(tmp_path, capsys):
     summary = json.loads(out)
     assert summary["evaluations"] == 1 and summary["tuned_us"] == summary["baseline_us"]
     assert load_tuned_config(tmp_path / "x.yaml").collectives == []
+
+
+def test_unusable_cache_dir_is_a_one_line_error(tmp_path, capsys, monkeypatch):
+    a_file = tmp_path / "plain.txt"
+    a_file.write_text("x")
+    monkeypatch.setenv("LAGOM_CACHE_DIR", str(a_file))
+    code, _, err = run_cli(capsys, "tune", "tp:phi2:tp=8", "--cluster", "low-bw", "--evaluator", "analytic",
+                           "-o", str(tmp_path / "x.yaml"))
+    assert code == 2 and err.startswith("lagom tune: error: LAGOM_CACHE_DIR=") and err.count("\n") == 1, err

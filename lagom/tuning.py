@@ -88,7 +88,10 @@ def space_for(workload: Workload, cluster: ClusterSpec) -> SearchSpace:
 
 def cache_dir() -> Path:
     path = Path(os.environ.get("LAGOM_CACHE_DIR") or Path(tempfile.gettempdir()) / "lagom-cache")
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LagomError(f"LAGOM_CACHE_DIR={path}: cannot use it as the cache folder: {exc.strerror or exc}") from None
     return path
 
 
@@ -152,6 +155,8 @@ def tune(
     """Run ``method``; also evaluate NCCL's default and (optionally) AutoCCL for comparison."""
     if method not in METHODS:
         raise LagomError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
+    if budget is not None and budget < 1:
+        raise LagomError(f"budget {budget}: must be at least 1 evaluation")
     space = space_for(workload, cluster)
     result = METHODS[method]().tune(workload, evaluator, space, budget=budget, progress=progress)
     baseline = result.baseline or evaluator.evaluate(workload, Plan())

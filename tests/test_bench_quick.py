@@ -33,3 +33,10 @@ def test_quick_bench_meets_the_targets(capsys):
         assert c["geomean_speedup_vs_autoccl"] >= bench.MIN_GEOMEAN_VS_AUTOCCL, name
         assert c["geomean_speedup_vs_optuna"] >= bench.MIN_GEOMEAN_VS_OPTUNA, name
     assert summary["missed_targets"] == []
+
+
+def test_bad_plot_path_is_refused_before_the_matrix_runs(tmp_path, capsys):
+    for bad in (tmp_path / "missing" / "p.png", tmp_path, tmp_path / "p.foo"):
+        assert main(["bench", "--quick", "--cluster", "low-bw", "--plot", str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("lagom bench: error: --plot") and err.count("\n") == 1, err

@@ -151,3 +151,20 @@ def test_calibrate_cli_writes_a_cluster_and_reports_terms(tmp_path, capsys):
     assert err.count("\n") == 1 and "unknown calibration backend" in err
     assert lagom_main(["calibrate", "--backend", "sim:low-bw", "--out", str(out), "--budget", "5"]) == 2
     assert lagom_main(["calibrate", "--backend", "sim:no-such-preset", "--out", str(out)]) == 2
+
+
+def test_calibrate_refuses_unwritable_outputs_before_measuring(tmp_path, capsys):
+    a_file = tmp_path / "plain.txt"
+    a_file.write_text("x")
+    bad = [
+        ["--out", str(tmp_path / "missing" / "c.yaml")],
+        ["--out", str(tmp_path)],  # a folder
+        ["--out", str(a_file / "c.yaml")],  # under a file
+        ["--out", str(tmp_path / "c.yaml"), "--dump-measurements", str(tmp_path / "missing" / "m.json")],
+    ]
+    for extra in bad:
+        code = lagom_main(["calibrate", "--backend", "sim:low-bw", "--budget", "20", *extra])
+        err = capsys.readouterr().err
+        assert code == 2, extra
+        assert err.startswith("lagom calibrate: error:") and err.count("\n") == 1, err
+    assert not (tmp_path / "c.yaml").exists()

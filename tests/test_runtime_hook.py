@@ -140,6 +140,21 @@ def test_call_semantics_are_untouched(hook, world):
     assert dist.all_reduce.__name__ == "all_reduce" and dist.all_reduce.__doc__
 
 
+def test_a_call_torch_rejects_raises_torchs_error_and_keeps_the_hook_on(hook, world):
+    # wrong arguments are the script's bug, not the hook's: the same error as without
+    # Lagom, no warning, and later calls are still counted
+    with pytest.raises(TypeError):
+        dist.all_reduce("not a tensor")
+    with pytest.raises(TypeError):
+        dist.all_gather([torch.empty(2)], "not a tensor")
+    with pytest.raises(ValueError):
+        dist.all_reduce(torch.ones(2), group="no-such-group")
+    dist.all_reduce(torch.ones(8))
+    assert hook.observing and not hook.failed
+    assert "warning" not in hook.test_stream.getvalue()
+    assert _counts(hook)[("allreduce", "0", 32)] == (1, 0)
+
+
 def test_torch_compile_traces_through_the_hook(hook, world):
     """Under torch.compile the wrapper steps aside: dynamo sees torch's own collective."""
     import torch._dynamo

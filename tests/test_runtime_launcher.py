@@ -54,12 +54,17 @@ def _error_line(capsys) -> str:
         (lambda d, c: ["run", "--config", str(d / "badversion.yaml"), "--no-plugin", "--", "true"], "nccl_version"),
         (lambda d, c: ["run", "--config", str(d / "badpolicy.yaml"), "--no-plugin", "--", "true"], "unknown cta_policy 'fastest'"),
         (lambda d, c: ["run", "--config", str(c), "--audit", str(d / "nodir" / "a.json"), "--", "true"], "audit's folder does not exist"),
+        (lambda d, c: ["run", "--config", str(c), "--audit", str(d), "--", "true"], "is a folder"),
+        (lambda d, c: ["run", "--config", str(d / "envlist.yaml"), "--no-plugin", "--", "true"], "env NCCL_NTHREADS: expected a single value"),
+        (lambda d, c: ["run", "--config", str(d / "negchannels.yaml"), "--", "true"], "negchannels.yaml: cannot make a plugin table"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, config_file, capsys, make_args, message):
     (tmp_path / "corrupt.yaml").write_text("format: [unclosed\n")
     (tmp_path / "other.yaml").write_text("a: 1\n")
     (tmp_path / "badversion.yaml").write_text(yaml.safe_dump(dict(CONFIG, nccl_version="two point eighteen")))
+    (tmp_path / "envlist.yaml").write_text(yaml.safe_dump(dict(CONFIG, env={"NCCL_NTHREADS": [256]})))
+    (tmp_path / "negchannels.yaml").write_text(yaml.safe_dump(dict(CONFIG, collectives=[{"match": {"collective": "allgather"}, "set": {"channels": -4}}])))
     (tmp_path / "badpolicy.yaml").write_text(yaml.safe_dump(dict(CONFIG, process_groups={"0": {"cta_policy": "fastest"}})))
     assert main(make_args(tmp_path, config_file)) == 2
     line = _error_line(capsys)
@@ -71,6 +76,19 @@ def test_exit_status_passes_through(config_file, capsys):
     assert main(["run", "--config", str(config_file), "--no-plugin", "--", sys.executable, "-c", "pass"]) == 0
     killed = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     assert main(["run", "--config", str(config_file), "--no-plugin", "--", sys.executable, "-c", killed]) == 128 + signal.SIGKILL
+
+
+def test_audit_that_cannot_be_written_after_the_job_keeps_the_jobs_status(tmp_path, config_file, capsys):
+    # the job replaces the audit's folder by a file: the audit fails after the job ran, and
+    # lagom run warns but returns the job's own status (not 2: the job did not fail on bad input)
+    folder = tmp_path / "out"
+    folder.mkdir()
+    job = f"import shutil, sys; shutil.rmtree({str(folder)!r}); open({str(folder)!r}, 'w').close(); sys.exit(5)"
+    code = main(["run", "--config", str(config_file), "--no-plugin", "--audit", str(folder / "a.json"),
+                 "--", sys.executable, "-c", job])
+    assert code == 5
+    err = capsys.readouterr().err
+    assert "lagom run: warning:" in err and "cannot write the audit" in err
 
 
 def test_run_folder_env_and_user_wins(tmp_path, config_file, capsys, monkeypatch):
@@ -129,3 +147,13 @@ def test_signals_reach_the_job_and_its_status_comes_back(tmp_path, config_file, 
             proc.kill()
             proc.wait()
     assert got.read_text() == str(int(sig))
+
+
+def test_a_file_for_an_nccl_without_tuner_plugins_says_the_plugin_door_is_closed(tmp_path, config_file, capsys):
+    # CONFIG is for NCCL 2.18.3: no tuner-plugin ABI there, so the table cannot act
+    assert main(["run", "--config", str(config_file), "--", "true"]) == 0
+    assert "loads no tuner plugin" in capsys.readouterr().err
+    newer = tmp_path / "newer.yaml"
+    newer.write_text(yaml.safe_dump(dict(CONFIG, nccl_version="2.30.1")))
+    assert main(["run", "--config", str(newer), "--", "true"]) == 0
+    assert "loads no tuner plugin" not in capsys.readouterr().err

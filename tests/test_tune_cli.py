@@ -89,3 +89,38 @@ def test_default_evaluator_is_the_calibrated_model_and_its_plan_holds_on_the_sim
     plan = load_tuned_config(tmp_path / "a.yaml").to_plan(workload_signatures(workload, cluster.gpus_per_node))
     sim = Simulator(cluster, noise=0.0)
     assert sim.evaluate(workload, plan).iteration_us < sim.evaluate(workload, Plan()).iteration_us
+
+
+def test_bad_budget_and_output_are_one_line_errors(tmp_path, capsys):
+    a_file = tmp_path / "plain.txt"
+    a_file.write_text("x")
+    cases = [
+        ["--budget", "0", "-o", str(tmp_path / "x.yaml")],
+        ["--budget", "-3", "-o", str(tmp_path / "x.yaml")],
+        ["-o", str(tmp_path / "missing" / "x.yaml")],
+        ["-o", str(tmp_path)],
+        ["-o", str(a_file / "x.yaml")],
+    ]
+    for extra in cases:
+        code, _, err = run_cli(capsys, "tune", "tp:phi2:tp=8", "--cluster", "low-bw", "--evaluator", "sim", *extra)
+        assert code == 2, extra
+        assert err.startswith("lagom tune: error:") and err.count("\n") == 1, err
+
+
+def test_budget_of_one_keeps_nccl_default(tmp_path, capsys):
+    # the guard's evaluation of NCCL's default uses the only evaluation: the result is that default
+    code, out, err = run_cli(capsys, "tune", "tp:phi2:tp=8", "--cluster", "low-bw", "--evaluator", "sim",
+                             "--budget", "1", "--no-autoccl", "-o", str(tmp_path / "x.yaml"), "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["evaluations"] == 1 and summary["tuned_us"] == summary["baseline_us"]
+    assert load_tuned_config(tmp_path / "x.yaml").collectives == []
+
+
+def test_unusable_cache_dir_is_a_one_line_error(tmp_path, capsys, monkeypatch):
+    a_file = tmp_path / "plain.txt"
+    a_file.write_text("x")
+    monkeypatch.setenv("LAGOM_CACHE_DIR", str(a_file))
+    code, _, err = run_cli(capsys, "tune", "tp:phi2:tp=8", "--cluster", "low-bw", "--evaluator", "analytic",
+                           "-o", str(tmp_path / "x.yaml"))
+    assert code == 2 and err.startswith("lagom tune: error: LAGOM_CACHE_DIR=") and err.count("\n") == 1, err

@@ -37,7 +37,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from costmodel.evaluator import Evaluator
+from costmodel.evaluator import Evaluator, Timing
+from nccl_env.errors import LagomError
 from nccl_env.plan import Plan
 from traces.workload import Workload
 from tuner.method import SearchMethod
@@ -80,10 +81,18 @@ class LagomSearch(SearchMethod):
         progress: Callable[[int], None] | None = None,
     ) -> TuningResult:
         obj = Objective(workload, evaluator, space, budget, progress)
-        baseline = obj.evaluate_plan(Plan()) if self.guard else None
+        baseline: Timing | None = None
+        try:
+            baseline = obj.evaluate_plan(Plan()) if self.guard else None
+            current = obj.measure(space.minimum_point())
+        except BudgetExhausted:
+            # A budget of one (with the guard) pays for NCCL's default only: return it.
+            if baseline is None:
+                raise LagomError("lagom search: the budget allowed no evaluation") from None
+            return TuningResult(self.name, Plan(), baseline, obj.evaluations, baseline=baseline,
+                                notes=[*space.notes, f"budget {budget}: only NCCL's default was evaluated; kept it"])
         steps: list[Step] = []
         order: list[str] = []
-        current = obj.measure(space.minimum_point())
         states = [_UnitState(u, stride=self.initial_stride) for u in space.resource_units]
         tol = self.tolerance
         try:

@@ -20,11 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from lagom import bench_matrix, tuning
+from nccl_env.errors import LagomError
 
 # Targets (issue 6, item 6), checked by --check and by tests/test_bench_quick.py.
 MIN_SPEEDUP_VS_NCCL_ANY_CELL = 1.0  # Lagom never slower than NCCL's default
@@ -32,6 +34,8 @@ MIN_GEOMEAN_VS_NCCL = 1.10
 MIN_GEOMEAN_VS_AUTOCCL = 1.05
 MAX_GAP_TO_EXHAUSTIVE = 0.02
 MIN_GEOMEAN_VS_OPTUNA = 1.0
+
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")  # formats matplotlib's Agg backend writes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -72,7 +76,20 @@ def check_targets(summary: dict, results: list[bench_matrix.CellResult]) -> list
     return missed
 
 
+def _check_plot_path(value: str) -> None:
+    """Refuse a --plot file matplotlib cannot write before the matrix runs, not after."""
+    path = Path(value)
+    if path.is_dir():
+        raise LagomError(f"--plot {value}: is a folder, expected a file name")
+    if not path.parent.is_dir():
+        raise LagomError(f"--plot {value}: {path.parent} is not an existing folder")
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise LagomError(f"--plot {value}: the name must end in one of {', '.join(PLOT_SUFFIXES)}")
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.plot:
+        _check_plot_path(args.plot)
     err = Console(stderr=True)
     evaluator = args.evaluator or tuning.default_evaluator_name()
     specs = bench_matrix.matrix_specs(args.quick)
@@ -148,5 +165,9 @@ def _plot(results: list[bench_matrix.CellResult], path: str) -> None:
     ax.set_xticklabels(labels, rotation=90, fontsize=6)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise LagomError(f"--plot {path}: cannot write: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)

@@ -68,9 +68,9 @@ def run(args: argparse.Namespace) -> int:
 
     from costmodel.calibrate import calibrate
 
-    out = Path(args.out)
-    if out.parent and not out.parent.exists():
-        raise LagomError(f"--out {out}: folder {out.parent} does not exist")
+    out = _output_path("--out", args.out)
+    if args.dump_measurements:
+        _output_path("--dump-measurements", args.dump_measurements)
     backend = _backend(args)
     leader = getattr(backend, "is_leader", True)
     err = Console(stderr=True)
@@ -87,9 +87,12 @@ def run(args: argparse.Namespace) -> int:
         close()
     if not leader:
         return 0
-    result.cluster.dump(out)
-    if args.dump_measurements:
-        Path(args.dump_measurements).write_text(json.dumps([_measurement_dict(m) for m in result.measurements], indent=1))
+    try:
+        result.cluster.dump(out)
+        if args.dump_measurements:
+            Path(args.dump_measurements).write_text(json.dumps([_measurement_dict(m) for m in result.measurements], indent=1))
+    except OSError as exc:
+        raise LagomError(f"cannot write {exc.filename or out}: {exc.strerror or exc}") from None
     report = result.report
     if args.json:
         print(json.dumps({
@@ -104,6 +107,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _print_report(Console(), result, out)
     return 0
+
+
+def _output_path(flag: str, value: str) -> Path:
+    """Refuse an output path that cannot be written before minutes of measuring, not after."""
+    path = Path(value)
+    if path.is_dir():
+        raise LagomError(f"{flag} {value}: is a folder, expected a file name")
+    if not path.parent.is_dir():
+        raise LagomError(f"{flag} {value}: {path.parent} is not an existing folder")
+    return path
 
 
 def _measurement_dict(m) -> dict:

@@ -25,6 +25,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -32,6 +33,7 @@ from rich.table import Table
 
 from costmodel.cluster import load_cluster
 from lagom import tuning
+from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from tuner import METHODS
 
@@ -57,6 +59,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.budget is not None and args.budget < 1:
+        raise LagomError(f"--budget {args.budget}: must be at least 1 evaluation")
+    output = Path(args.output)
+    if output.is_dir():
+        raise LagomError(f"-o {args.output}: is a folder, expected a file name")
+    if not output.parent.is_dir():
+        raise LagomError(f"-o {args.output}: {output.parent} is not an existing folder")
     cluster = tuning.with_nccl_version(load_cluster(args.cluster), args.nccl_version)
     workload = tuning.load_workload_arg(args.workload, cluster)
     evaluator_name = args.evaluator or tuning.default_evaluator_name()
@@ -73,7 +82,10 @@ def run(args: argparse.Namespace) -> int:
         )
     elapsed_s = time.perf_counter() - started
     config = tuning.tuned_config(outcome, cluster, args.cluster, args.workload)
-    config.dump(args.output)
+    try:
+        config.dump(args.output)
+    except OSError as exc:
+        raise LagomError(f"-o {args.output}: cannot write: {exc.strerror or exc}") from None
     rows = tuning.signature_rows(outcome, workload)
     base, tuned = outcome.baseline.iteration_us, outcome.result.iteration_us
     auto = outcome.autoccl.iteration_us if outcome.autoccl is not None else None

@@ -30,6 +30,9 @@ from lagom.runtime.process_groups import GroupOptionsInjector
 from lagom.tuned_config import TunedConfig, load_tuned_config
 
 _IGNORED = None  # record info for a call on a group this rank is not part of
+# What computing a call's key raises when the arguments are wrong (a str for a tensor, a
+# missing argument): torch rejects that call itself, so it is not the hook's failure.
+_BAD_CALL = (AttributeError, KeyError, IndexError, TypeError)
 
 
 def _env_rank() -> int | None:
@@ -207,12 +210,16 @@ class Hook:
                             (args[pos] if len(args) > pos else kwargs[name]).nbytes,
                             args[group_pos] if len(args) > group_pos else kwargs.get("group"),
                         )
-                        record = counts.get(key)
-                        if record is None:
-                            record = hook._new_record(key)
-                        record[0] += 1
-                    except Exception as exc:
-                        hook.fail(spec.function, exc)
+                    except _BAD_CALL:  # arguments torch itself rejects: not counted, hook stays on
+                        key = None
+                    if key is not None:
+                        try:
+                            record = counts.get(key)
+                            if record is None:
+                                record = hook._new_record(key)
+                            record[0] += 1
+                        except Exception as exc:
+                            hook.fail(spec.function, exc)
                 return original(*args, **kwargs)
 
         else:
@@ -225,12 +232,16 @@ class Hook:
                             nbytes_of(args, kwargs),
                             args[group_pos] if len(args) > group_pos else kwargs.get("group"),
                         )
-                        record = counts.get(key)
-                        if record is None:
-                            record = hook._new_record(key)
-                        record[0] += 1
-                    except Exception as exc:
-                        hook.fail(spec.function, exc)
+                    except _BAD_CALL:  # arguments torch itself rejects: not counted, hook stays on
+                        key = None
+                    if key is not None:
+                        try:
+                            record = counts.get(key)
+                            if record is None:
+                                record = hook._new_record(key)
+                            record[0] += 1
+                        except Exception as exc:
+                            hook.fail(spec.function, exc)
                 return original(*args, **kwargs)
 
         functools.update_wrapper(wrapper, original)
@@ -273,7 +284,10 @@ class Hook:
         if group is None:
             pg = c10d._get_default_group()
         elif isinstance(group, str):
-            pg = c10d._resolve_process_group(group)
+            try:
+                pg = c10d._resolve_process_group(group)
+            except (ValueError, KeyError, RuntimeError):
+                return None  # not a group name: torch raises its own error for the call
         else:
             pg = group
         if pg is None or pg == dist.GroupMember.NON_GROUP_MEMBER:

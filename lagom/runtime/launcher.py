@@ -26,9 +26,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from nccl_env.errors import LagomError
 from nccl_env.plugin_build import PluginBuildError, build_plugin
-from nccl_env.rules import NcclVersion
+from nccl_env.rules import TUNER_SYMBOL_SINCE, NcclVersion, tuner_symbols
 from lagom.plugin_export import write_plugin_table
 from lagom.runtime import audit
 from lagom.runtime.bootstrap import SITECUSTOMIZE
@@ -77,6 +79,14 @@ def _check_process_groups(config: TunedConfig, origin: Path) -> None:
                 raise LagomError(f"{origin}: process group {name!r}: {key} must be >= 0, got {number}")
 
 
+def _check_env(config: TunedConfig, origin: Path) -> None:
+    """Env values are single settings: a YAML list or mapping would reach NCCL as text like '[1]'."""
+    raw = yaml.safe_load(origin.read_text()) or {}
+    for name, value in (raw.get("env") or {}).items():
+        if isinstance(value, (list, dict)) or value is None:
+            raise LagomError(f"{origin}: env {name}: expected a single value, got {value!r}")
+
+
 def prepare(
     config_path: str | os.PathLike,
     workdir: str | os.PathLike | None = None,
@@ -88,6 +98,7 @@ def prepare(
     config = load_tuned_config(config_path)
     _check_nccl_version(config, config_path)
     _check_process_groups(config, config_path)
+    _check_env(config, config_path)
     env = dict(os.environ if base_env is None else base_env)
     if workdir is not None:
         run_dir = Path(workdir).resolve()
@@ -119,7 +130,10 @@ def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[st
         else:
             # A table the plugin cannot take is a bad config (exit 2); a plugin that
             # cannot be built only closes this door.
-            setup.table_path = write_plugin_table(config, run_dir / "tuner_table.csv")
+            try:
+                setup.table_path = write_plugin_table(config, run_dir / "tuner_table.csv")
+            except LagomError as exc:
+                raise LagomError(f"{config_path}: {exc}") from None
             try:
                 setup.plugin_path = Path(build_plugin()).resolve()
             except PluginBuildError as exc:
@@ -148,6 +162,9 @@ def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[st
         + (f" via tuner plugin {setup.plugin_path}" if setup.plugin_path else ""),
     ]
     setup.messages.insert(0, f"lagom run: applying {config_path}: {', '.join(doors)}")
+    if setup.plugin_path and config.nccl_version and not tuner_symbols(NcclVersion.parse(config.nccl_version)):
+        setup.messages.insert(1, f"lagom run: note: the file is for NCCL {config.nccl_version}, which loads no tuner plugin "
+                                 f"(NCCL >= {min(TUNER_SYMBOL_SINCE.values())}); there the env and process groups carry the settings")
     return setup
 
 
@@ -207,13 +224,19 @@ def launch(
         raise LagomError(f"command not found (or not executable): {argv[0]}")
     if audit_path is not None and not Path(audit_path).resolve().parent.is_dir():
         raise LagomError(f"{audit_path}: the audit's folder does not exist")
+    if audit_path is not None and Path(audit_path).is_dir():
+        raise LagomError(f"{audit_path}: is a folder; --audit wants a file name")
     setup = prepare(config_path, workdir, use_plugin=use_plugin)
     try:
         for line in setup.messages:
             print(line, file=stream, flush=True)
         status = run_child(argv, setup.env)
         if audit_path is not None:
-            path, document = merge_audit(setup, audit_path)
+            try:
+                path, document = merge_audit(setup, audit_path)
+            except LagomError as exc:  # the job has run: its exit status stands, the audit is lost
+                print(f"lagom run: warning: {exc}", file=stream, flush=True)
+                return status
             print(
                 f"lagom run: audit of {document['ranks']} rank(s) written to {path}; "
                 + audit.summary_line("all ranks", audit.Summary(**document["summary"])).removeprefix("lagom: "),

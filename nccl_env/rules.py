@@ -43,7 +43,11 @@ class NcclVersion:
         m = re.fullmatch(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?(?:[-+][\w.]*)?\s*", str(text))
         if not m:
             raise LagomError(f"NCCL version {text!r} is not of the form MAJOR.MINOR[.PATCH] (e.g. 2.18.3)")
-        return cls(int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
+        version = cls(int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
+        if version.major != 2:
+            # Every NCCL release with the knobs Lagom sets is 2.x (NCCL 1.x predates them).
+            raise LagomError(f"NCCL version {text!r}: Lagom knows NCCL 2.x only")
+        return version
 
     @classmethod
     def from_code(cls, code: int) -> "NcclVersion":

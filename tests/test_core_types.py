@@ -136,3 +136,17 @@ def test_cli_usage_errors_are_one_line(capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--top" in err
+
+
+def test_workload_missing_key_is_named(tmp_path):
+    (tmp_path / "w.json").write_text('{"format": "lagom.workload", "version": 1, "ops": 5}')
+    with pytest.raises(LagomError, match="missing key 'rank'"):
+        load_workload(tmp_path / "w.json")
+
+
+@pytest.mark.parametrize("text", ["1.0", "3.0.1"])
+def test_nccl_versions_outside_2x_are_refused(text):
+    from nccl_env.rules import NcclVersion
+
+    with pytest.raises(LagomError, match="NCCL 2.x only"):
+        NcclVersion.parse(text)

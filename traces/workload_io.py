@@ -46,7 +46,9 @@ def load_workload(path: str | Path) -> Workload:
         raise LagomError(f"{path}: cannot read: {exc}") from None
     except orjson.JSONDecodeError as exc:
         raise LagomError(f"{path}: not valid JSON: {exc}") from None
-    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+    except KeyError as exc:
+        raise LagomError(f"{path}: not a valid Lagom workload: missing key {exc}") from None
+    except (ValueError, TypeError, AttributeError) as exc:
         raise LagomError(f"{path}: not a valid Lagom workload: {exc}") from None
     problem = workload_problem(workload)
     if problem:

@@ -170,18 +170,6 @@ def _read_metadata(path: Path, doc: dict) -> _ParsedTrace:
     return _ParsedTrace(path, rank, world, device_name, sm_count, groups)
 
 
-def _assignparse_ranks(parsed: list[_ParsedTrace], path: Path) -> None:
-    """Rank from distributedInfo, else from the file name (``rank-3``, ``rank3``), else file order."""
-    used: dict[int, Path] = {}
-    for index, p in enumerate(parsed):
-        if p.rank is None:
-            m = _RANK_IN_NAME.search(p.path.name)
-            p.rank = int(m.group(1)) if m and int(m.group(1)) < MAX_RANKS else index
-        if p.rank in used:
-            raise LagomError(f"{path}: files {used[p.rank].name} and {p.path.name} are both rank {p.rank}")
-        used[p.rank] = p.path
-
-
 def _assign_ranks(parsed: list[_ParsedTrace], path: Path) -> None:
     """Rank from distributedInfo, else from the file name (``rank-3``, ``rank3``), else file order."""
     used: dict[int, Path] = {}

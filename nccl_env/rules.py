@@ -115,11 +115,6 @@ def algorithms_available(version: NcclVersion) -> tuple[Algorithm, ...]:
     return tuple(a for a in Algorithm if version >= ALGORITHM_SINCE[a])
 
 
-def num_algorithms(version: NcclVersion) -> int:
-    """NCCL_NUM_ALGORITHMS: rows of the tuner cost table (7 once PAT exists, 6 before)."""
-    return 7 if version >= ALGORITHM_SINCE[Algorithm.PAT] else 6
-
-
 def tuner_symbols(version: NcclVersion) -> tuple[str, ...]:
     """Tuner-plugin symbols this NCCL can load, newest (the one it tries first) first."""
     return tuple(sorted((s for s, v in TUNER_SYMBOL_SINCE.items() if version >= v), reverse=True))

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from nccl_env.delivery import plugin_env
 from nccl_env.errors import LagomError
 from nccl_env.plugin_build import PluginBuildError, build_plugin
 from nccl_env.rules import TUNER_SYMBOL_SINCE, NcclVersion, tuner_symbols
@@ -39,7 +40,6 @@ from lagom.runtime.process_groups import cta_policy_value
 from lagom.tuned_config import TunedConfig, load_tuned_config
 
 PLUGIN_ENV = "NCCL_TUNER_PLUGIN"
-TABLE_ENV = "NCCL_TUNER_CONFIG_FILE"
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 LAGOM_HOME = str(Path(__file__).resolve().parents[2])  # the folder that holds the lagom package
 
@@ -142,8 +142,7 @@ def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[st
                     f"lagom run: warning: tuner plugin unavailable ({exc}); per-collective settings are left to NCCL"
                 )
             else:
-                tuned_env[PLUGIN_ENV] = str(setup.plugin_path)
-                tuned_env[TABLE_ENV] = str(setup.table_path)
+                tuned_env.update(plugin_env(str(setup.plugin_path), str(setup.table_path)))
     merged = merge_env(tuned_env, env)
     if merged.kept:
         setup.messages.append(f"lagom run: {merged.kept_line()}")

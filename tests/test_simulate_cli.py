@@ -106,3 +106,29 @@ def test_tuned_config_values_are_checked_like_set(tmp_path, capsys, knobs, messa
     assert main(["simulate", "fsdp:phi2:gpus=8", "--cluster", "high-bw", "--config", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and str(cfg) in err
+
+
+def test_workloads_that_do_not_fit_the_cluster_are_warned_about_once(tmp_path, capsys):
+    """A trace without distributedInfo (groups of 1 rank), a job wider than the cluster and
+    a tuned file for another workload each get one warning line; the numbers still come."""
+    assert main(["simulate", str(shared_traces_dir() / "no_distributed_info.json.gz"), "--cluster", "a100-nvswitch",
+                 "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["collectives"] == 6
+    assert captured.err.count("warning:") == 1 and "6 of 6 collectives have a group of 1 rank" in captured.err
+
+    assert main(["simulate", "fsdp:phi2:gpus=32", "--cluster", "low-bw", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["collectives"] > 0
+    assert captured.err.count("warning:") == 1
+    assert "process group of 32 ranks but low-bw has 16 GPUs" in captured.err and "4 nodes" in captured.err
+
+    tuned = TunedConfig(cluster="low-bw", collectives=[
+        CollectiveEntry(Match(collective=CollectiveType.ALLGATHER, ranks=16), CommConfig(channels=2))])
+    tuned.dump(tmp_path / "lagom.yaml")
+    assert main(["simulate", "fsdp:phi2:gpus=8", "--cluster", "low-bw", "--config", str(tmp_path / "lagom.yaml")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "none of its 1 collective entries matches" in err
+    # an entry that matches: no warning
+    assert main(["simulate", "fsdp:phi2:gpus=16", "--cluster", "low-bw", "--config", str(tmp_path / "lagom.yaml")]) == 0
+    assert "warning:" not in capsys.readouterr().err

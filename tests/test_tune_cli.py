@@ -124,3 +124,11 @@ def test_unusable_cache_dir_is_a_one_line_error(tmp_path, capsys, monkeypatch):
     code, _, err = run_cli(capsys, "tune", "tp:phi2:tp=8", "--cluster", "low-bw", "--evaluator", "analytic",
                            "-o", str(tmp_path / "x.yaml"))
     assert code == 2 and err.startswith("lagom tune: error: LAGOM_CACHE_DIR=") and err.count("\n") == 1, err
+
+
+def test_tune_warns_once_about_a_job_wider_than_the_cluster(tmp_path, capsys):
+    code, out, err = run_cli(capsys, "tune", "fsdp:phi2:gpus=32", "--cluster", "low-bw", "--evaluator", "sim",
+                             "--budget", "1", "--no-autoccl", "-o", str(tmp_path / "x.yaml"), "--json")
+    assert code == 0, err
+    assert json.loads(out)["evaluations"] == 1
+    assert err.count("warning:") == 1 and "process group of 32 ranks but low-bw has 16 GPUs" in err

@@ -76,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     workload = load_workload_arg(args.workload, cluster)
     signatures = sorted({workload.signature(c, cluster.gpus_per_node) for c in workload.collectives})
+    from lagom.workload_fit import fit_warnings, unmatched_config_warning
+
+    warnings = fit_warnings(workload, cluster)
     from nccl_env.rules import NcclVersion, validate_config
 
     version = NcclVersion.parse(cluster.nccl_version)  # checked when the cluster was loaded
@@ -98,10 +101,15 @@ def run(args: argparse.Namespace) -> int:
         for i, entry in enumerate(tuned.collectives):
             check(entry.config, f"{args.config}: collectives[{i}]")
         plan = tuned.to_plan(signatures)
+        unmatched = unmatched_config_warning(args.config, len(tuned.collectives), signatures, plan)
+        if unmatched:
+            warnings.append(unmatched)
     if args.set_config:
         forced = parse_set(args.set_config)
         check(forced, "--set")
         plan = Plan(entries={sig: plan.config_for(sig).merged_over(forced) for sig in signatures}, default=forced)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     evaluator = make_evaluator(args.evaluator, cluster, args.noise, args.seed)
     timing = evaluator.evaluate(workload, plan)
     result = {

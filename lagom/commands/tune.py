@@ -33,6 +33,7 @@ from rich.table import Table
 
 from costmodel.cluster import load_cluster
 from lagom import tuning
+from lagom.workload_fit import fit_warnings
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from tuner import METHODS
@@ -70,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     workload = tuning.load_workload_arg(args.workload, cluster)
     evaluator_name = args.evaluator or tuning.default_evaluator_name()
     err = Console(stderr=True)
+    for warning in fit_warnings(workload, cluster):
+        err.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
     model_cluster = tuning.tuning_cluster(cluster, args.cluster, evaluator_name, log=lambda m: err.print(m, highlight=False))
     evaluator = tuning.make_evaluator(evaluator_name, model_cluster)
     started = time.perf_counter()

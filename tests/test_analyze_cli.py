@@ -58,6 +58,12 @@ def test_include_last_step_and_directory_of_ranks(capsys, tmp_path):
     assert [r["comm_comp_overlap_pct"] for r in default["ranks"]] == [11.81, 20.05]
     assert [r["comm_comp_overlap_pct"] for r in last["ranks"]] == [14.95, 19.93]
 
+    # a rank file named again, directly, is analysed once, with one warning
+    assert main(["analyze", str(tmp_path), str(tmp_path / "w128_sendrecv_rank1.json.gz"), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert [r["rank"] for r in orjson.loads(out)["ranks"]] == [0, 1]
+    assert err.count("warning:") == 1 and "given more than once" in err
+
 
 def test_cpu_only_trace_gets_an_answer_where_hta_raises(capsys):
     (r,) = _json(capsys, shared_traces_dir() / "cpu_only_rank34.json.gz")["ranks"]

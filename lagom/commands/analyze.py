@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import orjson
 from rich.console import Console
@@ -52,8 +53,15 @@ def run(args: argparse.Namespace) -> int:
     if args.plot and not args.plot.lower().endswith(".png"):
         raise LagomError(f"--plot {args.plot}: the timeline is written as PNG; give a .png file name")
     workloads = []
+    seen: set[Path] = set()
     for path in args.paths:
-        workloads += read_trace(path)
+        for workload in read_trace(path):
+            source = Path(workload.source).resolve()
+            if source in seen:
+                print(f"warning: {workload.source}: given more than once, analysed once", file=sys.stderr)
+                continue
+            seen.add(source)
+            workloads.append(workload)
     views = [trim_to_profiler_steps(w, include_last_step=args.include_last_step) for w in workloads]
     reports = [
         rank_report(v, top_windows=args.top, trimmed=len(v.profiler_steps) < len(w.profiler_steps))

@@ -50,6 +50,7 @@ from costmodel.model_params import params_for
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
+from nccl_env.rules import P2P_COLLECTIVES
 from traces.workload import ComputeOp, Workload
 
 _EPS = 1e-9
@@ -173,7 +174,8 @@ class AnalyticEvaluator:
 
     def resolve(self, signature: Signature, config: CommConfig) -> CommConfig:
         """``config`` with every None field filled by NCCL's modelled default."""
-        if None not in (config.algorithm, config.protocol, config.channels, config.threads, config.chunk_bytes):
+        complete = None not in (config.algorithm, config.protocol, config.channels, config.threads, config.chunk_bytes)
+        if complete and signature.collective not in P2P_COLLECTIVES:  # p2p: NCCL overrides threads and the rest
             return config
         from costmodel.nccl_defaults import resolve_config
 

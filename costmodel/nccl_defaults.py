@@ -20,7 +20,9 @@ cluster's ``nccl_graph`` section (or derived from the link kind); the tree graph
 taken equal to the ring graph; CollNet and NVLS are disabled (the simulator has no
 in-network or in-switch reduction); the CPU is taken as Intel (net overhead 1 us);
 AllToAll/SendRecv use NCCL's p2p path (Simple, ``p2pnChannelsPerPeer`` = 2 channels
-per peer, 512 KiB NVLink/PCIe chunk, 128 KiB network chunk).
+per peer, NCCL_MAX_NTHREADS threads whatever NCCL_NTHREADS says, a 128 KiB step across
+nodes or over PCIe and 512 KiB inside an NVSwitch node: init.cc computeBuffSizes; an
+``nvlink`` preset, such as A40 bridges between pairs, is not all-NVLink for NCCL).
 
 ``nccl_default_config`` fills EVERY field of a CommConfig. ``cluster.nccl_defaults``
 (keys ``algorithm``, ``protocol``, ``channels``, ``threads``, ``chunk_bytes``, plus
@@ -38,6 +40,7 @@ from functools import lru_cache
 from nccl_env.errors import LagomError
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Signature
+from nccl_env.rules import P2P_COLLECTIVES
 
 from costmodel.cluster import ClusterSpec
 
@@ -55,8 +58,10 @@ RING_CHUNKSTEPS = NCCL_STEPS // 2  # collectives.h ALLREDUCE/ALLGATHER/REDUCESCA
 THREAD_THRESHOLD = {Protocol.LL: 8, Protocol.LL128: 8, Protocol.SIMPLE: 64}  # comm.h NCCL_*_THREAD_THRESHOLD
 PCI_BW_GB_PER_S = 12.0  # topo.h PCI_BW (Gen3 x16), the simpleDefaultThreads threshold
 P2P_CHANNELS_PER_PEER = 2  # NCCL_NCHANNELS_PER_NET_PEER / p2pnChannelsPerPeer default
-P2P_CHUNK_BYTES = 1 << 19  # NCCL_P2P_NVL_CHUNKSIZE / PCI default 512 KiB
-P2P_NET_CHUNK_BYTES = 1 << 17  # NCCL_P2P_NET_CHUNKSIZE default 128 KiB
+P2P_NVL_CHUNK_BYTES = 1 << 19  # NCCL_P2P_NVL_CHUNKSIZE default 512 KiB (init.cc): every GPU pair on NVLink
+P2P_PCI_CHUNK_BYTES = 1 << 17  # NCCL_P2P_PCI_CHUNKSIZE default 128 KiB (init.cc)
+P2P_NET_CHUNK_BYTES = 1 << 17  # NCCL_P2P_NET_CHUNKSIZE default 128 KiB (init.cc)
+P2P_THREADS = 512  # p2p kernels run NCCL_MAX_NTHREADS = 640 (enqueue.cc); kept at the knob's 64-512 range, saturated either way
 
 _ALGOS = (Algorithm.TREE, Algorithm.RING)
 _PROTOS = (Protocol.LL, Protocol.LL128, Protocol.SIMPLE)
@@ -300,8 +305,11 @@ def _first(value, fallback):
 def _p2p_config(cluster: ClusterSpec, signature: Signature) -> CommConfig:
     peers = max(1, signature.ranks - 1)
     channels = min(_max_channels(cluster), max(1, P2P_CHANNELS_PER_PEER * peers))
-    chunk = P2P_NET_CHUNK_BYTES if signature.nodes > 1 else P2P_CHUNK_BYTES
-    return CommConfig(Algorithm.RING, Protocol.SIMPLE, channels, SIMPLE_MAX_NTHREADS, chunk)
+    if signature.nodes > 1:
+        chunk = P2P_NET_CHUNK_BYTES
+    else:  # ncclTopoPathAllNVLink: only an NVSwitch node has NVLink between every pair
+        chunk = P2P_NVL_CHUNK_BYTES if cluster.intra_node.kind == "nvswitch" else P2P_PCI_CHUNK_BYTES
+    return CommConfig(Algorithm.RING, Protocol.SIMPLE, channels, P2P_THREADS, chunk)
 
 
 def _model_config(cluster: ClusterSpec, signature: Signature, algo: Algorithm | None = None,
@@ -364,6 +372,9 @@ def resolve_config(cluster: ClusterSpec, signature: Signature, config: CommConfi
     channel count is used as is (NCCL then sheds no channels). Equals
     ``config.merged_over(nccl_default_config(...))`` when only resources are set.
     """
+    if signature.collective in P2P_COLLECTIVES:
+        # NCCL's p2p path reads neither NCCL_NTHREADS nor an algorithm or protocol
+        config = CommConfig(channels=config.channels, chunk_bytes=config.chunk_bytes)
     if config.algorithm is None and config.protocol is None:
         base = nccl_default_config(cluster, signature)
         if config.channels is not None and config.chunk_bytes is None:

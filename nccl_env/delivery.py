@@ -9,7 +9,11 @@ the tuner plugin"):
   ``ProcessGroupNCCL.Options().config``): channels, when the plugin cannot carry them;
 - process-wide env (read once per process): threads always (NCCL_NTHREADS,
   NCCL_LL128_NTHREADS), chunk size before 2.30 (NCCL_BUFFSIZE), algorithm/protocol
-  when the plugin is not used (NCCL_ALGO/NCCL_PROTO, per-function syntax from 2.24).
+  when the plugin is not used (NCCL_ALGO/NCCL_PROTO, per-function syntax from 2.24);
+- point-to-point (AllToAll, send/recv) takes only its step size, from
+  NCCL_P2P_NET_CHUNKSIZE across nodes and NCCL_P2P_NVL/PCI_CHUNKSIZE inside one (not
+  NCCL_BUFFSIZE, which from 2.19 only caps it at BUFFSIZE / 8); NCCL picks its
+  algorithm, protocol, channels and threads (``nccl_env.rules`` P2P_*).
 
 When a door cannot carry what the plan asks (two thread counts in one process, two
 chunk sizes before 2.30, two channel counts in one group without the plugin, ...)
@@ -31,9 +35,16 @@ from nccl_env.plugin_table import PLUGIN_COLLECTIVES, PluginEntry
 from nccl_env.rules import (
     CTAS_ENV_SINCE,
     DEFAULT_BUFFSIZE_BYTES,
+    NCCL_STEPS,
+    P2P_COLLECTIVES,
+    P2P_NET_CHUNK_ENV,
+    P2P_NVL_CHUNK_ENV,
+    P2P_PCI_CHUNK_ENV,
     PER_FUNCTION_ALGO_SINCE,
     NcclVersion,
     buffsize_for_chunk,
+    p2p_chunk_ceiling,
+    p2p_chunk_envs,
     per_collective_knobs,
     validate_config,
 )
@@ -62,6 +73,9 @@ ENV_NAMES = (
     "NCCL_NTHREADS",
     "NCCL_LL128_NTHREADS",
     "NCCL_BUFFSIZE",
+    P2P_NET_CHUNK_ENV,
+    P2P_NVL_CHUNK_ENV,
+    P2P_PCI_CHUNK_ENV,
     "NCCL_MIN_CTAS",
     "NCCL_MAX_CTAS",
     "NCCL_MIN_NCHANNELS",
@@ -137,15 +151,17 @@ def deliver(plan: Plan, version: NcclVersion, use_plugin: bool = True) -> Delive
 
     _plugin_part(items, plan.default, per_coll, out)
     for sig, cfg in items:
-        if sig.collective not in PLUGIN_COLLECTIVES:
-            asked = [k for k in ("algorithm", "protocol", "channels") if getattr(cfg, k) is not None]
+        if sig.collective in P2P_COLLECTIVES:
+            asked = [k for k in ("algorithm", "protocol", "channels", "threads") if getattr(cfg, k) is not None]
             if asked:
                 out.compromises.append(
-                    f"{sig.label()}: {', '.join(asked)} not delivered: NCCL does not consult a tuner plugin or "
-                    f"NCCL_ALGO/NCCL_PROTO for point-to-point traffic; NCCL decides"
+                    f"{sig.label()}: {', '.join(asked)} not delivered: NCCL consults no tuner plugin, "
+                    f"NCCL_ALGO/NCCL_PROTO or NCCL_NTHREADS for point-to-point traffic; NCCL decides"
                 )
-    _threads(items, plan.default, out)
-    _chunk(items, plan.default, version, per_coll, door_knobs, out)
+    collectives = [(s, c) for s, c in items if s.collective not in P2P_COLLECTIVES]
+    _threads(collectives, plan.default, out)
+    _chunk(collectives, plan.default, version, per_coll, door_knobs, out)
+    _p2p_chunk([(s, c) for s, c in items if s.collective in P2P_COLLECTIVES], version, "chunk_bytes" in per_coll, out)
     _channels(items, plan.default, version, per_coll, out)
     _algo_proto(items, plan.default, version, per_coll, out)
     return out
@@ -209,10 +225,6 @@ def _chunk(items, default: CommConfig, version: NcclVersion, per_coll, door_knob
         need = max(needs, default=0)
         if need > DEFAULT_BUFFSIZE_BYTES:
             out.env["NCCL_BUFFSIZE"] = str(1 << (need - 1).bit_length())  # NCCL recommends powers of two
-        process_wide = [(s, c) for s, c in wanted if "chunk_bytes" not in door_knobs(s)]
-        for sig, _ in process_wide:
-            out.compromises.append(f"{sig.label()}: chunk_bytes not delivered: no per-collective door for "
-                                   f"point-to-point; NCCL decides")
         return
     if not wanted:
         if default.chunk_bytes is not None:
@@ -224,6 +236,38 @@ def _chunk(items, default: CommConfig, version: NcclVersion, per_coll, door_knob
         f"one value per process", out.compromises, show=lambda c: str(c.chunk_bytes),
     )
     out.env["NCCL_BUFFSIZE"] = str(buffsize_for_chunk(cfg.chunk_bytes, cfg.algorithm))
+
+
+def _p2p_chunk(items: list[tuple[Signature, CommConfig]], version: NcclVersion, buffsize_free: bool,
+               out: Delivery) -> None:
+    """Point-to-point step sizes: one value per env variable; from 2.19 within BUFFSIZE / 8.
+
+    ``buffsize_free``: NCCL_BUFFSIZE only has to be large enough (the plugin carries the
+    collectives' chunks), so it is raised to admit the step; otherwise it sets the
+    collectives' chunk and the step is cut to what NCCL will keep.
+    """
+    wanted: dict[str, list[tuple[Signature, int]]] = defaultdict(list)
+    for sig, cfg in items:
+        if cfg.chunk_bytes is not None:
+            for env in p2p_chunk_envs(sig.nodes):
+                wanted[env].append((sig, int(cfg.chunk_bytes)))
+    for env, values in sorted(wanted.items()):
+        if env == P2P_PCI_CHUNK_ENV and P2P_NVL_CHUNK_ENV in wanted:
+            out.env[env] = out.env[P2P_NVL_CHUNK_ENV]  # the same signatures: said once already
+            continue
+        sig, chunk = _one_value("point-to-point chunk_bytes", values, "in one process",
+                                f"{env} is read once per process", out.compromises)
+        ceiling = p2p_chunk_ceiling(version, int(out.env.get("NCCL_BUFFSIZE", DEFAULT_BUFFSIZE_BYTES)))
+        if ceiling is not None and chunk > ceiling:
+            if buffsize_free:
+                need = chunk * NCCL_STEPS
+                out.env["NCCL_BUFFSIZE"] = str(1 << (need - 1).bit_length())
+            else:
+                out.compromises.append(
+                    f"{sig.label()}: point-to-point chunk_bytes {chunk} cut to {ceiling}: NCCL {version} keeps the "
+                    f"step within NCCL_BUFFSIZE / 8, and NCCL_BUFFSIZE here sets the collectives' chunk")
+                chunk = ceiling
+        out.env[env] = str(chunk)
 
 
 def _channels(items, default: CommConfig, version: NcclVersion, per_coll, out: Delivery) -> None:

@@ -195,3 +195,34 @@ def buffsize_for_chunk(chunk_bytes: int, algorithm: Algorithm | None) -> int:
     """
     steps = RING_SIMPLE_CHUNK_STEPS if algorithm in (None, Algorithm.RING) else 1
     return chunk_bytes * NCCL_STEPS // steps
+
+
+# ---- point-to-point (AllToAll, send/recv) -----------------------------------------------
+# NCCL runs point-to-point through its own path (enqueue.cc scheduleP2pTasksToPlan): no
+# tuner-plugin call, no NCCL_ALGO/NCCL_PROTO, threadPerBlock = NCCL_MAX_NTHREADS whatever
+# NCCL_NTHREADS says, and a step of comm->p2pChunkSize bytes, which init.cc
+# computeBuffSizes reads per communicator from one of three env variables, not from
+# NCCL_BUFFSIZE.
+P2P_COLLECTIVES = frozenset({CollectiveType.ALLTOALL, CollectiveType.SENDRECV})
+P2P_NET_CHUNK_ENV = "NCCL_P2P_NET_CHUNKSIZE"  # communicators spanning nodes (default 128 KiB, init.cc)
+P2P_NVL_CHUNK_ENV = "NCCL_P2P_NVL_CHUNKSIZE"  # one node, every GPU pair on NVLink (default 512 KiB)
+P2P_PCI_CHUNK_ENV = "NCCL_P2P_PCI_CHUNKSIZE"  # one node otherwise (default 128 KiB)
+P2P_CHUNK_CAPPED_SINCE = _v("2.19")  # init.cc: p2pChunkSize <= buffSizes[SIMPLE] / NCCL_STEPS
+
+
+def p2p_chunk_envs(nodes: int) -> tuple[str, ...]:
+    """The env variables that set a point-to-point communicator's step size.
+
+    Across nodes NCCL reads NCCL_P2P_NET_CHUNKSIZE; inside one node it reads the NVL or
+    the PCI one depending on whether every GPU pair has an NVLink path, which a
+    signature does not tell: both get the same value, and NCCL reads the one it needs.
+    """
+    return (P2P_NET_CHUNK_ENV,) if nodes > 1 else (P2P_NVL_CHUNK_ENV, P2P_PCI_CHUNK_ENV)
+
+
+def p2p_chunk_ceiling(version: NcclVersion, buffsize_bytes: int | None) -> int | None:
+    """The largest point-to-point step NCCL keeps on ``version`` with this NCCL_BUFFSIZE
+    (None: the default), or None where nothing caps it (before 2.19)."""
+    if version < P2P_CHUNK_CAPPED_SINCE:
+        return None
+    return (buffsize_bytes or DEFAULT_BUFFSIZE_BYTES) // NCCL_STEPS

@@ -138,6 +138,28 @@ def test_groups_the_plugin_cannot_tell_apart_and_p2p():
     assert any("alltoall[ep]" in c and "point-to-point" in c for c in d.compromises)
 
 
+def test_point_to_point_takes_its_step_from_the_p2p_env_never_buffsize_or_threads():
+    """NCCL's p2p path (enqueue.cc, init.cc): step from NCCL_P2P_{NET,NVL,PCI}_CHUNKSIZE, threads fixed;
+    from 2.19 the step is kept within NCCL_BUFFSIZE / 8."""
+    A2A = CollectiveType.ALLTOALL
+    plan = Plan({
+        Signature("ep", A2A, 1 << 24, 8, 1): CommConfig(threads=128, chunk_bytes=1 << 20),
+        Signature("ep2", A2A, 1 << 24, 16, 2): CommConfig(chunk_bytes=1 << 18),
+        Signature("0", AG, 1 << 26, 8, 1): CommConfig(threads=256, chunk_bytes=1 << 17),
+    })
+    old = deliver(plan, V("2.18.3"))
+    assert old.env["NCCL_NTHREADS"] == "256" and old.env["NCCL_BUFFSIZE"] == str(1 << 18)  # the allgather's alone
+    assert old.env["NCCL_P2P_NET_CHUNKSIZE"] == str(1 << 18)
+    assert old.env["NCCL_P2P_NVL_CHUNKSIZE"] == old.env["NCCL_P2P_PCI_CHUNKSIZE"] == str(1 << 20)
+    assert any("alltoall[ep]" in c and "threads not delivered" in c for c in old.compromises)
+    capped = deliver(plan, V("2.21.5"))  # BUFFSIZE 256 KiB sets the allgather's chunk: steps cut to 32 KiB
+    assert capped.env["NCCL_P2P_NET_CHUNKSIZE"] == capped.env["NCCL_P2P_PCI_CHUNKSIZE"] == str(1 << 15)
+    assert sum("cut to 32768" in c for c in capped.compromises) == 2
+    free = deliver(plan, V("2.30.1"))  # the plugin carries the allgather's chunk: BUFFSIZE grows to fit 1 MiB
+    assert free.env["NCCL_BUFFSIZE"] == str(8 << 20) and free.env["NCCL_P2P_NVL_CHUNKSIZE"] == str(1 << 20)
+    assert not any("cut to" in c for c in free.compromises)
+
+
 def test_invalid_plan_names_the_signature():
     plan = Plan({Signature("0", AG, 1 << 20, 8, 1): CommConfig(channels=48)})
     with pytest.raises(LagomError, match=r"allgather\[0\] 1048576B.*channels=48.*1-32"):

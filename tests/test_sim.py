@@ -113,3 +113,26 @@ def test_kernel_time_grows_with_channels_and_chunk(name):
     # a collective's DRAM traffic slows a memory-bound kernel
     norm = next(o for o in generate_workload("fsdp:phi2:gpus=8").compute_ops if "norm1 fwd" in o.name)
     assert sim.compute_time_us(norm, comm_dram_bytes_per_us=sim._bw / 2) > 1.5 * sim.compute_time_us(norm) - 4.0
+
+
+def test_alltoall_follows_nccls_p2p_path_in_both_evaluators():
+    """NCCL runs point-to-point with its own thread count (NCCL_NTHREADS is not read) and a
+    default step of 128 KiB over PCIe or the network, 512 KiB inside an NVSwitch node."""
+    from costmodel.analytic import AnalyticEvaluator
+    from costmodel.nccl_defaults import nccl_default_config
+
+    a2a = Signature("ep", CollectiveType.ALLTOALL, 64 << 20, 8, 1)
+    assert nccl_default_config(load_cluster("low-bw"), a2a).chunk_bytes == 128 << 10  # PCIe
+    assert nccl_default_config(load_cluster("high-bw"), a2a).chunk_bytes == 128 << 10  # A40 pairs: not all-NVLink
+    assert nccl_default_config(load_cluster("a100-nvswitch"), a2a).chunk_bytes == 512 << 10
+    across = Signature("ep", CollectiveType.ALLTOALL, 64 << 20, 16, 2)
+    assert nccl_default_config(load_cluster("a100-nvswitch"), across).chunk_bytes == 128 << 10
+    cluster = load_cluster("low-bw")
+    for evaluator in (Simulator(cluster), AnalyticEvaluator(cluster)):
+        few = evaluator.collective_time_us(a2a, CommConfig(threads=64))
+        assert few == evaluator.collective_time_us(a2a, CommConfig()) == \
+            evaluator.collective_time_us(a2a, CommConfig(threads=512, algorithm=None))
+        assert evaluator.collective_time_us(a2a, CommConfig(chunk_bytes=1 << 20)) != few  # the step still counts
+    ag = Signature("0", CollectiveType.ALLGATHER, 64 << 20, 8, 1)
+    sim = Simulator(cluster)
+    assert sim.collective_time_us(ag, CommConfig(threads=64)) > sim.collective_time_us(ag, CommConfig(threads=512))

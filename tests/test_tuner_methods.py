@@ -165,3 +165,38 @@ def test_workload_without_collectives_is_a_lagom_error(cluster):
     workload.collectives = []
     with pytest.raises(LagomError, match="no collectives"):
         build_space(workload, cluster)
+
+
+@pytest.mark.parametrize("version", ["2.18.3", "2.21.5", "2.30.1"])
+def test_point_to_point_gets_its_own_step_unit_and_plans_match_what_nccl_will_run(version):
+    """AllToAll takes only a step size (NCCL_P2P_*_CHUNKSIZE); every plan the space emits is
+    exactly what delivery hands NCCL, including the 2.19+ cut to NCCL_BUFFSIZE / 8."""
+    from nccl_env.delivery import deliver
+    from nccl_env.rules import NcclVersion, p2p_chunk_envs
+    from traces.generate import generate_workload
+    from tuner.space import Point
+
+    cluster = load_cluster("low-bw")
+    workload = generate_workload("ep:olmoe-1b-7b:ep=8,gpus=16")
+    space = build_space(workload, cluster, nccl_version=version)
+    p2p = [u for u in space.resource_units if any(s.collective.value == "alltoall" for s in u.signatures)]
+    assert [(u.key, u.axes) for u in p2p] == [("p2p intra", ("chunk_bytes",))]
+    assert all(s.collective.value != "alltoall" for u in space.resource_units if u not in p2p for s in u.signatures)
+    cut = 0
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        point = Point(
+            tuple(sorted((u.index, a, int(rng.integers(len(space.axes[a].values)))) for u in space.resource_units
+                         for a in u.axes)),
+            tuple((u.index, None) for u in space.subspace_units))
+        plan = space.plan(point)
+        delivered = deliver(plan, NcclVersion.parse(version))
+        for sig, cfg in plan.entries.items():
+            if sig.collective.value == "alltoall":
+                assert cfg.threads is None and cfg.channels is None
+                wanted = space.axes["chunk_bytes"].values[point.level(p2p[0].index, "chunk_bytes")]
+                cut += cfg.chunk_bytes < wanted
+                for env in p2p_chunk_envs(sig.nodes):
+                    assert delivered.env[env] == str(cfg.chunk_bytes)
+        assert not any("point-to-point" in c for c in delivered.compromises)  # nothing asked that NCCL ignores
+    assert (cut > 0) == (version == "2.21.5")  # only there does NCCL_BUFFSIZE both set the chunk and cap the step

@@ -14,6 +14,12 @@ set of signatures that must share its value because of the door NCCL offers for 
 - ``PROCESS``: one value for the whole process (``NCCL_NTHREADS`` always;
   ``NCCL_BUFFSIZE`` i.e. chunk before 2.30; ``NCCL_ALGO`` before 2.24).
 
+Point-to-point signatures (AllToAll, send/recv) take none of these doors: NCCL's p2p
+path reads only its step size, from ``NCCL_P2P_NET_CHUNKSIZE`` (communicators across
+nodes) or ``NCCL_P2P_NVL/PCI_CHUNKSIZE`` (inside a node). They form one or two process
+units of their own with the chunk axis only; from NCCL 2.19 the step is kept within
+``NCCL_BUFFSIZE / 8``, which :meth:`SearchSpace.plan` applies as NCCL would.
+
 Signatures that share a scope key form a :class:`Unit`; search methods choose one
 value per unit and axis, so every plan they emit is one the delivery doors can carry.
 A :class:`Point` (rung index per unit and axis, pair per subspace unit) becomes a
@@ -33,10 +39,13 @@ from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Plan, Signature
 from nccl_env.rules import (
     CTAS_ENV_SINCE,
+    P2P_CHUNK_CAPPED_SINCE,
     PER_FUNCTION_ALGO_SINCE,
     NcclVersion,
     algorithms_available,
+    buffsize_for_chunk,
     max_channels,
+    p2p_chunk_ceiling,
     per_collective_knobs,
 )
 from traces.workload import Workload
@@ -259,7 +268,28 @@ class SearchSpace:
                 configs[sig]["algorithm"], configs[sig]["protocol"] = pair
                 if pair[1] is Protocol.LL128:
                     configs[sig].pop("threads", None)  # NCCL_LL128_NTHREADS has its own range: NCCL decides
+        self._cap_p2p_chunks(configs)
         return Plan(entries={s: CommConfig(**c) for s, c in configs.items()})
+
+    def _cap_p2p_chunks(self, configs: dict[Signature, dict]) -> None:
+        """From NCCL 2.19 a p2p step is kept within NCCL_BUFFSIZE / 8; where NCCL_BUFFSIZE sets
+        the collectives' chunk (before 2.30), the step is cut as NCCL will cut it
+        (``nccl_env.delivery`` picks NCCL_BUFFSIZE the same way: the largest message's chunk)."""
+        version = _version(self.nccl_version)
+        if version < P2P_CHUNK_CAPPED_SINCE or self.scopes["chunk_bytes"] is Scope.COLLECTIVE:
+            return  # no cap, or the plugin carries the collectives' chunks and NCCL_BUFFSIZE is raised to fit
+        sized = [(s, c) for s, c in configs.items() if s.collective not in _P2P and c.get("chunk_bytes")]
+        buffsize = None
+        if sized:
+            sig, cfg = sized[0]
+            for s, c in sized[1:]:
+                if s.message_bytes > sig.message_bytes:
+                    sig, cfg = s, c
+            buffsize = buffsize_for_chunk(cfg["chunk_bytes"], cfg.get("algorithm"))
+        ceiling = p2p_chunk_ceiling(version, buffsize)
+        for sig, cfg in configs.items():
+            if sig.collective in _P2P and cfg.get("chunk_bytes", 0) > ceiling:
+                cfg["chunk_bytes"] = ceiling
 
     def size(self) -> int:
         """Number of points (product over units of rungs and pairs + 'NCCL decides')."""
@@ -282,12 +312,24 @@ def workload_signatures(workload: Workload, gpus_per_node: int | None = None) ->
 def _units(signatures: Iterable[Signature], scope: Scope, axes: tuple[str, ...], start: int) -> list[Unit]:
     grouped: dict[str, list[Signature]] = {}
     for sig in signatures:
-        if sig.collective in _P2P and scope is not Scope.PROCESS:
-            continue  # NCCL consults neither the plugin nor per-group CTAs for point-to-point
+        if sig.collective in _P2P:
+            continue  # NCCL's p2p path takes none of these doors: see _p2p_units
         grouped.setdefault(scope_key(scope, sig), []).append(sig)
     return [
         Unit(start + i, key, scope, tuple(sigs), axes) for i, (key, sigs) in enumerate(sorted(grouped.items()))
     ]
+
+
+def _p2p_units(signatures: Iterable[Signature], start: int) -> list[Unit]:
+    """Point-to-point signatures take one knob: their step size, once per process for
+    communicators across nodes (NCCL_P2P_NET_CHUNKSIZE) and once for those inside a node
+    (NCCL_P2P_NVL/PCI_CHUNKSIZE); NCCL picks their channels, threads and the rest."""
+    grouped: dict[str, list[Signature]] = {}
+    for sig in signatures:
+        if sig.collective in _P2P:
+            grouped.setdefault("p2p net" if sig.nodes > 1 else "p2p intra", []).append(sig)
+    return [Unit(start + i, key, Scope.PROCESS, tuple(sigs), ("chunk_bytes",))
+            for i, (key, sigs) in enumerate(sorted(grouped.items()))]
 
 
 def build_space(
@@ -326,6 +368,7 @@ def build_space(
     for scope in Scope:
         if scope in by_scope:
             resource_units += _units(signatures, scope, tuple(by_scope[scope]), len(resource_units))
+    resource_units += _p2p_units(signatures, len(resource_units))
     available = set(algorithms_available(_version(version)))
     pairs = {}
     for sig in signatures:

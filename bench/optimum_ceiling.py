@@ -1,0 +1,148 @@
+"""How far the bench targets are reachable at all: the true optimum of each cell, by brute force.
+
+For each cell of ``lagom bench``'s matrix on one cluster, every point of the search
+space (the doors of the preset's NCCL, 1,980-33,000 points) is judged on the simulator
+with noise off, split over worker processes. Lagom's plan is tuned exactly as
+``lagom bench`` tunes it (the calibrated analytic model) and judged on the same
+simulator. Prints per cell NCCL's default, Lagom and the optimum, side by side from one
+run, and the geometric means: the optimum's speedup over NCCL is the most any method
+searching this space could report.
+
+    python3 bench/optimum_ceiling.py --cluster low-bw [--only tp:,ep:] [--workers 2] [--json]
+
+The whole low-bw matrix takes about 45 minutes on two cores (the 16-GPU TP and EP cells
+have 33,000 points each at 7-20 ms per simulation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rich.console import Console  # noqa: E402
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from costmodel.cluster import load_cluster  # noqa: E402
+from lagom import bench_matrix, tuning  # noqa: E402
+from nccl_env.plan import Plan  # noqa: E402
+from tuner import AutoCCL, LagomSearch  # noqa: E402
+from tuner.exhaustive import all_points  # noqa: E402
+
+_WORKER: dict = {}
+
+
+def _init_worker(preset: str, spec: str) -> None:
+    cluster = load_cluster(preset)
+    workload = tuning.load_workload_arg(spec, cluster)
+    _WORKER.update(
+        sim=tuning.make_evaluator("sim", cluster, noise=0.0),
+        workload=workload,
+        space=tuning.space_for(workload, cluster),
+    )
+
+
+def _best_of_slice(args: tuple[int, int]) -> tuple[float, int, int]:
+    """(best iteration us, index of the best point, points judged) over every ``parts``-th point."""
+    part, parts = args
+    sim, workload, space = _WORKER["sim"], _WORKER["workload"], _WORKER["space"]
+    best_us, best_index, judged = math.inf, -1, 0
+    for index, point in enumerate(all_points(space)):
+        if index % parts != part:
+            continue
+        us = sim.evaluate(workload, space.plan(point)).iteration_us
+        judged += 1
+        if us < best_us:
+            best_us, best_index = us, index
+    return best_us, best_index, judged
+
+
+def optimum_us(preset: str, spec: str, workers: int, on_slice) -> tuple[float, int]:
+    """The simulator's best iteration time over the whole space, and the space's size."""
+    parts = workers * 8  # small slices: steady progress, balanced workers
+    with multiprocessing.get_context("fork").Pool(workers, _init_worker, (preset, spec)) as pool:
+        best, total = math.inf, 0
+        for best_us, _, judged in pool.imap_unordered(_best_of_slice, [(p, parts) for p in range(parts)]):
+            best, total = min(best, best_us), total + judged
+            on_slice(judged)
+    return best, total
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cluster", default="low-bw", choices=bench_matrix.CLUSTERS)
+    parser.add_argument("--only", default="", help="comma-separated prefixes of the cells to run (default: all 16)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    prefixes = [p for p in args.only.split(",") if p]
+    specs = [s for s in bench_matrix.matrix_specs(quick=False) if not prefixes or any(s.startswith(p) for p in prefixes)]
+    if not specs:
+        print(f"--only {args.only}: no cell of the matrix starts with that", file=sys.stderr)
+        return 2
+    err = Console(stderr=True)
+    judge_cluster = load_cluster(args.cluster)
+    judge = tuning.make_evaluator("sim", judge_cluster, noise=0.0)
+    tune_cluster = tuning.calibrated_cluster(args.cluster, log=lambda m: err.print(m, highlight=False))
+    rows = []
+    for spec in specs:
+        workload = tuning.load_workload_arg(spec, judge_cluster)
+        space = tuning.space_for(workload, tune_cluster)
+        lagom = LagomSearch().tune(workload, tuning.make_evaluator("analytic", tune_cluster), space)
+        autoccl = AutoCCL().tune(workload, tuning.make_evaluator("analytic", tune_cluster), space)
+        started = time.perf_counter()
+        with Progress(TextColumn(f"[bold]{spec}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err, transient=True) as bar:
+            task = bar.add_task("points", total=space.size())
+            best_us, points = optimum_us(args.cluster, spec, args.workers, lambda n: bar.advance(task, n))
+        nccl_us = judge.evaluate(workload, Plan()).iteration_us
+        row = {
+            "workload": spec,
+            "points": points,
+            "nccl_us": round(nccl_us, 1),
+            "lagom_us": round(judge.evaluate(workload, lagom.plan).iteration_us, 1),
+            "autoccl_us": round(judge.evaluate(workload, autoccl.plan).iteration_us, 1),
+            "optimum_us": round(best_us, 1),
+            "seconds": round(time.perf_counter() - started, 1),
+        }
+        rows.append(row)
+        err.print(f"{spec}: NCCL {row['nccl_us']:,.0f} us, Lagom {row['lagom_us']:,.0f} us, "
+                  f"optimum {row['optimum_us']:,.0f} us over {points:,} points in {row['seconds']:.0f} s", highlight=False)
+    summary = {
+        "cluster": args.cluster,
+        "geomean_lagom_vs_nccl": round(geomean([r["nccl_us"] / r["lagom_us"] for r in rows]), 4),
+        "geomean_optimum_vs_nccl": round(geomean([r["nccl_us"] / r["optimum_us"] for r in rows]), 4),
+        "geomean_optimum_vs_autoccl": round(geomean([r["autoccl_us"] / r["optimum_us"] for r in rows]), 4),
+        "max_gap_lagom_to_optimum": round(max(r["lagom_us"] / r["optimum_us"] - 1 for r in rows), 4),
+        "cells": rows,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    table = Table(title=f"optimum by brute force on the simulator, {args.cluster} (NCCL {judge_cluster.nccl_version} doors)")
+    for col in ("workload", "points", "Lagom vs NCCL", "optimum vs NCCL", "optimum vs AutoCCL", "Lagom above optimum"):
+        table.add_column(col, justify="left" if col == "workload" else "right")
+    for r in rows:
+        table.add_row(r["workload"], f"{r['points']:,}", f"{r['nccl_us'] / r['lagom_us']:.3f}",
+                      f"{r['nccl_us'] / r['optimum_us']:.3f}", f"{r['autoccl_us'] / r['optimum_us']:.3f}",
+                      f"{r['lagom_us'] / r['optimum_us'] - 1:+.2%}")
+    table.add_row("geomean", "", f"{summary['geomean_lagom_vs_nccl']:.3f}", f"{summary['geomean_optimum_vs_nccl']:.3f}",
+                  f"{summary['geomean_optimum_vs_autoccl']:.3f}", f"max {summary['max_gap_lagom_to_optimum']:+.2%}")
+    Console(width=140).print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

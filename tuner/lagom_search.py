@@ -25,7 +25,10 @@ where contention starts to cost more than it saves.
 
 A short *polish* follows: every resource coordinate one rung down or up, and the
 trades (channels one rung down with chunk one rung up, and the reverse) between
-units that share signatures, first improvement of Z wins, at most two rounds.
+units that share signatures; a move is kept when it shortens Z, or when it only takes
+resources away and Z is no longer (a sideways step off a plateau: at equal
+predicted time fewer channels and smaller chunks contend less); rounds repeat while
+something was kept, at most four.
 
 Then each subspace unit (algorithm/protocol scope) tries the other pairs at the
 polished resources, one evaluation each, keeping a switch only if Z falls. Finally the
@@ -64,7 +67,7 @@ class LagomSearch(SearchMethod):
 
     name = "lagom"
 
-    def __init__(self, initial_stride: int = 2, tolerance: float = 0.001, polish_rounds: int = 2,
+    def __init__(self, initial_stride: int = 2, tolerance: float = 0.001, polish_rounds: int = 4,
                  probe_subspaces: bool = True, guard: bool = True) -> None:
         self.initial_stride = max(1, initial_stride)
         self.polish_rounds = polish_rounds
@@ -174,8 +177,13 @@ class LagomSearch(SearchMethod):
         """Local search around the climbed point: every resource coordinate one rung up or
         down, and the trade moves (channels one rung down, chunk one rung up, and the
         reverse) for units that share signatures; first improvement of Z wins; rounds
-        repeat while something improved. Channels and chunk both buy bandwidth, at
-        different compute costs: the climb moves them together, this finds the mix."""
+        repeat while something was kept. Channels and chunk both buy bandwidth, at
+        different compute costs: the climb moves them together, this finds the mix.
+
+        A move that only lowers rungs is also kept when Z does not grow: iteration time
+        is flat over wide plateaus (e.g. while another stream is the critical path), and
+        the better valley can lie below one; each such step takes resources away, so
+        the walk cannot cycle."""
         coords = [(u.index, a) for u in space.resource_units for a in u.axes]
         sigs = {u.index: set(u.signatures) for u in space.resource_units}
         keys = {u.index: u.key for u in space.resource_units}
@@ -196,10 +204,13 @@ class LagomSearch(SearchMethod):
                     levels[(unit, axis)] = rung
                 else:
                     candidate = obj.measure(current.point.with_levels(levels))
-                    if candidate.iteration_us < current.iteration_us * (1 - self.tolerance):
+                    better = candidate.iteration_us < current.iteration_us * (1 - self.tolerance)
+                    sideways = all(d < 0 for d in move.values()) and candidate.iteration_us <= current.iteration_us
+                    if better or sideways:
                         label = " + ".join(sorted({keys[u] for u, _ in levels}))
                         steps.append(Step(label, _describe(levels, current, space), candidate.comm_us_total(),
-                                          candidate.compute_us, candidate.iteration_us, None, "accepted (polish)"))
+                                          candidate.compute_us, candidate.iteration_us, None,
+                                          "accepted (polish)" if better else "accepted (polish, fewer resources)"))
                         current = candidate
                         improved = True
             if not improved:

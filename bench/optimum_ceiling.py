@@ -8,12 +8,13 @@ simulator. Prints per cell NCCL's default, Lagom and the optimum, side by side f
 run, and the geometric means: the optimum's speedup over NCCL is the most any method
 searching this space could report.
 
-    python3 bench/optimum_ceiling.py --cluster low-bw [--only tp: --only ep:] [--workers 2] [--json]
+    python3 bench/optimum_ceiling.py --cluster low-bw [--only fsdp: --only tp:] [--workers 2] [--json]
 
 Cost on two cores: the 8-GPU FSDP and TP cells (1,980-3,300 points) take seconds, the
 8-GPU EP cells (36,300) and the 16-GPU TP cells (33,000) 3-5 minutes each, the 16-GPU EP
 cells (363,000: two data-parallel groups, the process chunk and threads, the AllToAll
-step) well over an hour each.
+step) 24 minutes for ep:olmoe-1b-7b:ep=8,gpus=16 on high-bw (1,446 s), about twice that
+for the DeepSeek ones (each simulation takes twice as long).
 """
 
 from __future__ import annotations

@@ -157,3 +157,27 @@ def test_a_file_for_an_nccl_without_tuner_plugins_says_the_plugin_door_is_closed
     newer.write_text(yaml.safe_dump(dict(CONFIG, nccl_version="2.30.1")))
     assert main(["run", "--config", str(newer), "--", "true"]) == 0
     assert "loads no tuner plugin" not in capsys.readouterr().err
+
+
+def test_workers_load_the_launchers_lagom_even_when_another_comes_first(tmp_path, config_file, capsys, monkeypatch):
+    """A second install earlier on PYTHONPATH (an old checkout, a site-wide copy) must not
+    read this config with its own code: the bootstrap imports from LAGOM_HOME."""
+    decoy = tmp_path / "decoy"
+    marker = tmp_path / "decoy-ran"
+    (decoy / "lagom" / "runtime").mkdir(parents=True)
+    (decoy / "lagom" / "__init__.py").write_text("")
+    (decoy / "lagom" / "runtime" / "__init__.py").write_text("")
+    (decoy / "lagom" / "runtime" / "bootstrap.py").write_text(
+        f"def activate():\n    open({str(marker)!r}, 'w').write('decoy')\n")
+    (decoy / "nccl_env").mkdir()
+    (decoy / "nccl_env" / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(decoy))
+    dump = tmp_path / "modules.json"
+    child = ("import json, sys; json.dump({k: sys.modules[k].__file__ for k in ('lagom', 'nccl_env') "
+             f"if k in sys.modules}}, open({str(dump)!r}, 'w'))")
+    assert main(["run", "--config", str(config_file), "--no-plugin", "--", sys.executable, "-c", child]) == 0
+    loaded = json.loads(dump.read_text())
+    assert not marker.exists()
+    assert Path(loaded["lagom"]).resolve() == (REPO_ROOT / "lagom" / "__init__.py").resolve()
+    assert Path(loaded["nccl_env"]).resolve() == (REPO_ROOT / "nccl_env" / "__init__.py").resolve()
+    assert "warning" not in capsys.readouterr().err

@@ -4,7 +4,9 @@ The launcher writes :data:`SITECUSTOMIZE` as ``sitecustomize.py`` into a folder 
 puts first on ``PYTHONPATH``. Python imports that module at start-up in every
 process of the job (torchrun's launcher and each rank). It first runs the
 ``sitecustomize`` that would have run without Lagom (the next one on ``sys.path``),
-then calls :func:`activate`, which waits for ``torch.distributed`` to be imported
+then imports this module from the Lagom that launched the job (``LAGOM_HOME``, even
+when another ``lagom`` comes first on ``sys.path``) and calls :func:`activate`, which
+waits for ``torch.distributed`` to be imported
 (most processes of a job never import it, and importing torch eagerly would cost
 every Python process a second) and installs the hook right after, before the
 script's own ``from torch.distributed import ...`` lines bind any name.
@@ -43,13 +45,18 @@ def _lagom_chain():
 
 
 def _lagom_activate():
+    # The Lagom that launched the job, not whichever `lagom` comes first on sys.path
+    # (another install would read this config with other code): its folder goes first
+    # for this import, which also imports nccl_env (lagom.runtime needs it); modules
+    # of both packages imported later follow the packages' __path__.
+    home = _os.environ.get("LAGOM_HOME")
+    if home:
+        _sys.path.insert(0, home)
     try:
         from lagom.runtime import bootstrap
-    except ImportError:
-        home = _os.environ.get("LAGOM_HOME")
-        if home and home not in _sys.path:
-            _sys.path.append(home)
-        from lagom.runtime import bootstrap
+    finally:
+        if home:
+            _sys.path.remove(home)
     bootstrap.activate()
 
 

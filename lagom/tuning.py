@@ -302,3 +302,41 @@ def _slowdown(workload: Workload, timing: Timing, ids: tuple[int, ...]) -> float
             contended += t.duration_us
             uncontended += op.duration_us
     return contended / uncontended if uncontended > 0 else 1.0
+
+
+# ---- why: the gain in words --------------------------------------------------------------
+
+COMM_BOUND_EXPOSED_FRACTION = 0.25  # a quarter of the iteration with no compute to hide it
+
+
+def explain(outcome: TuneOutcome) -> list[str]:
+    """Sentences on where the predicted gain comes from, from the two timings alone.
+
+    A job is called communication-bound when, even tuned, at least a quarter of the
+    iteration is communication that no compute overlaps: there, only faster collectives
+    help, and contention barely matters. Otherwise the gain (or the lack of one) is about
+    how much the collectives slow the compute they overlap.
+    """
+    base, tuned = outcome.baseline, outcome.result.timing
+    gain = base.iteration_us / tuned.iteration_us if tuned.iteration_us > 0 else 1.0
+    exposed = tuned.exposed_comm_us / tuned.iteration_us if tuned.iteration_us > 0 else 0.0
+    exposed_base = base.exposed_comm_us / base.iteration_us if base.iteration_us > 0 else 0.0
+    lines = []
+    if exposed >= COMM_BOUND_EXPOSED_FRACTION:
+        lines.append(
+            f"communication-bound: {exposed:.0%} of the tuned iteration is communication no compute overlaps "
+            f"({exposed_base:.0%} under NCCL's default); only faster collectives help here, and x{gain:.3f} is what "
+            f"they give (communication busy {base.comm_us / 1e3:,.1f} -> {tuned.comm_us / 1e3:,.1f} ms)")
+    else:
+        lines.append(
+            f"compute-bound: contention slows compute x{base.compute_slowdown:.3f} under NCCL's "
+            f"default and x{tuned.compute_slowdown:.3f} tuned (compute busy {base.compute_us / 1e3:,.1f} -> "
+            f"{tuned.compute_us / 1e3:,.1f} ms); exposed communication {base.exposed_comm_us / 1e3:,.1f} -> "
+            f"{tuned.exposed_comm_us / 1e3:,.1f} ms")
+    if outcome.autoccl is not None:
+        auto = outcome.autoccl.timing
+        if auto.compute_slowdown > tuned.compute_slowdown * 1.01 and auto.iteration_us > tuned.iteration_us:
+            lines.append(
+                f"AutoCCL's fastest collectives slow the compute x{auto.compute_slowdown:.3f}: "
+                f"its iteration is {auto.iteration_us / 1e3:,.1f} ms against {tuned.iteration_us / 1e3:,.1f} ms")
+    return lines

@@ -132,3 +132,22 @@ def test_tune_warns_once_about_a_job_wider_than_the_cluster(tmp_path, capsys):
     assert code == 0, err
     assert json.loads(out)["evaluations"] == 1
     assert err.count("warning:") == 1 and "process group of 32 ranks but low-bw has 16 GPUs" in err
+
+
+def test_tune_says_why_in_numbers_from_its_own_timings(tmp_path, capsys):
+    """Compute-bound FSDP Phi-2 on high-bw: the gain is contention removed; FSDP Llama-3-8B
+    on 16 low-bw GPUs: communication-bound, the NIC decides."""
+    cluster = load_cluster("high-bw")
+    workload = generate_workload("fsdp:phi2:gpus=8")
+    base = Simulator(cluster).evaluate(workload, Plan())
+    code, out, err = run_cli(capsys, "tune", "fsdp:phi2:gpus=8", "--cluster", "high-bw", "--evaluator", "sim",
+                             "-o", str(tmp_path / "a.yaml"), "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    why = summary["why"]
+    assert why[0].startswith("compute-bound") and f"x{base.compute_slowdown:.3f} under NCCL's default" in why[0]
+    assert any(line.startswith("AutoCCL's fastest collectives") for line in why)  # AutoCCL loses here
+    code, out, err = run_cli(capsys, "tune", "fsdp:llama3-8b:gpus=16", "--cluster", "low-bw", "--evaluator", "sim",
+                             "--no-autoccl", "-o", str(tmp_path / "b.yaml"))
+    assert code == 0, err
+    assert "why: communication-bound:" in out

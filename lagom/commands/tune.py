@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         "signatures": len(rows),
         "elapsed_s": round(elapsed_s, 2),
         "output": args.output,
+        "why": tuning.explain(outcome),
         "notes": config.notes,
         "rows": [r.to_dict() for r in rows],
     }
@@ -130,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
               + f"{args.method} {tuned:,.1f} us  (x{base / tuned:.3f} vs NCCL"
               + ("" if auto is None else f", x{auto / tuned:.3f} vs AutoCCL") + ")")
     out.print(f"{outcome.result.evaluations} evaluations in {elapsed_s:.1f} s; wrote {args.output}")
+    for line in summary["why"]:
+        out.print(f"why: {line}", highlight=False)
     for note in config.notes:
         out.print(f"note: {note}")
     sys.stdout.flush()

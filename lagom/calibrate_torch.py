@@ -7,8 +7,9 @@ collective ends when its slowest rank does).
 
 * NCCL on GPUs: each distinct NCCL setting gets a fresh communicator (``new_group``)
   created after the setting's env vars are exported (NCCL_ALGO, NCCL_PROTO,
-  NCCL_MIN/MAX_NCHANNELS, NCCL_NTHREADS, NCCL_BUFFSIZE; NCCL_NO_CACHE=1 so NCCL
-  >= 2.29.7 re-reads them); kernels and collectives are timed with CUDA events, an
+  NCCL_MIN/MAX_NCHANNELS, NCCL_NTHREADS, NCCL_BUFFSIZE; for an AllToAll only
+  NCCL_P2P_*_CHUNKSIZE; NCCL_NO_CACHE=1 so NCCL >= 2.29.7 re-reads them), and the
+  previous setting's variables are reset to the user's values first; kernels and collectives are timed with CUDA events, an
   overlap by a matmul on the current stream against the collective on NCCL's.
 * gloo on CPU: the same orchestration, timed with the wall clock. NCCL's knobs have
   no effect there; the measurements still pin latency, bandwidth and how a
@@ -28,6 +29,16 @@ from costmodel.cluster import ClusterSpec
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CollectiveType, CommConfig
 from nccl_env.plan import Signature
+from nccl_env.rules import (
+    DEFAULT_BUFFSIZE_BYTES,
+    NCCL_STEPS,
+    P2P_COLLECTIVES,
+    P2P_NET_CHUNK_ENV,
+    P2P_NVL_CHUNK_ENV,
+    P2P_PCI_CHUNK_ENV,
+    buffsize_for_chunk,
+    p2p_chunk_envs,
+)
 from traces.workload import ComputeOp
 
 _ELEM_BYTES = 4  # float32 buffers
@@ -35,9 +46,25 @@ _CPU_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gloo on CPU: keep each measurement i
 _CPU_MAX_GEMM_DIM = 256  # a CPU matmul of this size takes about a millisecond
 
 
-def nccl_env_for(config: CommConfig) -> dict[str, str]:
-    """NCCL env vars that make a fresh communicator use ``config`` (unset fields: NCCL decides)."""
+# Every variable nccl_env_for may set: a setting's communicator sees exactly its own
+# values, and the user's value (or NCCL's default) for the rest.
+MANAGED_ENV = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_CTAS",
+               "NCCL_MAX_CTAS", "NCCL_NTHREADS", "NCCL_BUFFSIZE", P2P_NET_CHUNK_ENV, P2P_NVL_CHUNK_ENV,
+               P2P_PCI_CHUNK_ENV)
+
+
+def nccl_env_for(config: CommConfig, signature: Signature | None = None) -> dict[str, str]:
+    """NCCL env vars that make a fresh communicator run ``config`` for ``signature``'s
+    collective (unset fields: NCCL decides). Point-to-point (AllToAll) takes only its
+    step, from NCCL_P2P_*_CHUNKSIZE (``nccl_env.rules``): NCCL reads nothing else for it."""
     env: dict[str, str] = {"NCCL_NO_CACHE": "1"}  # NCCL >= 2.29.7 re-reads parameters (REFERENCE.md 3)
+    if signature is not None and signature.collective in P2P_COLLECTIVES:
+        if config.chunk_bytes is not None:
+            for name in p2p_chunk_envs(signature.nodes):
+                env[name] = str(config.chunk_bytes)
+            # from 2.19 the step is kept within NCCL_BUFFSIZE / 8: make room for it
+            env["NCCL_BUFFSIZE"] = str(max(DEFAULT_BUFFSIZE_BYTES, NCCL_STEPS * config.chunk_bytes))
+        return env
     if config.algorithm is not None:
         env["NCCL_ALGO"] = config.algorithm.nccl_name
     if config.protocol is not None:
@@ -48,9 +75,21 @@ def nccl_env_for(config: CommConfig) -> dict[str, str]:
     if config.threads is not None:
         env["NCCL_NTHREADS"] = str(config.threads)
     if config.chunk_bytes is not None:
-        # ring chunk = BUFFSIZE / NCCL_STEPS(8) x chunk steps(4) = BUFFSIZE / 2 (REFERENCE.md 3)
-        env["NCCL_BUFFSIZE"] = str(2 * config.chunk_bytes)
+        env["NCCL_BUFFSIZE"] = str(buffsize_for_chunk(config.chunk_bytes, config.algorithm))
     return env
+
+
+def apply_env(env: dict[str, str], user_env: dict[str, str | None]) -> None:
+    """Export ``env``; every other managed variable goes back to the user's value or unset,
+    so one setting's knobs never leak into the next setting's communicator."""
+    os.environ.update(env)
+    for name in MANAGED_ENV:
+        if name in env:
+            continue
+        if user_env.get(name) is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = user_env[name]
 
 
 class TorchBackend:
@@ -80,7 +119,8 @@ class TorchBackend:
         self.repeats = repeats
         self.measurements = 0
         self.max_message_bytes = None if self.on_gpu else _CPU_MAX_MESSAGE_BYTES
-        self._groups: dict[CommConfig, object] = {}
+        self._groups: dict[tuple, object] = {}
+        self._user_env = {name: os.environ.get(name) for name in MANAGED_ENV}
 
     # ---- CalibrationBackend --------------------------------------------------------------------
     def rank_layouts(self) -> list[tuple[int, int]]:
@@ -88,7 +128,7 @@ class TorchBackend:
 
     def measure_collective(self, signature: Signature, config: CommConfig) -> float:
         self._check(signature)
-        group = self._group(config)
+        group = self._group(config, signature)
         bufs = self._buffers(signature)
         run = self._launcher(signature, bufs, group)
         run()  # warm-up (connects the communicator)
@@ -106,7 +146,7 @@ class TorchBackend:
 
     def measure_overlap(self, op: ComputeOp, signature: Signature, config: CommConfig) -> tuple[float, float]:
         self._check(signature)
-        group = self._group(config)
+        group = self._group(config, signature)
         bufs = self._buffers(signature)
         a, b = self._matmul_inputs(op)
         self._launcher(signature, bufs, group)()  # warm-up
@@ -126,14 +166,16 @@ class TorchBackend:
         if signature.ranks != self.world:
             raise LagomError(f"torch backend: a {signature.ranks}-rank collective in a {self.world}-rank job")
 
-    def _group(self, config: CommConfig):
+    def _group(self, config: CommConfig, signature: Signature):
         if not self.on_gpu:
             return None  # gloo: NCCL's knobs do not apply, the default group serves every setting
-        group = self._groups.get(config)
+        env = nccl_env_for(config, signature)
+        key = tuple(sorted(env.items()))
+        group = self._groups.get(key)
         if group is None:
-            os.environ.update(nccl_env_for(config))
+            apply_env(env, self._user_env)
             group = self.dist.new_group(ranks=list(range(self.world)))
-            self._groups[config] = group
+            self._groups[key] = group
         return group
 
     def _buffers(self, signature: Signature):

@@ -54,6 +54,23 @@ from nccl_env.rules import P2P_COLLECTIVES
 from traces.workload import ComputeOp, Workload
 
 _EPS = 1e-9
+
+
+def _advance(running: list[int], times: list[float], remaining: list[float], dt: float) -> list[int]:
+    """Advance each running op by ``dt`` (``times[i]``: its duration at the current pace;
+    ``remaining``: fractions left, updated in place) and return those that finished;
+    at least one always does (the one with the least left), so a timeline cannot stall
+    on rounding."""
+    finished = []
+    for k, tk in zip(running, times):
+        left = remaining[k] - (dt / tk if tk > 0 else 1.0)
+        if left <= _EPS:
+            finished.append(k)
+        else:
+            remaining[k] = left
+    if not finished:
+        finished.append(min(running, key=remaining.__getitem__))
+    return finished
 _CACHE_WORKLOADS = 8  # static data kept for this many workloads
 
 
@@ -354,15 +371,7 @@ class AnalyticEvaluator:
                 busy_comm += dt
                 if not computing:
                     exposed += dt
-            finished = []
-            for k, tk in zip(running, times):
-                left = remaining[k] - (dt / tk if tk > 0 else 1.0)
-                if left <= _EPS:
-                    finished.append(k)
-                else:
-                    remaining[k] = left
-            if not finished:
-                finished.append(min(running, key=remaining.__getitem__))
+            finished = _advance(running, times, remaining, dt)
             for k in finished:
                 ends[k] = t
                 done += 1
@@ -493,15 +502,7 @@ class AnalyticEvaluator:
                     busy_compute += dt
                 else:
                     exposed += dt
-                finished = []
-                for k, tk in zip(running, times):
-                    left = remaining[k] - (dt / tk if tk > 0 else 1.0)
-                    if left <= _EPS:
-                        finished.append(k)
-                    else:
-                        remaining[k] = left
-                if not finished:
-                    finished.append(min(running, key=remaining.__getitem__))
+                finished = _advance(running, times, remaining, dt)
                 if len(finished) > 2:  # rare: end them one by one at the same time
                     for k in finished[2:]:
                         remaining[k] = 0.0

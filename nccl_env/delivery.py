@@ -107,7 +107,7 @@ def plugin_env(plugin_path: str, table_path: str) -> dict[str, str]:
     return {"NCCL_TUNER_PLUGIN": str(plugin_path), "NCCL_TUNER_CONFIG_FILE": str(table_path)}
 
 
-def _pick(items: list[tuple[Signature, object]]) -> tuple[Signature, object]:
+def largest_message(items: list[tuple[Signature, object]]) -> tuple[Signature, object]:
     """The (signature, value) of the largest message; ties: first in sorted order."""
     best = items[0]
     for item in items[1:]:
@@ -118,7 +118,7 @@ def _pick(items: list[tuple[Signature, object]]) -> tuple[Signature, object]:
 
 def _one_value(knob: str, items: list[tuple[Signature, object]], scope: str, why: str,
                compromises: list[str], show=str) -> tuple[Signature, object]:
-    sig, value = _pick(items)
+    sig, value = largest_message(items)
     distinct = sorted({show(v) for _, v in items})
     if len(distinct) > 1:
         compromises.append(

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from costmodel.cluster import ClusterSpec
 from nccl_env.errors import LagomError
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
+from nccl_env.delivery import largest_message
 from nccl_env.plan import Plan, Signature
 from nccl_env.rules import (
     CTAS_ENV_SINCE,
@@ -274,17 +275,14 @@ class SearchSpace:
     def _cap_p2p_chunks(self, configs: dict[Signature, dict]) -> None:
         """From NCCL 2.19 a p2p step is kept within NCCL_BUFFSIZE / 8; where NCCL_BUFFSIZE sets
         the collectives' chunk (before 2.30), the step is cut as NCCL will cut it
-        (``nccl_env.delivery`` picks NCCL_BUFFSIZE the same way: the largest message's chunk)."""
+        (with ``nccl_env.delivery``'s own rule for NCCL_BUFFSIZE: the largest message's chunk)."""
         version = _version(self.nccl_version)
         if version < P2P_CHUNK_CAPPED_SINCE or self.scopes["chunk_bytes"] is Scope.COLLECTIVE:
             return  # no cap, or the plugin carries the collectives' chunks and NCCL_BUFFSIZE is raised to fit
         sized = [(s, c) for s, c in configs.items() if s.collective not in _P2P and c.get("chunk_bytes")]
         buffsize = None
         if sized:
-            sig, cfg = sized[0]
-            for s, c in sized[1:]:
-                if s.message_bytes > sig.message_bytes:
-                    sig, cfg = s, c
+            _, cfg = largest_message(sized)
             buffsize = buffsize_for_chunk(cfg["chunk_bytes"], cfg.get("algorithm"))
         ceiling = p2p_chunk_ceiling(version, buffsize)
         for sig, cfg in configs.items():

@@ -22,7 +22,7 @@ from costmodel.evaluator import Evaluator
 from nccl_env.errors import LagomError
 from traces.workload import Workload
 from tuner.method import SearchMethod
-from tuner.objective import BudgetExhausted, Objective
+from tuner.objective import BudgetExhausted, Measured, Objective, Search, answer_with
 from tuner.result import Step, TuningResult
 from tuner.space import Point, SearchSpace
 
@@ -44,6 +44,10 @@ class AutoCCL(SearchMethod):
         progress: Callable[[int], None] | None = None,
     ) -> TuningResult:
         obj = Objective(workload, evaluator, space, budget, progress)
+        return answer_with(self.search(space, obj), evaluator, workload)
+
+    def search(self, space: SearchSpace, obj: Objective) -> Search[TuningResult]:
+        """The whole search as ask/tell (see :mod:`tuner.objective`)."""
         start = space.point_near(lambda s: space.defaults[s])
         n_candidates = 1 + max((len(space.unit_pairs(u)) for u in space.subspace_units), default=0)
         finals: list[Point] = []
@@ -54,7 +58,8 @@ class AutoCCL(SearchMethod):
                 for unit in space.subspace_units:
                     options = space.unit_pairs(unit)
                     point = point.with_pair(unit.index, options[k - 1] if 0 < k <= len(options) else None)
-                finals.append(obj.measure(self._descend(point, space, obj, steps)).point)
+                descended = yield from self._descend(point, space, obj, steps)
+                finals.append((yield from obj.ask(descended)).point)
         except BudgetExhausted:
             pass
         # each resource unit and each subspace unit keeps the candidate where its own time was least
@@ -62,23 +67,29 @@ class AutoCCL(SearchMethod):
         measured = [seen[p] for p in finals if p in seen] or list(seen.values())
         if not measured:
             raise LagomError("autoccl search: the budget allowed no evaluation")
-        finals = [m.point for m in measured]
+        point = self._combine(space, obj, measured)
+        final: Measured
+        try:
+            final = yield from obj.ask(point)
+        except BudgetExhausted:
+            final = min(measured, key=lambda m: m.iteration_us)
+        return TuningResult(self.name, space.plan(final.point), final.timing, obj.evaluations, point=final.point, steps=steps)
+
+    @staticmethod
+    def _combine(space: SearchSpace, obj: Objective, measured: list[Measured]) -> Point:
+        """Each unit's values from the candidate where that unit's own time was least."""
         levels = {}
         for unit in space.resource_units:
             best = min(measured, key=lambda m: obj.unit_comm_us(m, unit))
             for axis in unit.axes:
                 levels[(unit.index, axis)] = best.point.level(unit.index, axis)
-        point = finals[0].with_levels(levels)
+        point = measured[0].point.with_levels(levels)
         for unit in space.subspace_units:
             best = min(measured, key=lambda m: obj.unit_comm_us(m, unit))
             point = point.with_pair(unit.index, best.point.pair(unit.index))
-        try:
-            final = obj.measure(point)
-        except BudgetExhausted:
-            final = min(measured, key=lambda m: m.iteration_us)
-        return TuningResult(self.name, space.plan(final.point), final.timing, obj.evaluations, point=final.point, steps=steps)
+        return point
 
-    def _descend(self, point: Point, space: SearchSpace, obj: Objective, steps: list[Step]) -> Point:
+    def _descend(self, point: Point, space: SearchSpace, obj: Objective, steps: list[Step]) -> Search[Point]:
         units = [u for u in space.resource_units]
         for _ in range(self.rounds):
             moved = False
@@ -89,7 +100,7 @@ class AutoCCL(SearchMethod):
                 sweep = []
                 for rung in range(len(space.axes[axis].values)):
                     candidate = point.with_levels({(u.index, axis): rung for u in owners})
-                    sweep.append((rung, obj.measure(candidate)))
+                    sweep.append((rung, (yield from obj.ask(candidate))))
                 changes = {}
                 for unit in owners:
                     rung, m = min(sweep, key=lambda rm: obj.unit_comm_us(rm[1], unit))

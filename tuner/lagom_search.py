@@ -38,16 +38,16 @@ guard: NCCL's default plan is evaluated too, and returned instead if it is not s
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from costmodel.evaluator import Evaluator, Timing
 from nccl_env.errors import LagomError
 from nccl_env.plan import Plan
 from traces.workload import Workload
 from tuner.method import SearchMethod
-from tuner.objective import BudgetExhausted, Measured, Objective
+from tuner.objective import BudgetExhausted, Measured, Objective, Search, answer_with
 from tuner.result import Step, TuningResult
-from tuner.space import SearchSpace, Unit
+from tuner.space import Point, SearchSpace, Unit
 
 INITIAL_PRIORITY = 0.01  # the paper's H_j at the start (Algorithm 1)
 HIDDEN_FRACTION = 0.01  # a unit is hidden when its exposed time is under 1% of its time
@@ -62,18 +62,33 @@ class _UnitState:
     served: int = 0
 
 
+@dataclass
+class _Walk:
+    """The search's state between measurements: kept when the budget ends a phase midway."""
+
+    current: Measured
+    states: list[_UnitState]
+    steps: list[Step] = field(default_factory=list)
+    order: list[str] = field(default_factory=list)  # units in the order they were finished
+
+
 class LagomSearch(SearchMethod):
-    """Priority-based co-tuning of collectives with the compute they overlap."""
+    """Priority-based co-tuning of collectives with the compute they overlap.
+
+    ``climb=False`` skips the priority climb (a start point that is already a tuned
+    plan, e.g. online from an offline file, is refined by the polish alone).
+    """
 
     name = "lagom"
 
     def __init__(self, initial_stride: int = 2, tolerance: float = 0.001, polish_rounds: int = 4,
-                 probe_subspaces: bool = True, guard: bool = True) -> None:
+                 probe_subspaces: bool = True, guard: bool = True, climb: bool = True) -> None:
         self.initial_stride = max(1, initial_stride)
         self.polish_rounds = polish_rounds
         self.tolerance = tolerance
         self.probe_subspaces = probe_subspaces
         self.guard = guard
+        self.climb = climb
 
     def tune(
         self,
@@ -84,61 +99,75 @@ class LagomSearch(SearchMethod):
         progress: Callable[[int], None] | None = None,
     ) -> TuningResult:
         obj = Objective(workload, evaluator, space, budget, progress)
+        return answer_with(self.search(space, obj), evaluator, workload)
+
+    def search(self, space: SearchSpace, obj: Objective, start: Point | None = None) -> Search[TuningResult]:
+        """The whole search as ask/tell (see :mod:`tuner.objective`): from ``start``
+        (default: every axis at its lowest rung), climb, polish, probe subspaces, guard."""
         baseline: Timing | None = None
         try:
-            baseline = obj.evaluate_plan(Plan()) if self.guard else None
-            current = obj.measure(space.minimum_point())
+            baseline = (yield from obj.ask_plan(Plan())) if self.guard else None
+            current = yield from obj.ask(start if start is not None else space.minimum_point())
         except BudgetExhausted:
             # A budget of one (with the guard) pays for NCCL's default only: return it.
             if baseline is None:
                 raise LagomError("lagom search: the budget allowed no evaluation") from None
             return TuningResult(self.name, Plan(), baseline, obj.evaluations, baseline=baseline,
-                                notes=[*space.notes, f"budget {budget}: only NCCL's default was evaluated; kept it"])
-        steps: list[Step] = []
-        order: list[str] = []
-        states = [_UnitState(u, stride=self.initial_stride) for u in space.resource_units]
-        tol = self.tolerance
+                                notes=[*space.notes, f"budget {obj.budget}: only NCCL's default was evaluated; kept it"])
+        walk = _Walk(current, [_UnitState(u, stride=self.initial_stride) for u in space.resource_units])
         try:
-            while True:
-                open_states = [s for s in states if s.finished is None]
-                if not open_states:
-                    break
-                state = min(open_states, key=lambda s: (s.priority, s.unit.index))
-                state.served += 1
-                moves = self._moves(state, current, space)
-                if not moves:
-                    self._finish(state, "at the top of its ladders", order, steps, current, obj)
-                    continue
-                x_old = obj.unit_comm_us(current, state.unit)
-                probes = []
-                for move in moves:
-                    candidate = obj.measure(current.point.with_levels(move))
-                    x_new = obj.unit_comm_us(candidate, state.unit)
-                    helped = x_new < x_old * (1 - tol) and candidate.iteration_us < current.iteration_us
-                    probes.append((candidate.iteration_us, helped, move, candidate, x_new))
-                helping = [p for p in probes if p[1]]
-                for z, helped, move, candidate, x_new in probes:
-                    if not helped:
-                        steps.append(Step(state.unit.key, _describe(move, current, space), x_new, candidate.compute_us, z, None, "rejected"))
-                if helping:
-                    z, _, move, candidate, x_new = min(helping, key=lambda p: p[0])
-                    state.priority = (candidate.compute_us - current.compute_us) / (x_old - x_new)
-                    steps.append(Step(state.unit.key, _describe(move, current, space), x_new, candidate.compute_us, z, state.priority, "accepted"))
-                    current = candidate
-                    if obj.unit_exposed_us(current, state.unit) < HIDDEN_FRACTION * max(x_new, 1e-9):
-                        self._finish(state, "communication hidden", order, steps, current, obj)
-                elif state.stride > 1:
-                    state.stride = 1
-                else:
-                    self._finish(state, "step stopped helping", order, steps, current, obj)
+            if self.climb:
+                yield from self._climb(space, obj, walk)
             if self.polish_rounds:
-                current = self._polish(space, obj, current, steps)
+                yield from self._polish(space, obj, walk)
             if self.probe_subspaces:
-                current = self._probe_subspaces(space, obj, current, steps)
+                yield from self._probe_subspaces(space, obj, walk)
         except BudgetExhausted:
-            for state in states:
+            for state in walk.states:
                 if state.finished is None:
-                    self._finish(state, "budget spent", order, steps, current, obj)
+                    self._finish(state, "budget spent", walk, obj)
+        return self._result(space, obj, walk, baseline)
+
+    def _climb(self, space: SearchSpace, obj: Objective, walk: _Walk) -> Search[None]:
+        """Serve the open unit with the least priority H until every unit is finished."""
+        tol = self.tolerance
+        while True:
+            open_states = [s for s in walk.states if s.finished is None]
+            if not open_states:
+                return
+            state = min(open_states, key=lambda s: (s.priority, s.unit.index))
+            state.served += 1
+            current = walk.current
+            moves = self._moves(state, current, space)
+            if not moves:
+                self._finish(state, "at the top of its ladders", walk, obj)
+                continue
+            x_old = obj.unit_comm_us(current, state.unit)
+            probes = []
+            for move in moves:
+                candidate = yield from obj.ask(current.point.with_levels(move))
+                x_new = obj.unit_comm_us(candidate, state.unit)
+                helped = x_new < x_old * (1 - tol) and candidate.iteration_us < current.iteration_us
+                probes.append((candidate.iteration_us, helped, move, candidate, x_new))
+            helping = [p for p in probes if p[1]]
+            for z, helped, move, candidate, x_new in probes:
+                if not helped:
+                    walk.steps.append(Step(state.unit.key, _describe(move, current, space), x_new, candidate.compute_us, z, None, "rejected"))
+            if helping:
+                z, _, move, candidate, x_new = min(helping, key=lambda p: p[0])
+                state.priority = (candidate.compute_us - current.compute_us) / (x_old - x_new)
+                walk.steps.append(Step(state.unit.key, _describe(move, current, space), x_new, candidate.compute_us, z, state.priority, "accepted"))
+                walk.current = candidate
+                if obj.unit_exposed_us(candidate, state.unit) < HIDDEN_FRACTION * max(x_new, 1e-9):
+                    self._finish(state, "communication hidden", walk, obj)
+            elif state.stride > 1:
+                state.stride = 1
+            else:
+                self._finish(state, "step stopped helping", walk, obj)
+
+    def _result(self, space: SearchSpace, obj: Objective, walk: _Walk, baseline: Timing | None) -> TuningResult:
+        """The walk's point, or NCCL's default when the guard found it not slower."""
+        current = walk.current
         result = TuningResult(
             method=self.name,
             plan=space.plan(current.point),
@@ -146,8 +175,8 @@ class LagomSearch(SearchMethod):
             evaluations=obj.evaluations,
             point=current.point,
             baseline=baseline,
-            steps=steps,
-            order=order,
+            steps=walk.steps,
+            order=walk.order,
             notes=list(space.notes),
         )
         if baseline is not None and baseline.iteration_us <= current.iteration_us:
@@ -168,12 +197,14 @@ class LagomSearch(SearchMethod):
                 moves.append({(state.unit.index, axis): min(top, rung + state.stride)})
         return moves
 
-    def _finish(self, state: _UnitState, why: str, order: list[str], steps: list[Step], current: Measured, obj: Objective) -> None:
+    def _finish(self, state: _UnitState, why: str, walk: _Walk, obj: Objective) -> None:
         state.finished = why
-        order.append(state.unit.key)
-        steps.append(Step(state.unit.key, "-", obj.unit_comm_us(current, state.unit), current.compute_us, current.iteration_us, state.priority, f"finished: {why}"))
+        walk.order.append(state.unit.key)
+        current = walk.current
+        walk.steps.append(Step(state.unit.key, "-", obj.unit_comm_us(current, state.unit), current.compute_us,
+                               current.iteration_us, state.priority, f"finished: {why}"))
 
-    def _polish(self, space: SearchSpace, obj: Objective, current: Measured, steps: list[Step]) -> Measured:
+    def _polish(self, space: SearchSpace, obj: Objective, walk: _Walk) -> Search[None]:
         """Local search around the climbed point: every resource coordinate one rung up or
         down, and the trade moves (channels one rung down, chunk one rung up, and the
         reverse) for units that share signatures; first improvement of Z wins; rounds
@@ -196,6 +227,7 @@ class LagomSearch(SearchMethod):
         for _ in range(self.polish_rounds):
             improved = False
             for move in moves:
+                current = walk.current
                 levels = {}
                 for (unit, axis), delta in move.items():
                     rung = current.point.level(unit, axis) + delta
@@ -203,33 +235,33 @@ class LagomSearch(SearchMethod):
                         break
                     levels[(unit, axis)] = rung
                 else:
-                    candidate = obj.measure(current.point.with_levels(levels))
+                    candidate = yield from obj.ask(current.point.with_levels(levels))
                     better = candidate.iteration_us < current.iteration_us * (1 - self.tolerance)
                     sideways = all(d < 0 for d in move.values()) and candidate.iteration_us <= current.iteration_us
                     if better or sideways:
                         label = " + ".join(sorted({keys[u] for u, _ in levels}))
-                        steps.append(Step(label, _describe(levels, current, space), candidate.comm_us_total(),
-                                          candidate.compute_us, candidate.iteration_us, None,
-                                          "accepted (polish)" if better else "accepted (polish, fewer resources)"))
-                        current = candidate
+                        walk.steps.append(Step(label, _describe(levels, current, space), candidate.comm_us_total(),
+                                               candidate.compute_us, candidate.iteration_us, None,
+                                               "accepted (polish)" if better else "accepted (polish, fewer resources)"))
+                        walk.current = candidate
                         improved = True
             if not improved:
                 break
-        return current
 
-    def _probe_subspaces(self, space: SearchSpace, obj: Objective, current: Measured, steps: list[Step]) -> Measured:
+    def _probe_subspaces(self, space: SearchSpace, obj: Objective, walk: _Walk) -> Search[None]:
         for unit in space.subspace_units:
             for pair in space.unit_pairs(unit):
+                current = walk.current
                 if current.point.pair(unit.index) == pair:
                     continue
-                candidate = obj.measure(current.point.with_pair(unit.index, pair))
+                candidate = yield from obj.ask(current.point.with_pair(unit.index, pair))
                 better = candidate.iteration_us < current.iteration_us * (1 - self.tolerance)
                 label = f"{pair[0].nccl_name}/{pair[1].nccl_name}"
                 x = obj.unit_comm_us(candidate, unit)
-                steps.append(Step(unit.key, f"subspace -> {label}", x, candidate.compute_us, candidate.iteration_us, None, "accepted" if better else "rejected"))
+                walk.steps.append(Step(unit.key, f"subspace -> {label}", x, candidate.compute_us, candidate.iteration_us, None,
+                                       "accepted" if better else "rejected"))
                 if better:
-                    current = candidate
-        return current
+                    walk.current = candidate
 
 
 def _describe(move: dict, current: Measured, space: SearchSpace) -> str:

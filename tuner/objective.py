@@ -1,17 +1,24 @@
-"""One evaluated point and the measures searches read off it.
+"""One evaluated point and the measures searches read off it, asked for by ask/tell.
 
-:class:`Objective` wraps (workload, evaluator, space): it turns a Point into a Plan,
-asks the evaluator once per distinct point (a cache answers repeats for free), and
-counts the evaluations it spent. :class:`Measured` exposes what the searches use:
-the iteration time Z, compute busy Y, and per unit its collectives' total time x and
-exposed (not overlapped by compute) time.
+:class:`Objective` wraps (workload, space, and optionally an evaluator): it turns a
+Point into a Plan, has each distinct point measured once (a cache answers repeats for
+free), and counts the measurements it spent. :class:`Measured` exposes what the
+searches use: the iteration time Z, compute busy Y, and per unit its collectives'
+total time x and exposed (not overlapped by compute) time.
+
+Ask/tell: a search is written once as a generator (:data:`Search`) that *yields* the
+Plan it wants measured and is *sent* back its Timing; :meth:`Objective.ask` is the one
+place that yields. Who answers is the clock: offline, :func:`answer_with` answers from
+an evaluator at once (``Objective.measure`` does this for one point); online, the
+running job's steps answer (``lagom.online``), one plan per few steps.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from costmodel.evaluator import Evaluator, Timing
 from nccl_env.plan import Plan
@@ -20,7 +27,22 @@ from tuner.space import Point, SearchSpace, Unit
 
 
 class BudgetExhausted(Exception):
-    """Raised by :meth:`Objective.measure` when the evaluation budget is spent."""
+    """Raised by :meth:`Objective.ask` when the evaluation budget is spent."""
+
+
+T = TypeVar("T")
+# A search (or part of one): yields the Plan to measure, is sent its Timing, returns T.
+Search = Generator[Plan, Timing, T]
+
+
+def answer_with(search: Search[T], evaluator: Evaluator, workload: Workload) -> T:
+    """Run ``search`` to its end, answering every plan it asks for with ``evaluator`` (offline)."""
+    try:
+        plan = next(search)
+        while True:
+            plan = search.send(evaluator.evaluate(workload, plan))
+    except StopIteration as done:
+        return done.value
 
 
 @dataclass
@@ -85,7 +107,7 @@ class Objective:
     def __init__(
         self,
         workload: Workload,
-        evaluator: Evaluator,
+        evaluator: Evaluator | None,
         space: SearchSpace,
         budget: int | None = None,
         progress: Callable[[int], None] | None = None,
@@ -97,36 +119,46 @@ class Objective:
         self.progress = progress
         self.evaluations = 0
         self._cache: dict[Point, Measured] = {}
-        self._plans: dict[int, Timing] = {}
 
     def remaining(self) -> int | None:
         return None if self.budget is None else self.budget - self.evaluations
 
-    def measure(self, point: Point) -> Measured:
+    def ask(self, point: Point) -> Search[Measured]:
+        """Measure a point: from the cache, else by yielding its plan (one evaluation)."""
         hit = self._cache.get(point)
         if hit is not None:
             return hit
-        timing = self._evaluate(self.space.plan(point))
+        timing = yield from self.ask_plan(self.space.plan(point))
         measured = Measured(point, timing, self.workload)
         self._cache[point] = measured
         return measured
+
+    def ask_plan(self, plan: Plan) -> Search[Timing]:
+        """Measure a plan that need not be a point of the space (e.g. NCCL's default): one evaluation."""
+        if self.budget is not None and self.evaluations >= self.budget:
+            raise BudgetExhausted
+        timing = yield plan
+        self.evaluations += 1
+        if self.progress is not None:
+            self.progress(self.evaluations)
+        return timing
+
+    def measure(self, point: Point) -> Measured:
+        """:meth:`ask` answered by this objective's evaluator at once."""
+        return answer_with(self.ask(point), self._evaluator(), self.workload)
 
     def cached(self) -> list[Measured]:
         """Every point measured so far, in the order measured."""
         return list(self._cache.values())
 
     def evaluate_plan(self, plan: Plan) -> Timing:
-        """Evaluate a plan that is not a point of the space (e.g. NCCL's default)."""
-        return self._evaluate(plan)
+        """:meth:`ask_plan` answered by this objective's evaluator at once."""
+        return answer_with(self.ask_plan(plan), self._evaluator(), self.workload)
 
-    def _evaluate(self, plan: Plan) -> Timing:
-        if self.budget is not None and self.evaluations >= self.budget:
-            raise BudgetExhausted
-        timing = self.evaluator.evaluate(self.workload, plan)
-        self.evaluations += 1
-        if self.progress is not None:
-            self.progress(self.evaluations)
-        return timing
+    def _evaluator(self) -> Evaluator:
+        if self.evaluator is None:
+            raise TypeError("this objective has no evaluator: its plans are answered by ask/tell")
+        return self.evaluator
 
     def unit_comm_us(self, measured: Measured, unit: Unit) -> float:
         return measured.comm_time_us(self.space.unit_collective_ids(unit))

@@ -127,6 +127,10 @@ class Simulator:
         self._l2 = float(cluster.gpu.l2_bytes)
         self._bw = cluster.gpu.mem_bw_gb_per_s * 1e3 * self.params.mem_efficiency
 
+    def reseed(self, seed: int | tuple[int, ...]) -> None:
+        """Restart the noise stream (e.g. one per simulated rank and epoch), keeping the caches."""
+        self._rng = np.random.default_rng(seed)
+
     # ---- caches ------------------------------------------------------------------------------
     def _static(self, workload: Workload) -> _Static:
         key = id(workload)

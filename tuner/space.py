@@ -212,6 +212,8 @@ class SearchSpace:
     pairs: dict[Signature, tuple[tuple[Algorithm, Protocol], ...]]
     defaults: dict[Signature, CommConfig]  # NCCL's own choice per signature (may be partial)
     notes: list[str] = field(default_factory=list)
+    # knob values every plan carries whatever the point (the online space's fixed knobs)
+    pinned: dict[Signature, dict[str, object]] = field(default_factory=dict)
 
     # -- unit lookups
     def unit_pairs(self, unit: Unit) -> tuple[tuple[Algorithm, Protocol], ...]:
@@ -234,10 +236,12 @@ class SearchSpace:
         levels = tuple(sorted((u.index, a, 0) for u in self.resource_units for a in u.axes))
         return Point(levels, tuple((u.index, None) for u in self.subspace_units))
 
-    def point_near(self, configs: Callable[[Signature], CommConfig]) -> Point:
+    def point_near(self, configs: Callable[[Signature], CommConfig], with_pairs: bool = False) -> Point:
         """The point closest (in rungs) to per-signature configs, e.g. NCCL's defaults.
 
         A unit takes the rung nearest to the median wanted value of its signatures.
+        ``with_pairs``: a subspace unit also takes the (algorithm, protocol) pair its
+        signatures all ask for, when they agree on one the unit offers (else NCCL decides).
         """
         levels = []
         for unit in self.resource_units:
@@ -251,11 +255,16 @@ class SearchSpace:
                     target = wanted[len(wanted) // 2]
                     rung = min(range(len(ladder)), key=lambda i: abs(math.log(ladder[i] / target)))
                 levels.append((unit.index, axis, rung))
-        return Point(tuple(sorted(levels)), tuple((u.index, None) for u in self.subspace_units))
+        pairs: list[tuple[int, tuple[Algorithm, Protocol] | None]] = []
+        for sub in self.subspace_units:
+            wanted_pairs = {(configs(s).algorithm, configs(s).protocol) for s in sub.signatures}
+            pair = next(iter(wanted_pairs)) if with_pairs and len(wanted_pairs) == 1 else None
+            pairs.append((sub.index, pair if pair in self.unit_pairs(sub) else None))
+        return Point(tuple(sorted(levels)), tuple(pairs))
 
     def plan(self, point: Point) -> Plan:
         """The Plan a point stands for: every signature gets its units' values."""
-        configs: dict[Signature, dict] = {s: {} for s in self.signatures}
+        configs: dict[Signature, dict] = {s: dict(self.pinned.get(s, {})) for s in self.signatures}
         for unit in self.resource_units:
             for axis in unit.axes:
                 value = self.axes[axis].values[point.level(unit.index, axis)]
@@ -392,4 +401,44 @@ def build_space(
         pairs=pairs,
         defaults=default_cfg,
         notes=notes,
+    )
+
+
+def online_space(space: SearchSpace, seed: Callable[[Signature], CommConfig]) -> SearchSpace:
+    """The part of ``space`` a running job can change, every other knob pinned at the seed's value.
+
+    Mid-job only the tuner plugin's per-call answers change (knob scope COLLECTIVE:
+    algorithm/protocol and channels from NCCL 2.21, chunk from 2.30 through
+    getChunkSize); threads, NCCL_BUFFSIZE, point-to-point step sizes and a group's
+    channels are read when a communicator is created. Those units leave the space and
+    each plan carries the seed's values for them (``SearchSpace.pinned``). Raises
+    LagomError when this NCCL loads no tuner plugin (nothing could change).
+    """
+    version = _version(space.nccl_version)
+    per_coll = per_collective_knobs(version)
+    if "channels" not in per_coll:
+        raise LagomError(f"online tuning needs NCCL >= 2.21 (its tuner plugin sets channels and algorithm per call); "
+                         f"this is NCCL {space.nccl_version}")
+    kept = [u for u in space.resource_units if u.scope is Scope.COLLECTIVE]
+    fixed_knobs = [k for k in ("channels", "chunk_bytes", "threads", "algorithm", "protocol") if k not in per_coll]
+    pinned: dict[Signature, dict[str, object]] = {}
+    for sig in space.signatures:
+        config = seed(sig)
+        p2p = sig.collective in _P2P
+        values = {k: getattr(config, k) for k in fixed_knobs if not p2p or k == "chunk_bytes"}
+        pinned[sig] = {k: v for k, v in values.items() if v is not None}
+    subspaces = space.subspace_units if space.scopes["algorithm"] is Scope.COLLECTIVE else []
+    notes = [f"online: {', '.join(fixed_knobs)} fixed at the seed's values (read when a communicator is created)"]
+    return SearchSpace(
+        nccl_version=space.nccl_version,
+        signatures=space.signatures,
+        collective_ids=space.collective_ids,
+        axes=space.axes,
+        scopes=space.scopes,
+        resource_units=kept,
+        subspace_units=subspaces,
+        pairs=space.pairs,
+        defaults=space.defaults,
+        notes=notes,
+        pinned=pinned,
     )

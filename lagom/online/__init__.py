@@ -1,0 +1,11 @@
+"""Online tuning: Lagom's search inside the running job, timed by the job's own steps.
+
+- :mod:`lagom.online.controller`: the decider (the search, the noise rules, the A/B);
+- :mod:`lagom.online.measure`: robust statistics over steps, MIN/MAX over ranks;
+- :mod:`lagom.online.protocol`: decisions through a key-value store, checked by every rank;
+- :mod:`lagom.online.agent`: one rank's step-boundary work; in-process driver;
+- :mod:`lagom.online.clock`: step-time sources (the simulator, CUDA events);
+- :mod:`lagom.runtime.online`: the torchrun side (optimizer-step hook, plugin table swap).
+
+See docs/online.md.
+"""

@@ -1,0 +1,103 @@
+"""Where a rank's step measurements come from: one small interface, two sources.
+
+A :class:`StepClock` is told when a new plan takes effect (``switched``) and asked, at
+each step boundary, for the Timing of the step that just ended (``step_ended``):
+``iteration_us`` is the step time and ``ops[op_id]`` the collectives' times (and, from
+the simulator, every op's). A later source (NCCL's profiler plugin) joins by
+implementing the same two methods.
+
+- :class:`SimulatedClock`: the simulator (``costmodel.sim``) runs the workload under
+  the plan in force; noise per rank and epoch is independent (seeded from both).
+- :class:`CudaClock`: on a GPU, CUDA events recorded at step boundaries give the step
+  time (read one boundary late, so the training thread never waits on the GPU), and
+  with ``TORCH_NCCL_ENABLE_TIMING=1`` the durations of the Work handles the job's
+  async collectives returned give per-signature collective times. Not exercised here
+  (no GPU in CI); a collective the job issued synchronously has no Work to time, and
+  its ops keep the step-level fields only.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from costmodel.cluster import ClusterSpec
+from costmodel.evaluator import OpTiming, Timing
+from costmodel.sim import Simulator
+from nccl_env.plan import Plan
+from traces.workload import Workload
+
+
+class StepClock(Protocol):
+    def switched(self, plan: Plan, epoch: int) -> None:
+        """``plan`` is in force from the next step on (epoch ``epoch``)."""
+
+    def step_ended(self) -> Timing:
+        """The step that just ended."""
+
+
+class SimulatedClock:
+    """Each step's Timing is the simulator's for the plan in force (see the module doc)."""
+
+    def __init__(self, workload: Workload, cluster: ClusterSpec, rank: int, noise: float, seed: int = 0) -> None:
+        self.workload = workload
+        self.rank = rank
+        self.seed = seed
+        self.simulator = Simulator(cluster, noise=noise, seed=seed)
+        self.plan = Plan()
+        self.switched(Plan(), -1)
+
+    def switched(self, plan: Plan, epoch: int) -> None:
+        self.plan = plan
+        self.simulator.reseed((self.seed, self.rank, epoch + 1))
+
+    def step_ended(self) -> Timing:
+        return self.simulator.evaluate(self.workload, self.plan)
+
+
+class CudaClock:
+    """Step time from CUDA events, collective times from TORCH_NCCL_ENABLE_TIMING (see the module doc).
+
+    ``op_ids_by_key`` maps the hook's signature key (collective, bytes, group) to the
+    workload's op ids of that signature; :meth:`record_work` is fed the Work handles
+    of async collectives by the hook.
+    """
+
+    def __init__(self, op_ids_by_key: dict[tuple, tuple[int, ...]]) -> None:
+        import torch
+
+        self.torch = torch
+        self.op_ids_by_key = op_ids_by_key
+        self._events: list = []
+        self._works: list[tuple[tuple, object]] = []
+        self._last = Timing(0.0, 0.0, 0.0, 0.0, 0.0)
+        self.mark()
+
+    def mark(self) -> None:
+        event = self.torch.cuda.Event(enable_timing=True)
+        event.record()
+        self._events.append(event)
+
+    def record_work(self, key: tuple, work: object) -> None:
+        self._works.append((key, work))
+
+    def switched(self, plan: Plan, epoch: int) -> None:
+        pass  # NCCL reads the plan from the plugin's table: nothing to do here
+
+    def step_ended(self) -> Timing:
+        """The step before the one that just ended (its events have completed by now)."""
+        self.mark()
+        if len(self._events) >= 3:
+            start, end = self._events[-3], self._events[-2]
+            end.synchronize()  # a step ago: normally complete already
+            step_us = start.elapsed_time(end) * 1000.0
+            ops: dict[int, OpTiming] = {}
+            for key, work in self._works:
+                duration_ms = work._get_duration()  # type: ignore[attr-defined]  # torch's private timing API
+                ids = self.op_ids_by_key.get(key, ())
+                for op_id in ids:
+                    ops[op_id] = OpTiming(0.0, duration_ms * 1000.0 / max(1, len(ids)))
+            self._works.clear()
+            self._events = self._events[-2:]
+            comm_us = sum(o.duration_us for o in ops.values())
+            self._last = Timing(step_us, step_us, comm_us, 0.0, step_us, ops)
+        return self._last

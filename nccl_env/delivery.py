@@ -43,6 +43,7 @@ from nccl_env.rules import (
     PER_FUNCTION_ALGO_SINCE,
     NcclVersion,
     buffsize_for_chunk,
+    max_channels,
     p2p_chunk_ceiling,
     p2p_chunk_envs,
     per_collective_knobs,
@@ -105,6 +106,24 @@ class Delivery:
 def plugin_env(plugin_path: str, table_path: str) -> dict[str, str]:
     """The env that makes NCCL load Lagom's plugin with this table."""
     return {"NCCL_TUNER_PLUGIN": str(plugin_path), "NCCL_TUNER_CONFIG_FILE": str(table_path)}
+
+
+def online_ceilings(version: NcclVersion, max_chunk_bytes: int, env: dict[str, str]) -> dict[str, str]:
+    """Process-wide settings under which a running job can take every plan of the online space.
+
+    A call's channels are capped by its communicator's channel count, fixed at init: the
+    communicator gets MAXCHANNELS (NCCL_MIN_CTAS = NCCL_MAX_CTAS; AutoCCL likewise creates
+    its communicators with 32). From 2.30 the plugin sets each call's chunk, which NCCL
+    clamps to its buffer: NCCL_BUFFSIZE admits ``max_chunk_bytes`` for every algorithm
+    (Tree's one chunk step per buffer is the tightest), or the file's, if larger.
+    """
+    ceiling = str(max_channels(version))
+    out = {"NCCL_MIN_CTAS": ceiling, "NCCL_MAX_CTAS": ceiling}
+    if "chunk_bytes" in per_collective_knobs(version):
+        needed = buffsize_for_chunk(max_chunk_bytes, Algorithm.TREE)
+        given = env.get("NCCL_BUFFSIZE", "")
+        out["NCCL_BUFFSIZE"] = str(max(needed, int(given) if given.isdigit() else 0))
+    return out
 
 
 def largest_message(items: list[tuple[Signature, object]]) -> tuple[Signature, object]:

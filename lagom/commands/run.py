@@ -2,6 +2,8 @@
 
     lagom run --config lagom.yaml [--audit audit.json] [--workdir DIR] -- torchrun --nproc_per_node 8 train.py
     lagom run --config lagom.yaml -- python train.py
+    lagom run --online [--config SEED.yaml] [--save OUT.yaml] [--budget-steps N] [--nccl-version V]
+              [--simulate WORKLOAD --cluster C [--noise F]] [--audit A.json] -- torchrun ... train.py
 
 The job runs unchanged. Three doors carry the tuned file into it:
 
@@ -19,6 +21,16 @@ per-signature counts and per-rank details as JSON. The job's exit status is lago
 (128+N if it died of signal N); SIGINT, SIGTERM and SIGHUP are forwarded to the job's
 process group. A missing or invalid config, or no command, is an error (exit 2) and
 nothing starts; a plugin that cannot be built is a warning and the job runs without it.
+
+--online tunes inside the running job (NCCL >= 2.21): at each optimizer step (torch's
+global step hook; lagom.runtime.step() for jobs without a torch optimizer) every rank
+reports its step time, rank 0 runs Lagom's search on those measurements and every rank
+switches to the same plan at the same step, through the tuner plugin's table. Only
+per-collective knobs change (channels, algorithm/protocol; chunk from NCCL 2.30);
+threads and the buffer stay at the seed's values (--config, else NCCL's defaults).
+A final A/B keeps the result only if it beats the seed; --save writes it as a tuned
+file for the next run. Without a GPU, --simulate WORKLOAD --cluster C takes each
+rank's step times from the simulator (all else real). See docs/online.md.
 """
 
 from __future__ import annotations
@@ -35,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", required=True, metavar="FILE", help="tuned-config file (lagom.yaml) to apply")
+    parser.add_argument("--config", metavar="FILE", help="tuned-config file (lagom.yaml) to apply; with --online: the seed")
     parser.add_argument("--audit", metavar="FILE.json", help="write per-signature and per-rank collective counts here")
     parser.add_argument(
         "--workdir",
@@ -43,6 +55,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="keep the run folder (plugin table, bootstrap, audit parts) here; default: a temporary folder, removed after",
     )
     parser.add_argument("--no-plugin", action="store_true", help="do not build or load the tuner plugin (env and process-group doors only)")
+    online = parser.add_argument_group("online tuning")
+    online.add_argument("--online", action="store_true", help="tune inside the running job (NCCL >= 2.21)")
+    online.add_argument("--save", metavar="OUT.yaml", help="write the tuned plan here (a tuned-config file)")
+    online.add_argument("--budget-steps", type=int, default=None, metavar="N",
+                        help="at most N steps spent tuning (default 400)")
+    online.add_argument("--nccl-version", metavar="V", help="NCCL version (default: the seed file's, else the installed one)")
+    online.add_argument("--simulate", metavar="WORKLOAD", help="step times from the simulator for this workload (no GPU needed)")
+    online.add_argument("--cluster", metavar="C", help="with --simulate: the cluster preset or file simulated")
+    online.add_argument("--noise", type=float, default=0.0, metavar="F", help="with --simulate: relative noise per op (e.g. 0.02)")
     parser.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the job's command line, after '--'")
     parser.set_defaults(func=run)
 
@@ -55,4 +76,22 @@ def run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise LagomError("no command to run: put it after '--', e.g. lagom run --config lagom.yaml -- torchrun train.py")
-    return launch(args.config, command, audit_path=args.audit, workdir=args.workdir, use_plugin=not args.no_plugin)
+    online_only = {"--save": args.save, "--budget-steps": args.budget_steps, "--nccl-version": args.nccl_version,
+                   "--simulate": args.simulate, "--cluster": args.cluster}
+    if not args.online:
+        given = [flag for flag, value in online_only.items() if value is not None]
+        if given:
+            raise LagomError(f"{given[0]} is an option of lagom run --online")
+        if args.config is None:
+            raise LagomError("lagom run needs --config FILE (or --online)")
+        return launch(args.config, command, audit_path=args.audit, workdir=args.workdir, use_plugin=not args.no_plugin)
+    from lagom.online import DEFAULT_BUDGET_STEPS
+    from lagom.runtime.launcher import OnlineRequest
+
+    if args.no_plugin:
+        raise LagomError("lagom run --online works through the tuner plugin: drop --no-plugin")
+    if args.cluster is not None and args.simulate is None:
+        raise LagomError("--cluster goes with --simulate WORKLOAD")
+    request = OnlineRequest(save=args.save, budget_steps=args.budget_steps if args.budget_steps is not None else DEFAULT_BUDGET_STEPS,
+                            nccl_version=args.nccl_version, simulate=args.simulate, cluster=args.cluster, noise=args.noise)
+    return launch(args.config, command, audit_path=args.audit, workdir=args.workdir, online=request)

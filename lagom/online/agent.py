@@ -18,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from costmodel.cluster import ClusterSpec
+from lagom.online import DEFAULT_TIMEOUT_S
 from lagom.online.clock import SimulatedClock, StepClock
 from lagom.online.controller import OnlineController
 from lagom.online.measure import timing_from_wire, timing_to_wire
 from lagom.online.protocol import (
-    DEFAULT_TIMEOUT_S,
     Decision,
     MemoryStore,
     Store,

@@ -18,6 +18,7 @@ implementing the same two methods.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from costmodel.cluster import ClusterSpec
@@ -36,12 +37,19 @@ class StepClock(Protocol):
 
 
 class SimulatedClock:
-    """Each step's Timing is the simulator's for the plan in force (see the module doc)."""
+    """Each step's Timing is the simulator's for the plan in force (see the module doc).
 
-    def __init__(self, workload: Workload, cluster: ClusterSpec, rank: int, noise: float, seed: int = 0) -> None:
+    ``in_force(plan)``, when given, turns the decided plan into the one NCCL would run
+    (under ``lagom run --simulate``: the tuner plugin's answers, asked once per
+    collective of the step, :class:`lagom.online.plugin_view.PluginView`).
+    """
+
+    def __init__(self, workload: Workload, cluster: ClusterSpec, rank: int, noise: float, seed: int = 0,
+                 in_force: Callable[[Plan], Plan] | None = None) -> None:
         self.workload = workload
         self.rank = rank
         self.seed = seed
+        self.in_force = in_force
         self.simulator = Simulator(cluster, noise=noise, seed=seed)
         self.plan = Plan()
         self.switched(Plan(), -1)
@@ -51,7 +59,8 @@ class SimulatedClock:
         self.simulator.reseed((self.seed, self.rank, epoch + 1))
 
     def step_ended(self) -> Timing:
-        return self.simulator.evaluate(self.workload, self.plan)
+        plan = self.in_force(self.plan) if self.in_force is not None else self.plan
+        return self.simulator.evaluate(self.workload, plan)
 
 
 class CudaClock:

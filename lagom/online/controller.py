@@ -32,6 +32,7 @@ from collections.abc import Generator
 from dataclasses import dataclass, replace
 
 from costmodel.evaluator import Timing
+from lagom.online import DEFAULT_BUDGET_STEPS
 from lagom.online.measure import across_ranks, lower_median, robust_timing
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
@@ -44,7 +45,7 @@ from tuner.space import online_space
 
 @dataclass(frozen=True)
 class OnlineSettings:
-    budget_steps: int = 400  # every step from the seed's first to the A/B's last
+    budget_steps: int = DEFAULT_BUDGET_STEPS
     discard_steps: int = 1  # NCCL_RUNTIME_CONNECT (default from 2.22.3): first use pays connection setup
     samples: int = 3  # kept steps per evaluation (lower median of 3 survives one outlier)
     abandon_ratio: float = 1.3
@@ -233,6 +234,11 @@ class OnlineController:
         self.phase = Phase.DONE
         if self._search is not None:
             self._search.close()
+
+    @property
+    def seed_timing(self) -> Timing | None:
+        """The seed's first evaluation (None before it is measured)."""
+        return self._seed_timing
 
     def ab_figures(self) -> dict[str, list[float]]:
         """The A/B's iteration times (us) per side, in the order measured."""

@@ -32,13 +32,11 @@ from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
 
-DEFAULT_TIMEOUT_S = 120.0  # longer than any step we expect; short enough to end a broken job
-
 
 class Store(Protocol):
     """The part of ``torch.distributed.Store`` the protocol uses."""
 
-    def set(self, key: str, value: bytes | str) -> None: ...
+    def set(self, key: str, value: str) -> None: ...
 
     def get(self, key: str) -> bytes: ...
 
@@ -53,8 +51,8 @@ class MemoryStore:
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
 
-    def set(self, key: str, value: bytes | str) -> None:
-        self.data[key] = value.encode() if isinstance(value, str) else bytes(value)
+    def set(self, key: str, value: str) -> None:
+        self.data[key] = value.encode()
 
     def get(self, key: str) -> bytes:
         if key not in self.data:
@@ -113,10 +111,10 @@ def plan_hash(configs: tuple[CommConfig, ...]) -> str:
     return hashlib.sha256(body.encode()).hexdigest()[:12]
 
 
-def encode_decision(decision: Decision) -> bytes:
+def encode_decision(decision: Decision) -> str:
     body = json.dumps({"step": decision.step, "epoch": decision.epoch, "configs": [c.to_dict() for c in decision.configs],
                        "done": decision.done, "result": decision.result}, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(body).hexdigest()[:16].encode() + b"\n" + body
+    return hashlib.sha256(body).hexdigest()[:16] + "\n" + body.decode()
 
 
 def decode_decision(raw: bytes, step: int, epoch: int, signatures: int) -> Decision | None:

@@ -14,6 +14,11 @@ before rank 0 could collect anything. Merged file (``lagom run --audit FILE``)::
 
 ``entry`` is the index of the first matching entry in the config's ``collectives``
 list (null: unmatched, NCCL decides). Counts are calls seen by the Python hook.
+
+Under ``lagom run --online`` the document also has ``"online": {"steps_spent",
+"evaluations", "per_rank": {"0": [plan hash of each epoch, ...], ...}, "result":
+"kept" | "reverted"}`` and each rank's part an ``online`` entry: its epochs as
+[epoch, plan hash, first step] and, per epoch, the plugin table's per-entry call counts.
 """
 
 from __future__ import annotations
@@ -93,15 +98,35 @@ def summary_line(who: str, summary: Summary) -> str:
     )
 
 
-def rank_part(rank: int, counts: list[SignatureCount], process_groups: list[dict], warnings: list[str]) -> dict:
+def rank_part(rank: int, counts: list[SignatureCount], process_groups: list[dict], warnings: list[str],
+              online: dict | None = None) -> dict:
     ordered = sorted(counts, key=lambda c: (c.group, c.collective, c.bytes))
-    return {
+    part = {
         "rank": rank,
         "pid": os.getpid(),
         "summary": Summary.of(ordered).to_dict(),
         "signatures": [asdict(c) for c in ordered],
         "process_groups": process_groups,
         "warnings": warnings,
+    }
+    if online is not None:
+        part["online"] = online
+    return part
+
+
+def merge_online(parts: list[dict]) -> dict | None:
+    """The audit's ``online`` section: the decider's (rank 0's) counts and result, and per
+    rank the plan hash of each epoch (equal lists: the ranks agreed); each rank's
+    epochs with their first step, and its tables' per-entry call counts, stay in its part."""
+    online = {str(p.get("rank")): p["online"] for p in parts if "online" in p}
+    if not online:
+        return None
+    decider = online.get("0", {})
+    return {
+        "steps_spent": decider.get("steps_spent"),
+        "evaluations": decider.get("evaluations"),
+        "per_rank": {rank: [epoch[1] for epoch in part.get("epochs", [])] for rank, part in online.items()},
+        "result": decider.get("result") or None,
     }
 
 
@@ -143,7 +168,7 @@ def merge_parts(parts: list[dict], entries_set: list[dict] | None = None, config
             row["count"] += c.count
             row["ranks"].append(part.get("rank"))
     signatures = sorted(merged.values(), key=lambda r: (r["group"], r["collective"], r["bytes"]))
-    return {
+    document = {
         "format": FORMAT,
         "version": VERSION,
         "config": config_path,
@@ -152,6 +177,10 @@ def merge_parts(parts: list[dict], entries_set: list[dict] | None = None, config
         "signatures": signatures,
         "per_rank": {str(p.get("rank")): {k: v for k, v in p.items() if k != "rank"} for p in parts},
     }
+    online = merge_online(parts)
+    if online is not None:
+        document["online"] = online
+    return document
 
 
 def write_audit(path: str | Path, document: dict) -> Path:

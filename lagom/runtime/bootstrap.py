@@ -19,9 +19,10 @@ import importlib.util
 import os
 import sys
 
-from lagom.runtime.env import ENV_CONFIG
+from lagom.runtime.env import ENV_CONFIG, ENV_ONLINE
 
 TARGET = "torch.distributed"
+OPTIMIZER = "torch.optim.optimizer"
 
 # The file the launcher writes. Self-contained: it must chain the user's own
 # sitecustomize even when lagom cannot be imported in this process.
@@ -121,11 +122,27 @@ def _install_hook() -> None:
         print(f"lagom: warning: hook not installed ({type(exc).__name__}: {exc}); running with NCCL's own choices", file=sys.stderr)
 
 
+def _install_online() -> None:
+    try:
+        from lagom.runtime import online
+
+        online.install(lambda line: print(line, file=sys.stderr, flush=True))
+    except Exception as exc:  # noqa: BLE001 - never break the import of torch
+        print(f"lagom: warning: online tuning not installed ({type(exc).__name__}: {exc})", file=sys.stderr)
+
+
+def _when_imported(target: str, callback) -> None:
+    if target in sys.modules:
+        callback()
+    else:
+        sys.meta_path.insert(0, _InstallAfterImport(target, callback))
+
+
 def activate() -> None:
-    """Install the hook now if torch.distributed is loaded, else right after it loads."""
+    """Install the hook now if torch.distributed is loaded, else right after it loads;
+    under ``lagom run --online`` also the step hook, once torch.optim.optimizer is loaded."""
     if not os.environ.get(ENV_CONFIG):
         return
-    if TARGET in sys.modules:
-        _install_hook()
-        return
-    sys.meta_path.insert(0, _InstallAfterImport(TARGET, _install_hook))
+    _when_imported(TARGET, _install_hook)
+    if os.environ.get(ENV_ONLINE):
+        _when_imported(OPTIMIZER, _install_online)

@@ -316,13 +316,17 @@ class Hook:
             return
         self._finished = True
         try:
+            from lagom.runtime import online
+
             counts = self.signature_counts()
             decisions = [d.to_dict() for d in self._injector.decisions] if self._injector else []
-            if not counts and not decisions:
+            session = online.session()
+            online_part = session.summary() if session is not None else None
+            if not counts and not decisions and online_part is None:
                 return  # this process never used torch.distributed (e.g. torchrun's launcher)
             rank = self.rank if self.rank is not None else (_env_rank() or 0)
             if self.run_dir is not None:
-                audit.write_rank_part(self.run_dir, audit.rank_part(rank, counts, decisions, self.warnings))
+                audit.write_rank_part(self.run_dir, audit.rank_part(rank, counts, decisions, self.warnings, online_part))
             if rank == 0:
                 partial = " (partial: the hook stopped after an internal error)" if self.failed else ""
                 self._emit(audit.summary_line("rank 0", audit.Summary.of(counts)) + partial)

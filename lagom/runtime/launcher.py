@@ -28,16 +28,23 @@ from pathlib import Path
 
 import yaml
 
-from nccl_env.delivery import plugin_env
-from nccl_env.errors import LagomError
-from nccl_env.plugin_build import PluginBuildError, build_plugin
-from nccl_env.rules import TUNER_SYMBOL_SINCE, NcclVersion, tuner_symbols
+from costmodel.cluster import load_cluster
+from lagom.online import DEFAULT_BUDGET_STEPS, DEFAULT_TIMEOUT_S
 from lagom.plugin_export import write_plugin_table
 from lagom.runtime import audit
 from lagom.runtime.bootstrap import SITECUSTOMIZE
-from lagom.runtime.env import ENV_CONFIG, ENV_HOME, ENV_RUN_DIR, merge_env
+from lagom.runtime.env import ENV_CONFIG, ENV_HOME, ENV_ONLINE, ENV_RUN_DIR, merge_env
 from lagom.runtime.process_groups import cta_policy_value
 from lagom.tuned_config import TunedConfig, load_tuned_config
+from nccl_env.delivery import online_ceilings, plugin_env
+from nccl_env.errors import LagomError
+from nccl_env.plugin_build import PluginBuildError, build_plugin
+from nccl_env.rules import (
+    TUNER_SYMBOL_SINCE,
+    NcclVersion,
+    per_collective_knobs,
+    tuner_symbols,
+)
 
 PLUGIN_ENV = "NCCL_TUNER_PLUGIN"
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -208,12 +215,13 @@ def merge_audit(setup: RunSetup, audit_path: str | os.PathLike) -> tuple[Path, d
 
 
 def launch(
-    config_path: str | os.PathLike,
+    config_path: str | os.PathLike | None,
     argv: list[str],
     audit_path: str | os.PathLike | None = None,
     workdir: str | os.PathLike | None = None,
     use_plugin: bool = True,
     stream=None,
+    online: OnlineRequest | None = None,
 ) -> int:
     """The whole of ``lagom run``; returns the child's exit status."""
     stream = stream if stream is not None else sys.stderr
@@ -225,11 +233,18 @@ def launch(
         raise LagomError(f"{audit_path}: the audit's folder does not exist")
     if audit_path is not None and Path(audit_path).is_dir():
         raise LagomError(f"{audit_path}: is a folder; --audit wants a file name")
-    setup = prepare(config_path, workdir, use_plugin=use_plugin)
+    if online is not None:
+        setup = prepare_online(online, config_path, workdir)
+    elif config_path is None:
+        raise LagomError("lagom run needs --config FILE (or --online)")
+    else:
+        setup = prepare(config_path, workdir, use_plugin=use_plugin)
     try:
         for line in setup.messages:
             print(line, file=stream, flush=True)
         status = run_child(argv, setup.env)
+        if online is not None:
+            _save_online(setup, online, status, stream)
         if audit_path is not None:
             try:
                 path, document = merge_audit(setup, audit_path)
@@ -246,3 +261,120 @@ def launch(
     finally:
         if workdir is None:
             shutil.rmtree(setup.run_dir, ignore_errors=True)
+
+
+# ---- lagom run --online ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OnlineRequest:
+    """``lagom run --online``'s options (see lagom/commands/run.py)."""
+
+    save: str | None = None
+    budget_steps: int = DEFAULT_BUDGET_STEPS
+    nccl_version: str | None = None
+    simulate: str | None = None  # workload spec whose simulated times every rank measures
+    cluster: str | None = None
+    noise: float = 0.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+
+def _online_version(request: OnlineRequest, seed: TunedConfig | None) -> NcclVersion:
+    """--nccl-version, else the seed file's, else the installed NCCL's."""
+    text = request.nccl_version or (seed.nccl_version if seed is not None else "")
+    if text:
+        try:
+            return NcclVersion.parse(text)
+        except (ValueError, LagomError) as exc:
+            raise LagomError(f"--nccl-version {text!r} is not a NCCL version ({exc})") from None
+    from nccl_env.libnccl import find_libnccl, nccl_version
+
+    return nccl_version(find_libnccl().path)
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None,
+                   workdir: str | os.PathLike | None) -> RunSetup:
+    """Check that online tuning can run here, then lay out the run as for a tuned file (the
+    seed, or an empty file when there is none) with the plugin always loaded, the
+    communicators' ceilings raised (:func:`nccl_env.delivery.online_ceilings`) and
+    ``LAGOM_ONLINE`` naming the settings every rank reads."""
+    from lagom import tuning
+    from lagom.runtime.online import OnlineSettingsFile
+    from tuner.space import CHUNK_MAX_BYTES
+
+    seed = load_tuned_config(config_path) if config_path is not None else None
+    version = _online_version(request, seed)
+    if "channels" not in per_collective_knobs(version):
+        raise LagomError(f"lagom run --online needs NCCL >= 2.21 (its tuner plugin changes a collective's channels and "
+                         f"algorithm per call); NCCL {version} only takes settings at start: use lagom run --config")
+    if request.budget_steps < 1:
+        raise LagomError(f"--budget-steps {request.budget_steps}: must be at least 1")
+    if request.simulate is not None:
+        if not request.cluster:
+            raise LagomError("--simulate WORKLOAD needs --cluster C (the cluster whose simulated times the ranks measure)")
+        cluster = tuning.with_nccl_version(load_cluster(request.cluster), str(version))
+        tuning.load_workload_arg(request.simulate, cluster)  # a bad spec: exit 2 before anything starts
+        if not (isinstance(request.noise, float | int) and 0 <= request.noise < 0.5):
+            raise LagomError(f"--noise {request.noise}: a relative noise in [0, 0.5)")
+    elif not _has_gpu():
+        raise LagomError("lagom run --online measures the job's steps on a GPU; none here: "
+                         "use --simulate WORKLOAD --cluster C to take step times from the simulator")
+    elif seed is None or not seed.workload or not seed.cluster:
+        raise LagomError("lagom run --online on a GPU needs --config SEED.yaml from lagom tune (it names the workload and cluster)")
+    if PLUGIN_ENV in os.environ:
+        raise LagomError(f"lagom run --online changes Lagom's tuner plugin's table: unset {PLUGIN_ENV}")
+    scratch = Path(tempfile.mkdtemp(prefix="lagom-seed-"))
+    try:
+        if seed is None:
+            seed_path = scratch / "seed.yaml"
+            TunedConfig(cluster=request.cluster or "", nccl_version=str(version), workload=request.simulate or "",
+                        method="nccl").dump(seed_path)
+        else:
+            seed_path = Path(config_path)  # type: ignore[arg-type]  # seed is not None: config_path was given
+        setup = prepare(seed_path, workdir, use_plugin=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if setup.plugin_path is None:
+        try:
+            setup.plugin_path = Path(build_plugin()).resolve()
+        except PluginBuildError as exc:
+            raise LagomError(f"lagom run --online needs Lagom's tuner plugin, which did not build: {exc}") from None
+        setup.table_path = setup.run_dir / "tuner_table.csv"
+        setup.table_path.write_text("")
+        setup.env.update(plugin_env(str(setup.plugin_path), str(setup.table_path)))
+    ceilings = merge_env(online_ceilings(version, CHUNK_MAX_BYTES, dict(seed.env) if seed else {}), setup.env)
+    if ceilings.kept:
+        setup.messages.append(f"lagom run: {ceilings.kept_line()} (online plans may ask for more; NCCL clamps them)")
+    settings = OnlineSettingsFile(
+        nccl_version=str(version), plugin=str(setup.plugin_path), result_path=str(setup.run_dir / "online-tuned.yaml"),
+        seed_config=str(setup.run_dir / "lagom.yaml") if seed is not None else None, simulate=request.simulate,
+        cluster=request.cluster, noise=float(request.noise), budget_steps=request.budget_steps, timeout_s=request.timeout_s)
+    setup.env[ENV_ONLINE] = str(settings.write(setup.run_dir / "online.json"))
+    clock = f"simulated {request.simulate} on {request.cluster}" if request.simulate else "CUDA events"
+    setup.messages.append(f"lagom run: online tuning on NCCL {version}: seed "
+                          f"{config_path if seed is not None else 'NCCL defaults'}, at most {request.budget_steps} steps, "
+                          f"clock: {clock}")
+    return setup
+
+
+def _save_online(setup: RunSetup, request: OnlineRequest, status: int, stream) -> None:
+    if request.save is None:
+        return
+    result = setup.run_dir / "online-tuned.yaml"
+    if status != 0 or not result.exists():
+        print(f"lagom run: warning: no tuned plan to save to {request.save} "
+              f"({'the job failed' if status != 0 else 'online tuning did not finish within the job'})", file=stream, flush=True)
+        return
+    try:
+        shutil.copyfile(result, request.save)
+    except OSError as exc:
+        raise LagomError(f"{request.save}: cannot write the tuned file: {exc.strerror or exc}") from None
+    print(f"lagom run: tuned plan saved to {request.save} (lagom run --config {request.save} starts tuned)", file=stream, flush=True)

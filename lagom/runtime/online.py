@@ -1,0 +1,269 @@
+"""``lagom run --online`` inside each rank: step boundaries, the plugin's table, the audit.
+
+The launcher writes the run's settings (:class:`OnlineSettingsFile`) and points
+``LAGOM_ONLINE`` at them; the bootstrap installs the hook and then :func:`install`,
+which registers a global optimizer step hook
+(``torch.optim.optimizer.register_optimizer_step_post_hook``): every ``optimizer.step()``
+of the job is a step boundary, with no change to the script. A job without a torch
+optimizer calls :func:`lagom.runtime.step` once per step instead (the first explicit
+call turns the optimizer hook off, so a step is never counted twice). A job with two
+optimizers sees two boundaries per step, on every rank alike.
+
+At each boundary the rank's :class:`lagom.online.agent.RankAgent` publishes its
+measurement, rank 0 decides, every rank applies the decision: the new table goes to
+the tuner plugin in one ``lagom_tuner_set_table`` call (the plugin swaps it whole: a
+call sees the old or the new table). Nothing happens while a CUDA graph is being
+captured (the capture would bake in the plan). The store traffic goes through the
+default group's store (a TCPStore under torchrun), never through a collective, so
+the hook does not count it and the user's collectives are untouched.
+
+A rank that cannot follow (a decision or a peer's measurement does not arrive within
+the timeout, or anything fails inside the session) writes its audit part, prints one
+line and ends its process with status 3: ranks must never run different plans.
+At the end of tuning rank 0 writes the tuned file the launcher saves (``--save``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from lagom.online import DEFAULT_BUDGET_STEPS, DEFAULT_TIMEOUT_S
+from lagom.runtime.env import ENV_ONLINE
+
+if TYPE_CHECKING:  # the session imports these at its first step: installing runs while torch imports
+    from costmodel.cluster import ClusterSpec
+    from lagom.online.agent import RankAgent
+    from lagom.online.controller import OnlineController
+    from nccl_env.plan import Plan
+    from nccl_env.plugin_abi import TunerLibrary
+    from tuner import SearchSpace
+
+FAILED_STATUS = 3
+STORE_PREFIX = "lagom/online/"
+
+
+@dataclass(frozen=True)
+class OnlineSettingsFile:
+    """What the launcher tells every rank (written as JSON into the run folder)."""
+
+    nccl_version: str
+    plugin: str
+    result_path: str  # rank 0 writes the tuned file here
+    seed_config: str | None = None
+    simulate: str | None = None  # workload spec
+    cluster: str | None = None
+    noise: float = 0.0
+    budget_steps: int = DEFAULT_BUDGET_STEPS
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    def write(self, path: Path) -> Path:
+        path.write_text(json.dumps(asdict(self), indent=1))
+        return path
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> OnlineSettingsFile:
+        return cls(**json.loads(Path(path).read_text()))
+
+
+def entry_call_counts(library: TunerLibrary) -> list[int] | None:
+    """Calls the plugin answered per table entry (None where this plugin build does not count)."""
+    counts = getattr(library, "entry_call_counts", None)
+    return list(counts()) if callable(counts) else None
+
+
+class Session:
+    """One rank's online tuning (see the module doc)."""
+
+    def __init__(self, settings: OnlineSettingsFile, emit) -> None:
+        self.settings = settings
+        self.emit = emit
+        self.agent: RankAgent | None = None
+        self.explicit = False
+        self.finished = False
+        self.table_counts: list[dict] = []  # per epoch: its table's per-entry call counts
+        self._library: TunerLibrary | None = None
+        self._controller: OnlineController | None = None
+        self._space: SearchSpace | None = None
+        self._cluster: ClusterSpec | None = None
+        self._cluster_arg = ""
+        self._workload_label = ""
+        self._epoch_entries = 0
+
+    # ------------------------------------------------------------------ set-up
+    def _start(self) -> RankAgent:
+        import torch.distributed as dist
+
+        from costmodel.cluster import load_cluster
+        from lagom import tuning
+        from lagom.online.agent import RankAgent
+        from lagom.online.clock import CudaClock, SimulatedClock, StepClock
+        from lagom.online.controller import OnlineController, OnlineSettings
+        from lagom.online.plugin_view import PluginView
+        from lagom.online.protocol import MemoryStore, Store
+        from lagom.tuned_config import load_tuned_config
+        from nccl_env.errors import LagomError
+        from nccl_env.plugin_abi import TunerLibrary
+        from nccl_env.rules import NcclVersion
+
+        s = self.settings
+        version = NcclVersion.parse(s.nccl_version)
+        seed_config = load_tuned_config(s.seed_config) if s.seed_config else None
+        cluster_arg = s.cluster or (seed_config.cluster if seed_config else "")
+        if not cluster_arg:
+            raise LagomError("online tuning needs a cluster (--cluster, or the seed file's cluster)")
+        cluster = tuning.with_nccl_version(load_cluster(cluster_arg), s.nccl_version)
+        spec = s.simulate or (seed_config.workload if seed_config else "")
+        workload = tuning.load_workload_arg(spec, cluster)
+        self._cluster, self._cluster_arg, self._workload_label = cluster, cluster_arg, spec
+        space = tuning.space_for(workload, cluster)
+        self._space = space
+        if dist.is_available() and dist.is_initialized():
+            import torch.distributed.distributed_c10d as c10d
+
+            rank, world = dist.get_rank(), dist.get_world_size()
+            store: Store = dist.PrefixStore(STORE_PREFIX, c10d._get_default_store())
+        else:
+            rank, world, store = 0, 1, MemoryStore()
+        self._library = TunerLibrary(s.plugin)
+        clock: StepClock
+        if s.simulate:
+            view = PluginView(self._library, version)
+            calls = {sig: len(ids) for sig, ids in space.collective_ids.items()}
+            clock = SimulatedClock(workload, cluster, rank, s.noise, seed=0,
+                                   in_force=lambda plan: view.plan_in_force(plan, calls))
+        else:
+            clock = CudaClock({})
+        if rank == 0:
+            seed = seed_config.to_plan(space.signatures) if seed_config else None
+            self._controller = OnlineController(workload, space, seed, OnlineSettings(budget_steps=s.budget_steps))
+        return RankAgent(rank, world, store, clock, space.signatures, self._apply, self._controller, s.timeout_s)
+
+    def _apply(self, plan: Plan) -> None:
+        from nccl_env.delivery import deliver
+        from nccl_env.plugin_table import format_table
+        from nccl_env.rules import NcclVersion
+
+        assert self._library is not None
+        self._record_counts()
+        entries = deliver(plan, NcclVersion.parse(self.settings.nccl_version)).plugin_entries
+        self._epoch_entries = self._library.set_table(format_table(entries))
+
+    def _record_counts(self) -> None:
+        if self._library is None or self.agent is None or not self.agent.epochs:
+            return
+        counts = entry_call_counts(self._library)
+        self.table_counts.append({"epoch": self.agent.epoch, "entries": self._epoch_entries, "calls": counts})
+
+    # ------------------------------------------------------------------ boundaries
+    def boundary(self) -> None:
+        if self.finished:
+            return
+        try:
+            if _capturing():
+                return  # a CUDA graph being captured would bake the plan in: switch only outside
+            if self.agent is None:
+                self.agent = self._start()
+            self.agent.boundary()
+            if not self.agent.active:
+                self._finish()
+        except Exception as exc:  # noqa: BLE001 - any failure here must end this rank: ranks may not disagree
+            self.fail(exc)
+
+    def _finish(self) -> None:
+        self.finished = True
+        self._record_counts()
+        agent = self.agent
+        if agent is None:
+            return
+        if agent.rank == 0:
+            self.emit(f"lagom: online tuning done after {agent.step} steps: {agent.result} "
+                      f"({len(agent.epochs)} epochs)")
+            if self._controller is not None and self._controller.done:
+                self._write_result(self._controller)
+
+    def _write_result(self, controller: OnlineController) -> None:
+        from lagom import tuning
+        from tuner import TuningResult
+
+        space = self._space
+        assert space is not None
+        seed_timing = controller.seed_timing
+        result = controller.search_result
+        timing = result.timing if result is not None and controller.result == "kept" else seed_timing
+        if seed_timing is None or timing is None:
+            return
+        outcome = tuning.TuneOutcome(
+            space, TuningResult("lagom-online", controller.final, timing, controller.evaluations,
+                                notes=[(f"online: {controller.result} after {controller.steps_spent} steps, "
+                                        f"{controller.evaluations} measured plans; baseline_us is the seed's")]),
+            seed_timing, None)
+        assert self._cluster is not None
+        config = tuning.tuned_config(outcome, self._cluster, self._cluster_arg, self._workload_label)
+        config.dump(self.settings.result_path)
+
+    def fail(self, exc: BaseException) -> None:
+        self.finished = True
+        rank = self.agent.rank if self.agent is not None else os.environ.get("RANK", "?")
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        self.emit(f"lagom: error (rank {rank}): online tuning failed: {first}; ending this rank (status {FAILED_STATUS})")
+        from lagom.runtime import current
+
+        hook = current()
+        if hook is not None:
+            hook.finish()
+        sys.stderr.flush()
+        os._exit(FAILED_STATUS)
+
+    def summary(self) -> dict | None:
+        """This rank's ``online`` part of the audit."""
+        if self.agent is None:
+            return None
+        out = self.agent.summary()
+        out["tables"] = self.table_counts
+        return out
+
+
+def _capturing() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+_session: Session | None = None
+_handle = None
+
+
+def install(emit) -> Session | None:
+    """Register the optimizer step hook when ``LAGOM_ONLINE`` names the run's settings."""
+    global _session, _handle
+    path = os.environ.get(ENV_ONLINE)
+    if not path:
+        return None
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    _session = Session(OnlineSettingsFile.read(path), emit)
+    session = _session
+
+    def after_optimizer_step(optimizer, args, kwargs) -> None:
+        if not session.explicit:
+            session.boundary()
+
+    _handle = register_optimizer_step_post_hook(after_optimizer_step)
+    return _session
+
+
+def step() -> None:
+    """Mark a step boundary by hand (a job without a torch optimizer); no-op outside online runs."""
+    if _session is None:
+        return
+    _session.explicit = True
+    _session.boundary()
+
+
+def session() -> Session | None:
+    return _session

@@ -19,6 +19,9 @@ Two ways in:
 - ``import lagom; lagom.install("lagom.yaml")`` at the top of a script, before
   ``init_process_group``: env and process-group doors plus the audit.
 
+Under ``lagom run --online`` (:mod:`lagom.runtime.online`) every ``optimizer.step()`` is
+a step boundary of online tuning; a job without a torch optimizer calls :func:`step`.
+
 The hook also counts every collective call under its signature and whether a tuned
 entry matches it (:mod:`lagom.runtime.hook`); at exit rank 0 prints one summary line
 and, under ``lagom run --audit``, each rank's counts go into the audit file
@@ -36,7 +39,7 @@ from nccl_env.errors import LagomError
 from lagom.runtime.env import ENV_CONFIG, ENV_RUN_DIR
 from lagom.runtime.hook import Hook
 
-__all__ = ["Hook", "install", "uninstall", "current"]
+__all__ = ["Hook", "current", "install", "step", "uninstall"]
 
 _current: Hook | None = None
 
@@ -92,3 +95,11 @@ def uninstall() -> None:
 def current() -> Hook | None:
     """The hook installed in this process, if any."""
     return _current
+
+
+def step() -> None:
+    """Mark the end of a training step for ``lagom run --online`` (jobs without a torch
+    optimizer; with one, torch's optimizer step hook does it). A no-op otherwise."""
+    from lagom.runtime import online
+
+    online.step()

@@ -1,0 +1,193 @@
+"""Online tuning in process: the reductions, the online space, rank agreement under noise and
+faults, the store timeout, the compiled plugin's table swaps, and the CLI's refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from costmodel.cluster import load_cluster
+from costmodel.evaluator import OpTiming, Timing
+from lagom import tuning
+from lagom.online.agent import RankAgent, run_in_process, simulated_ranks
+from lagom.online.clock import SimulatedClock, StepClock
+from lagom.online.controller import OnlineController, OnlineSettings
+from lagom.online.measure import across_ranks, lower_median, robust_timing
+from lagom.online.plugin_view import PluginView
+from lagom.online.protocol import MemoryStore, decision_key, decode_decision, encode_decision
+from nccl_env.delivery import deliver
+from nccl_env.errors import LagomError
+from nccl_env.plan import Plan
+from nccl_env.plugin_abi import TunerLibrary
+from nccl_env.plugin_build import build_plugin
+from nccl_env.plugin_table import format_table
+from nccl_env.rules import NcclVersion
+from tests.conftest import REPO_ROOT
+from tuner.space import Scope, online_space
+
+SPEC = "tp:phi2:tp=8,dp=1"  # one signature: the fastest workload to tune
+VERSION = "2.30.1"
+
+
+def _setup(preset: str = "low-bw", spec: str = SPEC, version: str = VERSION):
+    cluster = tuning.with_nccl_version(load_cluster(preset), version)
+    workload = tuning.load_workload_arg(spec, cluster)
+    return cluster, workload, tuning.space_for(workload, cluster)
+
+
+def _timing(iteration: float, op: float, start: float = 0.0) -> Timing:
+    return Timing(iteration, iteration / 2, op, op / 4, iteration / 3, {7: OpTiming(start, op)})
+
+
+def test_step_and_rank_reductions_select_values_never_average_them():
+    steps = [_timing(100.0, 10.0), _timing(140.0, 12.0), _timing(90.0, 30.0)]
+    one_rank = robust_timing(steps)
+    assert (one_rank.iteration_us, one_rank.ops[7].duration_us) == (100.0, 12.0)  # lower medians
+    assert lower_median([4.0, 1.0, 3.0, 2.0]) == 2.0
+    ranks = [_timing(100.0, 11.0, 5.0), _timing(103.0, 9.5, 6.0)]
+    agreed = across_ranks(ranks)
+    assert agreed.iteration_us == 103.0  # the slowest rank is the critical path
+    assert agreed.ops[7].duration_us == 9.5  # the least skewed collective time
+    assert across_ranks(list(reversed(ranks))).ops == agreed.ops  # order of ranks does not matter
+
+
+def test_online_space_keeps_only_what_the_plugin_changes_per_call():
+    cluster, workload, space = _setup()
+    seed = tuning.tune(workload, cluster, tuning.make_evaluator("sim", cluster), with_autoccl=False).result.plan
+    online = online_space(space, seed.config_for)
+    assert all(u.scope is Scope.COLLECTIVE for u in online.resource_units)
+    assert {a for u in online.resource_units for a in u.axes} == {"channels", "chunk_bytes"}
+    plan = online.plan(online.minimum_point())
+    assert all(plan.config_for(s).threads == seed.config_for(s).threads for s in space.signatures)
+    _, _, space_225 = _setup(version="2.25.1")  # chunk is NCCL_BUFFSIZE's there: pinned too
+    online_225 = online_space(space_225, seed.config_for)
+    assert {a for u in online_225.resource_units for a in u.axes} == {"channels"}
+    _, _, space_218 = _setup(version="2.18.3")
+    with pytest.raises(LagomError, match="NCCL >= 2.21"):
+        online_space(space_218, seed.config_for)
+
+
+class FaultyStore(MemoryStore):
+    """A real in-memory store whose decision for one step is damaged on its way in."""
+
+    def __init__(self, step: int, kind: str) -> None:
+        super().__init__()
+        self.step, self.kind = step, kind
+
+    def set(self, key: str, value: str) -> None:
+        if key == decision_key(self.step):
+            if self.kind == "corrupt":  # one byte of the body changes: the checksum no longer matches
+                value = value[:-2] + ("0" if value[-2] != "0" else "1") + value[-1]
+            else:  # stale: intact, but for an epoch that is not the next one
+                body = json.loads(value.split("\n", 1)[1])
+                decision = decode_decision(value.encode(), self.step, body["epoch"], len(body["configs"]))
+                assert decision is not None
+                value = encode_decision(dataclasses.replace(decision, epoch=decision.epoch + 2))
+        super().set(key, value)
+
+
+def _run(ranks: int, noise: float, seed: int, budget: int = 120, store: MemoryStore | None = None):
+    cluster, workload, space = _setup()
+    controller = OnlineController(workload, space, None, OnlineSettings(budget_steps=budget))
+    clocks: list[StepClock] = [SimulatedClock(workload, cluster, r, noise, seed) for r in range(ranks)]
+    agents = simulated_ranks(controller, clocks, store=store)
+    run_in_process(agents, budget + 10)
+    return cluster, workload, controller, agents
+
+
+def _agree(agents: list[RankAgent]) -> None:
+    first = agents[0]
+    for agent in agents[1:]:
+        assert agent.epochs == first.epochs
+        assert agent.plan.entries == first.plan.entries
+        assert (agent.active, agent.result) == (first.active, first.result)
+
+
+@pytest.mark.parametrize("kind", ["corrupt", "stale"])
+def test_a_damaged_decision_keeps_the_current_epoch_on_every_rank(kind):
+    fault_step = 9
+    _, _, controller, agents = _run(3, 0.02, 1, store=FaultyStore(fault_step, kind))
+    _agree(agents)
+    assert all(not a.active and a.result == "stopped" for a in agents)
+    assert agents[0].epochs and all(e.step <= fault_step for e in agents[0].epochs)  # nothing began after it
+    assert agents[0].epoch == agents[0].epochs[-1].epoch
+    assert all("stale or corrupt" in a.warnings[0] for a in agents)
+
+
+@pytest.mark.slow
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ranks=st.integers(2, 4), noise=st.floats(0.0, 0.05), seed=st.integers(0, 2**16),
+       fault=st.one_of(st.none(), st.tuples(st.integers(1, 50), st.sampled_from(["corrupt", "stale"]))))
+def test_ranks_agree_under_independent_noise_and_faults(ranks, noise, seed, fault):
+    store = FaultyStore(*fault) if fault else MemoryStore()
+    cluster, workload, controller, agents = _run(ranks, noise, seed, budget=80, store=store)
+    _agree(agents)
+    assert controller.steps_spent <= controller.settings.budget_steps
+    if fault is None:
+        assert agents[0].result in ("kept", "reverted")
+        judge = tuning.make_evaluator("sim", cluster, noise=0.0)
+        seed_us = judge.evaluate(workload, controller.seed).iteration_us
+        assert judge.evaluate(workload, controller.final).iteration_us <= seed_us * 1.002  # never slower than the seed
+
+
+def test_a_rank_that_never_reports_ends_the_decider_within_its_timeout():
+    torch_dist = pytest.importorskip("torch.distributed")
+    store = torch_dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    prefixed = torch_dist.PrefixStore("lagom/online/", store)
+    cluster, workload, space = _setup()
+    controller = OnlineController(workload, space, None, OnlineSettings())
+    agent = RankAgent(0, 2, prefixed, SimulatedClock(workload, cluster, 0, 0.0), space.signatures, lambda plan: None,
+                      controller, timeout_s=1.0)
+    started = time.monotonic()
+    with pytest.raises(LagomError, match="sample/1/1 within 1 s"):
+        agent.boundary()
+    assert time.monotonic() - started < 10
+
+
+def test_table_swaps_reach_the_compiled_plugin_and_nccl_would_run_the_decided_plan():
+    cluster, workload, space = _setup(spec="fsdp:phi2:gpus=16")
+    version = NcclVersion.parse(VERSION)
+    library = TunerLibrary(build_plugin())
+    view = PluginView(library, version)
+    controller = OnlineController(workload, space, None, OnlineSettings())
+    calls = {s: 1 for s in space.signatures}
+    plans = [controller.space.plan(controller.start), controller.space.plan(controller.space.minimum_point())]
+    try:
+        for plan in plans * 2:
+            library.set_table(format_table(deliver(plan, version).plugin_entries))
+            assert view.plan_in_force(plan, calls).entries == {s: plan.config_for(s) for s in space.signatures}
+    finally:
+        view.close()
+        library.set_table(None)
+
+
+def _lagom_run(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.run([sys.executable, "-m", "lagom", "run", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nccl-version", "2.18.3", "--simulate", SPEC, "--cluster", "low-bw"], "needs NCCL >= 2.21"),
+    (["--nccl-version", "2.30.1"], "none here: use --simulate"),
+    (["--nccl-version", "2.30.1", "--simulate", SPEC], "needs --cluster"),
+    (["--nccl-version", "2.30.1", "--simulate", "tp:nosuchmodel", "--cluster", "low-bw"], "unknown model"),
+])
+def test_online_refusals_are_one_line_and_exit_2(args, message):
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available() and "--simulate" not in args:
+        pytest.skip("this machine has a GPU")
+    done = _lagom_run("--online", *args, "--", sys.executable, "-c", "pass")
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]

@@ -1,0 +1,129 @@
+"""End to end: `lagom run --online --simulate` around real torchrun jobs (2 ranks, gloo, CPU).
+
+Everything is real but the clock: torchrun, the default group's TCPStore carrying the
+measurements and decisions, the optimizer step hook, the compiled tuner plugin whose
+table every rank swaps and reads back, the audit, the saved file. Each rank's step
+times come from the simulator of the *measuring* cluster (high-bw) at 2% noise,
+independent per rank; the seed is the plan tuned offline for the *other* cluster
+(low-bw). Three jobs run together: the same job without Lagom, the online one, and
+one whose rank 1 dies mid-tuning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from costmodel.cluster import load_cluster
+from lagom import tuning
+from lagom.tuned_config import load_tuned_config
+from nccl_env.plan import Plan
+from nccl_env.plugin_build import build_plugin
+from tests.conftest import REPO_ROOT
+
+JOB = REPO_ROOT / "tests" / "online_job.py"
+SPEC = "fsdp:phi2:gpus=16"  # two nodes: the presets' inter-node links differ, and so do their plans
+VERSION = "2.30.1"
+STEPS = 260
+BUDGET = 240
+
+pytestmark = pytest.mark.slow
+
+
+def _tuned(preset: str, path) -> Plan:
+    cluster = tuning.with_nccl_version(load_cluster(preset), VERSION)
+    workload = tuning.load_workload_arg(SPEC, cluster)
+    outcome = tuning.tune(workload, cluster, tuning.make_evaluator("sim", cluster), with_autoccl=False)
+    tuning.tuned_config(outcome, cluster, preset, SPEC).dump(path)
+    return outcome.result.plan
+
+
+def _torchrun(out, *job_args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(JOB),
+            "--out", str(out), "--steps", str(STEPS), *job_args]
+
+
+def _online(tmp, name: str, seed) -> list[str]:
+    return [sys.executable, "-m", "lagom", "run", "--online", "--config", str(seed), "--save", str(tmp / f"{name}.yaml"),
+            "--budget-steps", str(BUDGET), "--simulate", SPEC, "--cluster", "high-bw", "--noise", "0.02",
+            "--audit", str(tmp / f"{name}-audit.json"), "--"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("online")
+    seed = tmp / "seed-low-bw.yaml"
+    _tuned("low-bw", seed)
+    build_plugin()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "LAGOM_"))}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    plans = {
+        "plain": _torchrun(tmp / "plain"),
+        "online": _online(tmp, "online", seed) + _torchrun(tmp / "online"),
+        "killed": _online(tmp, "killed", seed) + _torchrun(tmp / "killed", "--die-at", "1:40"),
+    }
+    started = time.monotonic()
+    procs = {name: subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name, cmd in plans.items()}
+    results = {}
+    for name, proc in procs.items():
+        try:
+            _, err = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            err += "\n<timed out>"
+        results[name] = (proc.returncode, err, time.monotonic() - started)
+    return tmp, seed, results
+
+
+def _losses(out) -> list[list[str]]:
+    return [json.loads((out / f"rank-{r}.json").read_text())["losses"] for r in range(2)]
+
+
+def test_online_result_matches_the_measuring_clusters_offline_plan(runs, tmp_path):
+    tmp, seed, results = runs
+    status, err, _ = results["online"]
+    assert status == 0, err[-3000:]
+    cluster = tuning.with_nccl_version(load_cluster("high-bw"), VERSION)
+    workload = tuning.load_workload_arg(SPEC, cluster)
+    signatures = tuning.space_for(workload, cluster).signatures
+    judge = tuning.make_evaluator("sim", cluster, noise=0.0)
+    offline_us = judge.evaluate(workload, _tuned("high-bw", tmp_path / "offline.yaml")).iteration_us
+    online_us = judge.evaluate(workload, load_tuned_config(tmp / "online.yaml").to_plan(signatures)).iteration_us
+    seed_us = judge.evaluate(workload, load_tuned_config(seed).to_plan(signatures)).iteration_us
+    assert seed_us > offline_us * 1.05  # the other cluster's plan is far off here: there is something to find
+    assert online_us <= offline_us * 1.01
+
+
+def test_losses_are_bit_identical_to_the_job_without_lagom(runs):
+    tmp, _, results = runs
+    assert results["plain"][0] == 0 and results["online"][0] == 0
+    assert _losses(tmp / "online") == _losses(tmp / "plain")
+
+
+def test_every_rank_ran_the_same_epochs_and_the_audit_says_so(runs):
+    tmp, _, _ = runs
+    document = json.loads((tmp / "online-audit.json").read_text())
+    online = document["online"]
+    assert online["result"] == "kept"
+    assert 0 < online["steps_spent"] <= BUDGET and online["evaluations"] > 1
+    assert len(online["per_rank"]["0"]) > 2 and online["per_rank"]["0"] == online["per_rank"]["1"]
+    epochs = [document["per_rank"][r]["online"]["epochs"] for r in ("0", "1")]
+    assert epochs[0] == epochs[1]  # same plan hash from the same step on every rank
+    assert [e[2] for e in epochs[0]] == sorted(e[2] for e in epochs[0])
+    tables = document["per_rank"]["0"]["online"]["tables"]
+    assert len(tables) == len(epochs[0]) and all(t["entries"] > 0 for t in tables)  # each swap reached the plugin
+
+
+def test_a_rank_lost_mid_tuning_ends_the_job_with_an_error_not_a_hang(runs):
+    tmp, _, results = runs
+    status, err, elapsed = results["killed"]
+    assert status != 0 and "<timed out>" not in err
+    assert elapsed < 240
+    assert not (tmp / "killed.yaml").exists() and "no tuned plan to save" in err

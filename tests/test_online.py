@@ -74,6 +74,13 @@ def test_online_space_keeps_only_what_the_plugin_changes_per_call():
     _, _, space_225 = _setup(version="2.25.1")  # chunk is NCCL_BUFFSIZE's there: pinned too
     online_225 = online_space(space_225, seed.config_for)
     assert {a for u in online_225.resource_units for a in u.axes} == {"channels"}
+    cluster_ep, workload_ep, space_ep = _setup(spec="ep:deepseek-moe-16b:ep=8,gpus=8")
+    seed_ep = tuning.tune(workload_ep, cluster_ep, tuning.make_evaluator("sim", cluster_ep), with_autoccl=False).result.plan
+    online_ep = online_space(space_ep, seed_ep.config_for)
+    p2p = [s for s in space_ep.signatures if s.collective.value == "alltoall"]
+    assert p2p and all(u.scope is Scope.COLLECTIVE for u in online_ep.resource_units)
+    plan_ep = online_ep.plan(online_ep.minimum_point())  # NCCL_P2P_*_CHUNKSIZE is read at start: the seed's step stays
+    assert all(plan_ep.config_for(s).chunk_bytes == seed_ep.config_for(s).chunk_bytes is not None for s in p2p)
     _, _, space_218 = _setup(version="2.18.3")
     with pytest.raises(LagomError, match="NCCL >= 2.21"):
         online_space(space_218, seed.config_for)

@@ -28,6 +28,7 @@ A :class:`Point` (rung index per unit and axis, pair per subspace unit) becomes 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from collections.abc import Callable, Iterable
@@ -424,21 +425,10 @@ def online_space(space: SearchSpace, seed: Callable[[Signature], CommConfig]) ->
     pinned: dict[Signature, dict[str, object]] = {}
     for sig in space.signatures:
         config = seed(sig)
-        p2p = sig.collective in _P2P
-        values = {k: getattr(config, k) for k in fixed_knobs if not p2p or k == "chunk_bytes"}
+        # a point-to-point step is NCCL_P2P_*_CHUNKSIZE's, read at start, whatever the version
+        knobs = ("chunk_bytes",) if sig.collective in _P2P else fixed_knobs
+        values = {k: getattr(config, k) for k in knobs}
         pinned[sig] = {k: v for k, v in values.items() if v is not None}
     subspaces = space.subspace_units if space.scopes["algorithm"] is Scope.COLLECTIVE else []
     notes = [f"online: {', '.join(fixed_knobs)} fixed at the seed's values (read when a communicator is created)"]
-    return SearchSpace(
-        nccl_version=space.nccl_version,
-        signatures=space.signatures,
-        collective_ids=space.collective_ids,
-        axes=space.axes,
-        scopes=space.scopes,
-        resource_units=kept,
-        subspace_units=subspaces,
-        pairs=space.pairs,
-        defaults=space.defaults,
-        notes=notes,
-        pinned=pinned,
-    )
+    return dataclasses.replace(space, resource_units=kept, subspace_units=subspaces, notes=notes, pinned=pinned)

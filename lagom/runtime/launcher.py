@@ -310,7 +310,7 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
     from lagom.runtime.online import OnlineSettingsFile
     from tuner.space import CHUNK_MAX_BYTES
 
-    seed = load_tuned_config(config_path) if config_path is not None else None
+    seed = load_tuned_config(Path(config_path)) if config_path is not None else None
     version = _online_version(request, seed)
     if "channels" not in per_collective_knobs(version):
         raise LagomError(f"lagom run --online needs NCCL >= 2.21 (its tuner plugin changes a collective's channels and "
@@ -333,15 +333,17 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
         raise LagomError(f"lagom run --online changes Lagom's tuner plugin's table: unset {PLUGIN_ENV}")
     scratch = Path(tempfile.mkdtemp(prefix="lagom-seed-"))
     try:
-        if seed is None:
+        if config_path is None:
             seed_path = scratch / "seed.yaml"
             TunedConfig(cluster=request.cluster or "", nccl_version=str(version), workload=request.simulate or "",
                         method="nccl").dump(seed_path)
         else:
-            seed_path = Path(config_path)  # type: ignore[arg-type]  # seed is not None: config_path was given
+            seed_path = Path(config_path)
         setup = prepare(seed_path, workdir, use_plugin=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    if config_path is None:  # the empty seed file was ours: do not name it
+        setup.messages = [m for m in setup.messages if not m.startswith("lagom run: applying ")]
     if setup.plugin_path is None:
         try:
             setup.plugin_path = Path(build_plugin()).resolve()

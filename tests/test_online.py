@@ -202,3 +202,35 @@ def test_online_refusals_are_one_line_and_exit_2(args, message):
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0]
+
+
+@pytest.mark.slow
+def test_a_single_process_job_tunes_through_explicit_steps_and_saves_the_plan(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    import lagom.runtime
+    from lagom.runtime import online
+    from lagom.tuned_config import load_tuned_config
+
+    settings = online.OnlineSettingsFile(nccl_version=VERSION, plugin=str(build_plugin()),
+                                         result_path=str(tmp_path / "tuned.yaml"), simulate=SPEC, cluster="low-bw",
+                                         noise=0.02, budget_steps=60)
+    monkeypatch.setenv("LAGOM_ONLINE", str(settings.write(tmp_path / "online.json")))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    lines: list[str] = []
+    session = online.install(lines.append)
+    assert session is not None
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    try:
+        optimizer.step()  # the global optimizer hook marks a boundary
+        assert session.agent is not None and session.agent.step == 1
+        for _ in range(80):
+            lagom.runtime.step()  # from here on the explicit calls do, and the optimizer hook stands down
+        optimizer.step()
+        agent = session.agent
+        assert session.finished and agent.result in ("kept", "reverted") and agent.step <= 62
+        assert session.summary()["steps_spent"] <= 60
+        assert any("online tuning done" in line for line in lines)
+        saved = load_tuned_config(tmp_path / "tuned.yaml")
+        assert saved.nccl_version == VERSION and saved.collectives and saved.method == "lagom-online"
+    finally:
+        online.uninstall()

@@ -167,6 +167,8 @@ class Session:
             if _capturing():
                 return  # a CUDA graph being captured would bake the plan in: switch only outside
             if self.agent is None:
+                if _before_init():
+                    return  # a step before the job's process group exists: no store to agree through yet
                 self.agent = self._start()
             self.agent.boundary()
             if not self.agent.active:
@@ -228,6 +230,14 @@ class Session:
         return out
 
 
+def _before_init() -> bool:
+    """A multi-process job whose default process group is not created yet."""
+    import torch.distributed as dist
+
+    several = os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1")
+    return several and not (dist.is_available() and dist.is_initialized())
+
+
 def _capturing() -> bool:
     import torch
 
@@ -255,6 +265,14 @@ def install(emit) -> Session | None:
 
     _handle = register_optimizer_step_post_hook(after_optimizer_step)
     return _session
+
+
+def uninstall() -> None:
+    """Remove the step hook and forget the session (tests; a job keeps it to its end)."""
+    global _session, _handle
+    if _handle is not None:
+        _handle.remove()
+    _session = _handle = None
 
 
 def step() -> None:

@@ -9,7 +9,7 @@ implementing the same two methods.
 - :class:`SimulatedClock`: the simulator (``costmodel.sim``) runs the workload under
   the plan in force; noise per rank and epoch is independent (seeded from both).
 - :class:`CudaClock`: on a GPU, CUDA events recorded at step boundaries give the step
-  time (read one boundary late, so the training thread never waits on the GPU), and
+  time (the boundary waits for the step's end event: a bubble per tuning step), and
   with ``TORCH_NCCL_ENABLE_TIMING=1`` the durations of the Work handles the job's
   async collectives returned give per-signature collective times. Not exercised here
   (no GPU in CI); a collective the job issued synchronously has no Work to time, and
@@ -78,7 +78,6 @@ class CudaClock:
         self.op_ids_by_key = op_ids_by_key
         self._events: list = []
         self._works: list[tuple[tuple, object]] = []
-        self._last = Timing(0.0, 0.0, 0.0, 0.0, 0.0)
         self.mark()
 
     def mark(self) -> None:
@@ -93,20 +92,19 @@ class CudaClock:
         pass  # NCCL reads the plan from the plugin's table: nothing to do here
 
     def step_ended(self) -> Timing:
-        """The step before the one that just ended (its events have completed by now)."""
+        """The step that just ended: waits for the GPU to reach its end (during tuning only;
+        reading one step late instead would give each plan its predecessor's time)."""
         self.mark()
-        if len(self._events) >= 3:
-            start, end = self._events[-3], self._events[-2]
-            end.synchronize()  # a step ago: normally complete already
-            step_us = start.elapsed_time(end) * 1000.0
-            ops: dict[int, OpTiming] = {}
-            for key, work in self._works:
-                duration_ms = work._get_duration()  # type: ignore[attr-defined]  # torch's private timing API
-                ids = self.op_ids_by_key.get(key, ())
-                for op_id in ids:
-                    ops[op_id] = OpTiming(0.0, duration_ms * 1000.0 / max(1, len(ids)))
-            self._works.clear()
-            self._events = self._events[-2:]
-            comm_us = sum(o.duration_us for o in ops.values())
-            self._last = Timing(step_us, step_us, comm_us, 0.0, step_us, ops)
-        return self._last
+        start, end = self._events[-2], self._events[-1]
+        end.synchronize()
+        step_us = start.elapsed_time(end) * 1000.0
+        ops: dict[int, OpTiming] = {}
+        for key, work in self._works:
+            duration_ms = work._get_duration()  # type: ignore[attr-defined]  # torch's timing API (TORCH_NCCL_ENABLE_TIMING)
+            ids = self.op_ids_by_key.get(key, ())
+            for op_id in ids:
+                ops[op_id] = OpTiming(0.0, duration_ms * 1000.0 / max(1, len(ids)))
+        self._works.clear()
+        self._events = self._events[-1:]
+        comm_us = sum(o.duration_us for o in ops.values())
+        return Timing(step_us, step_us, comm_us, 0.0, step_us, ops)

@@ -11,8 +11,8 @@ A backend times three things on a cluster, each in microseconds:
 ``cluster`` is the hardware description the fit starts from.
 
 Backends: ``sim:PRESET`` (:class:`SimBackend`, the simulator on tiny workloads with
-its default ~1% measurement noise) here; ``torch`` (real collectives under torchrun,
-``lagom.calibrate_torch``) is in the ``lagom`` package because it imports torch.
+its default ~1% measurement noise) here; ``torch`` (real collectives under torchrun)
+in ``costmodel.calibration_torch``, the one module that imports torch.
 """
 
 from __future__ import annotations

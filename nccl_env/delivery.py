@@ -128,12 +128,15 @@ def _one_value(knob: str, items: list[tuple[Signature, object]], scope: str, why
     return sig, value
 
 
-def deliver(plan: Plan, version: NcclVersion, use_plugin: bool = True) -> Delivery:
+def deliver(plan: Plan, version: NcclVersion, use_plugin: bool = True, own_communicator: bool = False) -> Delivery:
     """Split ``plan`` over env / process-group configs / plugin table for NCCL ``version``.
 
     ``use_plugin=False`` delivers without the tuner plugin (everything per collective
-    falls back to env and group configs). Raises LagomError when a config is invalid
-    on ``version`` (naming the signature).
+    falls back to env and group configs). ``own_communicator=True`` says the process
+    runs only the plan's collectives (calibration's one communicator per setting): a
+    point-to-point step then raises NCCL_BUFFSIZE where no collective's chunk sets it,
+    instead of being cut to what NCCL keeps. Raises LagomError when a config is
+    invalid on ``version`` (naming the signature).
     """
     out = Delivery()
     items = sorted(plan.entries.items())
@@ -161,7 +164,8 @@ def deliver(plan: Plan, version: NcclVersion, use_plugin: bool = True) -> Delive
     collectives = [(s, c) for s, c in items if s.collective not in P2P_COLLECTIVES]
     _threads(collectives, plan.default, out)
     _chunk(collectives, plan.default, version, per_coll, door_knobs, out)
-    _p2p_chunk([(s, c) for s, c in items if s.collective in P2P_COLLECTIVES], version, "chunk_bytes" in per_coll, out)
+    buffsize_free = "chunk_bytes" in per_coll or (own_communicator and "NCCL_BUFFSIZE" not in out.env)
+    _p2p_chunk([(s, c) for s, c in items if s.collective in P2P_COLLECTIVES], version, buffsize_free, out)
     _channels(items, plan.default, version, per_coll, out)
     _algo_proto(items, plan.default, version, per_coll, out)
     return out
@@ -243,8 +247,9 @@ def _p2p_chunk(items: list[tuple[Signature, CommConfig]], version: NcclVersion, 
     """Point-to-point step sizes: one value per env variable; from 2.19 within BUFFSIZE / 8.
 
     ``buffsize_free``: NCCL_BUFFSIZE only has to be large enough (the plugin carries the
-    collectives' chunks), so it is raised to admit the step; otherwise it sets the
-    collectives' chunk and the step is cut to what NCCL will keep.
+    collectives' chunks, or no collective shares the process), so it is raised to admit
+    the step; otherwise it sets the collectives' chunk and the step is cut to what NCCL
+    will keep.
     """
     wanted: dict[str, list[tuple[Signature, int]]] = defaultdict(list)
     for sig, cfg in items:

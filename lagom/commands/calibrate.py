@@ -53,8 +53,8 @@ def _backend(args: argparse.Namespace):
     if not 0.0 <= args.noise < 0.5:
         raise LagomError(f"--noise {args.noise}: must be in [0, 0.5)")
     if args.backend == "torch":
+        from costmodel.calibration_torch import TorchBackend
         from costmodel.cluster import load_cluster
-        from lagom.calibrate_torch import TorchBackend
 
         return TorchBackend(load_cluster(args.cluster or "low-bw"))
     from costmodel.calibration_backend import backend_from_spec

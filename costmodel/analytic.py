@@ -27,7 +27,6 @@ re-evaluating with one signature changed recomputes only what that change touche
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
@@ -45,8 +44,9 @@ from costmodel.contention_model import (
     running_set_times,
     shape_arrays,
 )
-from costmodel.evaluator import OpTiming, Timing
+from costmodel.evaluator import OpTiming, Timing, check_plan
 from costmodel.model_params import params_for
+from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
@@ -141,14 +141,15 @@ class AnalyticEvaluator:
         self.gpu: GpuNumbers = gpu_numbers(g.sm_count, g.l2_bytes, g.mem_bw_gb_per_s, g.peak_tflops,
                                            g.max_blocks_per_sm, g.max_threads_per_sm, self.params["mem_efficiency"])
         self.evaluations = 0
-        self._statics: dict[int, tuple[weakref.ref, int, _Static]] = {}
+        self._statics: WorkloadCache[_Static] = WorkloadCache(self._build_static, _CACHE_WORKLOADS)
         self._est_cache: dict[tuple[Signature, CommConfig], CollectiveEstimate] = {}
         self._host_cache: dict[tuple, tuple[CollectiveEstimate, CollectiveEstimate]] = {}
 
     # ---- public ------------------------------------------------------------------------------
     def evaluate(self, workload: Workload, plan: Plan) -> Timing:
+        check_plan(plan)
+        st = self._statics.get(workload)
         self.evaluations += 1
-        st = self._static(workload)
         ests = [self.estimate(sig, plan.config_for(sig)) for sig in st.signatures]
         if True in st.host_side:
             ests = [self._host_side(e) if host else e for e, host in zip(ests, st.host_side)]
@@ -175,8 +176,8 @@ class AnalyticEvaluator:
             if len(self._est_cache) > 200_000:
                 self._est_cache.clear()
                 self._host_cache.clear()
-                for hit in self._statics.values():
-                    hit[2].rate_cache.clear()  # keyed by estimate ids
+                for static in self._statics.values():
+                    static.rate_cache.clear()  # keyed by estimate ids
             self._est_cache[key] = est
         return est
 
@@ -224,18 +225,6 @@ class AnalyticEvaluator:
         return tx + (1.0 - tx / yc) * shape.base_us, tx
 
     # ---- static data ----------------------------------------------------------------------------
-    def _static(self, workload: Workload) -> _Static:
-        key = id(workload)
-        size = len(workload.compute_ops) + len(workload.collectives) + len(workload.dependencies)
-        hit = self._statics.get(key)
-        if hit is not None and hit[0]() is workload and hit[1] == size:
-            return hit[2]
-        st = self._build_static(workload)
-        if len(self._statics) >= _CACHE_WORKLOADS:
-            self._statics.pop(next(iter(self._statics)))
-        self._statics[key] = (weakref.ref(workload), size, st)
-        return st
-
     def _build_static(self, w: Workload) -> _Static:
         ops = [*w.compute_ops, *w.collectives]
         order = sorted(range(len(ops)), key=lambda i: (ops[i].start_us, i))  # stream order = list order

@@ -34,23 +34,25 @@ Entry points for calibration (tiny workloads work too):
 from __future__ import annotations
 
 import math
-import weakref
 
 import numpy as np
 
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
+from traces.intervals import intersection, union
 from traces.workload import CollectiveOp, ComputeOp, ProcessGroup, Stream, StreamKind, Workload
 
 from costmodel.cluster import ClusterSpec
-from costmodel.evaluator import OpTiming, Timing
+from costmodel.evaluator import OpTiming, Timing, check_plan
 from costmodel.nccl_defaults import resolve_config
 from costmodel.sim_collective import CollectiveModel
 from costmodel.sim_compute import ComputeModel, gemm_tile_from_name
 from costmodel.sim_params import sim_params
+from costmodel.workload_cache import WorkloadCache
 
 _NOISE_CLIP = (0.5, 1.5)
+_CACHE_WORKLOADS = 64  # static data kept for this many workloads
 
 
 def _shape_key(op: ComputeOp) -> tuple:
@@ -121,24 +123,15 @@ class Simulator:
         self.seed = seed
         self.evaluations = 0
         self._rng = np.random.default_rng(seed)
-        self._statics: dict[int, tuple[weakref.ref, int, _Static]] = {}
+        self._statics: WorkloadCache[_Static] = WorkloadCache(self._build_static, _CACHE_WORKLOADS)
         self._collective_models: dict[tuple[Signature, CommConfig], CollectiveModel] = {}
         self._sm = cluster.gpu.sm_count
         self._l2 = float(cluster.gpu.l2_bytes)
         self._bw = cluster.gpu.mem_bw_gb_per_s * 1e3 * self.params.mem_efficiency
 
     # ---- caches ------------------------------------------------------------------------------
-    def _static(self, workload: Workload) -> _Static:
-        key = id(workload)
-        size = len(workload.compute_ops) + len(workload.collectives) + len(workload.dependencies)
-        entry = self._statics.get(key)
-        if entry is not None and entry[0]() is workload and entry[1] == size:
-            return entry[2]
-        static = _Static(workload, self.cluster, self.params)
-        if len(self._statics) > 64:
-            self._statics = {k: v for k, v in self._statics.items() if v[0]() is not None}
-        self._statics[key] = (weakref.ref(workload), size, static)
-        return static
+    def _build_static(self, workload: Workload) -> _Static:
+        return _Static(workload, self.cluster, self.params)
 
     def collective_model(self, signature: Signature, config: CommConfig | None = None) -> CollectiveModel:
         """The collective's model under ``config`` resolved over NCCL's default."""
@@ -181,8 +174,9 @@ class Simulator:
 
     # ---- the evaluator -------------------------------------------------------------------------
     def evaluate(self, workload: Workload, plan: Plan) -> Timing:
+        check_plan(plan)
+        st = self._statics.get(workload)
         self.evaluations += 1
-        st = self._static(workload)
         n = len(st.ops)
         nc = st.n_compute
         if n == 0:
@@ -220,12 +214,6 @@ class Simulator:
                             remaining[i] += wait / max(model.alone_us, 1e-9)
                     active_k.append(i)
             ready = []
-            if not active_c and not active_k:  # a dependency cycle or missing op: release the rest
-                rest = [i for i in range(n) if pending[i] > 0]
-                for i in rest:
-                    pending[i] = 0
-                ready = rest
-                continue
             if not active_k and len(active_c) == 1:  # fast path: one kernel alone on the GPU
                 i = active_c[0]
                 r = 1.0 / (cmodels[i].uncontended_us * factors[i])
@@ -325,11 +313,11 @@ class Simulator:
         ops = {op_id: OpTiming(s, e - s) for op_id, s, e in zip(st.op_ids, start, end)}
         first = min(start)
         last = max(end)
-        compute_spans = _union([(start[i], end[i]) for i in range(nc) if not st.ops[i].is_memory_op])
-        comm_spans = _union([(start[i], end[i]) for i in range(nc, len(st.ops))])
+        compute_spans = union([(start[i], end[i]) for i in range(nc) if not st.ops[i].is_memory_op])
+        comm_spans = union([(start[i], end[i]) for i in range(nc, len(st.ops))])
         compute_us = sum((b - a for a, b in compute_spans), 0.0)
         comm_us = sum((b - a for a, b in comm_spans), 0.0)
-        exposed = comm_us - _intersection(comm_spans, compute_spans)
+        exposed = comm_us - sum((b - a for a, b in intersection(comm_spans, compute_spans)), 0.0)
         per_stream: dict[int, float] = {}
         for i in range(nc):
             if st.ops[i].is_memory_op:
@@ -345,33 +333,6 @@ class Simulator:
             compute_uncontended_us=min(uncontended, compute_us) if compute_us > 0 else 0.0,
             ops=ops,
         )
-
-
-def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    spans.sort()
-    out: list[list[float]] = []
-    for a, b in spans:
-        if out and a <= out[-1][1]:
-            if b > out[-1][1]:
-                out[-1][1] = b
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
-
-
-def _intersection(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> float:
-    i = j = 0
-    total = 0.0
-    while i < len(x) and j < len(y):
-        lo = max(x[i][0], y[j][0])
-        hi = min(x[i][1], y[j][1])
-        if hi > lo:
-            total += hi - lo
-        if x[i][1] < y[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
 
 
 def tiny_overlap_workload(op: ComputeOp, signature: Signature, collective_name: str = "collective") -> Workload:

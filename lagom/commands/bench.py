@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         _check_plot_path(args.plot)
     err = Console(stderr=True)
-    evaluator = args.evaluator or tuning.default_evaluator_name()
+    evaluator = args.evaluator or tuning.DEFAULT_EVALUATOR
     specs = bench_matrix.matrix_specs(args.quick)
     clusters = tuple(args.cluster) if args.cluster else bench_matrix.CLUSTERS
     total = len(specs) * len(clusters)

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         raise LagomError(f"-o {args.output}: {output.parent} is not an existing folder")
     cluster = tuning.with_nccl_version(load_cluster(args.cluster), args.nccl_version)
     workload = tuning.load_workload_arg(args.workload, cluster)
-    evaluator_name = args.evaluator or tuning.default_evaluator_name()
+    evaluator_name = args.evaluator or tuning.DEFAULT_EVALUATOR
     err = Console(stderr=True)
     for warning in fit_warnings(workload, cluster):
         err.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)

@@ -76,7 +76,7 @@ class SimBackend:
     """The simulator as the cluster to calibrate against (``sim:PRESET``)."""
 
     def __init__(self, cluster: ClusterSpec, noise: float = 0.01, seed: int = 0, label: str | None = None) -> None:
-        from costmodel.sim import Simulator  # the simulator issue's Evaluator
+        from costmodel.sim import Simulator
 
         self.cluster = cluster
         self.name = label or f"sim:{cluster.name}"

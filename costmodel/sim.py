@@ -177,16 +177,29 @@ class Simulator:
         check_plan(plan)
         st = self._statics.get(workload)
         self.evaluations += 1
+        if not st.ops:
+            return Timing(0.0, 0.0, 0.0, 0.0, 0.0, {})
+        colls = self._collectives_under(st, plan)
+        factors = self._noise_factors(len(st.ops))
+        start, end = self._run(st, colls, factors)
+        return self._timing(st, start, end, factors)
+
+    def _collectives_under(self, st: _Static, plan: Plan) -> list[CollectiveModel]:
+        """Each collective's model under the plan (host-side ones through the CPU path)."""
+        by_sig = {sig: self.collective_model(sig, plan.config_for(sig)) for sig in st.unique_signatures}
+        return [by_sig[sig] if on_gpu else by_sig[sig].host_side() for sig, on_gpu in zip(st.signatures, st.on_gpu)]
+
+    def _noise_factors(self, n: int) -> list[float]:
+        """One multiplicative factor per op: N(1, noise) clipped, or exactly 1 without noise."""
+        if self.noise > 0:
+            return np.clip(self._rng.normal(1.0, self.noise, n), *_NOISE_CLIP).tolist()
+        return [1.0] * n
+
+    def _run(self, st: _Static, colls: list[CollectiveModel], factors: list[float]) -> tuple[list[float], list[float]]:
+        """The event loop: every op's start and end. Between two events the running set is
+        fixed and each op progresses at the rate the others leave it (module docstring)."""
         n = len(st.ops)
         nc = st.n_compute
-        if n == 0:
-            return Timing(0.0, 0.0, 0.0, 0.0, 0.0, {})
-        by_sig = {sig: self.collective_model(sig, plan.config_for(sig)) for sig in st.unique_signatures}
-        colls = [by_sig[sig] if on_gpu else by_sig[sig].host_side() for sig, on_gpu in zip(st.signatures, st.on_gpu)]
-        if self.noise > 0:
-            factors = np.clip(self._rng.normal(1.0, self.noise, n), *_NOISE_CLIP).tolist()
-        else:
-            factors = [1.0] * n
         cmodels = st.compute_models
         state_cache = st.state_cache
         succ = st.succ
@@ -214,6 +227,9 @@ class Simulator:
                             remaining[i] += wait / max(model.alone_us, 1e-9)
                     active_k.append(i)
             ready = []
+            if not active_c and not active_k:  # only if stream order and dependencies disagree
+                stuck = next(i for i in range(n) if pending[i] > 0)
+                raise LagomError(f"workload: op {st.op_ids[stuck]} can never start (cyclic dependencies)")
             if not active_k and len(active_c) == 1:  # fast path: one kernel alone on the GPU
                 i = active_c[0]
                 r = 1.0 / (cmodels[i].uncontended_us * factors[i])
@@ -263,7 +279,7 @@ class Simulator:
                     pending[s] -= 1
                     if pending[s] == 0:
                         ready.append(s)
-        return self._timing(st, start, end, factors)
+        return start, end
 
     def _state_durations(self, kernels: tuple, collectives: tuple) -> list[float]:
         """Duration of each running op (kernels first, then collectives) if this set of ops ran

@@ -16,11 +16,7 @@ subspace in which its own time was smallest.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from costmodel.evaluator import Evaluator
 from nccl_env.errors import LagomError
-from traces.workload import Workload
 from tuner.method import SearchMethod
 from tuner.objective import BudgetExhausted, Objective
 from tuner.result import Step, TuningResult
@@ -35,15 +31,8 @@ class AutoCCL(SearchMethod):
     def __init__(self, rounds: int = 2) -> None:
         self.rounds = rounds
 
-    def tune(
-        self,
-        workload: Workload,
-        evaluator: Evaluator,
-        space: SearchSpace,
-        budget: int | None = None,
-        progress: Callable[[int], None] | None = None,
-    ) -> TuningResult:
-        obj = Objective(workload, evaluator, space, budget, progress)
+    def search(self, obj: Objective) -> TuningResult:
+        space = obj.space
         start = space.point_near(lambda s: space.defaults[s])
         n_candidates = 1 + max((len(space.unit_pairs(u)) for u in space.subspace_units), default=0)
         finals: list[Point] = []

@@ -229,9 +229,7 @@ class AnalyticEvaluator:
         ops = [*w.compute_ops, *w.collectives]
         order = sorted(range(len(ops)), key=lambda i: (ops[i].start_us, i))  # stream order = list order
         op_ids = [ops[i].op_id for i in order]
-        index = {oid: k for k, oid in enumerate(op_ids)}
-        if len(index) != len(op_ids):
-            raise LagomError(f"workload {w.source or '(unnamed)'}: op ids are not unique")
+        index = {oid: k for k, oid in enumerate(op_ids)}  # unique, dependencies acyclic: check_workload
         n = len(op_ids)
         is_coll = [i >= len(w.compute_ops) for i in order]
         next_on_stream = [-1] * n
@@ -245,11 +243,8 @@ class AnalyticEvaluator:
                 n_preds[k] += 1
             last[ops[i].stream] = k
         for dep in w.dependencies:
-            a, b = index.get(dep.before), index.get(dep.after)
-            if a is None or b is None or a == b:
-                continue
-            succs[a].append(b)
-            n_preds[b] += 1
+            succs[index[dep.before]].append(index[dep.after])
+            n_preds[index[dep.after]] += 1
         shapes: list[ComputeShape | None] = [None] * n
         shape_id = [-1] * n
         busy = [False] * n
@@ -413,18 +408,12 @@ class AnalyticEvaluator:
             f2 = -1  # a second op ending at the same time
             if not xs:  # a kernel alone
                 dt = remaining[c] * base[c]
-                t += dt
-                if busy[c]:
-                    busy_compute += dt
                 f1 = c
             elif len(xs) == 1:
                 x = xs[0]
                 e = ests[sig_of[x]]
                 if c < 0:  # a collective alone
                     dt = remaining[x] * e.time_us
-                    t += dt
-                    busy_comm += dt
-                    exposed += dt
                     f1 = x
                 else:  # the common case: one kernel beside one collective
                     key = (shape_id[c], id(e))
@@ -445,12 +434,6 @@ class AnalyticEvaluator:
                     else:
                         dt = tc
                         f1, f2 = c, x
-                    t += dt
-                    busy_comm += dt
-                    if busy[c]:
-                        busy_compute += dt
-                    else:
-                        exposed += dt
             elif len(xs) == 2 and c >= 0:  # a kernel beside two collectives (e.g. TP + DP groups)
                 x1, x2 = xs
                 key = (shape_id[c], id(ests[sig_of[x1]]), id(ests[sig_of[x2]]))
@@ -462,12 +445,6 @@ class AnalyticEvaluator:
                 t1 = remaining[x1] * y1
                 t2 = remaining[x2] * y2
                 dt = tc if tc <= t1 and tc <= t2 else (t1 if t1 <= t2 else t2)
-                t += dt
-                busy_comm += dt
-                if busy[c]:
-                    busy_compute += dt
-                else:
-                    exposed += dt
                 f1 = f2 = -1
                 for k, y in ((c, yc), (x1, y1), (x2, y2)):
                     left = remaining[k] - dt / y
@@ -480,19 +457,10 @@ class AnalyticEvaluator:
                             remaining[k] = 0.0  # a third end at the same time: next step, dt = 0
                     else:
                         remaining[k] = left
-            else:  # several collectives at once
-                key = (shape_id[c] if c >= 0 else -1, *[id(ests[sig_of[x]]) for x in xs])
-                times = cache.get(key)
-                if times is None:
-                    times = cache[key] = times_under(st, [c] if c >= 0 else [], xs, ests)
+            else:  # several collectives at once (rare: _times_under's own cache serves it)
+                times = times_under(st, [c] if c >= 0 else [], xs, ests)
                 running = [c, *xs] if c >= 0 else xs
                 dt = min([remaining[k] * tk for k, tk in zip(running, times)])
-                t += dt
-                busy_comm += dt
-                if c >= 0 and busy[c]:
-                    busy_compute += dt
-                else:
-                    exposed += dt
                 finished = _advance(running, times, remaining, dt)
                 if len(finished) > 2:  # rare: end them one by one at the same time
                     for k in finished[2:]:
@@ -502,6 +470,15 @@ class AnalyticEvaluator:
                 else:
                     f1 = finished[0]
                     f2 = finished[1] if len(finished) == 2 else -1
+            t += dt  # the step's busy time, before the ended ops leave
+            if xs:
+                busy_comm += dt
+                if c >= 0 and busy[c]:
+                    busy_compute += dt
+                else:
+                    exposed += dt
+            elif busy[c]:
+                busy_compute += dt
             for k in (f1, f2):
                 if k < 0:
                     continue

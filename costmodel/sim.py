@@ -83,12 +83,9 @@ class _Static:
                 succ[prev].append(i)
                 pending[i] += 1
             last_on_stream[sid] = i
-        for dep in workload.dependencies:
-            a, b = index.get(dep.before), index.get(dep.after)
-            if a is None or b is None or a == b:
-                continue
-            succ[a].append(b)
-            pending[b] += 1
+        for dep in workload.dependencies:  # every one names two ops (check_workload)
+            succ[index[dep.before]].append(index[dep.after])
+            pending[index[dep.after]] += 1
         self.succ = succ
         self.pending = pending
         # kernels of the same shape share one model (and its memo): layers repeat

@@ -16,6 +16,8 @@ subspace in which its own time was smallest.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from nccl_env.errors import LagomError
 from tuner.method import SearchMethod
 from tuner.objective import BudgetExhausted, Objective
@@ -25,11 +27,10 @@ from tuner.space import Point, SearchSpace
 AXIS_ORDER = ("channels", "threads", "chunk_bytes")  # AutoCCL's order: NC, NT, C
 
 
+@dataclass
 class AutoCCL(SearchMethod):
     name = "autoccl"
-
-    def __init__(self, rounds: int = 2) -> None:
-        self.rounds = rounds
+    rounds: int = 2  # coordinate-descent rounds per subspace candidate
 
     def search(self, obj: Objective) -> TuningResult:
         space = obj.space

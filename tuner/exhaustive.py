@@ -8,6 +8,7 @@ refuses (LagomError) spaces larger than ``max_points``. Use it on small windows.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 from nccl_env.errors import LagomError
 from tuner.method import SearchMethod
@@ -16,11 +17,10 @@ from tuner.result import TuningResult
 from tuner.space import Point, SearchSpace
 
 
+@dataclass
 class Exhaustive(SearchMethod):
     name = "exhaustive"
-
-    def __init__(self, max_points: int = 5000) -> None:
-        self.max_points = max_points
+    max_points: int = 5000  # larger spaces are refused
 
     def search(self, obj: Objective) -> TuningResult:
         space = obj.space

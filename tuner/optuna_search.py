@@ -19,6 +19,7 @@ from tuner.space import Point
 
 class OptunaTPE(SearchMethod):
     name = "optuna"
+    default_budget: int = 100
 
     def __init__(self, seed: int = 0, default_budget: int = 100) -> None:
         self.seed = seed

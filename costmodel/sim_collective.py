@@ -35,6 +35,10 @@ from costmodel.cluster import ClusterSpec
 from costmodel.sim_params import SimParams
 
 
+# Rings and trees are the pipelines below; NVLS, CollNet and PAT would silently run as a ring.
+MODELLED_ALGORITHMS = (Algorithm.RING, Algorithm.TREE)
+
+
 def _protocol_figures(protocol: Protocol, params: SimParams) -> tuple[float, float, float]:
     """(per-channel copy rate GB/s, payload fraction of the bytes moved, per-step sync us)."""
     if protocol is Protocol.LL:

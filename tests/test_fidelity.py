@@ -22,6 +22,7 @@ from costmodel.fidelity import gemm_beside_us, load_cases, parse_cases, run_case
 from costmodel.sim import Simulator
 from nccl_env import CollectiveType, CommConfig, Signature
 from nccl_env.errors import LagomError
+from traces.gemm_names import GemmDtype
 from traces.generate import gemm_op
 
 BUNDLED = REPO_ROOT / "tests" / "data" / "fidelity" / "published.json"
@@ -189,8 +190,16 @@ def test_gemm_case_that_misses_exits_1(tmp_path, capsys):
     assert "1 of 2 cases hold" in out and "\nNO " in out
 
 
-def test_gemm_dtype_the_simulator_does_not_time_is_refused():
+def test_gemm_precision_sets_its_peak():
+    """FP32 runs on the CUDA cores (A100: 19.5 of 312 TFLOP/s), TF32 at half the BF16 tensor rate."""
+    sim = Simulator(load_cluster("a100-nvswitch"), noise=0.0)
+    alone = {d: sim.compute_time_us(gemm_op("g", 4096, 4096, 4096, dtype=d)) for d in GemmDtype}
+    assert alone[GemmDtype.FP16] == alone[GemmDtype.BF16]
+    assert alone[GemmDtype.TF32] == pytest.approx(2 * alone[GemmDtype.BF16], rel=0.05)
+    assert alone[GemmDtype.FP32] == pytest.approx(312 / 19.5 * alone[GemmDtype.BF16], rel=0.05)
     case = _gemm_case(12, 1.0, 1.05)
+    case["gemm"]["dtype"] = "fp32"  # slower blocks, same waves: still one wave beside 12 channels
+    assert run_cases(parse_cases(_file(case), "built"))[0].holds
     case["gemm"]["dtype"] = "fp8"
-    with pytest.raises(LagomError, match="'gemm.dtype' 'fp8'"):
+    with pytest.raises(LagomError, match="'gemm.dtype' 'fp8' is not one of bf16, fp16, tf32, fp32"):
         parse_cases(_file(case), "built")

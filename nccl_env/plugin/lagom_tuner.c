@@ -13,7 +13,7 @@
  * call concurrently; each communicator's context holds only its rank/node counts
  * and logger.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* glibc's writer-preferring rwlock initializer; other libcs take the POSIX one */
 
 #include <errno.h>
 #include <limits.h>
@@ -82,6 +82,9 @@ typedef struct {
   Key* keys;                  /* keys[i] = match fields of entries[i] */
   int n;
   int rejected;
+  _Atomic uint64_t* collCalls;  /* collCalls[i] = getCollInfo calls entries[i] answered (relaxed increments) */
+  _Atomic uint64_t* chunkCalls; /* chunkCalls[i] = getChunkSize calls entries[i] answered */
+  uint64_t generation;        /* set by install(): which table this is, for the counters' reader */
   View all;                   /* every line; used when MAX_VIEWS shapes are taken */
   pthread_mutex_t viewLock;   /* serialises building views */
   View* views[MAX_VIEWS];     /* views[0..nViews) are published; built lazily on a shape's first lookup */
@@ -94,9 +97,16 @@ typedef struct {
   ncclDebugLogger_t log;
 } Ctx;
 
+#ifdef PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP
+/* A waiting swap holds back new readers (glibc's default lets a steady stream of lookups starve it); no reader
+ * takes the lock twice, which this kind forbids. */
+static pthread_rwlock_t g_lock = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
+#else
 static pthread_rwlock_t g_lock = PTHREAD_RWLOCK_INITIALIZER;
+#endif
 static Table* g_table = NULL;   /* guarded by g_lock */
 static int g_apiOwned = 0;      /* guarded by g_lock: the table was set through the C API */
+static uint64_t g_generation = 0; /* guarded by g_lock: tables installed so far */
 static pthread_mutex_t g_logLock = PTHREAD_MUTEX_INITIALIZER;
 static ncclDebugLogger_t g_log = NULL; /* the latest NCCL logger, for API-triggered warnings */
 static atomic_int g_fallbackLevel = -1;
@@ -419,6 +429,8 @@ static void free_table(Table* t) {
     free(t->views[i]);
   }
   pthread_mutex_destroy(&t->viewLock);
+  free(t->collCalls);
+  free(t->chunkCalls);
   free(t->keys);
   free(t->entries);
   free(t);
@@ -507,7 +519,9 @@ static Table* parse_table(const char* text, size_t len, const char* origin, nccl
   if (warned > MAX_WARNINGS_PER_LOAD)
     say(log, NCCL_LOG_WARN, "TUNER/Lagom: %s: %d more rejected lines not listed", origin, warned - MAX_WARNINGS_PER_LOAD);
   t->keys = malloc(sizeof(Key) * (size_t)(t->n ? t->n : 1));
-  if (!t->keys) { free_table(t); return NULL; }
+  t->collCalls = calloc((size_t)(t->n ? t->n : 1), sizeof(*t->collCalls));
+  t->chunkCalls = calloc((size_t)(t->n ? t->n : 1), sizeof(*t->chunkCalls));
+  if (!t->keys || !t->collCalls || !t->chunkCalls) { free_table(t); return NULL; }
   for (int i = 0; i < t->n; i++) {
     const Entry* e = &t->entries[i];
     t->keys[i] = (Key){e->minBytes, e->maxBytes, e->nNodes, e->nRanks, e->pipeOps, e->regBuff};
@@ -549,17 +563,30 @@ static char* read_file(const char* path, size_t* len, int* missing, ncclDebugLog
   return data;
 }
 
-static void install(Table* t, int apiOwned) {
+/* Who is installing a table: the C API (the table then stays until lagom_tuner_reload), lagom_tuner_reload, or a
+ * communicator init re-reading the file, which yields to a table set through the API. */
+typedef enum { BY_API, BY_RELOAD, BY_INIT } Installer;
+
+/* Swap t in under the write lock (readers see the old or the new table, whole) and free the old one once no
+ * reader holds it. The API-ownership check and the swap are one critical section, so an init that read the
+ * file before a concurrent lagom_tuner_set_table cannot overwrite that table (t is then discarded). */
+static void install(Table* t, Installer by) {
   pthread_rwlock_wrlock(&g_lock);
+  if (by == BY_INIT && g_apiOwned) {
+    pthread_rwlock_unlock(&g_lock);
+    free_table(t);
+    return;
+  }
   Table* old = g_table;
   g_table = t;
-  g_apiOwned = apiOwned;
+  g_apiOwned = by == BY_API;
+  if (t) t->generation = ++g_generation;
   pthread_rwlock_unlock(&g_lock);
   free_table(old);
 }
 
 /* Load a file into a new table; returns entries, or -1 if the file is unreadable (empty table). */
-static int load_file(const char* path, int apiOwned, int quietIfMissing, ncclDebugLogger_t log) {
+static int load_file(const char* path, Installer by, int quietIfMissing, ncclDebugLogger_t log) {
   size_t len = 0;
   int missing = 0;
   char* data = read_file(path, &len, &missing, log);
@@ -578,14 +605,14 @@ static int load_file(const char* path, int apiOwned, int quietIfMissing, ncclDeb
     free(data);
     rc = t ? t->n : -1;
   }
-  install(t, apiOwned);
+  install(t, by);
   return rc;
 }
 
-static int load_from_env(ncclDebugLogger_t log) {
+static int load_from_env(Installer by, ncclDebugLogger_t log) {
   const char* path = getenv("NCCL_TUNER_CONFIG_FILE");
-  if (path && *path) return load_file(path, 0, 0, log);
-  return load_file("nccl_tuner.conf", 0, 1, log); /* NVIDIA's example default, quiet when absent */
+  if (path && *path) return load_file(path, by, 0, log);
+  return load_file("nccl_tuner.conf", by, 1, log); /* NVIDIA's example default, quiet when absent */
 }
 
 /* ---------------------------------------------------------------- matching */
@@ -657,6 +684,11 @@ static Entry* lookup(Table* t, int coll, uint64_t nBytes, int nNodes, int nRanks
   return NULL;
 }
 
+/* One more call answered by e (an entry of t). Relaxed: a count, not a synchronisation. */
+static inline void count_call(_Atomic uint64_t* counters, const Table* t, const Entry* e) {
+  atomic_fetch_add_explicit(&counters[e - t->entries], 1, memory_order_relaxed);
+}
+
 static int usable(float cost) { return cost >= 0.0f; } /* NCCL_ALGO_PROTO_IGNORE is -1.0; NaN is not usable */
 
 static void warn_once(Ctx* ctx, Entry* e, const char* what) {
@@ -696,6 +728,7 @@ static ncclResult_t coll_info(void* context, ncclFunc_t collType, size_t nBytes,
   pthread_rwlock_rdlock(&g_lock);
   Entry* e = lookup(g_table, collType, (uint64_t)nBytes, ctx->nNodes, ctx->nRanks, numPipeOps, regBuff);
   if (e) {
+    count_call(g_table->collCalls, g_table, e);
     apply_costs(ctx, e, (float*)collCostTable, numAlgo, numProto);
     if (e->channels > 0 && nChannels) *nChannels = e->channels;
     if (ctx->log && fallback_level() >= NCCL_LOG_TRACE) /* formatting costs; only when NCCL_DEBUG=TRACE */
@@ -728,7 +761,7 @@ static ncclResult_t new_context(size_t nRanks, size_t nNodes, uint64_t commId, n
   pthread_rwlock_rdlock(&g_lock);
   int apiOwned = g_apiOwned;
   pthread_rwlock_unlock(&g_lock);
-  if (!apiOwned) load_from_env(log); /* a table set through the C API wins until lagom_tuner_reload() */
+  if (!apiOwned) load_from_env(BY_INIT, log); /* a table set through the C API wins until lagom_tuner_reload() */
   say(log, NCCL_LOG_INFO, "TUNER/Lagom: init nRanks %d nNodes %d, %d entries", ctx->nRanks, ctx->nNodes,
       entry_count());
   *context = ctx;
@@ -765,6 +798,7 @@ static ncclResult_t coll_info_v2(void* context, ncclFunc_t collType, size_t nByt
   pthread_rwlock_rdlock(&g_lock);
   Entry* e = lookup(g_table, collType, (uint64_t)nBytes, ctx->nNodes, ctx->nRanks, numPipeOps, UNKNOWN);
   if (e) {
+    count_call(g_table->collCalls, g_table, e);
     if (e->algo != ANY && e->proto != ANY) {
       int a = e->algo;
       int ok = a < NUM_ALGOS_V2 &&
@@ -796,6 +830,7 @@ static ncclResult_t chunk_size(void* context, ncclFunc_t collType, size_t nBytes
   if (!ctx || !chunkSize) return ncclSuccess;
   pthread_rwlock_rdlock(&g_lock);
   Entry* e = lookup(g_table, collType, (uint64_t)nBytes, ctx->nNodes, ctx->nRanks, UNKNOWN, UNKNOWN);
+  if (e) count_call(g_table->chunkCalls, g_table, e);
   if (e && e->chunkBytes > 0 && (e->algo == ANY || e->algo == algo) && (e->proto == ANY || e->proto == proto))
     *chunkSize = (size_t)e->chunkBytes;
   pthread_rwlock_unlock(&g_lock);
@@ -820,18 +855,18 @@ LAGOM_EXPORT int lagom_tuner_set_table(const char* csv_text) {
   Table* t = csv_text ? parse_table(csv_text, strlen(csv_text), "<lagom_tuner_set_table>", current_logger())
                       : new_table();
   int n = t ? t->n : -1;
-  install(t, 1);
+  install(t, BY_API);
   return n;
 }
 
 /* Replace the table with a file's. Returns entries, or -1 if unreadable (the table is then empty). */
 LAGOM_EXPORT int lagom_tuner_load_file(const char* path) {
   if (!path) return lagom_tuner_set_table(NULL);
-  return load_file(path, 1, 0, current_logger());
+  return load_file(path, BY_API, 0, current_logger());
 }
 
 /* Go back to NCCL_TUNER_CONFIG_FILE (read now and at each communicator init). Returns entries or -1. */
-LAGOM_EXPORT int lagom_tuner_reload(void) { return load_from_env(current_logger()); }
+LAGOM_EXPORT int lagom_tuner_reload(void) { return load_from_env(BY_RELOAD, current_logger()); }
 
 LAGOM_EXPORT int lagom_tuner_entry_count(void) { return entry_count(); }
 
@@ -841,6 +876,34 @@ LAGOM_EXPORT int lagom_tuner_rejected_count(void) {
   int n = g_table ? g_table->rejected : 0;
   pthread_rwlock_unlock(&g_lock);
   return n;
+}
+
+/* Per-entry call counts of the current table, read under the read lock so that they belong to one table:
+ * collInfoCalls[i] / chunkSizeCalls[i] (either may be NULL) for i < min(capacity, entries), and *generation
+ * (may be NULL) = which table (1 for the first installed, +1 per replacement). Returns the table's entries. */
+LAGOM_EXPORT int lagom_tuner_entry_calls(uint64_t* collInfoCalls, uint64_t* chunkSizeCalls, int capacity,
+                                         uint64_t* generation) {
+  pthread_rwlock_rdlock(&g_lock);
+  const Table* t = g_table;
+  int n = t ? t->n : 0;
+  for (int i = 0; i < n && i < capacity; i++) {
+    if (collInfoCalls) collInfoCalls[i] = atomic_load_explicit(&t->collCalls[i], memory_order_relaxed);
+    if (chunkSizeCalls) chunkSizeCalls[i] = atomic_load_explicit(&t->chunkCalls[i], memory_order_relaxed);
+  }
+  if (generation) *generation = t ? t->generation : 0;
+  pthread_rwlock_unlock(&g_lock);
+  return n;
+}
+
+/* Zero the current table's call counts (a new table starts at zero anyway). */
+LAGOM_EXPORT void lagom_tuner_reset_entry_calls(void) {
+  pthread_rwlock_rdlock(&g_lock);
+  const Table* t = g_table;
+  for (int i = 0; t && i < t->n; i++) {
+    atomic_store_explicit(&t->collCalls[i], 0, memory_order_relaxed);
+    atomic_store_explicit(&t->chunkCalls[i], 0, memory_order_relaxed);
+  }
+  pthread_rwlock_unlock(&g_lock);
 }
 
 __attribute__((destructor)) static void unload(void) {

@@ -39,7 +39,7 @@ def flat(table: list[list[float]]) -> list[float]:
 
 @pytest.fixture(scope="module")
 def lib() -> TunerLibrary:
-    return TunerLibrary(build_plugin())
+    return TunerLibrary(build_plugin(strict=True))  # warnings fail the tests, never a user's build
 
 
 @pytest.fixture
@@ -297,7 +297,7 @@ def test_python_parser_accepts_exactly_what_the_c_plugin_accepts(lib):
 
 
 def test_table_written_by_python_drives_the_c_plugin_like_python_lookup(lib, log):
-    """Random overlapping tables: the C plugin (indexed, per-shape views) picks what first-match in Python picks."""
+    """Random overlapping tables: the C plugin picks what first-match in Python picks."""
     rng = random.Random(7)
     colls = [CollectiveType.ALLREDUCE, CollectiveType.ALLGATHER, CollectiveType.REDUCESCATTER]
     entries = []
@@ -410,3 +410,17 @@ def test_entry_call_counts_say_which_line_answered_each_call(lib, log, tmp_path)
     path.write_text("allreduce,0,-1,ring,simple,4,-1,-1\n")
     assert lib.load_file(path) == 1 and lib.entry_call_counts() == [0] and lib.table_generation() == first + 2
     assert lib.set_table(None) == 0 and lib.entry_call_counts() == []
+
+
+def test_a_table_too_long_to_scan_fast_is_said_once_and_still_fully_used(lib, log):
+    lines = [f"allreduce,{i},{i},ring,simple,{1 + i % 64},-1,-1" for i in range(2500)]
+    lines.append("allgather,0,-1,tree,ll,2,-1,-1")
+    with lib.open(4, 8, 1, log):  # the live API warns through the latest communicator's logger
+        assert lib.set_table("\n".join(lines)) == 2501
+        said = [w for w in warnings(log) if "scans them" in w]
+        assert len(said) == 1 and "2500 lines can match allreduce calls" in said[0]
+    with lib.open(4, 8, 1, log) as comm:
+        assert comm.get_coll_info(ALLREDUCE, 2499, costs(7)).n_channels == 1 + 2499 % 64  # the last line answers
+        assert comm.get_coll_info(ALLREDUCE, 2500, costs(7)).n_channels == 0
+    assert lib.set_table("\n".join(lines[:1000])) == 1000
+    assert len([w for w in warnings(log) if "scans them" in w]) == 1  # a short table says nothing

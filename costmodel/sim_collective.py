@@ -28,12 +28,10 @@ from __future__ import annotations
 
 import math
 
-from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
-from nccl_env.plan import Signature
-
 from costmodel.cluster import ClusterSpec
 from costmodel.sim_params import SimParams
-
+from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
+from nccl_env.plan import Signature
 
 # Rings and trees are the pipelines below; NVLS, CollNet and PAT would silently run as a ring.
 MODELLED_ALGORITHMS = (Algorithm.RING, Algorithm.TREE)

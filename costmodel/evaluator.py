@@ -35,6 +35,8 @@ class StepTiming:
     measured_iteration_us: float
     measured_comm_us: float
     measured_exposed_comm_us: float
+    compute_us: float = 0.0  # merged compute kernel time of the step's ops
+    measured_compute_us: float = 0.0
 
     def to_dict(self) -> dict:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()}

@@ -13,7 +13,10 @@
   and everything the thread does after it shifts by ``return' - return``;
 - a profiler step starts where its ``ProfilerStep#N`` annotation starts, shifted with
   its thread; its time runs to the next step's start (the unfinished last step only
-  closes the one before it). Its ops are those launched inside it (HTA's rule, as
+  closes the one before it), and no earlier than its ops' last end allows: GPU work
+  that ends later than measured, by more than the idle slack the trace left before
+  the next step, delays the next step by the excess. (A GPU that gets faster shortens
+  a step only through the host synchronisations: a trace without them was CPU-bound.) Its ops are those launched inside it (HTA's rule, as
   ``lagom analyze`` counts steps): communication = merged time of its on-GPU
   collectives, exposed = the part of that no compute kernel overlaps. A trace without
   steps is one pseudo-step, ``whole trace``, from its first launch to its last op end.
@@ -27,8 +30,8 @@ from __future__ import annotations
 import heapq
 import weakref
 from bisect import bisect_right
-from itertools import pairwise
 from dataclasses import dataclass
+from itertools import pairwise
 
 from costmodel.evaluator import OpTiming, StepTiming, Timing
 from nccl_env.errors import LagomError
@@ -71,7 +74,8 @@ class ReplayStatic:
     steps: list[_Step]
     step_sync: list[int]  # step -> sync whose shift moves its start
     step_end_sync: list[int]  # step -> sync whose shift moves the next step's start
-    measured_steps: list[tuple[float, float, float]]  # (iteration, comm, exposed) per step
+    measured_steps: list[tuple[float, float, float, float]]  # (iteration, comm, exposed, compute) per step
+    measured_tails: list[float]  # per step: the last end of its ops
 
 
 _STATICS: dict[int, tuple[weakref.ref, ReplayStatic]] = {}
@@ -150,9 +154,12 @@ def _build(w: Workload, g: ExecGraph) -> ReplayStatic:
         sync_prev=sync_prev, sync_start=[s.start_us for s in syncs], sync_end=[s.end_us for s in syncs],
         sync_own=[s.own_us for s in syncs], sync_return=[s.return_us for s in syncs], sync_awaited=awaited,
         steps=steps, step_sync=step_sync, step_end_sync=step_end_sync, measured_steps=[],
+        measured_tails=[],
     )
     ends = [o.start_us + o.duration_us for o in ops]
-    st.measured_steps = _step_figures(st, st.measured_start, ends, [0.0] * len(syncs))
+    figures = _step_figures(st, st.measured_start, ends, [0.0] * len(syncs))
+    st.measured_steps = [f[:4] for f in figures]
+    st.measured_tails = [f[4] for f in figures]
     return st
 
 
@@ -209,23 +216,28 @@ def _steps(w: Workload, g: ExecGraph, ops) -> list[_Step]:
     return [_Step(WHOLE_TRACE, -1, start, None, list(range(len(ops))))]
 
 
-def _step_figures(st: ReplayStatic, starts: list[float], ends: list[float],
-                  sync_shift: list[float]) -> list[tuple[float, float, float]]:
-    """(step time, communication, exposed communication) per step."""
+def _step_figures(st: ReplayStatic, starts: list[float], ends: list[float], sync_shift: list[float],
+                  measured_tails: list[float] | None = None) -> list[tuple[float, float, float, float, float]]:
+    """(step time, communication, exposed communication, compute, last op end) per step."""
     cover = CoverIndex(union((starts[k], ends[k]) for k in range(len(starts)) if st.is_compute[k]))
     out = []
     for i, step in enumerate(st.steps):
         shift = sync_shift[st.step_sync[i]] if st.step_sync[i] >= 0 else 0.0
         begin = step.start_us + shift
+        tail = max((ends[k] for k in step.op_index), default=begin)
         if step.next_start_us is None:
-            finish = max((ends[k] for k in step.op_index), default=begin)
+            finish = tail
         else:
             nxt = st.step_end_sync[i]
             finish = step.next_start_us + (sync_shift[nxt] if nxt >= 0 else 0.0)
+            if measured_tails is not None:  # GPU work that ends later than measured, past its slack, delays the next step
+                slack = max(0.0, step.next_start_us - measured_tails[i])
+                finish = max(finish, step.next_start_us + tail - measured_tails[i] - slack)
         comm = union((starts[k], ends[k]) for k in step.op_index if st.is_coll[k])
         total = sum(b - a for a, b in comm)
         exposed = total - sum(cover.covered(a, b) for a, b in comm)
-        out.append((finish - begin, total, exposed))
+        compute = sum(b - a for a, b in union((starts[k], ends[k]) for k in step.op_index if st.is_compute[k]))
+        out.append((finish - begin, total, exposed, compute, tail))
     return out
 
 
@@ -266,13 +278,13 @@ def replay(workload: Workload, durations: list[float], uncontended: list[float] 
             if awaited:
                 finish = max(finish, max(ends[a] for a in awaited) + st.sync_return[v])
             shift[v] = finish - st.sync_end[v]
-    figures = _step_figures(st, starts, ends, shift)
-    steps = [
-        StepTiming(s.name, it, comm, exp, *st.measured_steps[i])
-        for i, (s, (it, comm, exp)) in enumerate(zip(st.steps, figures))
-    ]
+    figures = _step_figures(st, starts, ends, shift, st.measured_tails)
+    steps = []
+    for step, (it, comm, exp, compute, _), measured in zip(st.steps, figures, st.measured_steps):
+        m_it, m_comm, m_exp, m_compute = measured
+        steps.append(StepTiming(step.name, it, comm, exp, m_it, m_comm, m_exp, compute, m_compute))
     count = len(steps)
-    compute_busy = _mean_compute_busy(st, starts, ends)
+    compute_busy = sum(s.compute_us for s in steps) / count
     unc = compute_busy
     if uncontended is not None:
         total = sum(durations[k] for k in range(n) if st.is_compute[k])
@@ -289,8 +301,49 @@ def replay(workload: Workload, durations: list[float], uncontended: list[float] 
     )
 
 
-def _mean_compute_busy(st: ReplayStatic, starts: list[float], ends: list[float]) -> float:
-    total = 0.0
-    for step in st.steps:
-        total += sum(b - a for a, b in union((starts[k], ends[k]) for k in step.op_index if st.is_compute[k]))
-    return total / len(st.steps)
+@dataclass(frozen=True)
+class ReplayFidelity:
+    """How closely a replay under the trace's own settings reproduces what the trace measured."""
+
+    steps: int
+    median_step_error_pct: float  # median over steps of |replayed - measured| / measured step time
+    max_step_error_pct: float
+    comm_error_pct: float  # total collective time over all steps, signed
+    exposed_error_pct: float  # total exposed communication, signed
+    exposed_error_us_per_step: float
+    worst_part: str  # "compute", "communication" (exposed) or "idle" (the rest): where step time differs most
+
+    def to_dict(self) -> dict:
+        return {
+            "steps": self.steps, "median_step_error_pct": round(self.median_step_error_pct, 3),
+            "max_step_error_pct": round(self.max_step_error_pct, 3), "comm_error_pct": round(self.comm_error_pct, 3),
+            "exposed_error_pct": round(self.exposed_error_pct, 3),
+            "exposed_error_us_per_step": round(self.exposed_error_us_per_step, 3), "worst_part": self.worst_part,
+        }
+
+
+def fidelity(timing: Timing) -> ReplayFidelity | None:
+    """Replayed against measured, from a replay's steps (None when the timing has no steps)."""
+    steps = timing.steps
+    if not steps:
+        return None
+    errors = sorted(abs(s.iteration_us - s.measured_iteration_us) / s.measured_iteration_us * 100.0
+                    for s in steps if s.measured_iteration_us > 0)
+    median = errors[len(errors) // 2] if len(errors) % 2 else sum(errors[len(errors) // 2 - 1:len(errors) // 2 + 1]) / 2
+
+    def signed_pct(replayed: float, measured: float) -> float:
+        return (replayed - measured) / measured * 100.0 if measured > 0 else (0.0 if replayed == 0 else 100.0)
+
+    comm = sum(s.comm_us for s in steps)
+    comm_m = sum(s.measured_comm_us for s in steps)
+    exposed = sum(s.exposed_comm_us for s in steps)
+    exposed_m = sum(s.measured_exposed_comm_us for s in steps)
+    step_diff = sum(s.iteration_us - s.measured_iteration_us for s in steps)
+    compute_diff = sum(s.compute_us - s.measured_compute_us for s in steps)
+    parts = {"communication": abs(exposed - exposed_m), "compute": abs(compute_diff),
+             "idle": abs(step_diff - (exposed - exposed_m) - compute_diff)}
+    return ReplayFidelity(
+        steps=len(steps), median_step_error_pct=median if errors else 0.0, max_step_error_pct=max(errors, default=0.0),
+        comm_error_pct=signed_pct(comm, comm_m), exposed_error_pct=signed_pct(exposed, exposed_m),
+        exposed_error_us_per_step=(exposed - exposed_m) / len(steps), worst_part=max(parts, key=lambda k: parts[k]),
+    )

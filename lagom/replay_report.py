@@ -31,9 +31,9 @@ def fidelity_warning(fid: ReplayFidelity) -> str | None:
 def steps_table(steps: list[StepTiming], tuned: list[StepTiming] | None = None) -> Table:
     """One row per step: measured, replayed (and tuned) step time, collectives and exposed time, ms."""
     table = Table(title="profiler steps (ms)")
-    for col in ("step", "measured", "replayed", *(("tuned",) if tuned else ()), "coll. meas.", "coll. repl.",
-                "exposed meas.", "exposed repl."):
-        table.add_column(col, justify="left" if col == "step" else "right")
+    for col in ("step", "measured", "replayed", *(("tuned",) if tuned else ()), "coll.", "coll. repl.",
+                "exposed", "exp. repl."):
+        table.add_column(col, justify="left" if col == "step" else "right", no_wrap=True)
     for i, s in enumerate(steps):
         row = [s.name, f"{s.measured_iteration_us / 1e3:,.2f}", f"{s.iteration_us / 1e3:,.2f}"]
         if tuned:

@@ -30,13 +30,15 @@ from __future__ import annotations
 import heapq
 import weakref
 from bisect import bisect_right
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from itertools import pairwise
+
+import numpy as np
 
 from costmodel.evaluator import OpTiming, StepTiming, Timing
 from nccl_env.errors import LagomError
 from traces.exec_graph import ExecGraph
-from traces.intervals import CoverIndex, union
 from traces.workload import CollectiveOp, Workload
 
 WHOLE_TRACE = "whole trace"
@@ -76,6 +78,10 @@ class ReplayStatic:
     step_end_sync: list[int]  # step -> sync whose shift moves the next step's start
     measured_steps: list[tuple[float, float, float, float]]  # (iteration, comm, exposed, compute) per step
     measured_tails: list[float]  # per step: the last end of its ops
+    compute_index: np.ndarray  # ops that count as compute
+    step_index: list[np.ndarray]  # per step: its ops
+    step_coll_index: list[np.ndarray]  # per step: its on-GPU collectives
+    step_compute_index: list[np.ndarray]  # per step: its compute kernels
 
 
 _STATICS: dict[int, tuple[weakref.ref, ReplayStatic]] = {}
@@ -154,8 +160,14 @@ def _build(w: Workload, g: ExecGraph) -> ReplayStatic:
         sync_prev=sync_prev, sync_start=[s.start_us for s in syncs], sync_end=[s.end_us for s in syncs],
         sync_own=[s.own_us for s in syncs], sync_return=[s.return_us for s in syncs], sync_awaited=awaited,
         steps=steps, step_sync=step_sync, step_end_sync=step_end_sync, measured_steps=[],
-        measured_tails=[],
+        measured_tails=[], compute_index=np.array([], dtype=np.int64), step_index=[], step_coll_index=[],
+        step_compute_index=[],
     )
+    st.compute_index = np.array([k for k in range(n) if st.is_compute[k]], dtype=np.int64)
+    for step in steps:
+        st.step_index.append(np.array(step.op_index, dtype=np.int64))
+        st.step_coll_index.append(np.array([k for k in step.op_index if st.is_coll[k]], dtype=np.int64))
+        st.step_compute_index.append(np.array([k for k in step.op_index if st.is_compute[k]], dtype=np.int64))
     ends = [o.start_us + o.duration_us for o in ops]
     figures = _step_figures(st, st.measured_start, ends, [0.0] * len(syncs))
     st.measured_steps = [f[:4] for f in figures]
@@ -216,15 +228,33 @@ def _steps(w: Workload, g: ExecGraph, ops) -> list[_Step]:
     return [_Step(WHOLE_TRACE, -1, start, None, list(range(len(ops))))]
 
 
+def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Length of the union of intervals (vectorised: sort, running max of ends, segment sums)."""
+    if starts.size == 0:
+        return 0.0
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], np.maximum.accumulate(ends[order])
+    new = np.empty(s.size, dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > e[:-1]
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, s.size - 1)
+    return float(np.sum(e[last] - s[first]))
+
+
 def _step_figures(st: ReplayStatic, starts: list[float], ends: list[float], sync_shift: list[float],
                   measured_tails: list[float] | None = None) -> list[tuple[float, float, float, float, float]]:
-    """(step time, communication, exposed communication, compute, last op end) per step."""
-    cover = CoverIndex(union((starts[k], ends[k]) for k in range(len(starts)) if st.is_compute[k]))
+    """(step time, communication, exposed communication, compute, last op end) per step.
+    Exposed = |collectives U compute| - |compute|, compute being every kernel of the trace."""
+    s_arr, e_arr = np.asarray(starts, dtype=float), np.asarray(ends, dtype=float)
+    ks, ke = s_arr[st.compute_index], e_arr[st.compute_index]
+    compute_all = _union_length(ks, ke)
     out = []
     for i, step in enumerate(st.steps):
         shift = sync_shift[st.step_sync[i]] if st.step_sync[i] >= 0 else 0.0
         begin = step.start_us + shift
-        tail = max((ends[k] for k in step.op_index), default=begin)
+        index = st.step_index[i]
+        tail = float(e_arr[index].max()) if index.size else begin
         if step.next_start_us is None:
             finish = tail
         else:
@@ -233,12 +263,38 @@ def _step_figures(st: ReplayStatic, starts: list[float], ends: list[float], sync
             if measured_tails is not None:  # GPU work that ends later than measured, past its slack, delays the next step
                 slack = max(0.0, step.next_start_us - measured_tails[i])
                 finish = max(finish, step.next_start_us + tail - measured_tails[i] - slack)
-        comm = union((starts[k], ends[k]) for k in step.op_index if st.is_coll[k])
-        total = sum(b - a for a, b in comm)
-        exposed = total - sum(cover.covered(a, b) for a, b in comm)
-        compute = sum(b - a for a, b in union((starts[k], ends[k]) for k in step.op_index if st.is_compute[k]))
-        out.append((finish - begin, total, exposed, compute, tail))
+        ci = st.step_coll_index[i]
+        comm = _union_length(s_arr[ci], e_arr[ci])
+        exposed = _union_length(np.concatenate([s_arr[ci], ks]), np.concatenate([e_arr[ci], ke])) - compute_all if ci.size else 0.0
+        pi = st.step_compute_index[i]
+        compute = _union_length(s_arr[pi], e_arr[pi])
+        out.append((finish - begin, comm, max(0.0, exposed), compute, tail))
     return out
+
+
+class _LazyOps(Mapping):
+    """``Timing.ops`` of a replay: OpTiming objects made on first access."""
+
+    def __init__(self, op_ids: list[int], starts: list[float], ends: list[float]) -> None:
+        self._op_ids, self._starts, self._ends = op_ids, starts, ends
+        self._ops: dict[int, OpTiming] | None = None
+
+    def _all(self) -> dict[int, OpTiming]:
+        if self._ops is None:
+            self._ops = {i: OpTiming(s, e - s) for i, s, e in zip(self._op_ids, self._starts, self._ends)}
+        return self._ops
+
+    def __getitem__(self, op_id: int) -> OpTiming:
+        return self._all()[op_id]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._op_ids)
+
+    def __len__(self) -> int:
+        return len(self._op_ids)
+
+    def __contains__(self, op_id: object) -> bool:
+        return op_id in self._all()
 
 
 def replay(workload: Workload, durations: list[float], uncontended: list[float] | None = None) -> Timing:
@@ -296,7 +352,7 @@ def replay(workload: Workload, durations: list[float], uncontended: list[float] 
         comm_us=sum(s.comm_us for s in steps) / count,
         exposed_comm_us=sum(s.exposed_comm_us for s in steps) / count,
         compute_uncontended_us=min(unc, compute_busy),
-        ops={st.op_ids[k]: OpTiming(starts[k], ends[k] - starts[k]) for k in range(n)},
+        ops=_LazyOps(st.op_ids, starts, ends),  # type: ignore[arg-type]
         steps=steps,
     )
 

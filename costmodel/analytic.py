@@ -55,7 +55,7 @@ from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
 from nccl_env.rules import P2P_COLLECTIVES
-from traces.workload import ComputeOp, Workload
+from traces.workload import CollectiveOp, ComputeOp, Op, Workload
 
 _EPS = 1e-9
 
@@ -163,7 +163,7 @@ class AnalyticEvaluator:
             starts, ends, busy_c, busy_x, exposed, iteration, fill = jump_timeline(st.jump, ests, st.pair_many)
             return Timing(iteration_us=iteration, compute_us=busy_c, comm_us=busy_x, exposed_comm_us=exposed,
                           compute_uncontended_us=min(st.uncontended_us, busy_c),
-                          ops=_OpTimings(st.jump.index, starts, ends, fill))  # type: ignore[arg-type]
+                          ops=_OpTimings(st.jump.index, starts, ends, fill))
         timeline = self._timeline_one_compute_stream if st.one_compute_stream else self._timeline
         return self._timing(st, *timeline(st, ests))
 
@@ -173,6 +173,8 @@ class AnalyticEvaluator:
         est = self._est_cache.get(key)
         if est is None:
             full = self.resolve(signature, config)
+            assert (full.algorithm is not None and full.protocol is not None and full.channels is not None
+                    and full.threads is not None and full.chunk_bytes is not None)  # resolve() sets every field
             est = collective_estimate(
                 self.params, signature.collective, signature.message_bytes, signature.ranks, signature.nodes,
                 self.cluster.gpus_per_node, full.algorithm, full.protocol,
@@ -250,7 +252,7 @@ class AnalyticEvaluator:
         return st
 
     def _build_static(self, w: Workload) -> _Static:
-        ops = [*w.compute_ops, *w.collectives]
+        ops: list[Op] = [*w.compute_ops, *w.collectives]
         order = sorted(range(len(ops)), key=lambda i: (ops[i].start_us, i))  # stream order = list order
         op_ids = [ops[i].op_id for i in order]
         index = {oid: k for k, oid in enumerate(op_ids)}
@@ -285,7 +287,7 @@ class AnalyticEvaluator:
         compute_streams: dict[int, list[int]] = {}
         for k, i in enumerate(order):
             op = ops[i]
-            if is_coll[k]:
+            if isinstance(op, CollectiveOp):  # is_coll[k]
                 sig = w.signature(op, self.cluster.gpus_per_node)
                 key = (sig, not op.on_gpu)
                 j = sig_index.get(key)
@@ -301,6 +303,7 @@ class AnalyticEvaluator:
                 busy[k] = not op.is_memory_op
                 compute_streams.setdefault(op.stream, []).append(k)
         coll_streams = {ops[i].stream for k, i in enumerate(order) if is_coll[k]}
+        base_us = [sh.base_us if sh is not None else 0.0 for sh in shapes]
         return _Static(
             n_ops=n, op_ids=op_ids, index=index, is_coll=is_coll, next_on_stream=next_on_stream,
             succs=[tuple(s) for s in succs], n_preds=n_preds, shapes=shapes, shape_id=shape_id, busy=busy,
@@ -308,11 +311,11 @@ class AnalyticEvaluator:
             compute_streams=compute_streams,
             one_compute_stream=len(compute_streams) <= 1 and not (set(compute_streams) & coll_streams),
             rate_cache={},
-            uncontended_us=max((sum(shapes[k].base_us for k in ks if busy[k])  # type: ignore[union-attr]
-                                for ks in compute_streams.values()), default=0.0),
+            uncontended_us=max((sum(base_us[k] for k in ks if busy[k]) for ks in compute_streams.values()),
+                               default=0.0),
             pair_many=self._pair_many(list(ids)),
             all_succs=[tuple(x for x in (next_on_stream[k], *succs[k]) if x >= 0) for k in range(n)],
-            base_us=[sh.base_us if sh is not None else 0.0 for sh in shapes],
+            base_us=base_us,
             cta_wait_us=[cta_wait_us(self.params, self.gpu, sh) if sh is not None else 0.0 for sh in shapes],
             jump=build_jump_static(op_ids, is_coll, next_on_stream, [tuple(x) for x in succs], n_preds, busy,
                                    shape_id, [sh.base_us if sh is not None else 0.0 for sh in shapes], sig_of,
@@ -326,6 +329,7 @@ class AnalyticEvaluator:
         key = (tuple([st.shape_id[k] for k in comps]), tuple([id(ests[st.sig_of[k]]) for k in colls]))
         hit = st.rate_cache.get(key)
         if hit is None:
+            # comps are kernels, whose shapes are set (None marks a collective)
             hit = running_set_times(self.params, self.gpu, [st.shapes[k] for k in comps],  # type: ignore[misc]
                                     [ests[st.sig_of[k]] for k in colls])
             if len(st.rate_cache) > 500_000:
@@ -342,7 +346,7 @@ class AnalyticEvaluator:
                           remaining: list[float]) -> None:
         """A collective launched beside full kernels waits for SMs for its CTAs."""
         e = ests[st.sig_of[x]]
-        wait = max((cta_wait_us(self.params, self.gpu, st.shapes[k]) for k in kernels), default=0.0)  # type: ignore[arg-type]
+        wait = max((st.cta_wait_us[k] for k in kernels), default=0.0)
         if wait > 0.0:
             remaining[x] += wait / max(e.time_us, 1e-9)
 
@@ -373,7 +377,7 @@ class AnalyticEvaluator:
                 break
             comps.sort()
             colls.sort()
-            times = self._times_under(st, comps, colls, ests) if colls else [st.shapes[k].base_us for k in comps]  # type: ignore[union-attr]
+            times = self._times_under(st, comps, colls, ests) if colls else [st.base_us[k] for k in comps]
             running = comps + colls
             dt = min(remaining[k] * tk for k, tk in zip(running, times))
             t += dt
@@ -449,9 +453,9 @@ class AnalyticEvaluator:
                     exposed += dt
                     f1 = x
                 else:  # the common case: one kernel beside one collective
-                    key = (shape_id[c], id(e))
+                    key: tuple[int, ...] = (shape_id[c], id(e))
                     pair = cache.get(key)
-                    if pair is None:
+                    if pair is None:  # c is a kernel: its shape is set (None marks a collective)
                         pair = cache[key] = pair_times(p, gpu, shapes[c], e)  # type: ignore[arg-type]
                     yc, yx = pair
                     tc = remaining[c] * yc
@@ -561,4 +565,4 @@ class AnalyticEvaluator:
         iteration = (max(ends) - min(starts)) if st.n_ops else 0.0
         return Timing(iteration_us=iteration, compute_us=busy_compute, comm_us=busy_comm,
                       exposed_comm_us=exposed, compute_uncontended_us=min(st.uncontended_us, busy_compute),
-                      ops=_OpTimings(index or st.index, starts, ends))  # type: ignore[arg-type]
+                      ops=_OpTimings(index or st.index, starts, ends))

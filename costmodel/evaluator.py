@@ -7,6 +7,7 @@ stands in for GPUs here), and later live measurements. The tuner sees only this.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -61,7 +62,7 @@ class Timing:
     comm_us: float
     exposed_comm_us: float
     compute_uncontended_us: float
-    ops: dict[int, OpTiming] = field(default_factory=dict)
+    ops: Mapping[int, OpTiming] = field(default_factory=dict)
     steps: list[StepTiming] = field(default_factory=list)
 
     @property

@@ -38,11 +38,6 @@ import weakref
 
 import numpy as np
 
-from nccl_env.errors import LagomError
-from nccl_env.knobs import CommConfig
-from nccl_env.plan import Plan, Signature
-from traces.workload import CollectiveOp, ComputeOp, ProcessGroup, Stream, StreamKind, Workload
-
 from costmodel.cluster import ClusterSpec
 from costmodel.evaluator import OpTiming, Timing
 from costmodel.nccl_defaults import resolve_config
@@ -50,6 +45,10 @@ from costmodel.sim_collective import CollectiveModel
 from costmodel.sim_compute import ComputeModel, gemm_tile_from_name
 from costmodel.sim_params import sim_params
 from costmodel.trace_anchor import replay_timing
+from nccl_env.errors import LagomError
+from nccl_env.knobs import CommConfig
+from nccl_env.plan import Plan, Signature
+from traces.workload import CollectiveOp, ComputeOp, ProcessGroup, Stream, StreamKind, Workload
 
 _NOISE_CLIP = (0.5, 1.5)
 
@@ -199,10 +198,7 @@ class Simulator:
             return Timing(0.0, 0.0, 0.0, 0.0, 0.0, {})
         by_sig = {sig: self.collective_model(sig, plan.config_for(sig)) for sig in st.unique_signatures}
         colls = [by_sig[sig] if on_gpu else by_sig[sig].host_side() for sig, on_gpu in zip(st.signatures, st.on_gpu)]
-        if self.noise > 0:
-            factors = np.clip(self._rng.normal(1.0, self.noise, n), *_NOISE_CLIP).tolist()
-        else:
-            factors = [1.0] * n
+        factors = np.clip(self._rng.normal(1.0, self.noise, n), *_NOISE_CLIP).tolist() if self.noise > 0 else [1.0] * n
         cmodels = st.compute_models
         state_cache = st.state_cache
         succ = st.succ

@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import math
 
-from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
-from nccl_env.plan import Signature
-
 from costmodel.cluster import ClusterSpec
 from costmodel.sim_params import SimParams
+from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
+from nccl_env.plan import Signature
 
 
 class CollectiveModel:
@@ -126,7 +125,7 @@ class CollectiveModel:
         self._host: CollectiveModel | None = None
         self.alone_us = self.time_us(float(gpu.l2_bytes), gpu.mem_bw_gb_per_s * 1e3 * params.mem_efficiency, 1.0)
 
-    def host_side(self) -> "CollectiveModel":
+    def host_side(self) -> CollectiveModel:
         """The same collective run by the host (e.g. gloo in a CPU-only trace): same pace, but it
         holds no SMs, no L2 and no GPU DRAM bandwidth."""
         if self._host is None:

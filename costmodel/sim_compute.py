@@ -22,10 +22,9 @@ from __future__ import annotations
 import math
 import re
 
-from traces.workload import ComputeOp
-
 from costmodel.cluster import GpuSpec
 from costmodel.sim_params import SimParams
+from traces.workload import ComputeOp
 
 _TILE = re.compile(r"_(\d{2,3})x(\d{2,3})(?:x\d+)?_")
 _TRACE_MEMORY_FRACTION = 0.5  # a trace kernel of unknown make-up: half its time streams DRAM
@@ -64,7 +63,7 @@ class ComputeModel:
         self.tile_reuse = 0.0
         self.smem = float(op.shared_memory_bytes or 0)
         self.dram = float(op.dram_bytes or 0.0)
-        if self.from_trace:
+        if op.flops is None:  # from the trace
             self.flops_block = 0.0
             self.flops_per_sm_us = 1.0
         else:

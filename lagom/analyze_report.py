@@ -6,7 +6,7 @@ the plain dict that ``--json`` prints; :func:`render` turns the same dicts into 
 
 from __future__ import annotations
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
@@ -111,8 +111,9 @@ def render(reports: list[dict], console: Console) -> None:
 
         if r["collectives"]:
             t = Table(title="collectives", title_justify="left")
-            for col, justify in (("type", "left"), ("group", "right"), ("message", "right"), ("count", "right"),
-                                 ("total ms", "right"), ("exposed ms", "right"), ("exposed %", "right")):
+            columns: tuple[tuple[str, JustifyMethod], ...] = (("type", "left"), ("group", "right"), ("message", "right"), ("count", "right"),
+                                 ("total ms", "right"), ("exposed ms", "right"), ("exposed %", "right"))
+            for col, justify in columns:
                 t.add_column(col, justify=justify, no_wrap=True)
             for c in r["collectives"]:
                 exposed_pct = 100.0 * c["exposed_us"] / c["total_us"] if c["total_us"] > 0 else 0.0

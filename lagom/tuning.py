@@ -9,9 +9,9 @@ from __future__ import annotations
 import bisect
 import hashlib
 import importlib
+import importlib.util
 import os
 import tempfile
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -67,7 +67,7 @@ def load_workload_arg(text: str, cluster: ClusterSpec) -> Workload:
 
 def nccl_defaults_fn() -> Callable[[ClusterSpec, Signature], CommConfig] | None:
     try:
-        from costmodel.nccl_defaults import nccl_default_config  # type: ignore[import-not-found]
+        from costmodel.nccl_defaults import nccl_default_config
     except ImportError:
         return None
     return nccl_default_config
@@ -196,13 +196,9 @@ def tuned_config(outcome: TuneOutcome, cluster: ClusterSpec, cluster_arg: str, w
         result = replace(result, plan=Plan(), timing=outcome.baseline)
     env: dict[str, str] = {}
     groups: dict[str, dict] = {}
-    try:
-        from nccl_env.delivery import deliver  # type: ignore[import-not-found]
-        from nccl_env.rules import NcclVersion  # type: ignore[import-not-found]
-    except ImportError:
-        deliver = None
-        notes.append("nccl_env.delivery not available: env and process-group settings not derived")
-    if deliver is not None and result.plan.entries:
+    from nccl_env.delivery import deliver
+    from nccl_env.rules import NcclVersion
+    if result.plan.entries:
         delivery = deliver(Plan(entries={s: result.plan.config_for(s) for s in space.signatures}), NcclVersion.parse(space.nccl_version))
         env = {str(k): str(v) for k, v in dict(delivery.env).items()}
         groups = {str(k): _group_dict(v) for k, v in dict(delivery.group_configs).items()}

@@ -112,7 +112,7 @@ class TunerLibrary:
     def rejected_count(self) -> int:
         return self.lib.lagom_tuner_rejected_count()
 
-    def open(self, abi: int, n_ranks: int, n_nodes: int, logger=None, comm_id: int = 0) -> "TunerContext":
+    def open(self, abi: int, n_ranks: int, n_nodes: int, logger=None, comm_id: int = 0) -> TunerContext:
         return TunerContext(self, abi, n_ranks, n_nodes, logger, comm_id)
 
 
@@ -173,7 +173,7 @@ class TunerContext:
             self.plugin.finalize(self.ctx)
             self.ctx = ctypes.c_void_p()
 
-    def __enter__(self) -> "TunerContext":
+    def __enter__(self) -> TunerContext:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import shared_traces_dir
+
+from costmodel.cluster import load_cluster
 from lagom.cli import main
 from lagom.knob_args import parse_set, parse_size
 from lagom.tuned_config import CollectiveEntry, Match, TunedConfig
 from lagom.workload_arg import load_workload_arg
-from costmodel.cluster import load_cluster
 from nccl_env import Algorithm, CollectiveType, CommConfig, LagomError, Protocol
 from traces.generate import generate_workload
 from traces.workload_io import save_workload

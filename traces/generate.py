@@ -253,9 +253,8 @@ def parse_spec(spec: str) -> WorkloadSpec:
         out = WorkloadSpec(kind, model, gpus, dp=gpus, micro_batch=mb, seq=seq, steps=steps, gpus_per_node=per_node)
     elif kind == "tp":
         tp = params.get("tp", 8)
-        if "gpus" in params:
-            if params["gpus"] % tp or ("dp" in params and params["dp"] * tp != params["gpus"]):
-                raise LagomError(f"workload spec {spec!r}: gpus={params['gpus']} must equal tp x dp")
+        if "gpus" in params and (params["gpus"] % tp or ("dp" in params and params["dp"] * tp != params["gpus"])):
+            raise LagomError(f"workload spec {spec!r}: gpus={params['gpus']} must equal tp x dp")
         dp = params.get("dp", params.get("gpus", tp) // tp)
         if model.heads % tp or model.ffn % tp:
             raise LagomError(f"workload spec {spec!r}: tp={tp} must divide heads ({model.heads}) and ffn ({model.ffn})")
@@ -554,13 +553,13 @@ def _tp(spec: WorkloadSpec) -> Workload:
             return b.collective(f"{s} L{li} h{h} {what} allreduce {phase}", CollectiveType.ALLREDUCE, "tp",
                                 ar_bytes[h], (after,))
 
-        def grad_sync(li, after, s=s):
+        def grad_sync(li, after, s=s, step=step):
             if dp > 1 and step == spec.steps - 1:
                 b.collective(f"{s} L{li} grad allreduce", CollectiveType.ALLREDUCE, "dp", layer_grad_bytes, (after,))
 
         last = _two_half_overlap(
             b, halves, m.layers,
-            fwd_attn=lambda li, h, after, s=s: layers[h].attention_fwd(f"{s} L{li} h{h}", after or (emb,)),
+            fwd_attn=lambda li, h, after, s=s, emb=emb: layers[h].attention_fwd(f"{s} L{li} h{h}", after or (emb,)),
             fwd_mlp=lambda li, h, after, s=s: layers[h].mlp_fwd(f"{s} L{li} h{h}", after),
             bwd_mlp=lambda li, h, after, s=s: layers[h].mlp_bwd(f"{s} L{li} h{h}", after),
             bwd_attn=lambda li, h, after, s=s: layers[h].attention_bwd(f"{s} L{li} h{h}", after),
@@ -594,7 +593,7 @@ def _ep(spec: WorkloadSpec) -> Workload:
         s = f"s{step}"
         emb = b.elementwise(f"{s} embedding fwd", sum(x.tokens for x in layers) * m.hidden, 2 * BF16_BYTES, prev)
 
-        def fwd_attn(li, h, after, s=s):
+        def fwd_attn(li, h, after, s=s, emb=emb):
             L = layers[h]
             ids = L.attention_fwd(f"{s} L{li} h{h}", after or (emb,))
             ids.append(b.elementwise(f"{s} L{li} h{h} residual+norm2 fwd", L.tokens * m.hidden, 3 * BF16_BYTES, _last(ids)))
@@ -632,7 +631,7 @@ def _ep(spec: WorkloadSpec) -> Workload:
         def bwd_mlp(li, h, after):
             return experts(li, h, after, "bwd")
 
-        def grad_sync(li, after, s=s):
+        def grad_sync(li, after, s=s, step=step):
             if step == spec.steps - 1:
                 b.collective(f"{s} L{li} dense grad allreduce", CollectiveType.ALLREDUCE, "dp", dense_grad_bytes,
                              (after,))

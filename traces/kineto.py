@@ -91,7 +91,7 @@ def read_trace(path: str | Path) -> list[Workload]:
     _assign_ranks(parsed, path)
     times = [p.min_ts for p in parsed if p.min_ts is not None]
     origin = math.floor(min(times)) if times else 0
-    world = max([p.world_size or 0 for p in parsed] + [len(parsed), max(p.rank for p in parsed) + 1])
+    world = max([p.world_size or 0 for p in parsed] + [len(parsed), max(p.rank or 0 for p in parsed) + 1])
     workloads = [p.build(origin, world) for p in parsed]
     _attach_comm_waits(workloads)
     return sorted(workloads, key=lambda w: w.rank)
@@ -405,6 +405,6 @@ def _assign_ids(compute: list[ComputeOp], colls: list[CollectiveOp]) -> None:
     """Sort each list by start and number all ops in global start order."""
     compute.sort(key=lambda o: (o.start_us, o.stream))
     colls.sort(key=lambda o: (o.start_us, o.stream))
-    merged = sorted([*compute, *colls], key=lambda o: (o.start_us, o.stream))
+    merged: list[ComputeOp | CollectiveOp] = sorted([*compute, *colls], key=lambda o: (o.start_us, o.stream))
     for i, op in enumerate(merged):
         op.op_id = i

@@ -148,7 +148,7 @@ class EventReader:
             if dur is None:
                 continue
             ts = e.get("ts")
-            if type(ts) not in (int, float) or type(dur) not in (int, float) or dur < 0:
+            if not (type(ts) is int or type(ts) is float) or not (type(dur) is int or type(dur) is float) or dur < 0:
                 continue
             cat = e.get("cat")
             name = e.get("name")
@@ -162,7 +162,7 @@ class EventReader:
             args = e.get("args")
             if type(args) is not dict:
                 args = {}
-            if kind == KERNEL or kind == MEMCPY or kind == MEMSET:
+            if kind in (KERNEL, MEMCPY, MEMSET):
                 stream = args.get("stream")
                 if type(stream) is not int:
                     stream = to_int(stream)
@@ -213,8 +213,9 @@ class EventReader:
                 record_corr = to_int(args.get("wait_on_cuda_event_record_corr_id"))
                 stream = to_int(args.get("stream"))
                 corr = to_int(args.get("correlation"))
-                if wait_on is not None and wait_on >= 0 and None not in (record_corr, stream, corr):
-                    self.stream_waits.append((stream, wait_on, record_corr, corr))  # type: ignore[arg-type]
+                if (wait_on is not None and wait_on >= 0 and record_corr is not None and stream is not None
+                        and corr is not None):
+                    self.stream_waits.append((stream, wait_on, record_corr, corr))
                 self.sync_events.append(SyncEvent(name, corr, stream, wait_on, record_corr))
         self.min_ts = min_ts
 
@@ -261,23 +262,21 @@ def thread_key(event: dict) -> tuple:
 
 def to_int(value: object) -> int | None:
     """An int from an int, an integral float or a decimal string; None otherwise."""
-    t = type(value)
-    if t is int:
-        return value  # type: ignore[return-value]
-    if t is float and value == value and value not in (math.inf, -math.inf) and value == int(value):  # type: ignore[arg-type]
-        return int(value)  # type: ignore[arg-type]
-    if t is str:
+    if type(value) is int:
+        return value
+    if type(value) is float:
+        return int(value) if value == value and value not in (math.inf, -math.inf) and value == int(value) else None
+    if type(value) is str:
         try:
-            return int(value)  # type: ignore[arg-type]
+            return int(value)
         except ValueError:
             return None
     return None
 
 
 def to_num(value: object) -> float | None:
-    t = type(value)
-    if (t is int or t is float) and value == value and abs(value) != math.inf:  # type: ignore[operator]
-        return float(value)  # type: ignore[arg-type]
+    if (type(value) is int or type(value) is float) and value == value and abs(value) != math.inf:
+        return float(value)
     return None
 
 
@@ -286,7 +285,7 @@ def to_triple(value: object) -> tuple[int, int, int] | None:
         a, b, c = value
         if type(a) is int and type(b) is int and type(c) is int and a >= 0 and b >= 0 and c >= 0:
             return (a, b, c)
-        xs = [to_int(v) for v in value]
-        if all(x is not None and x >= 0 for x in xs):
-            return (xs[0], xs[1], xs[2])  # type: ignore[return-value]
+        x, y, z = (to_int(v) for v in value)
+        if x is not None and x >= 0 and y is not None and y >= 0 and z is not None and z >= 0:
+            return (x, y, z)
     return None

@@ -148,7 +148,8 @@ class Workload:
     def op(self, op_id: int) -> Op:
         index = self.__dict__.get("_index")
         if index is None or len(index) != len(self.compute_ops) + len(self.collectives):
-            index = {o.op_id: o for o in (*self.compute_ops, *self.collectives)}
+            ops: tuple[Op, ...] = (*self.compute_ops, *self.collectives)
+            index = {o.op_id: o for o in ops}
             self.__dict__["_index"] = index
         return index[op_id]
 
@@ -177,7 +178,7 @@ class Workload:
     @property
     def span_us(self) -> float:
         """From the first op's start to the last op's end (0 for an empty workload)."""
-        ops = [*self.compute_ops, *self.collectives]
+        ops: list[Op] = [*self.compute_ops, *self.collectives]
         if not ops:
             return 0.0
         return max(o.end_us for o in ops) - min(o.start_us for o in ops)
@@ -210,7 +211,7 @@ class Workload:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Workload":
+    def from_dict(cls, data: dict) -> Workload:
         """Inverse of :meth:`to_dict`. Raises KeyError/ValueError/TypeError on malformed data;
         :func:`traces.workload_io.load_workload` turns those into a LagomError."""
         if data.get("format") != "lagom.workload":

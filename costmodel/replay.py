@@ -39,7 +39,7 @@ import numpy as np
 from costmodel.evaluator import OpTiming, StepTiming, Timing
 from nccl_env.errors import LagomError
 from traces.exec_graph import ExecGraph
-from traces.workload import CollectiveOp, Workload
+from traces.workload import CollectiveOp, ComputeOp, Op, Workload
 
 WHOLE_TRACE = "whole trace"
 
@@ -103,7 +103,7 @@ def replay_static(workload: Workload) -> ReplayStatic:
 
 
 def _build(w: Workload, g: ExecGraph) -> ReplayStatic:
-    ops = [*w.compute_ops, *w.collectives]
+    ops: list[Op] = [*w.compute_ops, *w.collectives]
     ops.sort(key=lambda o: (o.start_us, o.op_id))
     index = {o.op_id: k for k, o in enumerate(ops)}
     n = len(ops)
@@ -155,7 +155,7 @@ def _build(w: Workload, g: ExecGraph) -> ReplayStatic:
         op_ids=[o.op_id for o in ops], measured_start=[o.start_us for o in ops],
         measured_dur=[o.duration_us for o in ops],
         is_coll=[isinstance(o, CollectiveOp) and o.on_gpu for o in ops],
-        is_compute=[not isinstance(o, CollectiveOp) and not o.is_memory_op for o in ops],
+        is_compute=[isinstance(o, ComputeOp) and not o.is_memory_op for o in ops],
         order=order, preds=[tuple(p) for p in preds], launch_ready=launch_ready, launch_sync=launch_sync, gap=gap,
         sync_prev=sync_prev, sync_start=[s.start_us for s in syncs], sync_end=[s.end_us for s in syncs],
         sync_own=[s.own_us for s in syncs], sync_return=[s.return_us for s in syncs], sync_awaited=awaited,
@@ -175,7 +175,7 @@ def _build(w: Workload, g: ExecGraph) -> ReplayStatic:
     return st
 
 
-def _topological(ops, preds, launch_sync, syncs, sync_prev, awaited) -> list[tuple[int, int]]:
+def _topological(ops: list[Op], preds, launch_sync, syncs, sync_prev, awaited) -> list[tuple[int, int]]:
     """Kahn's order over ops and syncs, ties broken by measured time (ops at their start,
     syncs at their return)."""
     n, m = len(ops), len(syncs)
@@ -214,7 +214,7 @@ def _topological(ops, preds, launch_sync, syncs, sync_prev, awaited) -> list[tup
     return order
 
 
-def _steps(w: Workload, g: ExecGraph, ops) -> list[_Step]:
+def _steps(w: Workload, g: ExecGraph, ops: list[Op]) -> list[_Step]:
     launched = [(g.launches[o.op_id].call_us if o.op_id in g.launches else o.start_us, k) for k, o in enumerate(ops)]
     launched.sort()
     times = [t for t, _ in launched]
@@ -352,7 +352,7 @@ def replay(workload: Workload, durations: list[float], uncontended: list[float] 
         comm_us=sum(s.comm_us for s in steps) / count,
         exposed_comm_us=sum(s.exposed_comm_us for s in steps) / count,
         compute_uncontended_us=min(unc, compute_busy),
-        ops=_LazyOps(st.op_ids, starts, ends),  # type: ignore[arg-type]
+        ops=_LazyOps(st.op_ids, starts, ends),
         steps=steps,
     )
 

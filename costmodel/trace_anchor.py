@@ -34,7 +34,7 @@ from costmodel.evaluator import Timing
 from costmodel.replay import replay, replay_static
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
-from traces.workload import CollectiveOp, ComputeOp, Workload
+from traces.workload import CollectiveOp, ComputeOp, Op, Workload
 
 
 class ReplayMechanism(Protocol):
@@ -82,7 +82,8 @@ def _anchor(workload: Workload, gpus_per_node: int | None) -> _Anchor:
     st = replay_static(workload)
     graph = workload.exec_graph
     assert graph is not None
-    ops = {o.op_id: o for o in (*workload.compute_ops, *workload.collectives)}
+    all_ops: list[Op] = [*workload.compute_ops, *workload.collectives]
+    ops = {o.op_id: o for o in all_ops}
     recorded = recorded_configs(workload, gpus_per_node)
     sig_index: dict[Signature, int] = {}
     coll_sig = [-1] * len(st.op_ids)

@@ -90,7 +90,7 @@ def space_for(workload: Workload, cluster: ClusterSpec) -> SearchSpace:
         recorded = recorded_configs(workload, cluster.gpus_per_node)
         model_defaults = defaults
 
-        def defaults(cl: ClusterSpec, sig: Signature) -> CommConfig:  # type: ignore[misc]
+        def defaults(cl: ClusterSpec, sig: Signature) -> CommConfig:
             base = model_defaults(cl, sig)
             rec = recorded.get(sig)
             return base if rec is None else rec.merged_over(base)

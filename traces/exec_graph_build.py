@@ -157,7 +157,7 @@ def _heuristic_waits(ops: dict[int, Op], calls: dict, host_calls: list[HostCall]
         waiting_on: int | None = None
         for _t, kind, item in items:
             if kind == 1:
-                op_id = item  # type: ignore[assignment]
+                op_id = item
                 if waiting_on is not None:
                     producer, consumer = ops[waiting_on], ops[op_id]  # type: ignore[index]
                     if producer.stream != consumer.stream and producer.end_us <= consumer.start_us + SYNC_TOLERANCE_US:
@@ -193,7 +193,7 @@ def _host_syncs(ops: dict[int, Op], calls: dict, host_calls: list[HostCall], syn
                     last[s] = op_id
             awaited = tuple(sorted(last.values()))
         else:
-            stream = sync_stream.get(call.correlation)
+            stream = sync_stream.get(call.correlation) if call.correlation is not None else None
             if stream is not None and stream >= 0 and any(ops[o].stream == stream for o in before):
                 cands = [o for o in before if ops[o].stream == stream]
                 awaited = (max(cands, key=lambda o: ops[o].end_us),)

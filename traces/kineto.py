@@ -48,8 +48,8 @@ from pathlib import Path
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CollectiveType
 from traces.comm_names import collective_from_kernel_name
-from traces.kineto_comm import CommInfo, collective_from_call, parse_ranks
 from traces.exec_graph_build import build_exec_graph
+from traces.kineto_comm import CommInfo, collective_from_call, parse_ranks
 from traces.kineto_events import CommCall, EventReader, GpuOp, HostCall, StepMark, SyncEvent, to_int
 from traces.kineto_json import read_events
 from traces.workload import (

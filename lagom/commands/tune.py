@@ -41,8 +41,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from costmodel.cluster import load_cluster
-from lagom import tuning
 from costmodel.replay import fidelity
+from lagom import tuning
 from lagom.replay_report import fidelity_line, fidelity_warning, steps_table
 from lagom.workload_fit import fit_warnings
 from nccl_env.errors import LagomError
@@ -138,9 +138,9 @@ def run(args: argparse.Namespace) -> int:
     out = Console(width=100)
     if fid is not None:
         out.print(fidelity_line(fid), highlight=False)
-        warning = fidelity_warning(fid)
-        if warning:
-            out.print(warning, highlight=False)
+        untrusted = fidelity_warning(fid)
+        if untrusted:
+            out.print(untrusted, highlight=False)
     name = Path(args.workload).name if Path(args.workload).exists() else args.workload
     table = Table(title=f"lagom tune: {name} on {cluster.name} ({evaluator_name}, {args.method})")
     for col in ("signature", "NCCL", "tuned", "comm us (NCCL->tuned)", "compute slowdown", "order", "H"):

@@ -171,3 +171,12 @@ def test_min_gain_keeps_nccl_defaults_below_it(tmp_path, capsys, min_gain, chang
     config = load_tuned_config(out_file)
     assert bool(config.env or config.collectives) is changes
     assert any("below --min-gain" in n for n in config.notes) is not changes
+
+
+def test_analyze_states_wait_and_transfer_per_collective(capsys):
+    assert main(["analyze", str(TRACES / W2), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["ranks"][0]["wait_transfer"]
+    assert {r["collective"] for r in rows} == {"allreduce", "broadcast"}
+    for r in rows:
+        assert r["wait_us"] + r["transfer_us"] == pytest.approx(r["total_us"], abs=0.01)
+        assert 0 <= r["wait_us"] < r["total_us"] and r["basis"] == "fastest instances"

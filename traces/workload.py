@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from nccl_env.knobs import Algorithm, CollectiveType, Protocol
 from nccl_env.plan import Signature
+from traces.exec_graph import ExecGraph
 
 WORKLOAD_FORMAT_VERSION = 1
 
@@ -141,6 +142,7 @@ class Workload:
     sm_count: int | None = None
     gpus_per_node: int | None = None
     profiler_steps: list[tuple[float, float]] = field(default_factory=list)  # (start_us, end_us) per ProfilerStep
+    exec_graph: ExecGraph | None = None  # traces only: what a replay schedules (traces.exec_graph)
 
     # ---- lookups -----------------------------------------------------------------
     def op(self, op_id: int) -> Op:
@@ -183,6 +185,12 @@ class Workload:
 
     # ---- JSON round trip -----------------------------------------------------------
     def to_dict(self) -> dict:
+        out = self._to_dict()
+        if self.exec_graph is not None:
+            out["exec_graph"] = self.exec_graph.to_dict()
+        return out
+
+    def _to_dict(self) -> dict:
         return {
             "format": "lagom.workload",
             "version": WORKLOAD_FORMAT_VERSION,
@@ -226,6 +234,7 @@ class Workload:
             compute_ops=[_compute_from_dict(o) for o in data["compute_ops"]],
             collectives=[_collective_from_dict(o) for o in data["collectives"]],
             dependencies=[Dependency(int(a), int(b), DependencyKind(k)) for a, b, k in data["dependencies"]],
+            exec_graph=ExecGraph.from_dict(data["exec_graph"]) if data.get("exec_graph") is not None else None,
         )
 
 

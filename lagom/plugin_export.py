@@ -62,10 +62,11 @@ def plugin_table_comments(cfg: TunedConfig) -> list[str]:
         comments.append(f"{len(dropped)} entries for {', '.join(names)} left out: NCCL never asks a tuner plugin "
                         f"about point-to-point traffic")
     comments += _table(cfg)[1]
-    asked = [e for e in cfg.collectives if e not in dropped and any(getattr(e.config, k) is not None for k in PLUGIN_SETTINGS)]
+    asked = [e for e in cfg.collectives
+             if e not in dropped and any(getattr(e.config, k) is not None for k in PLUGIN_SETTINGS)]
     if version is not None and asked and not tuner_symbols(version):
-        first = min(TUNER_SYMBOL_SINCE.values())
-        comments.append(f"NCCL {version} loads none of the plugin's ABIs (the oldest, v2, needs NCCL >= {first}): this table "
+        oldest = min(TUNER_SYMBOL_SINCE.values())
+        comments.append(f"NCCL {version} loads none of the plugin's ABIs (the oldest, v2, needs NCCL >= {oldest}): this table "
                         f"has no lines; the config's env and process_groups carry what that NCCL takes")
     elif version is not None and version < CHUNK_PLUGIN_SINCE and any(e.config.chunk_bytes is not None for e in asked):
         comments.append(f"chunk_bytes is applied only by NCCL >= {CHUNK_PLUGIN_SINCE} (tuner getChunkSize), so this "

@@ -21,6 +21,7 @@ from costmodel.cluster import ClusterSpec, load_cluster, preset_names
 from costmodel.evaluator import Evaluator, Timing
 from costmodel.nccl_defaults import algo_estimates, nccl_default_config
 from costmodel.sim import Simulator
+from costmodel.trace_anchor import recorded_configs
 from lagom.tuned_config import CollectiveEntry, Match, TunedConfig
 from lagom.workload_arg import load_workload_arg
 from nccl_env.delivery import deliver
@@ -35,6 +36,7 @@ from tuner.space import SearchSpace
 
 EVALUATORS = ("analytic", "sim")
 DEFAULT_EVALUATOR = "analytic"  # the fitted cost model: what Lagom tunes with offline
+MIN_GAIN = 0.01  # below a 1% predicted gain, process-wide changes are not worth their risk
 
 __all__ = ["load_workload_arg"]  # re-exported: the commands and the bench read WORKLOAD arguments through here
 
@@ -61,7 +63,19 @@ def _enabled_pairs(cluster: ClusterSpec, signature: Signature):
 
 
 def space_for(workload: Workload, cluster: ClusterSpec) -> SearchSpace:
-    return build_space(workload, cluster, defaults=nccl_default_config, enabled_pairs=_enabled_pairs)
+    """The search space; for a trace, NCCL's defaults are the settings the trace recorded
+    (over the cluster model's choice for what the trace does not show)."""
+    defaults: Callable[[ClusterSpec, Signature], CommConfig] = nccl_default_config
+    if workload.exec_graph is not None:
+        recorded = recorded_configs(workload, cluster.gpus_per_node)
+
+        def recorded_over_model(cl: ClusterSpec, sig: Signature) -> CommConfig:
+            base = nccl_default_config(cl, sig)
+            rec = recorded.get(sig)
+            return base if rec is None else rec.merged_over(base)
+
+        defaults = recorded_over_model
+    return build_space(workload, cluster, defaults=defaults, enabled_pairs=_enabled_pairs)
 
 
 # ---- calibration cache ------------------------------------------------------------------
@@ -144,10 +158,19 @@ def tune(
     return TuneOutcome(space, result, baseline, autoccl)
 
 
-def tuned_config(outcome: TuneOutcome, cluster: ClusterSpec, cluster_arg: str, workload_label: str) -> TunedConfig:
-    """The tuned-config file for a result: delivery rules split the plan over the doors."""
+def tuned_config(outcome: TuneOutcome, cluster: ClusterSpec, cluster_arg: str, workload_label: str,
+                 min_gain: float = MIN_GAIN) -> TunedConfig:
+    """The tuned-config file for a result: delivery rules split the plan over the doors.
+    Below ``min_gain`` (a fraction) of predicted gain over NCCL's default the file
+    changes nothing and its notes say why."""
     space, result = outcome.space, outcome.result
     notes = list(result.notes)
+    tuned_us = result.iteration_us
+    gain = outcome.baseline.iteration_us / tuned_us - 1.0 if tuned_us > 0 else 0.0
+    if result.plan.entries and gain < min_gain:
+        notes.append(f"predicted gain {gain:.2%} is below --min-gain {min_gain:.2%}: "
+                     f"the file keeps NCCL's defaults (no env, process-group or per-collective changes)")
+        result = replace(result, plan=Plan(), timing=outcome.baseline)
     env: dict[str, str] = {}
     groups: dict[str, dict] = {}
     if result.plan.entries:

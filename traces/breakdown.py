@@ -73,12 +73,12 @@ class TemporalBreakdown:
 
 
 def _gpu_intervals(workload: Workload) -> list[tuple[float, float, str]]:
-    out = []
+    out: list[tuple[float, float, str]] = []
     for op in workload.compute_ops:
         out.append((math.ceil(op.start_us), math.floor(op.start_us + op.duration_us), kernel_class(op.name)))
-    for op in workload.collectives:
-        if op.on_gpu:
-            out.append((math.ceil(op.start_us), math.floor(op.start_us + op.duration_us), kernel_class(op.name)))
+    for coll in workload.collectives:
+        if coll.on_gpu:
+            out.append((math.ceil(coll.start_us), math.floor(coll.start_us + coll.duration_us), kernel_class(coll.name)))
     return out
 
 

@@ -28,6 +28,9 @@ What becomes what:
   ``enable_cuda_sync_events``) give event dependencies between streams.
 - ``launch_us`` of each GPU op is the CPU time of the runtime call that launched it
   (same ``correlation``); analyses use it to trim to whole profiler steps as HTA does.
+- ``exec_graph``: the execution graph a replay schedules (launch calls, host
+  synchronisation, inferred stream waits, named steps, each NCCL kernel's recorded
+  channels and threads): :mod:`traces.exec_graph`.
 
 Times are microseconds from an integer origin: the floor of the earliest event of
 all files read together, so the ranks of one directory share a clock.
@@ -45,8 +48,9 @@ from pathlib import Path
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CollectiveType
 from traces.comm_names import collective_from_kernel_name
+from traces.exec_graph_build import build_exec_graph
 from traces.kineto_comm import CommInfo, collective_from_call, parse_ranks
-from traces.kineto_events import CommCall, EventReader, GpuOp, to_int
+from traces.kineto_events import CommCall, EventReader, GpuOp, HostCall, StepMark, SyncEvent, to_int
 from traces.kineto_json import read_events
 from traces.workload import (
     CollectiveOp,
@@ -87,9 +91,21 @@ def read_trace(path: str | Path) -> list[Workload]:
     _assign_ranks(parsed, path)
     times = [p.min_ts for p in parsed if p.min_ts is not None]
     origin = math.floor(min(times)) if times else 0
-    world = max([p.world_size or 0 for p in parsed] + [len(parsed), max(p.rank for p in parsed) + 1])
+    world = max([p.world_size or 0 for p in parsed] + [len(parsed), max(p.rank or 0 for p in parsed) + 1])
     workloads = [p.build(origin, world) for p in parsed]
+    _attach_comm_waits(workloads)
     return sorted(workloads, key=lambda w: w.rank)
+
+
+def _attach_comm_waits(workloads: list[Workload]) -> None:
+    """Each NCCL kernel's wait for its peers, from all ranks read together (traces.comm_split)."""
+    from traces.comm_split import split_waits
+
+    waits = split_waits(workloads)
+    for w in workloads:
+        if w.exec_graph is not None:
+            w.exec_graph.comm_wait_us = waits.get(w.rank, {})
+            w.exec_graph.wait_basis = "ranks' launch times" if len(workloads) > 1 else "fastest instances"
 
 
 def _is_trace_name(name: str) -> bool:
@@ -114,6 +130,11 @@ class _ParsedTrace:
     steps: list[tuple[float, float]] = field(default_factory=list)
     stream_waits: list[tuple[int, int, int, int]] = field(default_factory=list)
     min_ts: float | None = None
+    # for the execution graph (traces.exec_graph_build)
+    launch_calls: dict[int, tuple[float, float, tuple]] = field(default_factory=dict)
+    host_calls: list[HostCall] = field(default_factory=list)
+    sync_events: list[SyncEvent] = field(default_factory=list)
+    step_marks: list[StepMark] = field(default_factory=list)
 
     def build(self, origin: int, world_size: int) -> Workload:
         return _WorkloadBuilder(self, origin, world_size).build()
@@ -129,6 +150,10 @@ def _parse_file(path: Path) -> _ParsedTrace:
     parsed.steps = events.steps
     parsed.stream_waits = events.stream_waits
     parsed.min_ts = events.min_ts if events.min_ts != math.inf else None
+    parsed.launch_calls = events.launch_calls()
+    parsed.host_calls = events.host_calls
+    parsed.sync_events = events.sync_events
+    parsed.step_marks = events.step_marks
     if not parsed.gpu_ops and not any(collective_from_call(c) for c in parsed.comm_calls):
         raise LagomError(f"{path}: trace has neither GPU kernels nor collectives (nothing to analyse)")
     return parsed
@@ -202,6 +227,7 @@ class _WorkloadBuilder:
         colls: list[CollectiveOp] = []
         stream_kind: dict[int, StreamKind] = {}
         op_corr: list[tuple[ComputeOp | CollectiveOp, int | None]] = []
+        made: list[tuple[ComputeOp | CollectiveOp, GpuOp]] = []  # each op with the GPU op it came from
         for g in p.gpu_ops:
             launch = p.launch_ts.get(g.correlation) if g.correlation is not None else None
             launch_us = None if launch is None else launch - o
@@ -209,6 +235,7 @@ class _WorkloadBuilder:
                 info = self._comm_info(g)
                 colls.append(self._collective(info, g.name, g.stream, g.ts - o, g.dur, True, launch_us))
                 op_corr.append((colls[-1], g.correlation))
+                made.append((colls[-1], g))
                 stream_kind[g.stream] = StreamKind.COMMUNICATION
             else:
                 compute.append(
@@ -229,6 +256,7 @@ class _WorkloadBuilder:
                     )
                 )
                 op_corr.append((compute[-1], g.correlation))
+                made.append((compute[-1], g))
                 kind = StreamKind.MEMORY if g.is_memory else StreamKind.COMPUTE
                 if stream_kind.get(g.stream) in (None, StreamKind.MEMORY):
                     stream_kind[g.stream] = kind
@@ -240,6 +268,7 @@ class _WorkloadBuilder:
         _assign_ids(compute, colls)
         deps = self._dependencies(op_corr)
         steps = sorted((a - o, b - o) for a, b in set(p.steps))
+        graph = build_exec_graph(made, p.launch_calls, p.host_calls, p.sync_events, p.step_marks, deps, o) if made else None
         return Workload(
             rank=p.rank if p.rank is not None else 0,
             world_size=self.world_size,
@@ -252,6 +281,7 @@ class _WorkloadBuilder:
             device_name=p.device_name,
             sm_count=p.sm_count,
             profiler_steps=steps,
+            exec_graph=graph,
         )
 
     def _comm_info(self, g: GpuOp) -> CommInfo:
@@ -375,6 +405,6 @@ def _assign_ids(compute: list[ComputeOp], colls: list[CollectiveOp]) -> None:
     """Sort each list by start and number all ops in global start order."""
     compute.sort(key=lambda o: (o.start_us, o.stream))
     colls.sort(key=lambda o: (o.start_us, o.stream))
-    merged = sorted([*compute, *colls], key=lambda o: (o.start_us, o.stream))
+    merged: list[ComputeOp | CollectiveOp] = sorted([*compute, *colls], key=lambda o: (o.start_us, o.stream))
     for i, op in enumerate(merged):
         op.op_id = i

@@ -31,7 +31,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "calibrate",
         help="fit the cost model to a cluster (simulated, or the torchrun job it runs in)",
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--backend", required=True, metavar="sim:PRESET|torch",
                         help="what to measure: the simulator of a preset or cluster file, or torch")

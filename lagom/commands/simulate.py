@@ -45,7 +45,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "simulate",
         help="one iteration of a workload on a virtual cluster",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("workload", metavar="WORKLOAD", help="trace, workload JSON, or spec string")
     parser.add_argument("--cluster", required=True, metavar="NAME|FILE", help="preset name or cluster YAML")

@@ -54,7 +54,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     doc = __doc__ or ""
     parser = sub.add_parser(
         "tune", help="tuned per-collective NCCL settings for a workload", description=doc,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("workload", metavar="WORKLOAD", help="trace, workload JSON file or generator spec")
     parser.add_argument("--cluster", required=True, help="preset name or cluster YAML (e.g. a calibrated one)")

@@ -28,7 +28,7 @@ from rich.table import Table
 from lagom import bench_matrix, tuning
 from nccl_env.errors import LagomError
 
-# Targets (issue 6, item 6), checked by --check and by tests/test_bench_quick.py.
+# Targets, checked by --check and by tests/test_bench_quick.py.
 MIN_SPEEDUP_VS_NCCL_ANY_CELL = 1.0  # Lagom never slower than NCCL's default
 MIN_GEOMEAN_VS_NCCL = 1.10
 MIN_GEOMEAN_VS_AUTOCCL = 1.05

@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("bench", help="regression matrix: tune with the model, judge on the simulator", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="the CI subset (3 workloads x 2 clusters)")
     parser.add_argument("--evaluator", choices=tuning.EVALUATORS, default=None,
-                        help="what the methods tune with (default: analytic where built in, else sim)")
+                        help="what the methods tune with (default: analytic)")
     parser.add_argument("--cluster", action="append", choices=bench_matrix.CLUSTERS, default=None,
                         help="limit to this cluster (repeatable)")
     parser.add_argument("--exhaustive-max-points", type=int, default=None,

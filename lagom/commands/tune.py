@@ -58,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("workload", metavar="WORKLOAD", help="trace, workload JSON file or generator spec")
     parser.add_argument("--cluster", required=True, help="preset name or cluster YAML (e.g. a calibrated one)")
     parser.add_argument("--evaluator", choices=tuning.EVALUATORS, default=None,
-                        help="what predicts iteration times (default: analytic where built in, else sim)")
+                        help="what predicts iteration times (default: analytic)")
     parser.add_argument("--method", choices=sorted(METHODS), default="lagom", help="search method (default lagom)")
     parser.add_argument("--nccl-version", default=None,
                         help="the NCCL the job will run (default: the cluster file's); decides which knobs are per collective")

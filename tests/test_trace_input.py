@@ -25,6 +25,7 @@ from traces.comm_names import (
 from traces.kineto import read_trace
 from traces.size_ranges import power_of_two_range, varying_families
 from traces.workload import StreamKind
+from traces.workload_io import load_workload, save_workload
 from tuner.result import TuningResult
 from tuner.space import build_space
 
@@ -309,3 +310,17 @@ def test_one_rank_job_has_nothing_to_tune(tmp_path, capsys):
     assert "one rank: nothing to tune" in err and "distributedInfo" not in err
     code, _, err = run_cli(capsys, "simulate", str(trace), "--cluster", "a100-nvswitch", "--json")
     assert code == 0 and "the job has one rank" in err and "distributedInfo" not in err
+
+
+@needs_traces
+def test_workload_files_keep_unknown_sizes_and_other_kernels(tmp_path):
+    (w16,) = read_trace(W16)
+    (b200,) = read_trace(_symmetric_memory_trace(tmp_path / "b200.json"))
+    for w in (w16, b200):
+        save_workload(w, tmp_path / "w.json")
+        again = load_workload(tmp_path / "w.json")
+        assert again.to_dict() == w.to_dict()
+        assert [(c.message_bytes, c.nccl_tunable) for c in again.collectives] == \
+            [(c.message_bytes, c.nccl_tunable) for c in w.collectives]
+    assert sum(c.message_bytes is None for c in load_workload(tmp_path / "w.json").collectives) == 0
+    assert load_workload(tmp_path / "w.json").nccl_version == "2.26.2"

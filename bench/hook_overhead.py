@@ -48,9 +48,8 @@ collectives:
 
 
 def _config_path() -> str:
-    handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
-    handle.write(CONFIG)
-    handle.close()
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle:
+        handle.write(CONFIG)
     return handle.name
 
 

@@ -11,6 +11,9 @@ Three closed-form pieces (docs/costmodel.md has the equations):
    blocks on the SMs they leave, the L2 they leave and the DRAM bandwidth they leave
    (the paper's Eq. 4-6, :mod:`costmodel.contention_model`), and each collective's
    time on the DRAM bandwidth and L2 the kernel leaves it;
+A workload read from a trace is replayed instead (:mod:`costmodel.trace_anchor`): its
+execution graph scheduled with the measured times, scaled by (1) and (2) as ratios.
+
 3. stream order and dependencies: an op starts when its stream's previous op and
    every op it depends on have finished; while the set of running ops stays the same
    every op progresses at the constant rate of (2), so the timeline jumps from one op
@@ -47,11 +50,12 @@ from costmodel.contention_model import (
 )
 from costmodel.evaluator import OpTiming, Timing
 from costmodel.model_params import params_for
+from costmodel.trace_anchor import replay_timing
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
 from nccl_env.rules import P2P_COLLECTIVES
-from traces.workload import ComputeOp, Workload
+from traces.workload import CollectiveOp, ComputeOp, Op, Workload
 
 _EPS = 1e-9
 
@@ -139,15 +143,19 @@ class AnalyticEvaluator:
         self.params = dict(params) if params is not None else params_for(cluster)
         g = cluster.gpu
         self.gpu: GpuNumbers = gpu_numbers(g.sm_count, g.l2_bytes, g.mem_bw_gb_per_s, g.peak_tflops,
-                                           g.max_blocks_per_sm, g.max_threads_per_sm, self.params["mem_efficiency"])
+                                           g.max_blocks_per_sm, g.max_threads_per_sm, self.params["mem_efficiency"],
+                                           g.fp32_tflops)
         self.evaluations = 0
         self._statics: dict[int, tuple[weakref.ref, int, _Static]] = {}
         self._est_cache: dict[tuple[Signature, CommConfig], CollectiveEstimate] = {}
         self._host_cache: dict[tuple, tuple[CollectiveEstimate, CollectiveEstimate]] = {}
+        self._replay_cache: dict = {}
 
     # ---- public ------------------------------------------------------------------------------
     def evaluate(self, workload: Workload, plan: Plan) -> Timing:
         self.evaluations += 1
+        if workload.exec_graph is not None:  # a trace: replay it, anchored at its measured times
+            return replay_timing(self, workload, plan, self.cluster.gpus_per_node, self._replay_cache)
         st = self._static(workload)
         ests = [self.estimate(sig, plan.config_for(sig)) for sig in st.signatures]
         if True in st.host_side:
@@ -156,7 +164,7 @@ class AnalyticEvaluator:
             starts, ends, busy_c, busy_x, exposed, iteration, fill = jump_timeline(st.jump, ests, st.pair_many)
             return Timing(iteration_us=iteration, compute_us=busy_c, comm_us=busy_x, exposed_comm_us=exposed,
                           compute_uncontended_us=min(st.uncontended_us, busy_c),
-                          ops=_OpTimings(st.jump.index, starts, ends, fill))  # type: ignore[arg-type]
+                          ops=_OpTimings(st.jump.index, starts, ends, fill))
         timeline = self._timeline_one_compute_stream if st.one_compute_stream else self._timeline
         return self._timing(st, *timeline(st, ests))
 
@@ -166,6 +174,8 @@ class AnalyticEvaluator:
         est = self._est_cache.get(key)
         if est is None:
             full = self.resolve(signature, config)
+            assert (full.algorithm is not None and full.protocol is not None and full.channels is not None
+                    and full.threads is not None and full.chunk_bytes is not None)  # resolve() sets every field
             est = collective_estimate(
                 self.params, signature.collective, signature.message_bytes, signature.ranks, signature.nodes,
                 self.cluster.gpus_per_node, full.algorithm, full.protocol,
@@ -211,6 +221,12 @@ class AnalyticEvaluator:
         """The kernel alone on the whole GPU, microseconds."""
         return self.compute_shape(op).base_us
 
+    def slowdown_beside(self, op: ComputeOp, signature: Signature, config: CommConfig) -> float:
+        """The kernel's time beside the collective over its time alone (the replay's contention ratio)."""
+        shape = self.compute_shape(op)
+        yc, _ = pair_times(self.params, self.gpu, shape, self.estimate(signature, config))
+        return yc / shape.base_us if shape.base_us > 0 else 1.0
+
     def overlap_us(self, op: ComputeOp, signature: Signature, config: CommConfig) -> tuple[float, float]:
         """(kernel time, collective time) when both start together on two streams: both run
         at their contended rates until the first ends, then the other finishes alone."""
@@ -237,7 +253,7 @@ class AnalyticEvaluator:
         return st
 
     def _build_static(self, w: Workload) -> _Static:
-        ops = [*w.compute_ops, *w.collectives]
+        ops: list[Op] = [*w.compute_ops, *w.collectives]
         order = sorted(range(len(ops)), key=lambda i: (ops[i].start_us, i))  # stream order = list order
         op_ids = [ops[i].op_id for i in order]
         index = {oid: k for k, oid in enumerate(op_ids)}
@@ -272,7 +288,7 @@ class AnalyticEvaluator:
         compute_streams: dict[int, list[int]] = {}
         for k, i in enumerate(order):
             op = ops[i]
-            if is_coll[k]:
+            if isinstance(op, CollectiveOp):  # is_coll[k]
                 sig = w.signature(op, self.cluster.gpus_per_node)
                 key = (sig, not op.on_gpu)
                 j = sig_index.get(key)
@@ -288,6 +304,7 @@ class AnalyticEvaluator:
                 busy[k] = not op.is_memory_op
                 compute_streams.setdefault(op.stream, []).append(k)
         coll_streams = {ops[i].stream for k, i in enumerate(order) if is_coll[k]}
+        base_us = [sh.base_us if sh is not None else 0.0 for sh in shapes]
         return _Static(
             n_ops=n, op_ids=op_ids, index=index, is_coll=is_coll, next_on_stream=next_on_stream,
             succs=[tuple(s) for s in succs], n_preds=n_preds, shapes=shapes, shape_id=shape_id, busy=busy,
@@ -295,11 +312,11 @@ class AnalyticEvaluator:
             compute_streams=compute_streams,
             one_compute_stream=len(compute_streams) <= 1 and not (set(compute_streams) & coll_streams),
             rate_cache={},
-            uncontended_us=max((sum(shapes[k].base_us for k in ks if busy[k])  # type: ignore[union-attr]
-                                for ks in compute_streams.values()), default=0.0),
+            uncontended_us=max((sum(base_us[k] for k in ks if busy[k]) for ks in compute_streams.values()),
+                               default=0.0),
             pair_many=self._pair_many(list(ids)),
             all_succs=[tuple(x for x in (next_on_stream[k], *succs[k]) if x >= 0) for k in range(n)],
-            base_us=[sh.base_us if sh is not None else 0.0 for sh in shapes],
+            base_us=base_us,
             cta_wait_us=[cta_wait_us(self.params, self.gpu, sh) if sh is not None else 0.0 for sh in shapes],
             jump=build_jump_static(op_ids, is_coll, next_on_stream, [tuple(x) for x in succs], n_preds, busy,
                                    shape_id, [sh.base_us if sh is not None else 0.0 for sh in shapes], sig_of,
@@ -313,6 +330,7 @@ class AnalyticEvaluator:
         key = (tuple([st.shape_id[k] for k in comps]), tuple([id(ests[st.sig_of[k]]) for k in colls]))
         hit = st.rate_cache.get(key)
         if hit is None:
+            # comps are kernels, whose shapes are set (None marks a collective)
             hit = running_set_times(self.params, self.gpu, [st.shapes[k] for k in comps],  # type: ignore[misc]
                                     [ests[st.sig_of[k]] for k in colls])
             if len(st.rate_cache) > 500_000:
@@ -329,7 +347,7 @@ class AnalyticEvaluator:
                           remaining: list[float]) -> None:
         """A collective launched beside full kernels waits for SMs for its CTAs."""
         e = ests[st.sig_of[x]]
-        wait = max((cta_wait_us(self.params, self.gpu, st.shapes[k]) for k in kernels), default=0.0)  # type: ignore[arg-type]
+        wait = max((st.cta_wait_us[k] for k in kernels), default=0.0)
         if wait > 0.0:
             remaining[x] += wait / max(e.time_us, 1e-9)
 
@@ -360,7 +378,7 @@ class AnalyticEvaluator:
                 break
             comps.sort()
             colls.sort()
-            times = self._times_under(st, comps, colls, ests) if colls else [st.shapes[k].base_us for k in comps]  # type: ignore[union-attr]
+            times = self._times_under(st, comps, colls, ests) if colls else [st.base_us[k] for k in comps]
             running = comps + colls
             dt = min(remaining[k] * tk for k, tk in zip(running, times))
             t += dt
@@ -436,9 +454,9 @@ class AnalyticEvaluator:
                     exposed += dt
                     f1 = x
                 else:  # the common case: one kernel beside one collective
-                    key = (shape_id[c], id(e))
+                    key: tuple[int, ...] = (shape_id[c], id(e))
                     pair = cache.get(key)
-                    if pair is None:
+                    if pair is None:  # c is a kernel: its shape is set (None marks a collective)
                         pair = cache[key] = pair_times(p, gpu, shapes[c], e)  # type: ignore[arg-type]
                     yc, yx = pair
                     tc = remaining[c] * yc
@@ -548,4 +566,4 @@ class AnalyticEvaluator:
         iteration = (max(ends) - min(starts)) if st.n_ops else 0.0
         return Timing(iteration_us=iteration, compute_us=busy_compute, comm_us=busy_comm,
                       exposed_comm_us=exposed, compute_uncontended_us=min(st.uncontended_us, busy_compute),
-                      ops=_OpTimings(index or st.index, starts, ends))  # type: ignore[arg-type]
+                      ops=_OpTimings(index or st.index, starts, ends))

@@ -205,7 +205,7 @@ def measurement_plan(backend: CalibrationBackend, budget: int = 300, seed: int =
         s = sig(ctype, nbytes, layout)
         cfg = random_config(ctype)
         group = "collective latency-bound" if nbytes < 1 * _MIB else "collective bandwidth-bound"
-        if cfg.protocol is not Protocol.SIMPLE:
+        if cfg.protocol is not None and cfg.protocol is not Protocol.SIMPLE:
             group = f"collective {cfg.protocol.nccl_name}"
         plan.append(Measurement("collective", group, s, cfg))
     # one-knob sweeps around NCCL's default for a large AllReduce / AllGather on every layout
@@ -247,10 +247,11 @@ def run_measurements(backend: CalibrationBackend, plan: list[Measurement], progr
             assert m.op is not None
             m.measured_us = (backend.measure_compute(m.op),)
         elif m.kind == "collective":
-            m.measured_us = (backend.measure_collective(m.signature, m.config),)  # type: ignore[arg-type]
+            assert m.signature is not None and m.config is not None
+            m.measured_us = (backend.measure_collective(m.signature, m.config),)
         else:
-            assert m.op is not None
-            m.measured_us = tuple(backend.measure_overlap(m.op, m.signature, m.config))  # type: ignore[arg-type]
+            assert m.op is not None and m.signature is not None and m.config is not None
+            m.measured_us = tuple(backend.measure_overlap(m.op, m.signature, m.config))
         if progress is not None:
             progress(done, total, m.group)
 
@@ -264,10 +265,13 @@ def predict(cluster: ClusterSpec, params: dict[str, float], m: Measurement) -> t
 
 def _predict(ev: AnalyticEvaluator, m: Measurement) -> tuple[float, ...]:
     if m.kind == "compute":
-        return (ev.compute_time_us(m.op),)  # type: ignore[arg-type]
+        assert m.op is not None
+        return (ev.compute_time_us(m.op),)
+    assert m.signature is not None and m.config is not None
     if m.kind == "collective":
-        return (ev.estimate(m.signature, m.config).time_us,)  # type: ignore[arg-type]
-    return ev.overlap_us(m.op, m.signature, m.config)  # type: ignore[arg-type]
+        return (ev.estimate(m.signature, m.config).time_us,)
+    assert m.op is not None
+    return ev.overlap_us(m.op, m.signature, m.config)
 
 
 class _Fitter:

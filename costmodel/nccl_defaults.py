@@ -37,12 +37,11 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from costmodel.cluster import ClusterSpec
 from nccl_env.errors import LagomError
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Signature
 from nccl_env.rules import P2P_COLLECTIVES
-
-from costmodel.cluster import ClusterSpec
 
 # ---- NCCL constants (NCCL 2.18.3, src/include/devcomm.h, comm.h, collectives.h) -----------------
 NCCL_STEPS = 8  # devcomm.h

@@ -6,12 +6,13 @@ the plain dict that ``--json`` prints; :func:`render` turns the same dicts into 
 
 from __future__ import annotations
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
 from traces.breakdown import comm_comp_overlap_pct, temporal_breakdown
 from traces.collectives_table import collectives_table
+from traces.comm_split import split_rows
 from traces.contention import contention_report
 from traces.overlap import overlap_windows
 from traces.workload import Workload
@@ -50,6 +51,8 @@ def rank_report(workload: Workload, top_windows: int = 5, trimmed: bool = False)
         for w in windows[:top_windows]
     ]
     contention = contention_report(workload)
+    graph = workload.exec_graph
+    split = [] if graph is None else split_rows(workload, graph.comm_wait_us, graph.wait_basis != "fastest instances")
     return {
         "rank": workload.rank,
         "world_size": workload.world_size,
@@ -69,6 +72,7 @@ def rank_report(workload: Workload, top_windows: int = 5, trimmed: bool = False)
             {"collective": f.collective, "median_slowdown": round(f.median_slowdown, 4), "pairs": f.pairs}
             for f in contention.figures
         ],
+        "wait_transfer": [row.to_dict() for row in split],
     }
 
 
@@ -114,8 +118,9 @@ def render(reports: list[dict], console: Console) -> None:
 
         if r["collectives"]:
             t = Table(title="collectives", title_justify="left")
-            for col, justify in (("type", "left"), ("group", "right"), ("message", "right"), ("count", "right"),
-                                 ("total ms", "right"), ("exposed ms", "right"), ("exposed %", "right")):
+            columns: tuple[tuple[str, JustifyMethod], ...] = (("type", "left"), ("group", "right"), ("message", "right"), ("count", "right"),
+                                 ("total ms", "right"), ("exposed ms", "right"), ("exposed %", "right"))
+            for col, justify in columns:
                 t.add_column(col, justify=justify, no_wrap=True)
             for c in r["collectives"]:
                 exposed_pct = 100.0 * c["exposed_us"] / c["total_us"] if c["total_us"] > 0 else 0.0
@@ -125,6 +130,17 @@ def render(reports: list[dict], console: Console) -> None:
             console.print(t)
         else:
             console.print("no collectives in the analysed span")
+
+        if r.get("wait_transfer"):
+            t = Table(title="NCCL kernel time: wait for the slowest peer + transfer (only the transfer tunes)",
+                      title_justify="left")
+            for col in ("type", "group", "message", "count", "total ms", "wait ms", "transfer ms", "per call ms", "from"):
+                t.add_column(col, justify="left" if col in ("type", "from") else "right", no_wrap=True)
+            for c in r["wait_transfer"]:
+                t.add_row(c["collective"], escape(str(c["group"])), _bytes(c["message_bytes"]), str(c["count"]),
+                          _ms(c["total_us"]), _ms(c["wait_us"]), _ms(c["transfer_us"]), _ms(c["transfer_per_call_us"]),
+                          c["basis"])
+            console.print(t)
 
         if r["contention"]:
             t = Table(title="compute slowdown under communication (same kernel, same launch shape)", title_justify="left")

@@ -86,10 +86,11 @@ def apply_env(env: dict[str, str], user_env: dict[str, str | None]) -> None:
     for name in MANAGED_ENV:
         if name in env:
             continue
-        if user_env.get(name) is None:
+        value = user_env.get(name)
+        if value is None:
             os.environ.pop(name, None)
         else:
-            os.environ[name] = user_env[name]
+            os.environ[name] = value
 
 
 class TorchBackend:

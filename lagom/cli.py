@@ -21,7 +21,7 @@ COMMANDS = ["analyze", "simulate", "calibrate", "tune", "run", "bench", "plugin"
 class OneLineErrorParser(argparse.ArgumentParser):
     """argparse prints usage plus the error; we print one line naming the command."""
 
-    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 

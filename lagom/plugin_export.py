@@ -72,13 +72,13 @@ def plugin_table_comments(cfg: TunedConfig) -> list[str]:
     except LagomError:
         version = None
     if version is not None and kept and not tuner_symbols(version):
-        first = min(TUNER_SYMBOL_SINCE.values())
-        comments.append(f"NCCL {version} loads none of the plugin's ABIs (the oldest, v2, needs NCCL >= {first}): this table has no "
+        oldest = min(TUNER_SYMBOL_SINCE.values())
+        comments.append(f"NCCL {version} loads none of the plugin's ABIs (the oldest, v2, needs NCCL >= {oldest}): this table has no "
                         f"effect there; the config's env and process_groups carry what that NCCL takes")
-    elif version is not None and any(e.config.chunk_bytes is not None for e in kept):
-        if version < CHUNK_PLUGIN_SINCE:
-            comments.append(f"chunk_bytes is applied only by NCCL >= {CHUNK_PLUGIN_SINCE} (tuner getChunkSize); "
-                            f"on NCCL {version} use NCCL_BUFFSIZE (the config's env)")
+    elif (version is not None and version < CHUNK_PLUGIN_SINCE
+          and any(e.config.chunk_bytes is not None for e in kept)):
+        comments.append(f"chunk_bytes is applied only by NCCL >= {CHUNK_PLUGIN_SINCE} (tuner getChunkSize); "
+                        f"on NCCL {version} use NCCL_BUFFSIZE (the config's env)")
     if any(e.config.threads is not None for e in cfg.collectives):
         comments.append("threads are process-wide (NCCL_NTHREADS in the config's env), not in this table")
     return comments

@@ -64,9 +64,7 @@ class Match:
             return False
         if self.ranks is not None and ranks is not None and self.ranks != ranks:
             return False
-        if self.nodes is not None and nodes is not None and self.nodes != nodes:
-            return False
-        return True
+        return self.nodes is None or nodes is None or self.nodes == nodes
 
     def to_dict(self) -> dict:
         out = {

@@ -9,9 +9,9 @@ from __future__ import annotations
 import bisect
 import hashlib
 import importlib
+import importlib.util
 import os
 import tempfile
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -28,6 +28,7 @@ from tuner import METHODS, AutoCCL, TuningResult, build_space
 from tuner.space import SearchSpace
 
 EVALUATORS = ("analytic", "sim")
+MIN_GAIN = 0.01  # below a 1% predicted gain, process-wide changes are not worth their risk (issue 11)
 
 
 def _optional(module: str, what: str):
@@ -66,7 +67,7 @@ def load_workload_arg(text: str, cluster: ClusterSpec) -> Workload:
 
 def nccl_defaults_fn() -> Callable[[ClusterSpec, Signature], CommConfig] | None:
     try:
-        from costmodel.nccl_defaults import nccl_default_config  # type: ignore[import-not-found]
+        from costmodel.nccl_defaults import nccl_default_config
     except ImportError:
         return None
     return nccl_default_config
@@ -80,7 +81,21 @@ def _enabled_pairs(cluster: ClusterSpec, signature: Signature):
 
 
 def space_for(workload: Workload, cluster: ClusterSpec) -> SearchSpace:
-    return build_space(workload, cluster, defaults=nccl_defaults_fn(), enabled_pairs=_enabled_pairs)
+    """The search space; for a trace, NCCL's defaults are the settings the trace recorded
+    (over the cluster model's choice for what the trace does not show)."""
+    defaults = nccl_defaults_fn()
+    if workload.exec_graph is not None and defaults is not None:
+        from costmodel.trace_anchor import recorded_configs
+
+        recorded = recorded_configs(workload, cluster.gpus_per_node)
+        model_defaults = defaults
+
+        def defaults(cl: ClusterSpec, sig: Signature) -> CommConfig:
+            base = model_defaults(cl, sig)
+            rec = recorded.get(sig)
+            return base if rec is None else rec.merged_over(base)
+
+    return build_space(workload, cluster, defaults=defaults, enabled_pairs=_enabled_pairs)
 
 
 # ---- calibration cache ------------------------------------------------------------------
@@ -166,19 +181,24 @@ def tune(
     return TuneOutcome(space, result, baseline, autoccl)
 
 
-def tuned_config(outcome: TuneOutcome, cluster: ClusterSpec, cluster_arg: str, workload_label: str) -> TunedConfig:
-    """The tuned-config file for a result: delivery rules split the plan over the doors."""
+def tuned_config(outcome: TuneOutcome, cluster: ClusterSpec, cluster_arg: str, workload_label: str,
+                 min_gain: float = MIN_GAIN) -> TunedConfig:
+    """The tuned-config file for a result: delivery rules split the plan over the doors.
+    Below ``min_gain`` (a fraction) of predicted gain over NCCL's default the file
+    changes nothing and its notes say why."""
     space, result = outcome.space, outcome.result
     notes = list(result.notes)
+    tuned_us = result.iteration_us
+    gain = outcome.baseline.iteration_us / tuned_us - 1.0 if tuned_us > 0 else 0.0
+    if result.plan.entries and gain < min_gain:
+        notes.append(f"predicted gain {gain:.2%} is below --min-gain {min_gain:.2%}: "
+                     f"the file keeps NCCL's defaults (no env, process-group or per-collective changes)")
+        result = replace(result, plan=Plan(), timing=outcome.baseline)
     env: dict[str, str] = {}
     groups: dict[str, dict] = {}
-    try:
-        from nccl_env.delivery import deliver  # type: ignore[import-not-found]
-        from nccl_env.rules import NcclVersion  # type: ignore[import-not-found]
-    except ImportError:
-        deliver = None
-        notes.append("nccl_env.delivery not available: env and process-group settings not derived")
-    if deliver is not None and result.plan.entries:
+    from nccl_env.delivery import deliver
+    from nccl_env.rules import NcclVersion
+    if result.plan.entries:
         delivery = deliver(Plan(entries={s: result.plan.config_for(s) for s in space.signatures}), NcclVersion.parse(space.nccl_version))
         env = {str(k): str(v) for k, v in dict(delivery.env).items()}
         groups = {str(k): _group_dict(v) for k, v in dict(delivery.group_configs).items()}

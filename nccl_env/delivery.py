@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from nccl_env.errors import LagomError
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
@@ -107,7 +108,10 @@ def plugin_env(plugin_path: str, table_path: str) -> dict[str, str]:
     return {"NCCL_TUNER_PLUGIN": str(plugin_path), "NCCL_TUNER_CONFIG_FILE": str(table_path)}
 
 
-def largest_message(items: list[tuple[Signature, object]]) -> tuple[Signature, object]:
+_Value = TypeVar("_Value")
+
+
+def largest_message(items: list[tuple[Signature, _Value]]) -> tuple[Signature, _Value]:
     """The (signature, value) of the largest message; ties: first in sorted order."""
     best = items[0]
     for item in items[1:]:
@@ -116,8 +120,8 @@ def largest_message(items: list[tuple[Signature, object]]) -> tuple[Signature, o
     return best
 
 
-def _one_value(knob: str, items: list[tuple[Signature, object]], scope: str, why: str,
-               compromises: list[str], show=str) -> tuple[Signature, object]:
+def _one_value(knob: str, items: list[tuple[Signature, _Value]], scope: str, why: str,
+               compromises: list[str], show=str) -> tuple[Signature, _Value]:
     sig, value = largest_message(items)
     distinct = sorted({show(v) for _, v in items})
     if len(distinct) > 1:

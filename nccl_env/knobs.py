@@ -61,7 +61,7 @@ class CollectiveType(enum.Enum):
         return _NCCL_FUNC[self]
 
     @classmethod
-    def parse(cls, text: str) -> "CollectiveType":
+    def parse(cls, text: str) -> CollectiveType:
         """Accept our spellings and the common ones of PyTorch and NCCL kernel names.
 
         ``all_reduce``, ``AllReduce``, ``allreduce_coalesced``, ``_allgather_base``,
@@ -113,7 +113,7 @@ class CommConfig:
     threads: int | None = None
     chunk_bytes: int | None = None
 
-    def merged_over(self, base: "CommConfig") -> "CommConfig":
+    def merged_over(self, base: CommConfig) -> CommConfig:
         """This config with its ``None`` fields filled from ``base``."""
         return replace(
             base,
@@ -131,7 +131,7 @@ class CommConfig:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict) -> "CommConfig":
+    def from_dict(cls, data: dict) -> CommConfig:
         """Inverse of :meth:`to_dict`; raises ValueError on unknown keys or names."""
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
@@ -166,6 +166,6 @@ def _int_field(name: str, value: object) -> int | None:
             return int(value)
         raise ValueError(f"{name} must be an integer, got {value!r}")
     try:
-        return int(value)
+        return int(value)  # type: ignore[call-overload]  # any object: int() decides, its TypeError is ours
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be an integer, got {value!r}") from None

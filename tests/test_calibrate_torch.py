@@ -14,10 +14,10 @@ import os
 import subprocess
 import sys
 
+from conftest import REPO_ROOT
+
 from costmodel.cluster import load_cluster
 from costmodel.model_params import params_for
-
-from conftest import REPO_ROOT
 
 
 def test_torch_backend_calibrates_a_two_process_gloo_job(tmp_path):

@@ -8,13 +8,13 @@ from dataclasses import replace
 import pytest
 
 from costmodel.analytic import AnalyticEvaluator
+from costmodel.calibrate import gemm_op
 from costmodel.cluster import load_cluster
 from costmodel.collective_model import collective_estimate
 from costmodel.evaluator import Evaluator
-from costmodel.calibrate import gemm_op
 from costmodel.model_params import PARAM_NAMES, default_params, param_spec, params_for
 from nccl_env import Algorithm, CollectiveType, CommConfig, LagomError, Plan, Protocol, Signature
-from traces import CollectiveOp, ComputeOp, Dependency, ProcessGroup, Stream, StreamKind, Workload
+from traces import CollectiveOp, Dependency, ProcessGroup, Stream, StreamKind, Workload
 
 MIB = 1024 * 1024
 RING_SIMPLE = CommConfig(Algorithm.RING, Protocol.SIMPLE, 8, 512, 2 * MIB)
@@ -115,8 +115,8 @@ def test_alone_compute_is_exact_and_timing_sums_are_consistent(low_bw):
 def test_fast_timelines_agree_with_the_general_one(low_bw, spec):
     """The jump timeline (two streams) and the one-compute-stream loop are optimisations of the
     general phase timeline: same starts and ends for every op, same busy and exposed times."""
-    from costmodel.analytic_jump import jump_timeline
     from costmodel.accuracy import random_plan
+    from costmodel.analytic_jump import jump_timeline
     from traces.generate import generate_workload
 
     w = generate_workload(spec)

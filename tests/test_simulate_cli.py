@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import shared_traces_dir
+
+from costmodel.cluster import load_cluster
 from lagom.cli import main
 from lagom.knob_args import parse_set, parse_size
 from lagom.tuned_config import CollectiveEntry, Match, TunedConfig
 from lagom.workload_arg import load_workload_arg
-from costmodel.cluster import load_cluster
 from nccl_env import Algorithm, CollectiveType, CommConfig, LagomError, Protocol
 from traces.generate import generate_workload
 from traces.workload_io import save_workload
@@ -68,7 +68,8 @@ def test_workload_file_and_trace_arguments(tmp_path, capsys):
     observed = load_workload_arg(str(trace))
     recovered = load_workload_arg(str(trace), load_cluster("a100-nvswitch"))
     assert recovered.rank == 0 and len(recovered.collectives) == 21
-    assert sum(o.duration_us for o in recovered.compute_ops) <= sum(o.duration_us for o in observed.compute_ops)
+    # a trace keeps its measured kernel times whatever the cluster (the replay anchors at them)
+    assert [o.duration_us for o in recovered.compute_ops] == [o.duration_us for o in observed.compute_ops]
     out = run_json(capsys, str(trace), "--cluster", "a100-nvswitch")
     assert out["collectives"] == 21 and out["iteration_us"] > 0
 

@@ -16,7 +16,8 @@ from costmodel.sim import Simulator
 from lagom import tuning
 from lagom.cli import main
 from lagom.tuned_config import load_tuned_config
-from nccl_env.knobs import CollectiveType
+from nccl_env.knobs import CollectiveType, CommConfig
+from nccl_env.plan import Plan
 from traces.comm_names import (
     collective_from_kernel_name,
     is_comm_kernel,
@@ -147,7 +148,7 @@ def test_varying_sizes_get_power_of_two_ranges_and_unknown_sizes_no_entry():
     plan = space.plan(space.minimum_point())  # a plan that sets every signature
     timing = Simulator(cluster, noise=0.0).evaluate(w, plan)
     outcome = tuning.TuneOutcome(space, TuningResult("test", plan, timing, 1), timing, None)
-    config = tuning.tuned_config(outcome, cluster, "a100-nvswitch", str(W16))
+    config = tuning.tuned_config(outcome, cluster, "a100-nvswitch", str(W16), min_gain=0.0)
     assert not any(e.match.collective is CollectiveType.SENDRECV or e.match.max_bytes == 0
                    for e in config.collectives)
     sizes = sorted({c.message_bytes for c in w.collectives if c.collective is CollectiveType.ALLTOALL})
@@ -266,7 +267,7 @@ def test_symmetric_memory_kernels_are_communication_not_compute(tmp_path, capsys
     trace = _symmetric_memory_trace(tmp_path / "b200.json")
     (w,) = read_trace(trace)
     multimem = [c for c in w.collectives if not c.nccl_tunable]
-    assert len(multimem) == 3 and not any(MULTIMEM == o.name for o in w.compute_ops)
+    assert len(multimem) == 3 and not any(o.name == MULTIMEM for o in w.compute_ops)
     assert {(c.collective, c.message_bytes, c.group) for c in multimem} == {(CollectiveType.ALLREDUCE, 2 << 20, "0")}
     assert w.stream_kind(7) is StreamKind.COMPUTE and w.stream_kind(20) is StreamKind.COMMUNICATION
     code, out, err = run_cli(capsys, "analyze", str(trace), "--json", "--include-last-step")
@@ -324,3 +325,20 @@ def test_workload_files_keep_unknown_sizes_and_other_kernels(tmp_path):
             [(c.message_bytes, c.nccl_tunable) for c in w.collectives]
     assert sum(c.message_bytes is None for c in load_workload(tmp_path / "w.json").collectives) == 0
     assert load_workload(tmp_path / "w.json").nccl_version == "2.26.2"
+
+
+@pytest.mark.parametrize("evaluator", ["sim", "analytic"])
+def test_the_replay_keeps_other_kernels_at_their_measured_time(tmp_path, evaluator):
+    """Under a plan that changes every NCCL collective, the multimem all-reduces keep their
+    measured 30 us, and still count as communication."""
+    (w,) = read_trace(_symmetric_memory_trace(tmp_path / "b200.json"))
+    cluster = load_cluster("h100-nvswitch")
+    ev = tuning.make_evaluator(evaluator, cluster)
+    as_traced = ev.evaluate(w, Plan())
+    lean = ev.evaluate(w, Plan(default=CommConfig(channels=2)))
+    multimem = [c for c in w.collectives if not c.nccl_tunable]
+    nccl = [c for c in w.collectives if c.nccl_tunable]
+    for timing in (as_traced, lean):
+        assert [timing.ops[c.op_id].duration_us for c in multimem] == pytest.approx([30.0] * 3)
+    assert all(lean.ops[c.op_id].duration_us != pytest.approx(c.duration_us) for c in nccl)
+    assert as_traced.comm_us == pytest.approx(30.0 + 50.0)  # per profiler step: both kinds are communication

@@ -28,6 +28,9 @@ What becomes what:
   ``enable_cuda_sync_events``) give event dependencies between streams.
 - ``launch_us`` of each GPU op is the CPU time of the runtime call that launched it
   (same ``correlation``); analyses use it to trim to whole profiler steps as HTA does.
+- ``exec_graph``: the execution graph a replay schedules (launch calls, host
+  synchronisation, inferred stream waits, named steps, each NCCL kernel's recorded
+  channels and threads): :mod:`traces.exec_graph`.
 
 Times are microseconds from an integer origin: the floor of the earliest event of
 all files read together, so the ranks of one directory share a clock (a file's
@@ -49,14 +52,15 @@ import math
 import re
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CollectiveType
 from traces.comm_names import collective_from_kernel_name, is_nccl_kernel
+from traces.exec_graph_build import build_exec_graph
 from traces.kineto_comm import CommInfo, collective_from_call, parse_ranks
-from traces.kineto_events import CommCall, EventReader, GpuOp, to_int
+from traces.kineto_events import CommCall, EventReader, GpuOp, HostCall, StepMark, SyncEvent, to_int
 from traces.kineto_json import read_events
 from traces.workload import (
     CollectiveOp,
@@ -104,7 +108,19 @@ def read_trace(path: str | Path) -> list[Workload]:
     world = max([p.world_size or 0 for p in parsed] + [len(parsed), max(p.rank or 0 for p in parsed) + 1])
     known = any(p.world_size is not None for p in parsed)
     workloads = [p.build(origin - p.base_us, world, known) for p in parsed]
+    _attach_comm_waits(workloads)
     return sorted(workloads, key=lambda w: w.rank)
+
+
+def _attach_comm_waits(workloads: list[Workload]) -> None:
+    """Each NCCL kernel's wait for its peers, from all ranks read together (traces.comm_split)."""
+    from traces.comm_split import split_waits
+
+    waits = split_waits(workloads)
+    for w in workloads:
+        if w.exec_graph is not None:
+            w.exec_graph.comm_wait_us = waits.get(w.rank, {})
+            w.exec_graph.wait_basis = "ranks' launch times" if len(workloads) > 1 else "fastest instances"
 
 
 def _is_trace_name(name: str) -> bool:
@@ -132,6 +148,11 @@ class _ParsedTrace:
     stream_waits: list[tuple[int, int, int, int]] = field(default_factory=list)
     min_ts: float | None = None
     max_ts: float | None = None  # the latest end of a GPU op, comm call or profiler step
+    # for the execution graph (traces.exec_graph_build)
+    launch_calls: dict[int, tuple[float, float, tuple]] = field(default_factory=dict)
+    host_calls: list[HostCall] = field(default_factory=list)
+    sync_events: list[SyncEvent] = field(default_factory=list)
+    step_marks: list[StepMark] = field(default_factory=list)
 
     def build(self, origin: int, world_size: int, world_size_known: bool) -> Workload:
         return _WorkloadBuilder(self, origin, world_size, world_size_known).build()
@@ -149,6 +170,10 @@ def _parse_file(path: Path) -> _ParsedTrace:
     parsed.min_ts = events.min_ts if events.min_ts != math.inf else None
     ends = [g.ts + g.dur for g in parsed.gpu_ops] + [c.end for c in parsed.comm_calls] + [e for _, e in parsed.steps]
     parsed.max_ts = max(ends, default=parsed.min_ts)
+    parsed.launch_calls = events.launch_calls()
+    parsed.host_calls = events.host_calls
+    parsed.sync_events = events.sync_events
+    parsed.step_marks = events.step_marks
     if not parsed.gpu_ops and not any(collective_from_call(c) for c in parsed.comm_calls):
         raise LagomError(f"{path}: trace has neither GPU kernels nor collectives (nothing to analyse)")
     return parsed
@@ -230,7 +255,7 @@ def _check_one_job(parsed: list[_ParsedTrace], path: Path) -> None:
 def _when(time_us: float) -> str:
     """A trace time as a UTC date when it is one (epoch microseconds), else as microseconds."""
     if 1e15 <= time_us < 1e17:  # 2001 .. 5138
-        return datetime.fromtimestamp(time_us / 1e6, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return datetime.fromtimestamp(time_us / 1e6, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     return f"{time_us:.0f} us"
 
 
@@ -257,6 +282,7 @@ class _WorkloadBuilder:
         # another communication kernel (symmetric memory runs on the compute stream), else memory.
         stream_kind: dict[int, tuple[int, StreamKind]] = {}
         op_corr: list[tuple[ComputeOp | CollectiveOp, int | None]] = []
+        made: list[tuple[ComputeOp | CollectiveOp, GpuOp]] = []  # each op with the GPU op it came from
         for g in p.gpu_ops:
             launch = p.launch_ts.get(g.correlation) if g.correlation is not None else None
             launch_us = None if launch is None else launch - o
@@ -265,6 +291,7 @@ class _WorkloadBuilder:
                 nccl = is_nccl_kernel(g.name)
                 colls.append(self._collective(info, g.name, g.stream, g.ts - o, g.dur, True, launch_us, nccl))
                 op_corr.append((colls[-1], g.correlation))
+                made.append((colls[-1], g))
                 _note_kind(stream_kind, g.stream, 3 if nccl else 1, StreamKind.COMMUNICATION)
             else:
                 compute.append(
@@ -285,6 +312,7 @@ class _WorkloadBuilder:
                     )
                 )
                 op_corr.append((compute[-1], g.correlation))
+                made.append((compute[-1], g))
                 if g.is_memory:
                     _note_kind(stream_kind, g.stream, 0, StreamKind.MEMORY)
                 else:
@@ -297,6 +325,7 @@ class _WorkloadBuilder:
         _assign_ids(compute, colls)
         deps = self._dependencies(op_corr)
         steps = sorted((a - o, b - o) for a, b in set(p.steps))
+        graph = build_exec_graph(made, p.launch_calls, p.host_calls, p.sync_events, p.step_marks, deps, o) if made else None
         return Workload(
             rank=p.rank if p.rank is not None else 0,
             world_size=self.world_size,
@@ -311,6 +340,7 @@ class _WorkloadBuilder:
             profiler_steps=steps,
             nccl_version=p.nccl_version,
             world_size_known=self.world_size_known,
+            exec_graph=graph,
         )
 
     def _comm_info(self, g: GpuOp) -> CommInfo:
@@ -441,6 +471,6 @@ def _assign_ids(compute: list[ComputeOp], colls: list[CollectiveOp]) -> None:
     """Sort each list by start and number all ops in global start order."""
     compute.sort(key=lambda o: (o.start_us, o.stream))
     colls.sort(key=lambda o: (o.start_us, o.stream))
-    merged = sorted([*compute, *colls], key=lambda o: (o.start_us, o.stream))
+    merged: list[ComputeOp | CollectiveOp] = sorted([*compute, *colls], key=lambda o: (o.start_us, o.stream))
     for i, op in enumerate(merged):
         op.op_id = i

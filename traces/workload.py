@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from nccl_env.knobs import Algorithm, CollectiveType, Protocol
 from nccl_env.plan import Signature
+from traces.exec_graph import ExecGraph
 
 WORKLOAD_FORMAT_VERSION = 1
 
@@ -156,12 +157,14 @@ class Workload:
     profiler_steps: list[tuple[float, float]] = field(default_factory=list)  # (start_us, end_us) per ProfilerStep
     nccl_version: str | None = None  # the NCCL the job ran, as the trace records it (distributedInfo.nccl_version)
     world_size_known: bool = True  # False: the trace records no world size; world_size counts the ranks read
+    exec_graph: ExecGraph | None = None  # traces only: what a replay schedules (traces.exec_graph)
 
     # ---- lookups -----------------------------------------------------------------
     def op(self, op_id: int) -> Op:
         index = self.__dict__.get("_index")
         if index is None or len(index) != len(self.compute_ops) + len(self.collectives):
-            index = {o.op_id: o for o in (*self.compute_ops, *self.collectives)}
+            ops: tuple[Op, ...] = (*self.compute_ops, *self.collectives)
+            index = {o.op_id: o for o in ops}
             self.__dict__["_index"] = index
         return index[op_id]
 
@@ -194,13 +197,19 @@ class Workload:
     @property
     def span_us(self) -> float:
         """From the first op's start to the last op's end (0 for an empty workload)."""
-        ops = [*self.compute_ops, *self.collectives]
+        ops: list[Op] = [*self.compute_ops, *self.collectives]
         if not ops:
             return 0.0
         return max(o.end_us for o in ops) - min(o.start_us for o in ops)
 
     # ---- JSON round trip -----------------------------------------------------------
     def to_dict(self) -> dict:
+        out = self._to_dict()
+        if self.exec_graph is not None:
+            out["exec_graph"] = self.exec_graph.to_dict()
+        return out
+
+    def _to_dict(self) -> dict:
         return {
             "format": "lagom.workload",
             "version": WORKLOAD_FORMAT_VERSION,
@@ -223,7 +232,7 @@ class Workload:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Workload":
+    def from_dict(cls, data: dict) -> Workload:
         """Inverse of :meth:`to_dict`. Raises KeyError/ValueError/TypeError on malformed data;
         :func:`traces.workload_io.load_workload` turns those into a LagomError."""
         if data.get("format") != "lagom.workload":
@@ -248,6 +257,7 @@ class Workload:
             compute_ops=[_compute_from_dict(o) for o in data["compute_ops"]],
             collectives=[_collective_from_dict(o) for o in data["collectives"]],
             dependencies=[Dependency(int(a), int(b), DependencyKind(k)) for a, b, k in data["dependencies"]],
+            exec_graph=ExecGraph.from_dict(data["exec_graph"]) if data.get("exec_graph") is not None else None,
         )
 
 

@@ -40,9 +40,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from costmodel.cluster import ClusterSpec
+from nccl_env.delivery import largest_message
 from nccl_env.errors import LagomError
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
-from nccl_env.delivery import largest_message
 from nccl_env.plan import Plan, Signature
 from nccl_env.rules import (
     CTAS_ENV_SINCE,
@@ -194,7 +194,7 @@ class Point:
                 return r
         raise KeyError((unit, axis))
 
-    def with_levels(self, changes: dict[tuple[int, str], int]) -> "Point":
+    def with_levels(self, changes: dict[tuple[int, str], int]) -> Point:
         new = tuple((u, a, changes.get((u, a), r)) for u, a, r in self.levels)
         return Point(new, self.pairs)
 
@@ -204,7 +204,7 @@ class Point:
                 return p
         raise KeyError(unit)
 
-    def with_pair(self, unit: int, pair: tuple[Algorithm, Protocol] | None) -> "Point":
+    def with_pair(self, unit: int, pair: tuple[Algorithm, Protocol] | None) -> Point:
         return Point(self.levels, tuple((u, pair if u == unit else p) for u, p in self.pairs))
 
 

@@ -17,6 +17,7 @@ Steps (the command's docstring in lagom/commands/run.py is the user-facing doc):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -28,16 +29,16 @@ from pathlib import Path
 
 import yaml
 
-from nccl_env.delivery import plugin_env
-from nccl_env.errors import LagomError
-from nccl_env.plugin_build import PluginBuildError, build_plugin
-from nccl_env.rules import TUNER_SYMBOL_SINCE, NcclVersion, tuner_symbols
 from lagom.plugin_export import write_plugin_table
 from lagom.runtime import audit
 from lagom.runtime.bootstrap import SITECUSTOMIZE
 from lagom.runtime.env import ENV_CONFIG, ENV_HOME, ENV_RUN_DIR, merge_env
 from lagom.runtime.process_groups import cta_policy_value
 from lagom.tuned_config import TunedConfig, load_tuned_config
+from nccl_env.delivery import plugin_env
+from nccl_env.errors import LagomError
+from nccl_env.plugin_build import PluginBuildError, build_plugin
+from nccl_env.rules import TUNER_SYMBOL_SINCE, NcclVersion, tuner_symbols
 
 PLUGIN_ENV = "NCCL_TUNER_PLUGIN"
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -181,10 +182,8 @@ def run_child(argv: list[str], env: dict[str, str]) -> int:
         raise LagomError(f"command not executable: {argv[0]}") from None
 
     def forward(signum, _frame):
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     previous = {}
     for sig in FORWARDED_SIGNALS:

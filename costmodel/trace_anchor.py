@@ -10,7 +10,9 @@ mechanism never replaces a measured time, it scales it:
   trace shows (channels = the kernel's grid, threads = its block, algorithm/protocol
   from the kernel name where reliable, the rest NCCL's own choice on the cluster).
   A plan's ``None`` fields mean "as NCCL decided in the trace", so ``Plan()`` replays
-  the trace as measured.
+  the trace as measured. A collective NCCL's knobs do not reach (``CollectiveOp.tunable``
+  False: a communication kernel that is not NCCL's, or one whose size the trace did not
+  record) keeps its measured time under every plan, and so does the compute beside it.
 - **a compute kernel** a collective overlapped in the trace, for a fraction ``f`` of
   its time: ``measured x (1 - f + f x S(new) / S(recorded))``, ``S`` the mechanism's
   slowdown of that kernel beside that collective. The trace's own slowdowns of
@@ -51,7 +53,7 @@ def recorded_configs(workload: Workload, gpus_per_node: int | None) -> dict[Sign
     seen: dict[Signature, Counter] = {}
     for c in workload.collectives:
         r = graph.recorded.get(c.op_id)
-        if r is not None and c.on_gpu:
+        if r is not None and c.on_gpu and c.tunable:
             sig = workload.signature(c, gpus_per_node)
             seen.setdefault(sig, Counter())[(r.algorithm, r.protocol, r.channels, r.threads)] += 1
     out = {}
@@ -91,7 +93,7 @@ def _anchor(workload: Workload, gpus_per_node: int | None) -> _Anchor:
     spans: list[tuple[float, float, int]] = []
     for k, op_id in enumerate(st.op_ids):
         op = ops[op_id]
-        if isinstance(op, CollectiveOp) and op.on_gpu:
+        if isinstance(op, CollectiveOp) and op.on_gpu and op.tunable:
             sig = workload.signature(op, gpus_per_node)
             coll_sig[k] = sig_index.setdefault(sig, len(sig_index))
             wait[k] = min(op.duration_us, graph.comm_wait_us.get(op_id, 0.0))

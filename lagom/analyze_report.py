@@ -32,6 +32,7 @@ def rank_report(workload: Workload, top_windows: int = 5, trimmed: bool = False)
             "total_us": round(row.total_us, 3),
             "exposed_us": round(row.exposed_us, 3),
             "on_gpu": row.on_gpu,
+            "nccl_tunable": row.nccl_tunable,
         }
         for row in collectives_table(workload)
     ]
@@ -75,7 +76,9 @@ def rank_report(workload: Workload, top_windows: int = 5, trimmed: bool = False)
     }
 
 
-def _bytes(n: int) -> str:
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "unknown"  # the trace did not record the size
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
@@ -121,7 +124,7 @@ def render(reports: list[dict], console: Console) -> None:
                 t.add_column(col, justify=justify, no_wrap=True)
             for c in r["collectives"]:
                 exposed_pct = 100.0 * c["exposed_us"] / c["total_us"] if c["total_us"] > 0 else 0.0
-                kind = c["collective"] + ("" if c["on_gpu"] else " (cpu)")
+                kind = c["collective"] + ("" if c["on_gpu"] else " (cpu)") + ("" if c["nccl_tunable"] else " (not NCCL)")
                 t.add_row(kind, str(c["group_size"]), _bytes(c["message_bytes"]), str(c["count"]),
                           _ms(c["total_us"]), _ms(c["exposed_us"]), f"{exposed_pct:.1f}")
             console.print(t)

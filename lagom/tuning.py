@@ -124,7 +124,7 @@ def tuning_cluster(cluster: ClusterSpec, cluster_arg: str, evaluator: str,
     ``model:`` parameters, the preset calibrated against ``sim:PRESET`` (cached)."""
     if evaluator != "analytic" or cluster.model or cluster_arg not in preset_names():
         return cluster
-    return replace(calibrated_cluster(cluster_arg, log=log), nccl_version=cluster.nccl_version)
+    return replace(calibrated_cluster(cluster_arg, log=log), nccl_version=cluster.nccl_version, nodes=cluster.nodes)
 
 
 @dataclass
@@ -180,11 +180,15 @@ def tuned_config(outcome: TuneOutcome, cluster: ClusterSpec, cluster_arg: str, w
         groups = {name: {k: v for k, v in values.items() if v is not None}
                   for name, values in delivery.group_configs.items()}
         notes += delivery.compromises
-    entries = []
+    entries: list[CollectiveEntry] = []
     if result.plan.entries:
+        # One entry per byte range: the signatures of a range share their settings (tuner.space).
         for sig in space.signatures:
-            match = Match(sig.collective, sig.group, sig.message_bytes, sig.message_bytes, sig.ranks, sig.nodes)
-            entries.append(CollectiveEntry(match, result.plan.config_for(sig)))
+            low, high = space.byte_range(sig)
+            entry = CollectiveEntry(Match(sig.collective, sig.group, low, high, sig.ranks, sig.nodes),
+                                    result.plan.config_for(sig))
+            if entry not in entries:
+                entries.append(entry)
     predictions = {
         "evaluator_iteration_us": round(result.iteration_us, 3),
         "baseline_us": round(outcome.baseline.iteration_us, 3),

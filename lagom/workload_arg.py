@@ -16,21 +16,27 @@ from traces.workload_io import is_workload_file, load_workload
 
 
 def load_workload_arg(text: str, cluster=None) -> Workload:
-    """An existing workload JSON -> loaded; another existing path -> a Kineto trace (rank 0,
-    else the lowest rank); anything else -> a spec string for :func:`traces.generate.generate_workload`.
-    ``cluster`` is accepted for callers that pass it; a trace does not need it."""
+    """:func:`read_workload_arg`'s workload. ``cluster`` is accepted for callers that pass
+    it; a trace does not need it."""
+    return read_workload_arg(text)[0]
+
+
+def read_workload_arg(text: str) -> tuple[Workload, bool]:
+    """(workload, whether it is a trace's). An existing workload JSON -> loaded; another existing
+    path -> a Kineto trace (rank 0, else the lowest rank); anything else -> a spec string for
+    :func:`traces.generate.generate_workload`."""
     path = Path(text)
     if path.exists():
         if path.is_file() and is_workload_file(path):
-            return load_workload(path)
+            return load_workload(path), False
         from traces.kineto import read_trace  # lazily: only traces need the reader
 
         workloads = read_trace(path)
         if not workloads:
             raise LagomError(f"{path}: the trace holds no rank")
-        return min(workloads, key=lambda w: w.rank)
+        return min(workloads, key=lambda w: w.rank), True
     if ":" not in text:
         raise LagomError(f"{text!r}: not a file, and not a workload spec (e.g. fsdp:llama3-8b:gpus=16)")
     from traces.generate import generate_workload
 
-    return generate_workload(text)
+    return generate_workload(text), False

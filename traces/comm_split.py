@@ -31,7 +31,7 @@ from traces.workload import CollectiveOp, Workload
 
 TRANSFER_PERCENTILE = 10.0  # the fastest tenth of a key's instances found their peers ready
 
-CommKey = tuple[str, CollectiveType, int]  # (group, collective, message bytes)
+CommKey = tuple[str, CollectiveType, int | None, bool]  # (group, collective, message bytes, nccl_tunable)
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class CommSplitRow:
 
     group: str
     collective: CollectiveType
-    message_bytes: int
+    message_bytes: int | None  # None: not recorded
     count: int
     total_us: float
     wait_us: float  # summed over the instances
@@ -58,7 +58,7 @@ class CommSplitRow:
 
 
 def comm_key(op: CollectiveOp) -> CommKey:
-    return (op.group, op.collective, op.message_bytes)
+    return (op.group, op.collective, op.message_bytes, op.nccl_tunable)
 
 
 def split_waits(workloads: list[Workload]) -> dict[int, dict[int, float]]:
@@ -90,14 +90,14 @@ def split_rows(workload: Workload, waits: dict[int, float], multi_rank: bool) ->
     """One row per collective key of ``workload``, largest total time first."""
     groups: dict[CommKey, list[CollectiveOp]] = {}
     for c in workload.collectives:
-        if c.on_gpu and c.op_id in waits:
+        if c.on_gpu and c.nccl_tunable and c.op_id in waits:  # NCCL's kernels: the only ones a setting tunes
             groups.setdefault(comm_key(c), []).append(c)
     rows = []
-    for (group, coll, size), ops in groups.items():
+    for (group, coll, size, _), ops in groups.items():
         wait = sum(waits[o.op_id] for o in ops)
         total = sum(o.duration_us for o in ops)
         per_call = statistics.median(o.duration_us - waits[o.op_id] for o in ops)
         rows.append(CommSplitRow(group, coll, size, len(ops), total, wait, total - wait, per_call,
                                  "ranks' launch times" if multi_rank else "fastest instances"))
-    rows.sort(key=lambda r: (-r.total_us, r.collective.value, r.message_bytes))
+    rows.sort(key=lambda r: (-r.total_us, r.collective.value, -1 if r.message_bytes is None else r.message_bytes))
     return rows

@@ -1,7 +1,9 @@
-"""`lagom simulate WORKLOAD --cluster NAME|FILE`: one iteration on a virtual cluster.
+"""`lagom simulate WORKLOAD [--cluster NAME|FILE]`: one iteration on a virtual cluster.
 
 WORKLOAD is a profiler trace (file or directory; rank 0), a Lagom workload JSON file,
 or a spec string such as ``fsdp:llama3-8b:gpus=16``, ``tp:phi2:tp=8,dp=2``, ``ep:olmoe:ep=8``.
+--cluster is required for a spec or a workload file; for a trace it defaults to the
+preset for the trace's GPU, with the NCCL version the trace ran (lagom/trace_context.py).
 
 A trace is replayed (docs/replay.md): its execution graph scheduled with the measured
 times, which the evaluator only scales by the ratio its mechanism gives between the
@@ -47,7 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
     )
     parser.add_argument("workload", metavar="WORKLOAD", help="trace, workload JSON, or spec string")
-    parser.add_argument("--cluster", required=True, metavar="NAME|FILE", help="preset name or cluster YAML")
+    parser.add_argument("--cluster", default=None, metavar="NAME|FILE",
+                        help="preset name or cluster YAML (for a trace, default: the preset for its GPU)")
     parser.add_argument("--evaluator", choices=EVALUATORS, default="sim",
                         help="sim: the simulator (default); analytic: Lagom's cost model")
     parser.add_argument("--set", dest="set_config", metavar="KNOB=VALUE,...",
@@ -60,20 +63,24 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from costmodel.cluster import load_cluster
     from lagom.knob_args import parse_set
-    from lagom.workload_arg import load_workload_arg
+    from lagom.trace_context import resolve_cluster
+    from lagom.workload_arg import read_workload_arg
 
     if not (math.isfinite(args.noise) and args.noise >= 0):
         raise LagomError(f"--noise must be a finite number >= 0, got {args.noise}")
     if args.seed < 0:
         raise LagomError(f"--seed must be >= 0, got {args.seed}")
-    cluster = load_cluster(args.cluster)
-    workload = load_workload_arg(args.workload, cluster)
-    signatures = sorted({workload.signature(c, cluster.gpus_per_node) for c in workload.collectives})
+    workload, from_trace = read_workload_arg(args.workload)
+    choice = resolve_cluster(workload, from_trace, args.cluster)
+    cluster = choice.cluster
+    # the settings a file or --set gives reach NCCL's collectives of known size only (CollectiveOp.tunable)
+    signatures = sorted({workload.signature(c, cluster.gpus_per_node) for c in workload.collectives if c.tunable})
     from lagom.workload_fit import fit_warnings, unmatched_config_warning
 
-    warnings = fit_warnings(workload, cluster)
+    for note in choice.notes:
+        print(f"note: {note}", file=sys.stderr)
+    warnings = choice.warnings + fit_warnings(workload, cluster)
     from nccl_env.rules import NcclVersion, validate_config
 
     version = NcclVersion.parse(cluster.nccl_version)  # checked when the cluster was loaded

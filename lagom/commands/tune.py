@@ -1,7 +1,13 @@
-"""`lagom tune WORKLOAD --cluster NAME|FILE -o lagom.yaml`: per-collective NCCL settings for a workload.
+"""`lagom tune WORKLOAD [--cluster NAME|FILE] -o lagom.yaml`: per-collective NCCL settings for a workload.
 
 WORKLOAD is a profiler trace, a workload JSON file or a generator spec such as
-``fsdp:llama3-8b:gpus=16`` (as in ``lagom simulate``). The search (``--method``,
+``fsdp:llama3-8b:gpus=16`` (as in ``lagom simulate``). For a trace, its own metadata
+decides what --cluster and --nccl-version leave open: the preset for its GPU, sized to
+its world, and the NCCL version it ran (lagom/trace_context.py); a given value that
+disagrees with the trace gets one warning line. A trace of an AMD GPU (RCCL) or of
+one rank is not NCCL's to tune: one line, exit 2. Collectives the trace records no
+size for, and communication kernels that are not NCCL's, are left out of tuning
+(one warning line each kind); NCCL decides for them. The search (``--method``,
 default Lagom's priority search) asks an evaluator (``--evaluator``: the fitted
 ``analytic`` cost model, calibrated against ``sim:PRESET`` and cached when --cluster
 names a preset, or the ``sim`` simulator) for predicted iteration times;
@@ -40,11 +46,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from costmodel.cluster import load_cluster
 from costmodel.replay import fidelity
 from lagom import tuning
 from lagom.replay_report import fidelity_line, fidelity_warning, steps_table
-from lagom.workload_fit import fit_warnings
+from lagom.trace_context import refuse_to_tune, resolve_cluster
+from lagom.workload_arg import read_workload_arg
+from lagom.workload_fit import fit_warnings, untunable_warnings
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from tuner import METHODS
@@ -56,12 +63,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "tune", help="tuned per-collective NCCL settings for a workload", description=doc,
     )
     parser.add_argument("workload", metavar="WORKLOAD", help="trace, workload JSON file or generator spec")
-    parser.add_argument("--cluster", required=True, help="preset name or cluster YAML (e.g. a calibrated one)")
+    parser.add_argument("--cluster", default=None,
+                        help="preset name or cluster YAML (e.g. a calibrated one); for a trace, default: the "
+                             "preset for its GPU")
     parser.add_argument("--evaluator", choices=tuning.EVALUATORS, default=None,
                         help="what predicts iteration times (default: analytic)")
     parser.add_argument("--method", choices=sorted(METHODS), default="lagom", help="search method (default lagom)")
     parser.add_argument("--nccl-version", default=None,
-                        help="the NCCL the job will run (default: the cluster file's); decides which knobs are per collective")
+                        help="the NCCL the job will run (default: the trace's, else the cluster file's); "
+                             "decides which knobs are per collective")
     parser.add_argument("--budget", type=int, default=None, help="cap on evaluations (default: the method's own rule)")
     parser.add_argument("-o", "--output", default="lagom.yaml", help="tuned-config file to write (default lagom.yaml)")
     parser.add_argument("--no-autoccl", action="store_true", help="skip the AutoCCL comparison")
@@ -81,13 +91,20 @@ def run(args: argparse.Namespace) -> int:
         raise LagomError(f"-o {args.output}: is a folder, expected a file name")
     if not output.parent.is_dir():
         raise LagomError(f"-o {args.output}: {output.parent} is not an existing folder")
-    cluster = tuning.with_nccl_version(load_cluster(args.cluster), args.nccl_version)
-    workload = tuning.load_workload_arg(args.workload, cluster)
+    workload, from_trace = read_workload_arg(args.workload)
+    refusal = refuse_to_tune(workload) if from_trace else None
+    if refusal:
+        raise LagomError(refusal)
+    choice = resolve_cluster(workload, from_trace, args.cluster, args.nccl_version)
+    cluster = choice.cluster
     evaluator_name = args.evaluator or tuning.DEFAULT_EVALUATOR
     err = Console(stderr=True)
-    for warning in fit_warnings(workload, cluster):
+    for note in choice.notes:
+        err.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+    for warning in choice.warnings + fit_warnings(workload, cluster) + untunable_warnings(workload):
         err.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
-    model_cluster = tuning.tuning_cluster(cluster, args.cluster, evaluator_name, log=lambda m: err.print(m, highlight=False))
+    model_cluster = tuning.tuning_cluster(cluster, choice.cluster_arg, evaluator_name,
+                                          log=lambda m: err.print(m, highlight=False))
     evaluator = tuning.make_evaluator(evaluator_name, model_cluster)
     started = time.perf_counter()
     with Progress(TextColumn("[bold]tuning"), BarColumn(), MofNCompleteColumn(), TextColumn("evaluations"),
@@ -98,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
             with_autoccl=not args.no_autoccl, progress=lambda n: bar.update(task, completed=n),
         )
     elapsed_s = time.perf_counter() - started
-    config = tuning.tuned_config(outcome, cluster, args.cluster, args.workload, min_gain=args.min_gain)
+    config = tuning.tuned_config(outcome, cluster, choice.cluster_arg, args.workload, min_gain=args.min_gain)
     try:
         config.dump(args.output)
     except OSError as exc:

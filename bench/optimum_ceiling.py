@@ -110,7 +110,7 @@ def main() -> int:
         with Progress(TextColumn(f"[bold]{spec}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as bar:
             task = bar.add_task("points", total=space.size())
-            best_us, points = optimum_us(args.cluster, spec, args.workers, lambda n: bar.advance(task, n))
+            best_us, points = optimum_us(args.cluster, spec, args.workers, lambda n, t=task: bar.advance(t, n))
         nccl_us = judge.evaluate(workload, Plan()).iteration_us
         row = {
             "workload": spec,

@@ -11,6 +11,9 @@ Three closed-form pieces (docs/costmodel.md has the equations):
    blocks on the SMs they leave, the L2 they leave and the DRAM bandwidth they leave
    (the paper's Eq. 4-6, :mod:`costmodel.contention_model`), and each collective's
    time on the DRAM bandwidth and L2 the kernel leaves it;
+A workload read from a trace is replayed instead (:mod:`costmodel.trace_anchor`): its
+execution graph scheduled with the measured times, scaled by (1) and (2) as ratios.
+
 3. stream order and dependencies: an op starts when its stream's previous op and
    every op it depends on have finished; while the set of running ops stays the same
    every op progresses at the constant rate of (2), so the timeline jumps from one op
@@ -27,7 +30,6 @@ re-evaluating with one signature changed recomputes only what that change touche
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
@@ -45,13 +47,15 @@ from costmodel.contention_model import (
     running_set_times,
     shape_arrays,
 )
-from costmodel.evaluator import OpTiming, Timing
+from costmodel.evaluator import OpTiming, Timing, check_plan
 from costmodel.model_params import params_for
+from costmodel.trace_anchor import replay_timing
+from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
 from nccl_env.rules import P2P_COLLECTIVES
-from traces.workload import ComputeOp, Workload
+from traces.workload import CollectiveOp, ComputeOp, Op, Workload
 
 _EPS = 1e-9
 
@@ -139,16 +143,23 @@ class AnalyticEvaluator:
         self.params = dict(params) if params is not None else params_for(cluster)
         g = cluster.gpu
         self.gpu: GpuNumbers = gpu_numbers(g.sm_count, g.l2_bytes, g.mem_bw_gb_per_s, g.peak_tflops,
-                                           g.max_blocks_per_sm, g.max_threads_per_sm, self.params["mem_efficiency"])
+                                           g.max_blocks_per_sm, g.max_threads_per_sm, self.params["mem_efficiency"],
+                                           g.fp32_tflops)
         self.evaluations = 0
-        self._statics: dict[int, tuple[weakref.ref, int, _Static]] = {}
+        self._statics: WorkloadCache[_Static] = WorkloadCache(self._build_static, _CACHE_WORKLOADS)
         self._est_cache: dict[tuple[Signature, CommConfig], CollectiveEstimate] = {}
         self._host_cache: dict[tuple, tuple[CollectiveEstimate, CollectiveEstimate]] = {}
+        self._replay_cache: dict = {}
 
     # ---- public ------------------------------------------------------------------------------
     def evaluate(self, workload: Workload, plan: Plan) -> Timing:
+        check_plan(plan)
+        if workload.exec_graph is not None:  # a trace: replay it, anchored at its measured times
+            timing = replay_timing(self, workload, plan, self.cluster.gpus_per_node, self._replay_cache)
+            self.evaluations += 1
+            return timing
+        st = self._statics.get(workload)
         self.evaluations += 1
-        st = self._static(workload)
         ests = [self.estimate(sig, plan.config_for(sig)) for sig in st.signatures]
         if True in st.host_side:
             ests = [self._host_side(e) if host else e for e, host in zip(ests, st.host_side)]
@@ -156,7 +167,7 @@ class AnalyticEvaluator:
             starts, ends, busy_c, busy_x, exposed, iteration, fill = jump_timeline(st.jump, ests, st.pair_many)
             return Timing(iteration_us=iteration, compute_us=busy_c, comm_us=busy_x, exposed_comm_us=exposed,
                           compute_uncontended_us=min(st.uncontended_us, busy_c),
-                          ops=_OpTimings(st.jump.index, starts, ends, fill))  # type: ignore[arg-type]
+                          ops=_OpTimings(st.jump.index, starts, ends, fill))
         timeline = self._timeline_one_compute_stream if st.one_compute_stream else self._timeline
         return self._timing(st, *timeline(st, ests))
 
@@ -166,6 +177,8 @@ class AnalyticEvaluator:
         est = self._est_cache.get(key)
         if est is None:
             full = self.resolve(signature, config)
+            assert (full.algorithm is not None and full.protocol is not None and full.channels is not None
+                    and full.threads is not None and full.chunk_bytes is not None)  # resolve() sets every field
             est = collective_estimate(
                 self.params, signature.collective, signature.message_bytes, signature.ranks, signature.nodes,
                 self.cluster.gpus_per_node, full.algorithm, full.protocol,
@@ -175,8 +188,8 @@ class AnalyticEvaluator:
             if len(self._est_cache) > 200_000:
                 self._est_cache.clear()
                 self._host_cache.clear()
-                for hit in self._statics.values():
-                    hit[2].rate_cache.clear()  # keyed by estimate ids
+                for static in self._statics.values():
+                    static.rate_cache.clear()  # keyed by estimate ids
             self._est_cache[key] = est
         return est
 
@@ -211,6 +224,12 @@ class AnalyticEvaluator:
         """The kernel alone on the whole GPU, microseconds."""
         return self.compute_shape(op).base_us
 
+    def slowdown_beside(self, op: ComputeOp, signature: Signature, config: CommConfig) -> float:
+        """The kernel's time beside the collective over its time alone (the replay's contention ratio)."""
+        shape = self.compute_shape(op)
+        yc, _ = pair_times(self.params, self.gpu, shape, self.estimate(signature, config))
+        return yc / shape.base_us if shape.base_us > 0 else 1.0
+
     def overlap_us(self, op: ComputeOp, signature: Signature, config: CommConfig) -> tuple[float, float]:
         """(kernel time, collective time) when both start together on two streams: both run
         at their contended rates until the first ends, then the other finishes alone."""
@@ -224,25 +243,11 @@ class AnalyticEvaluator:
         return tx + (1.0 - tx / yc) * shape.base_us, tx
 
     # ---- static data ----------------------------------------------------------------------------
-    def _static(self, workload: Workload) -> _Static:
-        key = id(workload)
-        size = len(workload.compute_ops) + len(workload.collectives) + len(workload.dependencies)
-        hit = self._statics.get(key)
-        if hit is not None and hit[0]() is workload and hit[1] == size:
-            return hit[2]
-        st = self._build_static(workload)
-        if len(self._statics) >= _CACHE_WORKLOADS:
-            self._statics.pop(next(iter(self._statics)))
-        self._statics[key] = (weakref.ref(workload), size, st)
-        return st
-
     def _build_static(self, w: Workload) -> _Static:
-        ops = [*w.compute_ops, *w.collectives]
+        ops: list[Op] = [*w.compute_ops, *w.collectives]
         order = sorted(range(len(ops)), key=lambda i: (ops[i].start_us, i))  # stream order = list order
         op_ids = [ops[i].op_id for i in order]
-        index = {oid: k for k, oid in enumerate(op_ids)}
-        if len(index) != len(op_ids):
-            raise LagomError(f"workload {w.source or '(unnamed)'}: op ids are not unique")
+        index = {oid: k for k, oid in enumerate(op_ids)}  # unique, dependencies acyclic: check_workload
         n = len(op_ids)
         is_coll = [i >= len(w.compute_ops) for i in order]
         next_on_stream = [-1] * n
@@ -256,11 +261,8 @@ class AnalyticEvaluator:
                 n_preds[k] += 1
             last[ops[i].stream] = k
         for dep in w.dependencies:
-            a, b = index.get(dep.before), index.get(dep.after)
-            if a is None or b is None or a == b:
-                continue
-            succs[a].append(b)
-            n_preds[b] += 1
+            succs[index[dep.before]].append(index[dep.after])
+            n_preds[index[dep.after]] += 1
         shapes: list[ComputeShape | None] = [None] * n
         shape_id = [-1] * n
         busy = [False] * n
@@ -272,7 +274,7 @@ class AnalyticEvaluator:
         compute_streams: dict[int, list[int]] = {}
         for k, i in enumerate(order):
             op = ops[i]
-            if is_coll[k]:
+            if isinstance(op, CollectiveOp):  # is_coll[k]
                 sig = w.signature(op, self.cluster.gpus_per_node)
                 key = (sig, not op.on_gpu)
                 j = sig_index.get(key)
@@ -288,6 +290,7 @@ class AnalyticEvaluator:
                 busy[k] = not op.is_memory_op
                 compute_streams.setdefault(op.stream, []).append(k)
         coll_streams = {ops[i].stream for k, i in enumerate(order) if is_coll[k]}
+        base_us = [sh.base_us if sh is not None else 0.0 for sh in shapes]
         return _Static(
             n_ops=n, op_ids=op_ids, index=index, is_coll=is_coll, next_on_stream=next_on_stream,
             succs=[tuple(s) for s in succs], n_preds=n_preds, shapes=shapes, shape_id=shape_id, busy=busy,
@@ -295,11 +298,11 @@ class AnalyticEvaluator:
             compute_streams=compute_streams,
             one_compute_stream=len(compute_streams) <= 1 and not (set(compute_streams) & coll_streams),
             rate_cache={},
-            uncontended_us=max((sum(shapes[k].base_us for k in ks if busy[k])  # type: ignore[union-attr]
-                                for ks in compute_streams.values()), default=0.0),
+            uncontended_us=max((sum(base_us[k] for k in ks if busy[k]) for ks in compute_streams.values()),
+                               default=0.0),
             pair_many=self._pair_many(list(ids)),
             all_succs=[tuple(x for x in (next_on_stream[k], *succs[k]) if x >= 0) for k in range(n)],
-            base_us=[sh.base_us if sh is not None else 0.0 for sh in shapes],
+            base_us=base_us,
             cta_wait_us=[cta_wait_us(self.params, self.gpu, sh) if sh is not None else 0.0 for sh in shapes],
             jump=build_jump_static(op_ids, is_coll, next_on_stream, [tuple(x) for x in succs], n_preds, busy,
                                    shape_id, [sh.base_us if sh is not None else 0.0 for sh in shapes], sig_of,
@@ -313,6 +316,7 @@ class AnalyticEvaluator:
         key = (tuple([st.shape_id[k] for k in comps]), tuple([id(ests[st.sig_of[k]]) for k in colls]))
         hit = st.rate_cache.get(key)
         if hit is None:
+            # comps are kernels, whose shapes are set (None marks a collective)
             hit = running_set_times(self.params, self.gpu, [st.shapes[k] for k in comps],  # type: ignore[misc]
                                     [ests[st.sig_of[k]] for k in colls])
             if len(st.rate_cache) > 500_000:
@@ -329,7 +333,7 @@ class AnalyticEvaluator:
                           remaining: list[float]) -> None:
         """A collective launched beside full kernels waits for SMs for its CTAs."""
         e = ests[st.sig_of[x]]
-        wait = max((cta_wait_us(self.params, self.gpu, st.shapes[k]) for k in kernels), default=0.0)  # type: ignore[arg-type]
+        wait = max((st.cta_wait_us[k] for k in kernels), default=0.0)
         if wait > 0.0:
             remaining[x] += wait / max(e.time_us, 1e-9)
 
@@ -360,7 +364,7 @@ class AnalyticEvaluator:
                 break
             comps.sort()
             colls.sort()
-            times = self._times_under(st, comps, colls, ests) if colls else [st.shapes[k].base_us for k in comps]  # type: ignore[union-attr]
+            times = self._times_under(st, comps, colls, ests) if colls else [st.base_us[k] for k in comps]
             running = comps + colls
             dt = min(remaining[k] * tk for k, tk in zip(running, times))
             t += dt
@@ -388,7 +392,9 @@ class AnalyticEvaluator:
 
     def _timeline_one_compute_stream(self, st: _Static, ests: list[CollectiveEstimate]) -> tuple:
         """:meth:`_timeline` for one compute stream beside any number of collective streams
-        (every generated workload): the same phases, the common cases unrolled."""
+        (every generated workload): the same phases, the common cases unrolled. Kept for
+        speed: without it TP and EP iterations evaluate about 3x slower
+        (``bench/evaluator_speed.py --workload tp:phi2:tp=8,dp=2``: 1.26 -> 3.70 ms cold)."""
         n = st.n_ops
         starts = [0.0] * n
         ends = [0.0] * n
@@ -422,23 +428,17 @@ class AnalyticEvaluator:
             f2 = -1  # a second op ending at the same time
             if not xs:  # a kernel alone
                 dt = remaining[c] * base[c]
-                t += dt
-                if busy[c]:
-                    busy_compute += dt
                 f1 = c
             elif len(xs) == 1:
                 x = xs[0]
                 e = ests[sig_of[x]]
                 if c < 0:  # a collective alone
                     dt = remaining[x] * e.time_us
-                    t += dt
-                    busy_comm += dt
-                    exposed += dt
                     f1 = x
                 else:  # the common case: one kernel beside one collective
-                    key = (shape_id[c], id(e))
+                    key: tuple[int, ...] = (shape_id[c], id(e))
                     pair = cache.get(key)
-                    if pair is None:
+                    if pair is None:  # c is a kernel: its shape is set (None marks a collective)
                         pair = cache[key] = pair_times(p, gpu, shapes[c], e)  # type: ignore[arg-type]
                     yc, yx = pair
                     tc = remaining[c] * yc
@@ -454,12 +454,6 @@ class AnalyticEvaluator:
                     else:
                         dt = tc
                         f1, f2 = c, x
-                    t += dt
-                    busy_comm += dt
-                    if busy[c]:
-                        busy_compute += dt
-                    else:
-                        exposed += dt
             elif len(xs) == 2 and c >= 0:  # a kernel beside two collectives (e.g. TP + DP groups)
                 x1, x2 = xs
                 key = (shape_id[c], id(ests[sig_of[x1]]), id(ests[sig_of[x2]]))
@@ -471,12 +465,6 @@ class AnalyticEvaluator:
                 t1 = remaining[x1] * y1
                 t2 = remaining[x2] * y2
                 dt = tc if tc <= t1 and tc <= t2 else (t1 if t1 <= t2 else t2)
-                t += dt
-                busy_comm += dt
-                if busy[c]:
-                    busy_compute += dt
-                else:
-                    exposed += dt
                 f1 = f2 = -1
                 for k, y in ((c, yc), (x1, y1), (x2, y2)):
                     left = remaining[k] - dt / y
@@ -489,19 +477,10 @@ class AnalyticEvaluator:
                             remaining[k] = 0.0  # a third end at the same time: next step, dt = 0
                     else:
                         remaining[k] = left
-            else:  # several collectives at once
-                key = (shape_id[c] if c >= 0 else -1, *[id(ests[sig_of[x]]) for x in xs])
-                times = cache.get(key)
-                if times is None:
-                    times = cache[key] = times_under(st, [c] if c >= 0 else [], xs, ests)
+            else:  # several collectives at once (rare: _times_under's own cache serves it)
+                times = times_under(st, [c] if c >= 0 else [], xs, ests)
                 running = [c, *xs] if c >= 0 else xs
                 dt = min([remaining[k] * tk for k, tk in zip(running, times)])
-                t += dt
-                busy_comm += dt
-                if c >= 0 and busy[c]:
-                    busy_compute += dt
-                else:
-                    exposed += dt
                 finished = _advance(running, times, remaining, dt)
                 if len(finished) > 2:  # rare: end them one by one at the same time
                     for k in finished[2:]:
@@ -511,6 +490,15 @@ class AnalyticEvaluator:
                 else:
                     f1 = finished[0]
                     f2 = finished[1] if len(finished) == 2 else -1
+            t += dt  # the step's busy time, before the ended ops leave
+            if xs:
+                busy_comm += dt
+                if c >= 0 and busy[c]:
+                    busy_compute += dt
+                else:
+                    exposed += dt
+            elif busy[c]:
+                busy_compute += dt
             for k in (f1, f2):
                 if k < 0:
                     continue
@@ -548,4 +536,4 @@ class AnalyticEvaluator:
         iteration = (max(ends) - min(starts)) if st.n_ops else 0.0
         return Timing(iteration_us=iteration, compute_us=busy_compute, comm_us=busy_comm,
                       exposed_comm_us=exposed, compute_uncontended_us=min(st.uncontended_us, busy_compute),
-                      ops=_OpTimings(index or st.index, starts, ends))  # type: ignore[arg-type]
+                      ops=_OpTimings(index or st.index, starts, ends))

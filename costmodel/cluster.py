@@ -15,6 +15,7 @@ file written by ``lagom calibrate``. Schema (units in the key names)::
       peak_tflops: 149.7            # dense BF16 tensor-core TFLOP/s
       max_threads_per_sm: 1536
       max_blocks_per_sm: 16
+      fp32_tflops: 37.4             # optional: CUDA-core FP32 TFLOP/s (FP32 GEMMs)
     intra_node:
       kind: pcie                    # pcie | nvlink | nvswitch
       bw_gb_per_s: 25.0             # per GPU, per direction, achievable
@@ -47,6 +48,7 @@ from pathlib import Path
 import yaml
 
 from nccl_env.errors import LagomError
+from nccl_env.files import read_yaml
 from nccl_env.rules import NcclVersion
 
 INTRA_KINDS = ("pcie", "nvlink", "nvswitch")
@@ -61,6 +63,7 @@ class GpuSpec:
     peak_tflops: float
     max_threads_per_sm: int
     max_blocks_per_sm: int
+    fp32_tflops: float | None = None  # CUDA-core FP32 peak (FP32 GEMMs); None: not given
 
 
 @dataclass(frozen=True)
@@ -120,16 +123,7 @@ def load_cluster(name_or_path: str | Path) -> ClusterSpec:
             names = ", ".join(preset_names())
             raise LagomError(f"unknown cluster {text_name!r}: not a file and not a preset ({names})")
         return parse_cluster(yaml.safe_load(candidate.read_text()), f"preset {text_name}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise LagomError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise LagomError(f"{path}: cannot read: {exc}") from None
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else "parse error"
-        raise LagomError(f"{path}: not valid YAML: {first}") from None
-    spec = parse_cluster(data, str(path))
+    spec = parse_cluster(read_yaml(path), str(path))
     spec.source = str(path)
     return spec
 
@@ -192,6 +186,7 @@ def parse_cluster(data: object, origin: str) -> ClusterSpec:
             peak_tflops=number(gpu, "gpu", "peak_tflops", float),
             max_threads_per_sm=int(number(gpu, "gpu", "max_threads_per_sm", int)),
             max_blocks_per_sm=int(number(gpu, "gpu", "max_blocks_per_sm", int)),
+            fp32_tflops=number(gpu, "gpu", "fp32_tflops", float) if gpu.get("fp32_tflops") is not None else None,
         ),
         intra_node=IntraNodeSpec(
             kind=kind,

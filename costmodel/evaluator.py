@@ -7,11 +7,19 @@ stands in for GPUs here), and later live measurements. The tuner sees only this.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from nccl_env.errors import LagomError
+from nccl_env.knobs import Algorithm, CommConfig
 from nccl_env.plan import Plan
 from traces.workload import Workload
+from traces.workload_io import workload_problem
+
+# The algorithms the evaluators model (costmodel.collective_model, costmodel.sim_collective);
+# NVLS and CollNet need switch hardware no cluster description has, and PAT is not modelled.
+MODELLED_ALGORITHMS = (Algorithm.RING, Algorithm.TREE)
 
 
 @dataclass
@@ -24,6 +32,24 @@ class OpTiming:
         return self.start_us + self.duration_us
 
 
+@dataclass(frozen=True)
+class StepTiming:
+    """One profiler step of a replayed trace, replayed and as the trace measured it (us)."""
+
+    name: str
+    iteration_us: float
+    comm_us: float
+    exposed_comm_us: float
+    measured_iteration_us: float
+    measured_comm_us: float
+    measured_exposed_comm_us: float
+    compute_us: float = 0.0  # merged compute kernel time of the step's ops
+    measured_compute_us: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
 @dataclass
 class Timing:
     """One evaluated iteration.
@@ -34,6 +60,8 @@ class Timing:
     exposed_comm_us: communication time not overlapped by any compute op.
     compute_uncontended_us: what compute_us would be with no collective running.
     ops: op_id -> OpTiming for every op of the workload.
+    steps: a replayed trace's complete profiler steps (costmodel.replay); then the
+    figures above are per step, the mean over them. Empty for other workloads.
     """
 
     iteration_us: float
@@ -41,7 +69,8 @@ class Timing:
     comm_us: float
     exposed_comm_us: float
     compute_uncontended_us: float
-    ops: dict[int, OpTiming] = field(default_factory=dict)
+    ops: Mapping[int, OpTiming] = field(default_factory=dict)
+    steps: list[StepTiming] = field(default_factory=list)
 
     @property
     def compute_slowdown(self) -> float:
@@ -58,3 +87,27 @@ class Evaluator(Protocol):
     evaluations: int
 
     def evaluate(self, workload: Workload, plan: Plan) -> Timing: ...
+
+
+def check_workload(workload: Workload) -> None:
+    """Raise LagomError (one line) for a workload no evaluator can time: duplicate op ids,
+    a dependency on a missing op, a dependency cycle, ... (``traces.workload_io.workload_problem``)."""
+    problem = workload_problem(workload)
+    if problem is not None:
+        raise LagomError(f"workload {workload.source or '(unnamed)'}: {problem}")
+
+
+def check_plan(plan: Plan) -> None:
+    """Raise LagomError (one line) for a plan asking for an algorithm the evaluators do not model."""
+    check_config(plan.default, "default")
+    for signature, config in plan.entries.items():
+        check_config(config, signature.label())
+
+
+def check_config(config: CommConfig, where: str) -> None:
+    """Raise LagomError (one line, starting with ``where``) for an algorithm the evaluators do not model."""
+    algorithm = config.algorithm
+    if algorithm is not None and algorithm not in MODELLED_ALGORITHMS:
+        names = " and ".join(a.nccl_name for a in MODELLED_ALGORITHMS)
+        raise LagomError(f"{where}: algorithm={algorithm.nccl_name}: the evaluators model only {names} "
+                         f"(NVLS and CollNet need switch hardware no cluster describes; PAT is not modelled)")

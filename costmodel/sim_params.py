@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-
-from nccl_env.errors import LagomError
+from typing import Any
 
 from costmodel.cluster import ClusterSpec
+from nccl_env.errors import LagomError
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def sim_params(cluster: ClusterSpec) -> SimParams:
     unknown = set(raw) - set(_FIELDS)
     if unknown:
         raise LagomError(f"cluster {cluster.name}: unknown 'sim' key(s) {sorted(unknown)} (known: {', '.join(sorted(_FIELDS))})")
-    values = {}
+    values: dict[str, Any] = {}  # int or float per field, checked below
     for key, value in raw.items():
         is_int = _FIELDS[key] in ("int", int)
         if isinstance(value, bool) or (is_int and isinstance(value, float) and not value.is_integer()):

@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 
 import numpy as np
 
@@ -91,7 +92,7 @@ def strategy_of(spec: str) -> str:
 
 def matrix_specs(quick: bool) -> list[str]:
     """The paper's eight workloads on 8 and 16 GPUs (``traces.generate.PAPER_WORKLOADS``)."""
-    from traces.generate import PAPER_WORKLOADS  # type: ignore[import-not-found]
+    from traces.generate import PAPER_WORKLOADS
 
     specs = list(PAPER_WORKLOADS)
     if not quick:
@@ -187,7 +188,7 @@ def run_matrix(
         else:
             tune_cluster = judge_cluster
         for spec in specs:
-            cell = run_cell(spec, preset, tune_cluster, lambda: tuning.make_evaluator(evaluator, tune_cluster), judge,
+            cell = run_cell(spec, preset, tune_cluster, partial(tuning.make_evaluator, evaluator, tune_cluster), judge,
                             exhaustive_max_points)
             results.append(cell)
             if on_cell:

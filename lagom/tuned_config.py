@@ -32,6 +32,7 @@ from pathlib import Path
 import yaml
 
 from nccl_env.errors import LagomError
+from nccl_env.files import read_yaml
 from nccl_env.knobs import CollectiveType, CommConfig
 from nccl_env.plan import Plan, Signature
 
@@ -64,9 +65,7 @@ class Match:
             return False
         if self.ranks is not None and ranks is not None and self.ranks != ranks:
             return False
-        if self.nodes is not None and nodes is not None and self.nodes != nodes:
-            return False
-        return True
+        return self.nodes is None or nodes is None or self.nodes == nodes
 
     def to_dict(self) -> dict:
         out = {
@@ -223,15 +222,4 @@ def parse_tuned_config(data: object, origin: str = "<config>") -> TunedConfig:
 
 def load_tuned_config(path: str | Path) -> TunedConfig:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise LagomError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise LagomError(f"{path}: cannot read: {exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else "parse error"
-        raise LagomError(f"{path}: not valid YAML: {first}") from None
-    return parse_tuned_config(data, str(path))
+    return parse_tuned_config(read_yaml(path), str(path))

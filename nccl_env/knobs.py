@@ -24,7 +24,10 @@ class Algorithm(enum.IntEnum):
 
     @property
     def nccl_name(self) -> str:
-        """The spelling NCCL_ALGO and the plugin CSV use (e.g. ``collnet_direct``)."""
+        """Lagom's spelling in tuned configs and reports (e.g. ``collnet_direct``).
+
+        NCCL_ALGO's parser knows ``collnetdirect`` (no underscore): env values come from
+        ``nccl_env.delivery.ENV_ALGO_NAME``; the plugin table accepts both."""
         return self.name.lower()
 
 
@@ -61,7 +64,7 @@ class CollectiveType(enum.Enum):
         return _NCCL_FUNC[self]
 
     @classmethod
-    def parse(cls, text: str) -> "CollectiveType":
+    def parse(cls, text: str) -> CollectiveType:
         """Accept our spellings and the common ones of PyTorch and NCCL kernel names.
 
         ``all_reduce``, ``AllReduce``, ``allreduce_coalesced``, ``_allgather_base``,
@@ -113,7 +116,7 @@ class CommConfig:
     threads: int | None = None
     chunk_bytes: int | None = None
 
-    def merged_over(self, base: "CommConfig") -> "CommConfig":
+    def merged_over(self, base: CommConfig) -> CommConfig:
         """This config with its ``None`` fields filled from ``base``."""
         return replace(
             base,
@@ -131,7 +134,7 @@ class CommConfig:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict) -> "CommConfig":
+    def from_dict(cls, data: dict) -> CommConfig:
         """Inverse of :meth:`to_dict`; raises ValueError on unknown keys or names."""
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
@@ -166,6 +169,6 @@ def _int_field(name: str, value: object) -> int | None:
             return int(value)
         raise ValueError(f"{name} must be an integer, got {value!r}")
     try:
-        return int(value)
+        return int(value)  # type: ignore[call-overload]  # any object: int() decides, its TypeError is ours
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be an integer, got {value!r}") from None

@@ -70,11 +70,11 @@ def candidates() -> list[LibNccl]:
         found.append(LibNccl(Path(p), "system"))
     seen: set[str] = set()
     unique = []
-    for lib in found:
-        key = str(lib.path)
+    for candidate in found:
+        key = str(candidate.path)
         if key not in seen:
             seen.add(key)
-            unique.append(lib)
+            unique.append(candidate)
     return unique
 
 

@@ -19,7 +19,7 @@ class Signature:
     ranks: int  # process group size
     nodes: int  # nodes the group spans
 
-    def __lt__(self, other: "Signature") -> bool:  # enums do not order by default
+    def __lt__(self, other: Signature) -> bool:  # enums do not order by default
         return self._key() < other._key()
 
     def _key(self) -> tuple:
@@ -42,7 +42,7 @@ class Plan:
     def config_for(self, signature: Signature) -> CommConfig:
         return self.entries.get(signature, self.default)
 
-    def with_entry(self, signature: Signature, config: CommConfig) -> "Plan":
+    def with_entry(self, signature: Signature, config: CommConfig) -> Plan:
         entries = dict(self.entries)
         entries[signature] = config
         return Plan(entries=entries, default=self.default)

@@ -38,7 +38,7 @@ class NcclVersion:
     patch: int = 0
 
     @classmethod
-    def parse(cls, text: str) -> "NcclVersion":
+    def parse(cls, text: str) -> NcclVersion:
         """``"2.18.3"``, ``"2.18"``, ``"2.18.3-1"``, ``"v2.18.3"``; LagomError otherwise."""
         m = re.fullmatch(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?(?:[-+][\w.]*)?\s*", str(text))
         if not m:
@@ -50,7 +50,7 @@ class NcclVersion:
         return version
 
     @classmethod
-    def from_code(cls, code: int) -> "NcclVersion":
+    def from_code(cls, code: int) -> NcclVersion:
         """Decode ``ncclGetVersion``'s integer: 21803 -> 2.18.3, 23203 -> 2.32.3, 2708 -> 2.7.8.
 
         NCCL_VERSION_CODE is major*10000 + minor*100 + patch from 2.9 on and
@@ -67,7 +67,7 @@ class NcclVersion:
     def code(self) -> int:
         return self.major * 10000 + self.minor * 100 + self.patch
 
-    def __lt__(self, other: "NcclVersion") -> bool:
+    def __lt__(self, other: NcclVersion) -> bool:
         return (self.major, self.minor, self.patch) < (other.major, other.minor, other.patch)
 
     def __str__(self) -> str:

@@ -129,7 +129,6 @@ def main() -> None:
 
 def train_fsdp(steps: int, rank: int, tally) -> list[float]:
     import torch
-    import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 

@@ -7,10 +7,10 @@ import tempfile
 from pathlib import Path
 
 import orjson
+from conftest import shared_traces_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import shared_traces_dir
 from lagom.cli import main
 
 

@@ -9,8 +9,8 @@ import sys
 
 import matplotlib.image
 import orjson
-
 from conftest import REPO_ROOT, shared_traces_dir
+
 from lagom.cli import main
 
 EXAMPLE = REPO_ROOT / "traces" / "examples" / "a100_w2_allreduce_broadcast.json.gz"

@@ -2,7 +2,7 @@
 
 Runs the real thing: the quick matrix (one FSDP, TP and EP workload on 8 GPUs of
 low-bw and high-bw), tuned with the default evaluator and judged on the simulator
-with noise off. Per cell the issue's targets hold (never slower than NCCL, within 2%
+with noise off. Per cell the targets hold (never slower than NCCL, within 2%
 of exhaustive, bounded by the lower bound); per cluster the geomeans stay above the
 regression floors in ``lagom.commands.bench`` and Optuna at equal budget is not better.
 A regression in the search, the space or the evaluators fails here.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 from conftest import REPO_ROOT, shared_traces_dir
+
 from traces.kineto import read_trace
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import statistics
 
 import pytest
-
 from conftest import shared_traces_dir
 from kineto_builder import TraceBuilder
+
 from traces.contention import contention_report, uncontended_durations
 from traces.kineto import read_trace
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from conftest import shared_traces_dir
+
 from traces.breakdown import comm_comp_overlap_pct, kernel_class, merge_like_hta, temporal_breakdown
 from traces.kineto import read_trace
 from traces.steps import trim_to_profiler_steps

@@ -7,9 +7,9 @@ import shutil
 
 import orjson
 import pytest
-
 from conftest import shared_traces_dir
 from kineto_builder import TraceBuilder
+
 from nccl_env import CollectiveType
 from traces import DependencyKind, StreamKind, Workload
 from traces.kineto import read_trace

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import shared_traces_dir
+
+from costmodel.cluster import load_cluster
 from lagom.cli import main
 from lagom.knob_args import parse_set, parse_size
 from lagom.tuned_config import CollectiveEntry, Match, TunedConfig
 from lagom.workload_arg import load_workload_arg
-from costmodel.cluster import load_cluster
 from nccl_env import Algorithm, CollectiveType, CommConfig, LagomError, Protocol
 from traces.generate import generate_workload
 from traces.workload_io import save_workload
@@ -68,7 +68,8 @@ def test_workload_file_and_trace_arguments(tmp_path, capsys):
     observed = load_workload_arg(str(trace))
     recovered = load_workload_arg(str(trace), load_cluster("a100-nvswitch"))
     assert recovered.rank == 0 and len(recovered.collectives) == 21
-    assert sum(o.duration_us for o in recovered.compute_ops) <= sum(o.duration_us for o in observed.compute_ops)
+    # a trace keeps its measured kernel times whatever the cluster (the replay anchors at them)
+    assert [o.duration_us for o in recovered.compute_ops] == [o.duration_us for o in observed.compute_ops]
     out = run_json(capsys, str(trace), "--cluster", "a100-nvswitch")
     assert out["collectives"] == 21 and out["iteration_us"] > 0
 
@@ -83,7 +84,7 @@ def test_workload_file_and_trace_arguments(tmp_path, capsys):
     (["fsdp:phi2", "--cluster", "low-bw", "--noise", "nan"], "--noise"),
     (["fsdp:phi2", "--cluster", "low-bw", "--noise", "inf"], "--noise"),
     (["fsdp:phi2", "--cluster", "low-bw", "--seed", "-3"], "--seed must be >= 0"),
-    (["fsdp:phi2", "--cluster", "high-bw", "--set", "algorithm=nvls"], "--set: algorithm=nvls: the simulator models only ring and tree"),
+    (["fsdp:phi2", "--cluster", "high-bw", "--set", "algorithm=nvls"], "--set: algorithm=nvls: the evaluators model only ring and tree"),
     (["fsdp:phi2", "--cluster", "low-bw", "--set", "channels=2,nc=4"], "channels is given twice"),
     (["fsdp:phi2", "--cluster", "low-bw", "--set", "channels=61"], "not valid on NCCL 2.18"),
 ])
@@ -96,7 +97,7 @@ def test_bad_input_is_one_line_exit_2(argv, message, capsys):
 @pytest.mark.parametrize("knobs, message", [
     ("{channels: 999}", "collectives[0]: channels=999 is not valid on NCCL 2.18.3"),
     ("{threads: 7}", "collectives[0]: threads=7 is not valid on NCCL 2.18.3"),
-    ("{algorithm: nvls}", "collectives[0]: algorithm=nvls: the simulator models only ring and tree"),
+    ("{algorithm: nvls}", "collectives[0]: algorithm=nvls: the evaluators model only ring and tree"),
 ])
 def test_tuned_config_values_are_checked_like_set(tmp_path, capsys, knobs, message):
     """A tuned file used to be simulated with channels 999 (clamped to the SM count) or 7 threads."""

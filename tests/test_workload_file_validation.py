@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import shared_traces_dir
 
 from lagom.cli import main
 from nccl_env import LagomError
 from traces.generate import PAPER_WORKLOADS, generate_workload
 from traces.kineto import read_trace
 from traces.workload_io import load_workload, save_workload, workload_problem
-
-from conftest import shared_traces_dir
 
 
 def _first_dep(x):

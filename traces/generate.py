@@ -58,6 +58,7 @@ from dataclasses import dataclass, field, replace
 
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CollectiveType
+from traces.gemm_names import GemmDtype, gemm_kernel_name
 from traces.workload import (
     CollectiveOp,
     ComputeOp,
@@ -253,9 +254,8 @@ def parse_spec(spec: str) -> WorkloadSpec:
         out = WorkloadSpec(kind, model, gpus, dp=gpus, micro_batch=mb, seq=seq, steps=steps, gpus_per_node=per_node)
     elif kind == "tp":
         tp = params.get("tp", 8)
-        if "gpus" in params:
-            if params["gpus"] % tp or ("dp" in params and params["dp"] * tp != params["gpus"]):
-                raise LagomError(f"workload spec {spec!r}: gpus={params['gpus']} must equal tp x dp")
+        if "gpus" in params and (params["gpus"] % tp or ("dp" in params and params["dp"] * tp != params["gpus"])):
+            raise LagomError(f"workload spec {spec!r}: gpus={params['gpus']} must equal tp x dp")
         dp = params.get("dp", params.get("gpus", tp) // tp)
         if model.heads % tp or model.ffn % tp:
             raise LagomError(f"workload spec {spec!r}: tp={tp} must divide heads ({model.heads}) and ffn ({model.ffn})")
@@ -291,6 +291,23 @@ def gemm_tile(m: int, n: int) -> tuple[int, int, int, int, int]:
     return 64, 64, 128, 4, 3 * (64 + 64) * 32 * BF16_BYTES
 
 
+def gemm_op(label: str, m: int, n: int, k: int, grid_blocks: int | None = None, op_id: int = 0,
+            stream: int = COMPUTE_STREAM, start_us: float = 0.0, dtype: GemmDtype = GemmDtype.BF16) -> ComputeOp:
+    """A GEMM of M x N x K launched as cuBLAS would: the :func:`gemm_tile` tile, ``grid =
+    (ceil(N/bn), ceil(M/bm), 1)`` (or ``(grid_blocks, 1, 1)`` when a measured launch says how many
+    blocks), the cuBLAS-style name that carries tile and precision, FLOPs and compulsory DRAM bytes
+    (the duration hint is the BF16 one whatever ``dtype``)."""
+    bm, bn, threads, bps, smem = gemm_tile(m, n)
+    smem = smem * dtype.operand_bytes // BF16_BYTES
+    flops = 2.0 * m * n * k
+    dram = float((m * k + k * n + m * n) * dtype.operand_bytes)
+    duration = max(flops / REF_FLOPS_PER_US, dram / REF_BYTES_PER_US) + KERNEL_GAP_US
+    name = f"{gemm_kernel_name(dtype, bm, bn)} [{label}]"
+    grid = (math.ceil(n / bn), math.ceil(m / bm), 1) if grid_blocks is None else (grid_blocks, 1, 1)
+    return ComputeOp(op_id, name, stream, start_us, duration, grid=grid, block=(threads, 1, 1),
+                     blocks_per_sm=float(bps), shared_memory_bytes=smem, flops=flops, dram_bytes=dram)
+
+
 @dataclass
 class _Builder:
     world_size: int
@@ -321,15 +338,9 @@ class _Builder:
         return op_id, start
 
     def gemm(self, label: str, m: int, n: int, k: int, after: tuple[int, ...] = ()) -> int:
-        bm, bn, threads, bps, smem = gemm_tile(m, n)
-        flops = 2.0 * m * n * k
-        dram = float((m * k + k * n + m * n) * BF16_BYTES)
-        duration = max(flops / REF_FLOPS_PER_US, dram / REF_BYTES_PER_US) + KERNEL_GAP_US
-        op_id, start = self._place(COMPUTE_STREAM, duration, after)
-        name = f"ampere_bf16_s16816gemm_bf16_{bm}x{bn}_ldg8_f2f_stages_32x3_tn [{label}]"
-        self.compute.append(ComputeOp(op_id, name, COMPUTE_STREAM, start, duration,
-                                      grid=(math.ceil(n / bn), math.ceil(m / bm), 1), block=(threads, 1, 1),
-                                      blocks_per_sm=float(bps), shared_memory_bytes=smem, flops=flops, dram_bytes=dram))
+        op = gemm_op(label, m, n, k)
+        op_id, start = self._place(COMPUTE_STREAM, op.duration_us, after)
+        self.compute.append(replace(op, op_id=op_id, start_us=start))
         return op_id
 
     def attention(self, label: str, batch: int, seq: int, heads: int, head_dim: int, backward: bool,
@@ -554,13 +565,13 @@ def _tp(spec: WorkloadSpec) -> Workload:
             return b.collective(f"{s} L{li} h{h} {what} allreduce {phase}", CollectiveType.ALLREDUCE, "tp",
                                 ar_bytes[h], (after,))
 
-        def grad_sync(li, after, s=s):
+        def grad_sync(li, after, s=s, step=step):
             if dp > 1 and step == spec.steps - 1:
                 b.collective(f"{s} L{li} grad allreduce", CollectiveType.ALLREDUCE, "dp", layer_grad_bytes, (after,))
 
         last = _two_half_overlap(
             b, halves, m.layers,
-            fwd_attn=lambda li, h, after, s=s: layers[h].attention_fwd(f"{s} L{li} h{h}", after or (emb,)),
+            fwd_attn=lambda li, h, after, s=s, emb=emb: layers[h].attention_fwd(f"{s} L{li} h{h}", after or (emb,)),
             fwd_mlp=lambda li, h, after, s=s: layers[h].mlp_fwd(f"{s} L{li} h{h}", after),
             bwd_mlp=lambda li, h, after, s=s: layers[h].mlp_bwd(f"{s} L{li} h{h}", after),
             bwd_attn=lambda li, h, after, s=s: layers[h].attention_bwd(f"{s} L{li} h{h}", after),
@@ -594,7 +605,7 @@ def _ep(spec: WorkloadSpec) -> Workload:
         s = f"s{step}"
         emb = b.elementwise(f"{s} embedding fwd", sum(x.tokens for x in layers) * m.hidden, 2 * BF16_BYTES, prev)
 
-        def fwd_attn(li, h, after, s=s):
+        def fwd_attn(li, h, after, s=s, emb=emb):
             L = layers[h]
             ids = L.attention_fwd(f"{s} L{li} h{h}", after or (emb,))
             ids.append(b.elementwise(f"{s} L{li} h{h} residual+norm2 fwd", L.tokens * m.hidden, 3 * BF16_BYTES, _last(ids)))
@@ -632,7 +643,7 @@ def _ep(spec: WorkloadSpec) -> Workload:
         def bwd_mlp(li, h, after):
             return experts(li, h, after, "bwd")
 
-        def grad_sync(li, after, s=s):
+        def grad_sync(li, after, s=s, step=step):
             if step == spec.steps - 1:
                 b.collective(f"{s} L{li} dense grad allreduce", CollectiveType.ALLREDUCE, "dp", dense_grad_bytes,
                              (after,))

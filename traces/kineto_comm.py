@@ -82,13 +82,13 @@ def tensor_bytes(args: dict) -> int | None:
             continue
         n = 1
         for d in shape:
-            d = to_int(d)
-            if d is None or d < 0:
-                n = None
+            dim = to_int(d)
+            if dim is None or dim < 0:
                 break
-            n *= d
-        if n is not None and (best is None or n * size > best):
-            best = n * size
+            n *= dim
+        else:  # every dimension read
+            if best is None or n * size > best:
+                best = n * size
     return best
 
 

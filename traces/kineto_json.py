@@ -118,7 +118,7 @@ def _feed_chunks(raw: bytes, sink: EventSink) -> dict | None:
                 return None
         sink.feed(chunk)
         del chunk
-        pos = _SPACE.match(raw, end).end()
+        pos = _SPACE.match(raw, end).end()  # type: ignore[union-attr]  # blanks, possibly none: always matches
         if pos < array_end:
             if raw[pos:pos + 1] != b",":
                 return None

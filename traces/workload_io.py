@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 
 from nccl_env.errors import LagomError
-from traces.workload import Workload
+from traces.workload import Op, Workload
 
 
 def save_workload(workload: Workload, path: str | Path) -> None:
@@ -69,7 +69,8 @@ def workload_problem(workload: Workload) -> str | None:
     """
     streams = {s.stream_id for s in workload.streams}
     ids: set[int] = set()
-    for op in (*workload.compute_ops, *workload.collectives):
+    ops: tuple[Op, ...] = (*workload.compute_ops, *workload.collectives)
+    for op in ops:
         what = f"op {op.op_id} ({op.name[:40]!r})"
         if op.op_id in ids:
             return f"op id {op.op_id} is used twice"
@@ -79,8 +80,9 @@ def workload_problem(workload: Workload) -> str | None:
         if op.stream not in streams:
             return f"{what}: stream {op.stream} is not in 'streams'"
     for op in workload.collectives:
-        if not isinstance(op.message_bytes, int) or isinstance(op.message_bytes, bool) or op.message_bytes < 0:
-            return f"op {op.op_id}: message_bytes must be an integer >= 0, got {op.message_bytes!r}"
+        size = op.message_bytes
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
+            return f"op {op.op_id}: message_bytes must be an integer >= 0 or null (not recorded), got {size!r}"
         if op.group not in workload.groups:
             return f"op {op.op_id}: process group {op.group!r} is not in 'groups'"
     for op in workload.compute_ops:
@@ -99,7 +101,8 @@ def _cycle(workload: Workload) -> str | None:
     succ: dict[int, list[int]] = {}
     indegree: dict[int, int] = {}
     last_on_stream: dict[int, int] = {}
-    for op in (*workload.compute_ops, *workload.collectives):
+    ops: tuple[Op, ...] = (*workload.compute_ops, *workload.collectives)
+    for op in ops:
         indegree.setdefault(op.op_id, 0)
         prev = last_on_stream.get(op.stream)
         if prev is not None:

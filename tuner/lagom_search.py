@@ -37,13 +37,11 @@ guard: NCCL's default plan is evaluated too, and returned instead if it is not s
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from costmodel.evaluator import Evaluator, Timing
+from costmodel.evaluator import Timing
 from nccl_env.errors import LagomError
 from nccl_env.plan import Plan
-from traces.workload import Workload
 from tuner.method import SearchMethod
 from tuner.objective import BudgetExhausted, Measured, Objective, Search, answer_with
 from tuner.result import Step, TuningResult
@@ -90,20 +88,13 @@ class LagomSearch(SearchMethod):
         self.guard = guard
         self.climb = climb
 
-    def tune(
-        self,
-        workload: Workload,
-        evaluator: Evaluator,
-        space: SearchSpace,
-        budget: int | None = None,
-        progress: Callable[[int], None] | None = None,
-    ) -> TuningResult:
-        obj = Objective(workload, evaluator, space, budget, progress)
-        return answer_with(self.search(space, obj), evaluator, workload)
+    def search(self, obj: Objective) -> TuningResult:
+        return answer_with(self.ask_tell(obj), obj.evaluator_or_raise(), obj.workload)
 
-    def search(self, space: SearchSpace, obj: Objective, start: Point | None = None) -> Search[TuningResult]:
+    def ask_tell(self, obj: Objective, start: Point | None = None) -> Search[TuningResult]:
         """The whole search as ask/tell (see :mod:`tuner.objective`): from ``start``
         (default: every axis at its lowest rung), climb, polish, probe subspaces, guard."""
+        space = obj.space
         baseline: Timing | None = None
         try:
             baseline = (yield from obj.ask_plan(Plan())) if self.guard else None

@@ -20,6 +20,12 @@ nodes) or ``NCCL_P2P_NVL/PCI_CHUNKSIZE`` (inside a node). They form one or two p
 units of their own with the chunk axis only; from NCCL 2.19 the step is kept within
 ``NCCL_BUFFSIZE / 8``, which :meth:`SearchSpace.plan` applies as NCCL would.
 
+A collective the tuner may not set (``CollectiveOp.tunable`` False: no recorded size,
+or not an NCCL kernel) has no signature in the space; NCCL decides for it. Where a
+collective's size changes from step to step (:mod:`traces.size_ranges`), the tuned
+file matches a byte range rather than one size, so the signatures of one range share
+every per-collective knob: their ``COLLECTIVE`` scope key names the range.
+
 Signatures that share a scope key form a :class:`Unit`; search methods choose one
 value per unit and axis, so every plan they emit is one the delivery doors can carry.
 A :class:`Point` (rung index per unit and axis, pair per subspace unit) becomes a
@@ -35,13 +41,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from costmodel.cluster import ClusterSpec
+from nccl_env.delivery import largest_message
 from nccl_env.errors import LagomError
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
-from nccl_env.delivery import largest_message
 from nccl_env.plan import Plan, Signature
 from nccl_env.rules import (
     CTAS_ENV_SINCE,
     P2P_CHUNK_CAPPED_SINCE,
+    P2P_COLLECTIVES,
     PER_FUNCTION_ALGO_SINCE,
     NcclVersion,
     algorithms_available,
@@ -50,6 +57,7 @@ from nccl_env.rules import (
     p2p_chunk_ceiling,
     per_collective_knobs,
 )
+from traces.size_ranges import signature_ranges
 from traces.workload import Workload
 
 RESOURCE_AXES = ("channels", "chunk_bytes", "threads")
@@ -63,8 +71,6 @@ CHANNEL_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 CHUNK_MIN_BYTES = 128 * 1024
 CHUNK_MAX_BYTES = 4 * 1024 * 1024
 
-_P2P = (CollectiveType.ALLTOALL, CollectiveType.SENDRECV)
-
 
 class Scope(enum.Enum):
     COLLECTIVE = "collective"
@@ -73,11 +79,14 @@ class Scope(enum.Enum):
     PROCESS = "process"
 
 
-def scope_key(scope: Scope, signature: Signature) -> str:
-    """The label signatures share when they must share a knob's value."""
+def scope_key(scope: Scope, signature: Signature, byte_range: tuple[int, int] | None = None) -> str:
+    """The label signatures share when they must share a knob's value (``byte_range``: the
+    inclusive sizes the signature's setting will match; its own size when None)."""
     if scope is Scope.COLLECTIVE:
         # the plugin matches (collective, bytes, ranks, nodes): it cannot tell groups apart
-        return f"{signature.collective.value} {signature.message_bytes}B x{signature.ranks}r/{signature.nodes}n"
+        low, high = byte_range or (signature.message_bytes, signature.message_bytes)
+        size = f"{low}B" if low == high else f"{low}-{high}B"
+        return f"{signature.collective.value} {size} x{signature.ranks}r/{signature.nodes}n"
     if scope is Scope.GROUP:
         return f"group {signature.group}"
     if scope is Scope.FUNCTION:
@@ -135,7 +144,7 @@ def pairs_for(signature: Signature, version: str, intra_kind: str) -> tuple[tupl
     collectives (AllToAll, send/recv) have no algorithm: their only subspace is
     "NCCL decides", written (None, None) here is not returned; callers see ().
     """
-    if signature.collective in _P2P:
+    if signature.collective in P2P_COLLECTIVES:
         return ()
     algos = [Algorithm.RING]
     if signature.collective is CollectiveType.ALLREDUCE and Algorithm.TREE in algorithms_available(_version(version)):
@@ -185,7 +194,7 @@ class Point:
                 return r
         raise KeyError((unit, axis))
 
-    def with_levels(self, changes: dict[tuple[int, str], int]) -> "Point":
+    def with_levels(self, changes: dict[tuple[int, str], int]) -> Point:
         new = tuple((u, a, changes.get((u, a), r)) for u, a, r in self.levels)
         return Point(new, self.pairs)
 
@@ -195,7 +204,7 @@ class Point:
                 return p
         raise KeyError(unit)
 
-    def with_pair(self, unit: int, pair: tuple[Algorithm, Protocol] | None) -> "Point":
+    def with_pair(self, unit: int, pair: tuple[Algorithm, Protocol] | None) -> Point:
         return Point(self.levels, tuple((u, pair if u == unit else p) for u, p in self.pairs))
 
 
@@ -213,6 +222,11 @@ class SearchSpace:
     pairs: dict[Signature, tuple[tuple[Algorithm, Protocol], ...]]
     defaults: dict[Signature, CommConfig]  # NCCL's own choice per signature (may be partial)
     notes: list[str] = field(default_factory=list)
+    byte_ranges: dict[Signature, tuple[int, int]] = field(default_factory=dict)  # inclusive; absent: its own size
+
+    def byte_range(self, signature: Signature) -> tuple[int, int]:
+        """The sizes the signature's tuned setting matches (``traces.size_ranges``)."""
+        return self.byte_ranges.get(signature, (signature.message_bytes, signature.message_bytes))
     # knob values every plan carries whatever the point (the online space's fixed knobs)
     pinned: dict[Signature, dict[str, object]] = field(default_factory=dict)
 
@@ -289,14 +303,14 @@ class SearchSpace:
         version = _version(self.nccl_version)
         if version < P2P_CHUNK_CAPPED_SINCE or self.scopes["chunk_bytes"] is Scope.COLLECTIVE:
             return  # no cap, or the plugin carries the collectives' chunks and NCCL_BUFFSIZE is raised to fit
-        sized = [(s, c) for s, c in configs.items() if s.collective not in _P2P and c.get("chunk_bytes")]
+        sized = [(s, c) for s, c in configs.items() if s.collective not in P2P_COLLECTIVES and c.get("chunk_bytes")]
         buffsize = None
         if sized:
             _, cfg = largest_message(sized)
             buffsize = buffsize_for_chunk(cfg["chunk_bytes"], cfg.get("algorithm"))
         ceiling = p2p_chunk_ceiling(version, buffsize)
         for sig, cfg in configs.items():
-            if sig.collective in _P2P and cfg.get("chunk_bytes", 0) > ceiling:
+            if sig.collective in P2P_COLLECTIVES and cfg.get("chunk_bytes", 0) > ceiling:
                 cfg["chunk_bytes"] = ceiling
 
     def size(self) -> int:
@@ -311,18 +325,21 @@ class SearchSpace:
 
 
 def workload_signatures(workload: Workload, gpus_per_node: int | None = None) -> dict[Signature, tuple[int, ...]]:
+    """The signatures the tuner may set, with their collectives' op ids (untunable ones left out)."""
     out: dict[Signature, list[int]] = {}
     for op in workload.collectives:
-        out.setdefault(workload.signature(op, gpus_per_node), []).append(op.op_id)
+        if op.tunable:
+            out.setdefault(workload.signature(op, gpus_per_node), []).append(op.op_id)
     return {s: tuple(ids) for s, ids in sorted(out.items())}
 
 
-def _units(signatures: Iterable[Signature], scope: Scope, axes: tuple[str, ...], start: int) -> list[Unit]:
+def _units(signatures: Iterable[Signature], scope: Scope, axes: tuple[str, ...], start: int,
+           ranges: dict[Signature, tuple[int, int]]) -> list[Unit]:
     grouped: dict[str, list[Signature]] = {}
     for sig in signatures:
-        if sig.collective in _P2P:
+        if sig.collective in P2P_COLLECTIVES:
             continue  # NCCL's p2p path takes none of these doors: see _p2p_units
-        grouped.setdefault(scope_key(scope, sig), []).append(sig)
+        grouped.setdefault(scope_key(scope, sig, ranges.get(sig)), []).append(sig)
     return [
         Unit(start + i, key, scope, tuple(sigs), axes) for i, (key, sigs) in enumerate(sorted(grouped.items()))
     ]
@@ -334,7 +351,7 @@ def _p2p_units(signatures: Iterable[Signature], start: int) -> list[Unit]:
     (NCCL_P2P_NVL/PCI_CHUNKSIZE); NCCL picks their channels, threads and the rest."""
     grouped: dict[str, list[Signature]] = {}
     for sig in signatures:
-        if sig.collective in _P2P:
+        if sig.collective in P2P_COLLECTIVES:
             grouped.setdefault("p2p net" if sig.nodes > 1 else "p2p intra", []).append(sig)
     return [Unit(start + i, key, Scope.PROCESS, tuple(sigs), ("chunk_bytes",))
             for i, (key, sigs) in enumerate(sorted(grouped.items()))]
@@ -359,8 +376,11 @@ def build_space(
     version = nccl_version or cluster.nccl_version
     sig_ids = workload_signatures(workload, cluster.gpus_per_node)
     if not sig_ids:
-        raise LagomError(f"workload {workload.source or '<workload>'}: no collectives to tune")
+        untunable = sum(1 for op in workload.collectives if not op.tunable)
+        why = f" ({untunable} without a recorded size or not NCCL kernels)" if untunable else ""
+        raise LagomError(f"workload {workload.source or '<workload>'}: no collectives to tune{why}")
     signatures = tuple(sig_ids)
+    ranges = signature_ranges(workload, signatures)
     scopes = knob_scopes(version)
     max_nc = min(max_channels(_version(version)), max(1, cluster.gpu.sm_count // 2))
     axes = {
@@ -375,17 +395,17 @@ def build_space(
     resource_units: list[Unit] = []
     for scope in Scope:
         if scope in by_scope:
-            resource_units += _units(signatures, scope, tuple(by_scope[scope]), len(resource_units))
+            resource_units += _units(signatures, scope, tuple(by_scope[scope]), len(resource_units), ranges)
     resource_units += _p2p_units(signatures, len(resource_units))
     available = set(algorithms_available(_version(version)))
     pairs = {}
     for sig in signatures:
-        enabled = () if enabled_pairs is None or sig.collective in _P2P else tuple(
+        enabled = () if enabled_pairs is None or sig.collective in P2P_COLLECTIVES else tuple(
             (a, p) for a, p in enabled_pairs(cluster, sig) if a in available
         )
         pairs[sig] = enabled or pairs_for(sig, version, cluster.intra_node.kind)
     with_pairs = [s for s in signatures if pairs[s]]
-    subspace_units = _units(with_pairs, scopes["algorithm"], (), 0)
+    subspace_units = _units(with_pairs, scopes["algorithm"], (), 0, ranges)
     notes = []
     for axis in RESOURCE_AXES:
         if axes[axis].scope is not Scope.COLLECTIVE:
@@ -402,6 +422,7 @@ def build_space(
         pairs=pairs,
         defaults=default_cfg,
         notes=notes,
+        byte_ranges={s: r for s, r in ranges.items() if r != (s.message_bytes, s.message_bytes)},
     )
 
 
@@ -426,7 +447,7 @@ def online_space(space: SearchSpace, seed: Callable[[Signature], CommConfig]) ->
     for sig in space.signatures:
         config = seed(sig)
         # a point-to-point step is NCCL_P2P_*_CHUNKSIZE's, read at start, whatever the version
-        knobs = ("chunk_bytes",) if sig.collective in _P2P else fixed_knobs
+        knobs = ("chunk_bytes",) if sig.collective in P2P_COLLECTIVES else fixed_knobs
         values = {k: getattr(config, k) for k in knobs}
         pinned[sig] = {k: v for k, v in values.items() if v is not None}
     subspaces = space.subspace_units if space.scopes["algorithm"] is Scope.COLLECTIVE else []

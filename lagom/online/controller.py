@@ -187,10 +187,10 @@ class OnlineController:
         tolerance = max(self.noise_bound, s.min_gain)
         obj = Objective(self.workload, None, self.space)
         if s.method == "autoccl":
-            search = AutoCCL().search(self.space, obj)
+            search = AutoCCL().ask_tell(obj)
         else:
             method = LagomSearch(tolerance=tolerance, guard=False, climb=not self.seeded_from_file)
-            search = method.search(self.space, obj, start=self.start if self.seeded_from_file else None)
+            search = method.ask_tell(obj, start=self.start if self.seeded_from_file else None)
         self._objective, self._search = obj, search
         self.phase = Phase.SEARCH
         try:

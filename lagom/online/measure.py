@@ -39,7 +39,12 @@ def robust_timing(samples: Sequence[Timing]) -> Timing:
         starts = [t.ops[op_id].start_us for t in samples if op_id in t.ops]
         durations = [t.ops[op_id].duration_us for t in samples if op_id in t.ops]
         ops[op_id] = OpTiming(lower_median(starts), lower_median(durations))
-    return Timing(ops=ops, **fields)
+    return _timing(fields, ops)
+
+
+def _timing(fields: dict[str, float], ops: dict[int, OpTiming]) -> Timing:
+    return Timing(fields["iteration_us"], fields["compute_us"], fields["comm_us"], fields["exposed_comm_us"],
+                  fields["compute_uncontended_us"], ops)
 
 
 def across_ranks(per_rank: Sequence[Timing]) -> Timing:
@@ -49,7 +54,7 @@ def across_ranks(per_rank: Sequence[Timing]) -> Timing:
     for op_id in per_rank[0].ops:
         present = [t.ops[op_id] for t in per_rank if op_id in t.ops]
         ops[op_id] = OpTiming(min(o.start_us for o in present), min(o.duration_us for o in present))
-    return Timing(ops=ops, **fields)
+    return _timing(fields, ops)
 
 
 def timing_to_wire(timing: Timing) -> list:
@@ -58,5 +63,5 @@ def timing_to_wire(timing: Timing) -> list:
 
 def timing_from_wire(data: list) -> Timing:
     fields, ops = data
-    return Timing(ops={int(i): OpTiming(float(s), float(d)) for i, s, d in ops},
-                  **{name: float(v) for name, v in zip(_FIELDS, fields, strict=True)})
+    return _timing({name: float(v) for name, v in zip(_FIELDS, fields, strict=True)},
+                   {int(i): OpTiming(float(s), float(d)) for i, s, d in ops})

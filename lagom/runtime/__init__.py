@@ -32,12 +32,12 @@ results; any failure inside it leaves the job to NCCL's own choices with one war
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
-import sys
 
-from nccl_env.errors import LagomError
 from lagom.runtime.env import ENV_CONFIG, ENV_RUN_DIR
 from lagom.runtime.hook import Hook
+from nccl_env.errors import LagomError
 
 __all__ = ["Hook", "current", "install", "step", "uninstall"]
 
@@ -85,10 +85,8 @@ def uninstall() -> None:
     global _current
     if _current is not None:
         _current.uninstall()
-        try:
+        with contextlib.suppress(Exception):
             atexit.unregister(_current.finish)
-        except Exception:
-            pass
         _current = None
 
 

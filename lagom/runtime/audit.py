@@ -64,7 +64,7 @@ class Summary:
     bytes_matched: int
 
     @classmethod
-    def of(cls, counts: Iterable[SignatureCount]) -> "Summary":
+    def of(cls, counts: Iterable[SignatureCount]) -> Summary:
         total = matched = nbytes = nbytes_matched = 0
         for c in counts:
             total += c.count
@@ -183,7 +183,7 @@ def merge_parts(parts: list[dict], entries_set: list[dict] | None = None, config
     return document
 
 
-def write_audit(path: str | Path, document: dict) -> Path:
+def write_audit(path: str | os.PathLike, document: dict) -> Path:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

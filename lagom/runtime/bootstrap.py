@@ -14,6 +14,7 @@ script's own ``from torch.distributed import ...`` lines bind any name.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.util
 import os
@@ -107,10 +108,8 @@ class _InstallAfterImport(importlib.abc.MetaPathFinder):
             self._busy = False
 
     def remove(self) -> None:
-        try:
+        with contextlib.suppress(ValueError):
             sys.meta_path.remove(self)
-        except ValueError:
-            pass
 
 
 def _install_hook() -> None:

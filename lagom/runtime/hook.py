@@ -16,18 +16,19 @@ Public entry point and documentation: :mod:`lagom.runtime`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
 import sys
 from pathlib import Path
 
-from nccl_env.errors import LagomError
 from lagom.runtime import audit
 from lagom.runtime.collectives import ALSO_IN_C10D, SPECS, TYPE_INDEX, TYPE_ORDER, CollectiveSpec
-from lagom.runtime.env import merge_env
+from lagom.runtime.env import EnvMerge, merge_env
 from lagom.runtime.process_groups import GroupOptionsInjector
 from lagom.tuned_config import TunedConfig, load_tuned_config
+from nccl_env.errors import LagomError
 
 _IGNORED = None  # record info for a call on a group this rank is not part of
 # What computing a call's key raises when the arguments are wrong (a str for a tensor, a
@@ -66,7 +67,7 @@ class Hook:
         self.counts: dict[tuple, list] = {}  # (type index, bytes, group) -> [count, info]
         self.rank: int | None = None
         self.warnings: list[str] = []
-        self.env_merge = None
+        self.env_merge: EnvMerge | None = None
         self._said: set[str] = set()
         self._patched: list[tuple[object, str, object]] = []  # (module, attribute, original)
         self._injector: GroupOptionsInjector | None = None
@@ -76,10 +77,8 @@ class Hook:
     # ------------------------------------------------------------------ messages
     def _emit(self, line: str) -> None:
         stream = self.stream if self.stream is not None else sys.stderr
-        try:
+        with contextlib.suppress(OSError, ValueError):
             print(line, file=stream, flush=True)
-        except (OSError, ValueError):
-            pass
 
     def _is_rank0(self) -> bool:
         rank = self.rank if self.rank is not None else _env_rank()
@@ -245,7 +244,7 @@ class Hook:
                 return original(*args, **kwargs)
 
         functools.update_wrapper(wrapper, original)
-        wrapper.__lagom_original__ = original  # type: ignore[attr-defined]
+        wrapper.__lagom_original__ = original  # type: ignore[attr-defined]  # our marker on a function object
         return wrapper
 
     # ------------------------------------------------------------------ signatures
@@ -263,7 +262,7 @@ class Hook:
         type_index, nbytes, group = key
         info = self._group_info(group)
         if info is None:
-            record = [0, _IGNORED]
+            record: list = [0, _IGNORED]  # [count, info]
         else:
             name, size, nodes = info
             collective = TYPE_ORDER[type_index]
@@ -285,7 +284,7 @@ class Hook:
             pg = c10d._get_default_group()
         elif isinstance(group, str):
             try:
-                pg = c10d._resolve_process_group(group)
+                pg = c10d._resolve_process_group(group)  # type: ignore[arg-type]  # GroupName: a NewType of str
             except (ValueError, KeyError, RuntimeError):
                 return None  # not a group name: torch raises its own error for the call
         else:

@@ -17,6 +17,7 @@ Steps (the command's docstring in lagom/commands/run.py is the user-facing doc):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -188,10 +189,8 @@ def run_child(argv: list[str], env: dict[str, str]) -> int:
         raise LagomError(f"command not executable: {argv[0]}") from None
 
     def forward(signum, _frame):
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     previous = {}
     for sig in FORWARDED_SIGNALS:

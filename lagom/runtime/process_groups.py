@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 # ncclConfig_t.CTAPolicy flag values (nccl.h, NCCL >= 2.27: DEFAULT 0x00,
 # EFFICIENCY 0x01; ZERO 0x02 from 2.28).
@@ -90,7 +91,7 @@ def build_nccl_options(options_cls: type, settings: dict) -> tuple[object, dict[
 
 def backends_of(backend: object) -> set[str]:
     """The backend names a c10d ``backend`` argument resolves to (``"cpu:gloo,cuda:nccl"`` -> both)."""
-    from torch.distributed.distributed_c10d import BackendConfig, Backend
+    from torch.distributed.distributed_c10d import Backend, BackendConfig
 
     text = str(backend) if backend is not None else Backend.UNDEFINED
     return {str(b).lower() for b in BackendConfig(Backend(text)).get_device_backend_map().values()}
@@ -117,7 +118,7 @@ class GroupOptionsInjector:
         self.on_error = on_error
         self.decisions: list[GroupDecision] = []
         self._original: Callable | None = None
-        self._module = None
+        self._module: Any = None  # torch's c10d module, while patched
 
     def install(self) -> bool:
         """Patch c10d; False (and a note) when this torch has no usable helper."""
@@ -142,7 +143,7 @@ class GroupOptionsInjector:
                 injector.on_error("process-group options", exc)
             return original(*args, **kwargs)
 
-        _new_process_group_helper.__wrapped__ = original  # type: ignore[attr-defined]
+        _new_process_group_helper.__wrapped__ = original  # type: ignore[attr-defined]  # functools' marker, set by hand
         _new_process_group_helper.__doc__ = original.__doc__
         self._original = original
         self._module = c10d

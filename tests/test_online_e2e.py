@@ -117,8 +117,15 @@ def test_every_rank_ran_the_same_epochs_and_the_audit_says_so(runs):
     epochs = [document["per_rank"][r]["online"]["epochs"] for r in ("0", "1")]
     assert epochs[0] == epochs[1]  # same plan hash from the same step on every rank
     assert [e[2] for e in epochs[0]] == sorted(e[2] for e in epochs[0])
-    tables = document["per_rank"]["0"]["online"]["tables"]
-    assert len(tables) == len(epochs[0]) and all(t["entries"] > 0 for t in tables)  # each swap reached the plugin
+    cluster = tuning.with_nccl_version(load_cluster("high-bw"), VERSION)
+    calls_per_step = len(tuning.load_workload_arg(SPEC, cluster).collectives)  # all-gathers and reduce-scatters
+    for rank in ("0", "1"):
+        tables = document["per_rank"][rank]["online"]["tables"]
+        assert len(tables) == len(epochs[0]) and all(t["entries"] == 4 for t in tables)  # each swap reached the plugin
+        assert [t["generation"] for t in tables] == sorted({t["generation"] for t in tables})
+        for table, (start, end) in zip(tables, zip(epochs[0], epochs[0][1:], strict=False), strict=False):
+            # the plugin's own per-line counts: every call of the epoch's steps answered by one of its lines
+            assert sum(table["coll_info"]) == (end[2] - start[2]) * calls_per_step
 
 
 def test_a_rank_lost_mid_tuning_ends_the_job_with_an_error_not_a_hang(runs):

@@ -18,7 +18,8 @@ list (null: unmatched, NCCL decides). Counts are calls seen by the Python hook.
 Under ``lagom run --online`` the document also has ``"online": {"steps_spent",
 "evaluations", "per_rank": {"0": [plan hash of each epoch, ...], ...}, "result":
 "kept" | "reverted"}`` and each rank's part an ``online`` entry: its epochs as
-[epoch, plan hash, first step] and, per epoch, the plugin table's per-entry call counts.
+[epoch, plan hash, first step] and, per epoch, the plugin table's per-entry call counts
+as the plugin counted them.
 """
 
 from __future__ import annotations

@@ -70,12 +70,6 @@ class OnlineSettingsFile:
         return cls(**json.loads(Path(path).read_text()))
 
 
-def entry_call_counts(library: TunerLibrary) -> list[int] | None:
-    """Calls the plugin answered per table entry (None where this plugin build does not count)."""
-    counts = getattr(library, "entry_call_counts", None)
-    return list(counts()) if callable(counts) else None
-
-
 class Session:
     """One rank's online tuning (see the module doc)."""
 
@@ -85,7 +79,7 @@ class Session:
         self.agent: RankAgent | None = None
         self.explicit = False
         self.finished = False
-        self.table_counts: list[dict] = []  # per epoch: its table's per-entry call counts
+        self.table_counts: list[dict] = []  # per epoch (recorded when it ends): its table's per-entry call counts
         self._library: TunerLibrary | None = None
         self._controller: OnlineController | None = None
         self._space: SearchSpace | None = None
@@ -156,8 +150,9 @@ class Session:
     def _record_counts(self) -> None:
         if self._library is None or self.agent is None or not self.agent.epochs:
             return
-        counts = entry_call_counts(self._library)
-        self.table_counts.append({"epoch": self.agent.epoch, "entries": self._epoch_entries, "calls": counts})
+        calls = self._library.entry_calls()  # what the plugin itself counted, per line of this epoch's table
+        self.table_counts.append({"epoch": self.agent.epoch, "entries": self._epoch_entries, "generation": calls.generation,
+                                  "coll_info": calls.coll_info, "chunk_size": calls.chunk_size})
 
     # ------------------------------------------------------------------ boundaries
     def boundary(self) -> None:

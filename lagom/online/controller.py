@@ -36,7 +36,7 @@ from lagom.online import DEFAULT_BUDGET_STEPS
 from lagom.online.measure import across_ranks, lower_median, robust_timing
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
-from nccl_env.plan import Plan
+from nccl_env.plan import Plan, Signature
 from traces.workload import Workload
 from tuner import AutoCCL, LagomSearch, SearchSpace, TuningResult
 from tuner.objective import Objective
@@ -95,9 +95,12 @@ class OnlineController:
             # NCCL's defaults fill the resources the file leaves open (the rungs need a value);
             # the algorithm and protocol stay the file's, NCCL's choice where it has none
             given = seed
-            self.space = online_space(space, lambda s: given.config_for(s).merged_over(_resources(space.defaults[s])))
-            self.start = self.space.point_near(lambda s: given.config_for(s).merged_over(_resources(space.defaults[s])),
-                                               with_pairs=True)
+
+            def wanted(sig: Signature) -> CommConfig:
+                return given.config_for(sig).merged_over(_resources(space.defaults[sig]))
+
+            self.space = online_space(space, wanted)
+            self.start = self.space.point_near(wanted, with_pairs=True)
         self.seed = seed
         self._seed_timing: Timing | None = None
         self.phase = Phase.SEED
@@ -181,7 +184,8 @@ class OnlineController:
 
     def _start_search(self) -> None:
         s = self.settings
-        if self._steps_left() < s.steps_per_evaluation + self._ab_steps() or not self.space.resource_units and not self.space.subspace_units:
+        nothing_to_tune = not self.space.resource_units and not self.space.subspace_units
+        if nothing_to_tune or self._steps_left() < s.steps_per_evaluation + self._ab_steps():
             self._finish(self.seed, "reverted")
             return
         tolerance = max(self.noise_bound, s.min_gain)
@@ -204,8 +208,6 @@ class OnlineController:
 
     def _start_ab(self, result: TuningResult) -> None:
         self.search_result = result
-        assert self._objective is not None
-        self.evaluations_search = self._objective.evaluations
         if _same(result.plan, self.seed, self.space):
             self._finish(self.seed, "reverted")
             return
@@ -239,10 +241,6 @@ class OnlineController:
     def seed_timing(self) -> Timing | None:
         """The seed's first evaluation (None before it is measured)."""
         return self._seed_timing
-
-    def ab_figures(self) -> dict[str, list[float]]:
-        """The A/B's iteration times (us) per side, in the order measured."""
-        return {k: list(v) for k, v in self._ab.items()}
 
 
 def _resources(config: CommConfig) -> CommConfig:

@@ -74,19 +74,23 @@ class LagomSearch(SearchMethod):
     """Priority-based co-tuning of collectives with the compute they overlap.
 
     ``climb=False`` skips the priority climb (a start point that is already a tuned
-    plan, e.g. online from an offline file, is refined by the polish alone).
+    plan, e.g. online from an offline file, is refined by the polish alone);
+    ``repeat_kept_moves`` makes the polish try a kept move again at once (a start
+    several rungs off its optimum gets there in fewer measurements).
     """
 
     name = "lagom"
 
     def __init__(self, initial_stride: int = 2, tolerance: float = 0.001, polish_rounds: int = 4,
-                 probe_subspaces: bool = True, guard: bool = True, climb: bool = True) -> None:
+                 probe_subspaces: bool = True, guard: bool = True, climb: bool = True,
+                 repeat_kept_moves: bool = False) -> None:
         self.initial_stride = max(1, initial_stride)
         self.polish_rounds = polish_rounds
         self.tolerance = tolerance
         self.probe_subspaces = probe_subspaces
         self.guard = guard
         self.climb = climb
+        self.repeat_kept_moves = repeat_kept_moves
 
     def search(self, obj: Objective) -> TuningResult:
         return answer_with(self.ask_tell(obj), obj.evaluator_or_raise(), obj.workload)
@@ -218,24 +222,28 @@ class LagomSearch(SearchMethod):
         for _ in range(self.polish_rounds):
             improved = False
             for move in moves:
-                current = walk.current
-                levels = {}
-                for (unit, axis), delta in move.items():
-                    rung = current.point.level(unit, axis) + delta
-                    if not 0 <= rung < len(space.axes[axis].values):
-                        break
-                    levels[(unit, axis)] = rung
-                else:
-                    candidate = yield from obj.ask(current.point.with_levels(levels))
-                    better = candidate.iteration_us < current.iteration_us * (1 - self.tolerance)
-                    sideways = all(d < 0 for d in move.values()) and candidate.iteration_us <= current.iteration_us
-                    if better or sideways:
-                        label = " + ".join(sorted({keys[u] for u, _ in levels}))
-                        walk.steps.append(Step(label, _describe(levels, current, space), candidate.comm_us_total(),
-                                               candidate.compute_us, candidate.iteration_us, None,
-                                               "accepted (polish)" if better else "accepted (polish, fewer resources)"))
-                        walk.current = candidate
-                        improved = True
+                kept = True
+                while kept:  # once unless repeat_kept_moves: then again while the same move keeps helping
+                    kept = False
+                    current = walk.current
+                    levels = {}
+                    for (unit, axis), delta in move.items():
+                        rung = current.point.level(unit, axis) + delta
+                        if not 0 <= rung < len(space.axes[axis].values):
+                            break
+                        levels[(unit, axis)] = rung
+                    else:
+                        candidate = yield from obj.ask(current.point.with_levels(levels))
+                        better = candidate.iteration_us < current.iteration_us * (1 - self.tolerance)
+                        sideways = all(d < 0 for d in move.values()) and candidate.iteration_us <= current.iteration_us
+                        if better or sideways:
+                            label = " + ".join(sorted({keys[u] for u, _ in levels}))
+                            walk.steps.append(Step(label, _describe(levels, current, space), candidate.comm_us_total(),
+                                                   candidate.compute_us, candidate.iteration_us, None,
+                                                   "accepted (polish)" if better else "accepted (polish, fewer resources)"))
+                            walk.current = candidate
+                            improved = True
+                            kept = self.repeat_kept_moves
             if not improved:
                 break
 

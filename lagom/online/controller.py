@@ -18,8 +18,9 @@ Phases: the seed (the offline plan, else NCCL's defaults on the nearest rungs),
 measured once, also gives the noise bound (relative spread of its per-step times);
 the search (:class:`tuner.LagomSearch` over :func:`tuner.space.online_space`, the
 tolerance max(noise bound, min_gain); seeded from a tuned file it starts at the file's
-plan and only polishes it, seeded with NCCL's defaults it runs Lagom's whole search
-from the lowest rungs, where a far slower probe costs one step); the final A/B: seed and result again, ``ab_rounds`` times each,
+plan and only polishes it, repeating a kept move at once while it keeps helping (a
+seed from another cluster can be several rungs off); seeded with NCCL's defaults it
+runs Lagom's whole search from the lowest rungs, where a far slower probe costs one step); the final A/B: seed and result again, ``ab_rounds`` times each,
 interleaved; the result is kept only if the median of its evaluations beats the
 seed's by ``min_gain``. ``budget_steps`` caps all of it: when too few steps are left
 for another evaluation and the A/B, the search is stopped where it stands.
@@ -193,7 +194,8 @@ class OnlineController:
         if s.method == "autoccl":
             search = AutoCCL().ask_tell(obj)
         else:
-            method = LagomSearch(tolerance=tolerance, guard=False, climb=not self.seeded_from_file)
+            method = LagomSearch(tolerance=tolerance, guard=False, climb=not self.seeded_from_file,
+                                 repeat_kept_moves=self.seeded_from_file)
             search = method.ask_tell(obj, start=self.start if self.seeded_from_file else None)
         self._objective, self._search = obj, search
         self.phase = Phase.SEARCH

@@ -241,3 +241,19 @@ def test_a_faster_collective_moves_the_compute_op_that_waited_for_it():
         if moved == 3:
             break
     assert moved == 3
+
+
+def test_analyze_tables_name_the_group_alike_and_fit_100_columns(capsys):
+    assert main(["analyze", str(TRACES / W2), "--json"]) == 0
+    rank = json.loads(capsys.readouterr().out)["ranks"][0]
+    sizes = {(c["collective"], c["message_bytes"]): c["group_size"] for c in rank["collectives"]}
+    assert sizes and all(sizes[(r["collective"], r["message_bytes"])] == r["group_size"] == 2
+                         for r in rank["wait_transfer"])
+    assert {r["group"] for r in rank["wait_transfer"]} == {"0"}  # the JSON still names the group
+    assert main(["analyze", str(TRACES / W2)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    headers = [line for line in lines if "group ranks" in line]
+    assert len(headers) == 2 and not any("┃ group ┃" in line for line in lines)
+    start = next(i for i, line in enumerate(lines) if line.startswith("NCCL kernel time"))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("└"))
+    assert max(len(line) for line in lines[start:end + 1]) <= 100

@@ -27,10 +27,11 @@ Rules (each one what the trace shows, or a documented guess where it shows less)
   stream is the stream of the next op the thread launches; the consumer is the first
   op launched on that stream (by any thread) after the wait. The producer is one of
   the last ops launched (by any thread) before the wait on each other stream: of those
-  the trace does not contradict, the one that ended last (one producer per wait: the
-  event that bound, the others had finished already). An op with no launch call in the
-  trace (launched before the profiler started) counts as launched with its stream's
-  previous op.
+  the trace does not contradict, the one that ended last (one per consumer, however
+  many waits precede it: the event that bound; the others had finished already, and a
+  second producer would be a guess a what-if could wrongly bind). An op with no launch
+  call in the trace (launched before the profiler started) counts as launched with its
+  stream's previous op.
 - **Host synchronisation.** ``cudaStreamSynchronize`` / ``cudaEventSynchronize``: the
   op they waited for is, when a ``cuda_sync`` event names the stream, the last op
   launched on it before the call; otherwise the op launched before the call whose end
@@ -192,7 +193,8 @@ def _heuristic_waits(ops: dict[int, Op], calls: dict, host_calls: list[HostCall]
                 for wait_us in unrecorded:
                     by_consumer.setdefault(stream[bisect_left(stream, (wait_us, -1))][1], []).append(wait_us)
                 for consumer_id, wait_list in by_consumer.items():
-                    for producer_id in _unrecorded_producers(ops, consumer_id, wait_list, last_on_stream):
+                    producer_id = _unrecorded_producer(ops, consumer_id, wait_list, last_on_stream)
+                    if producer_id is not None:
                         add(producer_id, consumer_id, "unrecorded wait")
                 unrecorded = []
                 last_launched = op_id
@@ -205,20 +207,14 @@ def _heuristic_waits(ops: dict[int, Op], calls: dict, host_calls: list[HostCall]
     return [StreamWait(p, c, source) for (p, c), source in sorted(waits.items())]
 
 
-def _unrecorded_producers(ops: dict[int, Op], consumer_id: int, wait_list: list[float],
-                          last_on_stream: dict[float, dict[int, int]]) -> list[int]:
-    """One producer per wait: of each other stream's last op launched before a wait, those the trace
-    does not contradict (ended by the consumer's start), the latest-ending (the event that bound)."""
+def _unrecorded_producer(ops: dict[int, Op], consumer_id: int, wait_list: list[float],
+                         last_on_stream: dict[float, dict[int, int]]) -> int | None:
+    """Of the other streams' last ops launched before the consumer's waits, the latest-ending one
+    the trace does not contradict (it ended by the consumer's start): the event that bound."""
     consumer = ops[consumer_id]
-    best: dict[int, int] = {}  # stream -> its latest-ending candidate
-    for wait_us in wait_list:
-        for stream, op_id in last_on_stream[wait_us].items():
-            end_us = ops[op_id].end_us
-            if stream == consumer.stream or end_us > consumer.start_us + SYNC_TOLERANCE_US:
-                continue  # the consumer's own stream, or a pair the trace contradicts
-            if stream not in best or end_us > ops[best[stream]].end_us:
-                best[stream] = op_id
-    return sorted(best.values(), key=lambda o: -ops[o].end_us)[:len(wait_list)]
+    candidates = [op_id for wait_us in wait_list for stream, op_id in last_on_stream[wait_us].items()
+                  if stream != consumer.stream and ops[op_id].end_us <= consumer.start_us + SYNC_TOLERANCE_US]
+    return max(candidates, key=lambda o: (ops[o].end_us, o)) if candidates else None
 
 
 def _launch_order(ops: dict[int, Op], calls: dict) -> dict[int, list[tuple[float, int]]]:

@@ -228,7 +228,7 @@ def test_a_single_process_job_tunes_through_explicit_steps_and_saves_the_plan(tm
         optimizer.step()
         agent = session.agent
         assert session.finished and agent.result in ("kept", "reverted") and agent.step <= 62
-        assert session.summary()["steps_spent"] <= 60
+        assert session.summary([])["steps_spent"] <= 60
         assert any("online tuning done" in line for line in lines)
         saved = load_tuned_config(tmp_path / "tuned.yaml")
         assert saved.nccl_version == VERSION and saved.collectives and saved.method == "lagom-online"

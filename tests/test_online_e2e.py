@@ -108,12 +108,19 @@ def test_losses_are_bit_identical_to_the_job_without_lagom(runs):
 
 
 def test_every_rank_ran_the_same_epochs_and_the_audit_says_so(runs):
-    tmp, _, _ = runs
+    tmp, _, results = runs
     document = json.loads((tmp / "online-audit.json").read_text())
     online = document["online"]
     assert online["result"] == "kept"
     assert 0 < online["steps_spent"] <= BUDGET and online["evaluations"] > 1
     assert len(online["per_rank"]["0"]) > 2 and online["per_rank"]["0"] == online["per_rank"]["1"]
+    # the summary lines say what the online run did; calls are matched against the plan in force
+    assert online["epochs"] == len(online["per_rank"]["0"])
+    assert online["summary"]["collectives"] == document["summary"]["collectives"] > 0
+    done = (f"online tuning kept its result: {online['epochs']} epochs, {online['steps_spent']} steps spent, "
+            f"{online['evaluations']} measured plans; {online['summary']['collectives']} collectives")
+    err = results["online"][1]
+    assert f"rank 0: {done}" in err and f"all ranks: {done}" in err and "matched a tuned entry" not in err
     epochs = [document["per_rank"][r]["online"]["epochs"] for r in ("0", "1")]
     assert epochs[0] == epochs[1]  # same plan hash from the same step on every rank
     assert [e[2] for e in epochs[0]] == sorted(e[2] for e in epochs[0])

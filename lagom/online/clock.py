@@ -11,20 +11,22 @@ implementing the same two methods.
 - :class:`CudaClock`: on a GPU, CUDA events recorded at step boundaries give the step
   time (the boundary waits for the step's end event: a bubble per tuning step), and
   with ``TORCH_NCCL_ENABLE_TIMING=1`` the durations of the Work handles the job's
-  async collectives returned give per-signature collective times. Not exercised here
-  (no GPU in CI); a collective the job issued synchronously has no Work to time, and
-  its ops keep the step-level fields only.
+  async collectives returned, which the hook hands over
+  (:mod:`lagom.online.work_timing`), give per-signature collective times. A
+  collective the job issued synchronously has no Work to time: its signature has no
+  op times, and the search judges it by step time. Not exercised here (no GPU in CI).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from costmodel.cluster import ClusterSpec
-from costmodel.evaluator import OpTiming, Timing
+from costmodel.evaluator import Timing
 from costmodel.sim import Simulator
-from nccl_env.plan import Plan
+from lagom.online.work_timing import WorkDurations, op_timings
+from nccl_env.plan import Plan, Signature
 from traces.workload import Workload
 
 
@@ -64,29 +66,26 @@ class SimulatedClock:
 
 
 class CudaClock:
-    """Step time from CUDA events, collective times from TORCH_NCCL_ENABLE_TIMING (see the module doc).
+    """Step time from CUDA events, collective times from the hook's Work handles (see the module doc).
 
-    ``op_ids_by_key`` maps the hook's signature key (collective, bytes, group) to the
-    workload's op ids of that signature; :meth:`record_work` is fed the Work handles
-    of async collectives by the hook.
+    ``durations`` is fed by the hook (:class:`lagom.online.work_timing.WorkDurations`);
+    ``collective_ids`` maps the workload's signatures to their op ids.
     """
 
-    def __init__(self, op_ids_by_key: dict[tuple, tuple[int, ...]]) -> None:
+    def __init__(self, collective_ids: Mapping[Signature, tuple[int, ...]], durations: WorkDurations) -> None:
         import torch
 
         self.torch = torch
-        self.op_ids_by_key = op_ids_by_key
+        self.collective_ids = collective_ids
+        self.durations = durations
+        self._op_ids: dict[tuple, tuple[int, ...]] = {}  # call signature -> op ids, resolved once
         self._events: list = []
-        self._works: list[tuple[tuple, object]] = []
         self.mark()
 
     def mark(self) -> None:
         event = self.torch.cuda.Event(enable_timing=True)
         event.record()
         self._events.append(event)
-
-    def record_work(self, key: tuple, work: object) -> None:
-        self._works.append((key, work))
 
     def switched(self, plan: Plan, epoch: int) -> None:
         pass  # NCCL reads the plan from the plugin's table: nothing to do here
@@ -98,13 +97,7 @@ class CudaClock:
         start, end = self._events[-2], self._events[-1]
         end.synchronize()
         step_us = start.elapsed_time(end) * 1000.0
-        ops: dict[int, OpTiming] = {}
-        for key, work in self._works:
-            duration_ms = work._get_duration()  # type: ignore[attr-defined]  # torch's timing API (TORCH_NCCL_ENABLE_TIMING)
-            ids = self.op_ids_by_key.get(key, ())
-            for op_id in ids:
-                ops[op_id] = OpTiming(0.0, duration_ms * 1000.0 / max(1, len(ids)))
-        self._works.clear()
+        ops = op_timings(self.durations.collect(), self.collective_ids, self._op_ids)
         self._events = self._events[-1:]
         comm_us = sum(o.duration_us for o in ops.values())
         return Timing(step_us, step_us, comm_us, 0.0, step_us, ops)

@@ -16,18 +16,21 @@ before rank 0 could collect anything. Merged file (``lagom run --audit FILE``)::
 list (null: unmatched, NCCL decides). Counts are calls seen by the Python hook.
 
 Under ``lagom run --online`` the document also has ``"online": {"steps_spent",
-"evaluations", "per_rank": {"0": [plan hash of each epoch, ...], ...}, "result":
-"kept" | "reverted"}`` and each rank's part an ``online`` entry: its epochs as
-[epoch, plan hash, first step] and, per epoch, the plugin table's per-entry call counts
-as the plugin counted them.
+"evaluations", "epochs", "per_rank": {"0": [plan hash of each epoch, ...], ...}, "result":
+"kept" | "reverted", "summary"}`` and each rank's part an ``online`` entry: its epochs as
+[epoch, plan hash, first step], per epoch the plugin table's per-entry call counts as
+the plugin counted them, and its ``summary``: its calls matched against the plan in
+force (a call is matched when its signature is one the online plans set: every plan
+of the online space sets the same signatures), not against the seed file's entries.
+The summary lines then say what the online run did (:func:`online_summary_line`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 
 from nccl_env.errors import LagomError
@@ -65,12 +68,13 @@ class Summary:
     bytes_matched: int
 
     @classmethod
-    def of(cls, counts: Iterable[SignatureCount]) -> Summary:
+    def of(cls, counts: Iterable[SignatureCount], matched_by: Callable[[SignatureCount], bool] | None = None) -> Summary:
+        """Totals; a call counts as matched when ``matched_by`` says so (default: it matched a tuned entry)."""
         total = matched = nbytes = nbytes_matched = 0
         for c in counts:
             total += c.count
             nbytes += c.count * c.bytes
-            if c.matched:
+            if (c.matched if matched_by is None else matched_by(c)):
                 matched += c.count
                 nbytes_matched += c.count * c.bytes
         return cls(total, matched, nbytes, nbytes_matched)
@@ -99,6 +103,22 @@ def summary_line(who: str, summary: Summary) -> str:
     )
 
 
+def online_summary_line(who: str, online: dict) -> str:
+    """``lagom: rank 0: online tuning kept its result: 4 epochs, 57 steps spent, 12 measured plans; 40 collectives,
+    30 of a tuned signature (75%), ...``: what the run did, and the calls the plan in force covered."""
+    result = online.get("result") or ""
+    done = {"kept": "kept its result", "reverted": "reverted to the seed"}.get(result, f"ended ({result or 'unfinished'})")
+    summary = Summary(**online["summary"]) if online.get("summary") else Summary(0, 0, 0, 0)
+    epochs = online.get("epochs") or 0  # a rank's part lists them, the merged document counts them
+    epochs = len(epochs) if isinstance(epochs, list) else epochs
+    return (
+        f"lagom: {who}: online tuning {done}: {epochs} epochs, {online.get('steps_spent') or 0} steps spent, "
+        f"{online.get('evaluations') or 0} measured plans; {summary.collectives} collectives, {summary.matched} of a tuned "
+        f"signature ({_pct(summary.matched, summary.collectives)}), {_size(summary.bytes_matched)} of "
+        f"{_size(summary.bytes)} covered ({_pct(summary.bytes_matched, summary.bytes)})"
+    )
+
+
 def rank_part(rank: int, counts: list[SignatureCount], process_groups: list[dict], warnings: list[str],
               online: dict | None = None) -> dict:
     ordered = sorted(counts, key=lambda c: (c.group, c.collective, c.bytes))
@@ -123,11 +143,15 @@ def merge_online(parts: list[dict]) -> dict | None:
     if not online:
         return None
     decider = online.get("0", {})
+    summaries = [Summary(**part["summary"]) for part in online.values() if part.get("summary")]
     return {
         "steps_spent": decider.get("steps_spent"),
         "evaluations": decider.get("evaluations"),
+        "epochs": len(decider.get("epochs", [])),
         "per_rank": {rank: [epoch[1] for epoch in part.get("epochs", [])] for rank, part in online.items()},
         "result": decider.get("result") or None,
+        "summary": Summary(*(sum(column) for column in zip(*(astuple(s) for s in summaries), strict=True))).to_dict()
+        if summaries else None,
     }
 
 

@@ -21,6 +21,7 @@ import functools
 import inspect
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from lagom.runtime import audit
@@ -56,8 +57,14 @@ class Hook:
         run_dir: str | os.PathLike | None = None,
         stream=None,
         lazy: bool = False,
+        deliver_works: bool = False,
     ):
         self.config = config
+        # Under `lagom run --online` the wrappers also hand each returned Work handle, with
+        # the call's resolved signature, to ``work_sink`` once the online runtime sets it
+        # (its clock reads the collectives' durations); other runs keep the plain wrappers.
+        self.deliver_works = deliver_works
+        self.work_sink: Callable[[tuple, object], None] | None = None
         self.lazy = lazy
         self.config_path = str(config_path) if config_path else ""
         self.run_dir = Path(run_dir) if run_dir else None
@@ -197,7 +204,31 @@ class Hook:
 
         # The hot path: a flag test, a byte count, a dict lookup, an increment. The
         # common one-tensor case reads the tensor inline (one Python call fewer).
-        if spec.single_tensor and len(spec.buffers) == 1:
+        if self.deliver_works:
+
+            def wrapper(*args, **kwargs):
+                record = None
+                if hook.observing and not torch.compiler.is_compiling():
+                    try:
+                        key = (
+                            type_index,
+                            nbytes_of(args, kwargs),
+                            args[group_pos] if len(args) > group_pos else kwargs.get("group"),
+                        )
+                    except _BAD_CALL:  # arguments torch itself rejects: not counted, hook stays on
+                        key = None
+                    if key is not None:
+                        record = hook._count(key, spec.function)
+                result = original(*args, **kwargs)
+                sink = hook.work_sink
+                if sink is not None and result is not None and record is not None and record[1] is not _IGNORED:
+                    try:
+                        sink(record[1][:5], result)  # (collective, group, ranks, nodes, bytes): no entry index
+                    except Exception as exc:
+                        hook.fail(spec.function, exc)
+                return result
+
+        elif spec.single_tensor and len(spec.buffers) == 1:
             name = spec.buffers[0]
             pos = params.index(name)
 
@@ -248,6 +279,18 @@ class Hook:
         return wrapper
 
     # ------------------------------------------------------------------ signatures
+    def _count(self, key: tuple, function: str) -> list | None:
+        """Count one call (the wrappers that deliver Work handles); its record, None after a failure."""
+        try:
+            record = self.counts.get(key)
+            if record is None:
+                record = self._new_record(key)
+            record[0] += 1
+            return record
+        except Exception as exc:
+            self.fail(function, exc)
+            return None
+
     def _new_record(self, key: tuple) -> list:
         """First call of a signature: resolve the group and match the tuned file once."""
         import torch.distributed as dist
@@ -320,7 +363,7 @@ class Hook:
             counts = self.signature_counts()
             decisions = [d.to_dict() for d in self._injector.decisions] if self._injector else []
             session = online.session()
-            online_part = session.summary() if session is not None else None
+            online_part = session.summary(counts) if session is not None else None
             if not counts and not decisions and online_part is None:
                 return  # this process never used torch.distributed (e.g. torchrun's launcher)
             rank = self.rank if self.rank is not None else (_env_rank() or 0)
@@ -328,6 +371,8 @@ class Hook:
                 audit.write_rank_part(self.run_dir, audit.rank_part(rank, counts, decisions, self.warnings, online_part))
             if rank == 0:
                 partial = " (partial: the hook stopped after an internal error)" if self.failed else ""
-                self._emit(audit.summary_line("rank 0", audit.Summary.of(counts)) + partial)
+                line = (audit.summary_line("rank 0", audit.Summary.of(counts)) if online_part is None
+                        else audit.online_summary_line("rank 0", online_part))
+                self._emit(line + partial)
         except Exception as exc:  # exit paths must never raise
             self._emit(f"lagom: warning: audit not written ({type(exc).__name__}: {exc})")

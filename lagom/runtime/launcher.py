@@ -48,6 +48,7 @@ from nccl_env.rules import (
 )
 
 PLUGIN_ENV = "NCCL_TUNER_PLUGIN"
+TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"  # torch: NCCL Work handles record their durations (ONLINE.md "PyTorch")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 LAGOM_HOME = str(Path(__file__).resolve().parents[2])  # the folder that holds the lagom package
 
@@ -100,8 +101,12 @@ def prepare(
     workdir: str | os.PathLike | None = None,
     base_env: dict[str, str] | None = None,
     use_plugin: bool = True,
+    nccl_version: NcclVersion | None = None,
 ) -> RunSetup:
-    """Validate the file and lay out the run folder and the child's environment."""
+    """Validate the file and lay out the run folder and the child's environment.
+
+    ``nccl_version``: the NCCL the job runs (``lagom run --online --nccl-version``);
+    default the file's."""
     config_path = Path(config_path)
     config = load_tuned_config(config_path)
     _check_nccl_version(config, config_path)
@@ -117,14 +122,15 @@ def prepare(
     else:
         run_dir = Path(tempfile.mkdtemp(prefix="lagom-run-")).resolve()
     try:
-        return _lay_out(config, config_path, run_dir, env, use_plugin)
+        return _lay_out(config, config_path, run_dir, env, use_plugin, nccl_version)
     except BaseException:
         if workdir is None:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
 
 
-def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[str, str], use_plugin: bool) -> RunSetup:
+def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[str, str], use_plugin: bool,
+             nccl_version: NcclVersion | None) -> RunSetup:
     stale = run_dir / audit.PART_DIR
     if stale.is_dir():
         shutil.rmtree(stale)  # parts of an earlier run in the same --workdir
@@ -169,8 +175,10 @@ def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[st
         + (f" via tuner plugin {setup.plugin_path}" if setup.plugin_path else ""),
     ]
     setup.messages.insert(0, f"lagom run: applying {config_path}: {', '.join(doors)}")
-    if setup.plugin_path and config.nccl_version and not tuner_symbols(NcclVersion.parse(config.nccl_version)):
-        setup.messages.insert(1, f"lagom run: note: the file is for NCCL {config.nccl_version}, which loads no tuner plugin "
+    in_force = nccl_version or (NcclVersion.parse(config.nccl_version) if config.nccl_version else None)
+    if setup.plugin_path and in_force is not None and not tuner_symbols(in_force):
+        whose = "the file is for" if nccl_version is None else "the job runs"
+        setup.messages.insert(1, f"lagom run: note: {whose} NCCL {in_force}, which loads no tuner plugin "
                                  f"(NCCL >= {min(TUNER_SYMBOL_SINCE.values())}); there the env and process groups carry the settings")
     return setup
 
@@ -250,9 +258,10 @@ def launch(
             except LagomError as exc:  # the job has run: its exit status stands, the audit is lost
                 print(f"lagom run: warning: {exc}", file=stream, flush=True)
                 return status
+            line = (audit.summary_line("all ranks", audit.Summary(**document["summary"])) if "online" not in document
+                    else audit.online_summary_line("all ranks", document["online"]))
             print(
-                f"lagom run: audit of {document['ranks']} rank(s) written to {path}; "
-                + audit.summary_line("all ranks", audit.Summary(**document["summary"])).removeprefix("lagom: "),
+                f"lagom run: audit of {document['ranks']} rank(s) written to {path}; " + line.removeprefix("lagom: "),
                 file=stream,
                 flush=True,
             )
@@ -338,7 +347,7 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
                         method="nccl").dump(seed_path)
         else:
             seed_path = Path(config_path)
-        setup = prepare(seed_path, workdir, use_plugin=True)
+        setup = prepare(seed_path, workdir, use_plugin=True, nccl_version=version)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if config_path is None:  # the empty seed file was ours: do not name it
@@ -354,6 +363,10 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
     ceilings = merge_env(online_ceilings(version, CHUNK_MAX_BYTES, dict(seed.env) if seed else {}), setup.env)
     if ceilings.kept:
         setup.messages.append(f"lagom run: {ceilings.kept_line()} (online plans may ask for more; NCCL clamps them)")
+    if request.simulate is None:  # on a GPU: the collectives' Work handles carry their durations
+        timing = merge_env({TIMING_ENV: "1"}, setup.env)
+        if timing.kept:
+            setup.messages.append(f"lagom run: {timing.kept_line()} (without it the online search judges by step time only)")
     settings = OnlineSettingsFile(
         nccl_version=str(version), plugin=str(setup.plugin_path), result_path=str(setup.run_dir / "online-tuned.yaml"),
         seed_config=str(setup.run_dir / "lagom.yaml") if seed is not None else None, simulate=request.simulate,

@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # the session imports these at its first step: installing run
     from costmodel.cluster import ClusterSpec
     from lagom.online.agent import RankAgent
     from lagom.online.controller import OnlineController
+    from lagom.runtime.audit import SignatureCount
     from nccl_env.plan import Plan
     from nccl_env.plugin_abi import TunerLibrary
     from tuner import SearchSpace
@@ -131,7 +132,14 @@ class Session:
             clock = SimulatedClock(workload, cluster, rank, s.noise, seed=0,
                                    in_force=lambda plan: view.plan_in_force(plan, calls))
         else:
-            clock = CudaClock({})
+            from lagom.online.work_timing import WorkDurations
+            from lagom.runtime import current
+
+            durations = WorkDurations(self.emit if rank == 0 else _silent)  # the fallback note: once, by rank 0
+            clock = CudaClock(space.collective_ids, durations)
+            hook = current()
+            if hook is not None:
+                hook.work_sink = durations.record
         if rank == 0:
             seed = seed_config.to_plan(space.signatures) if seed_config else None
             self._controller = OnlineController(workload, space, seed, OnlineSettings(budget_steps=s.budget_steps))
@@ -216,13 +224,23 @@ class Session:
         sys.stderr.flush()
         os._exit(FAILED_STATUS)
 
-    def summary(self) -> dict | None:
-        """This rank's ``online`` part of the audit."""
+    def summary(self, counts: list[SignatureCount]) -> dict | None:
+        """This rank's ``online`` part of the audit; ``counts``: the hook's, matched here against the
+        plan in force (every plan of the online space sets the same signatures, the seed's too)."""
         if self.agent is None:
             return None
+        from lagom.online.work_timing import op_ids_of_call
+        from lagom.runtime.audit import Summary
+
+        ids = self._space.collective_ids if self._space is not None else {}
         out = self.agent.summary()
         out["tables"] = self.table_counts
+        out["summary"] = Summary.of(counts, lambda c: bool(op_ids_of_call(ids, c.key()))).to_dict()
         return out
+
+
+def _silent(line: str) -> None:
+    pass
 
 
 def _before_init() -> bool:

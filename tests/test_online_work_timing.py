@@ -1,0 +1,117 @@
+"""Per-collective timing for the online clock: the hook hands the Work handles of async
+calls to :class:`lagom.online.work_timing.WorkDurations` on a real 1-rank gloo group
+(gloo cannot time them: the one fallback line), and the launcher's settings for it."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+import torch.distributed as dist
+import yaml
+
+import lagom.runtime as runtime
+from costmodel.cluster import load_cluster
+from lagom import tuning
+from lagom.online.work_timing import WorkDurations, op_ids_of_call, op_timings
+from lagom.runtime import launcher
+from lagom.runtime.env import ENV_ONLINE
+
+SPEC = "tp:phi2:tp=8,dp=1"
+SEED = {"format": "lagom.tuned-config", "version": 1, "cluster": "low-bw", "nccl_version": "2.18.3",
+        "workload": SPEC, "collectives": [{"match": {"collective": "allreduce"}, "set": {"channels": 2}}]}
+
+
+@pytest.fixture(scope="module")
+def world():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+@pytest.fixture
+def seed_file(tmp_path):
+    path = tmp_path / "seed.yaml"
+    path.write_text(yaml.safe_dump(SEED))
+    return path
+
+
+def _install(seed_file, tmp_path, monkeypatch, online: bool):
+    if online:
+        monkeypatch.setenv(ENV_ONLINE, str(tmp_path / "online.json"))  # read by install only: no session here
+    else:
+        monkeypatch.delenv(ENV_ONLINE, raising=False)
+    return runtime.install(seed_file, run_dir=tmp_path / "run", stream=io.StringIO())
+
+
+def test_the_hook_hands_async_works_keyed_by_signature_and_gloo_falls_back_once(world, seed_file, tmp_path, monkeypatch):
+    hook = _install(seed_file, tmp_path, monkeypatch, online=True)
+    lines: list[str] = []
+    durations = WorkDurations(lines.append)
+    hook.work_sink = durations.record
+    try:
+        small, large = torch.ones(16), torch.ones(8, 4)
+        first = dist.all_reduce(small, async_op=True)
+        assert dist.all_reduce(small) is None  # a synchronous call returns no Work: nothing to time
+        second = dist.broadcast(large, 0, async_op=True)
+        first.wait()
+        second.wait()
+        assert [work for _, work in durations.works] == [first, second]
+        assert all(got is sent for (_, got), sent in zip(durations.works, [first, second], strict=True))
+        assert [call for call, _ in durations.works] == [("allreduce", "0", 1, None, 64), ("broadcast", "0", 1, None, 128)]
+        assert durations.collect() == {}  # gloo: "This Backend doesn't support getDuration"
+        dist.all_reduce(small, async_op=True).wait()
+        assert durations.collect() == {} and durations.works == []
+    finally:
+        runtime.uninstall()
+    assert len(lines) == 1 and "getDuration" in lines[0] and "step time only" in lines[0]
+    assert hook.counts and not hook.failed
+
+
+def test_without_an_online_run_the_hook_keeps_its_plain_wrappers(world, seed_file, tmp_path, monkeypatch):
+    hook = _install(seed_file, tmp_path, monkeypatch, online=False)
+    durations = WorkDurations(lambda line: None)
+    hook.work_sink = durations.record
+    try:
+        dist.all_reduce(torch.ones(4), async_op=True).wait()
+    finally:
+        runtime.uninstall()
+    assert not hook.deliver_works and durations.works == []
+
+
+def test_a_call_maps_to_its_workload_signature_and_its_time_is_spread_over_its_ops():
+    cluster = tuning.with_nccl_version(load_cluster("low-bw"), "2.30.1")
+    space = tuning.space_for(tuning.load_workload_arg(SPEC, cluster), cluster)
+    (sig, ids), *_ = space.collective_ids.items()
+    call = (sig.collective.value, "torch-group-name", sig.ranks, None, sig.message_bytes)
+    assert op_ids_of_call(space.collective_ids, call) == ids
+    assert op_ids_of_call(space.collective_ids, call[:4] + (sig.message_bytes + 1,)) == ()
+    ops = op_timings({call: 300.0 * len(ids)}, space.collective_ids, {})
+    assert set(ops) == set(ids) and {o.duration_us for o in ops.values()} == {300.0}
+
+
+def test_the_launcher_turns_on_nccl_timing_on_a_gpu_unless_the_user_set_it(seed_file, tmp_path, monkeypatch):
+    monkeypatch.setattr(launcher, "_has_gpu", lambda: True)  # the GPU path's settings, on a machine without one
+    monkeypatch.delenv(launcher.TIMING_ENV, raising=False)
+    request = launcher.OnlineRequest(nccl_version="2.30.1")
+    setup = launcher.prepare_online(request, seed_file, tmp_path / "a")
+    assert setup.env[launcher.TIMING_ENV] == "1"
+    # a 2.18 seed run on 2.30.1: the note follows the NCCL in force, which loads the plugin
+    assert not any("loads no tuner plugin" in m for m in setup.messages)
+    monkeypatch.setenv(launcher.TIMING_ENV, "0")
+    setup = launcher.prepare_online(request, seed_file, tmp_path / "b")
+    assert setup.env[launcher.TIMING_ENV] == "0" and any(launcher.TIMING_ENV in m for m in setup.messages)
+    monkeypatch.delenv(launcher.TIMING_ENV)
+    simulated = launcher.prepare_online(launcher.OnlineRequest(nccl_version="2.30.1", simulate=SPEC, cluster="low-bw"),
+                                        seed_file, tmp_path / "c")
+    assert launcher.TIMING_ENV not in simulated.env  # the simulator's clock reads no Work
+
+
+def test_the_plugin_note_names_the_nccl_in_force(seed_file, tmp_path):
+    from nccl_env.rules import NcclVersion
+
+    assert any("the file is for NCCL 2.18.3, which loads no tuner plugin" in m
+               for m in launcher.prepare(seed_file, tmp_path / "a").messages)
+    assert not any("loads no tuner plugin" in m
+                   for m in launcher.prepare(seed_file, tmp_path / "b", nccl_version=NcclVersion.parse("2.30.1")).messages)

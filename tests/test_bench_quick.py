@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from lagom.cli import main
 from lagom.commands import bench
 
 
+@pytest.mark.slow  # six cells, every method
 def test_quick_bench_meets_the_targets(capsys):
     code = main(["bench", "--quick", "--json"])
     out, err = capsys.readouterr()

@@ -14,12 +14,14 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO_ROOT
 
 from costmodel.cluster import load_cluster
 from costmodel.model_params import params_for
 
 
+@pytest.mark.slow  # a two-process gloo job measuring 24 items
 def test_torch_backend_calibrates_a_two_process_gloo_job(tmp_path):
     out = tmp_path / "cluster.yaml"
     dump = tmp_path / "measurements.json"

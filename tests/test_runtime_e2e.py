@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import REPO_ROOT
 
 from lagom.plugin_export import plugin_entries_from_config, render_plugin_table
 from lagom.runtime import audit
@@ -38,7 +39,8 @@ from lagom.tuned_config import load_tuned_config
 from nccl_env.knobs import CollectiveType
 from nccl_env.plugin_build import build_plugin
 from nccl_env.plugin_table import parse_table
-from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow  # a real two-process torchrun job, run once (about 30 s)
 
 JOB = REPO_ROOT / "tests" / "runtime_job.py"
 STEPS = 3

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import shared_traces_dir
+from conftest import trace_path
 
 from costmodel.cluster import load_cluster
 from lagom.cli import main
@@ -64,7 +64,7 @@ def test_workload_file_and_trace_arguments(tmp_path, capsys):
     save_workload(w, tmp_path / "w.json")
     loaded = load_workload_arg(str(tmp_path / "w.json"))
     assert loaded.to_dict() == w.to_dict()
-    trace = shared_traces_dir() / "a100_w2_allreduce_broadcast.json.gz"
+    trace = trace_path("a100_w2_allreduce_broadcast.json.gz")
     observed = load_workload_arg(str(trace))
     recovered = load_workload_arg(str(trace), load_cluster("a100-nvswitch"))
     assert recovered.rank == 0 and len(recovered.collectives) == 21
@@ -111,7 +111,7 @@ def test_tuned_config_values_are_checked_like_set(tmp_path, capsys, knobs, messa
 def test_workloads_that_do_not_fit_the_cluster_are_warned_about_once(tmp_path, capsys):
     """A trace without distributedInfo (groups of 1 rank), a job wider than the cluster and
     a tuned file for another workload each get one warning line; the numbers still come."""
-    assert main(["simulate", str(shared_traces_dir() / "no_distributed_info.json.gz"), "--cluster", "a100-nvswitch",
+    assert main(["simulate", str(trace_path("no_distributed_info.json.gz")), "--cluster", "a100-nvswitch",
                  "--json"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["collectives"] == 6

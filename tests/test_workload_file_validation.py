@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import shared_traces_dir
+from conftest import all_test_traces
 
 from lagom.cli import main
 from nccl_env import LagomError
@@ -62,6 +62,6 @@ def test_every_generated_and_read_workload_is_consistent():
     """The checks refuse nothing Lagom itself produces."""
     for spec in PAPER_WORKLOADS:
         assert workload_problem(generate_workload(spec)) is None, spec
-    for path in sorted(shared_traces_dir().glob("*.json.gz")):
+    for path in all_test_traces():
         for w in read_trace(path):
             assert workload_problem(w) is None, path.name

@@ -12,6 +12,7 @@ import importlib
 import sys
 from typing import NoReturn
 
+from lagom import __version__
 from nccl_env.errors import LagomError
 
 # Subcommand modules, in the order `lagom --help` lists them.
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lagom",
         description="Co-tune NCCL with the computation it overlaps: analyse traces, simulate, tune, run.",
     )
+    parser.add_argument("--version", action="version", version=f"lagom {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         module = importlib.import_module(f"lagom.commands.{name}")

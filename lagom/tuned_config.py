@@ -31,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from nccl_env.env_names import check_env_names
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CollectiveType, CommConfig
 from nccl_env.plan import Plan, Signature
@@ -168,6 +169,10 @@ def parse_tuned_config(data: object, origin: str = "<config>") -> TunedConfig:
     env = data.get("env") or {}
     if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
         raise bad("'env' must map variable names to values")
+    try:
+        check_env_names(env)
+    except LagomError as exc:
+        raise bad(str(exc)) from None
     pgs = data.get("process_groups") or {}
     if not isinstance(pgs, dict):
         raise bad("'process_groups' must map group names to settings")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from lagom.cli import main
 from lagom.plugin_export import plugin_entries_from_config
 from lagom.tuned_config import load_tuned_config
 from nccl_env import Algorithm, CollectiveType
@@ -169,3 +170,14 @@ def test_plugin_table_says_when_its_nccl_loads_no_plugin():
     assert not any("loads none" in c for c in mid)
     assert any("chunk_bytes is applied only by NCCL >= 2.30.0" in c for c in mid)
     assert not any("loads none" in c or "chunk_bytes is applied only" in c for c in comments("2.30.1"))
+
+
+def test_unknown_nccl_env_name_in_a_config_is_refused_with_a_suggestion(tmp_path, capsys):
+    """A typo NCCL would silently ignore (NCCL_NTHREAD) is an error wherever a config is read."""
+    path = tmp_path / "lagom.yaml"
+    path.write_text("format: lagom.tuned-config\nversion: 1\nenv: {NCCL_NTHREAD: '256'}\ncollectives: []\n")
+    assert main(["plugin", "table", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "NCCL_NTHREAD is not a variable NCCL reads" in err and "did you mean NCCL_NTHREADS?" in err, err
+    path.write_text("format: lagom.tuned-config\nversion: 1\nenv: {NCCL_NTHREADS: '256'}\ncollectives: []\n")
+    assert main(["plugin", "table", str(path)]) == 0

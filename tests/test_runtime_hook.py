@@ -30,7 +30,7 @@ from tests.conftest import REPO_ROOT
 CONFIG = {
     "format": "lagom.tuned-config",
     "version": 1,
-    "env": {"NCCL_LAGOM_TEST_KNOB": "7"},
+    "env": {"NCCL_LL128_NTHREADS": "7"},
     "process_groups": {"0": {"min_ctas": 2, "max_ctas": 8}},
     "collectives": [
         {"match": {"collective": "allreduce", "max_bytes": 64}, "set": {"channels": 2}},
@@ -41,10 +41,10 @@ CONFIG = {
 
 @pytest.fixture(autouse=True)
 def no_test_knob():
-    """The tuned file sets NCCL_LAGOM_TEST_KNOB in os.environ: never let it outlive a test."""
-    os.environ.pop("NCCL_LAGOM_TEST_KNOB", None)
+    """The tuned file sets NCCL_LL128_NTHREADS in os.environ: never let it outlive a test."""
+    os.environ.pop("NCCL_LL128_NTHREADS", None)
     yield
-    os.environ.pop("NCCL_LAGOM_TEST_KNOB", None)
+    os.environ.pop("NCCL_LL128_NTHREADS", None)
 
 
 @pytest.fixture(scope="module")
@@ -223,13 +223,13 @@ def test_a_corrupt_config_leaves_torch_untouched_with_one_warning(world, tmp_pat
 def test_env_knobs_are_set_but_the_users_own_value_wins(world, config_file):
     runtime.install(config_file, stream=io.StringIO())
     runtime.uninstall()
-    assert os.environ["NCCL_LAGOM_TEST_KNOB"] == "7"
-    os.environ["NCCL_LAGOM_TEST_KNOB"] = "5"
+    assert os.environ["NCCL_LL128_NTHREADS"] == "7"
+    os.environ["NCCL_LL128_NTHREADS"] = "5"
     stream = io.StringIO()
     runtime.install(config_file, stream=stream)
     runtime.uninstall()
-    assert os.environ["NCCL_LAGOM_TEST_KNOB"] == "5"
-    assert stream.getvalue() == "lagom: note: your environment wins for NCCL_LAGOM_TEST_KNOB=5 (tuned: 7)\n"
+    assert os.environ["NCCL_LL128_NTHREADS"] == "5"
+    assert stream.getvalue() == "lagom: note: your environment wins for NCCL_LL128_NTHREADS=5 (tuned: 7)\n"
     env = {"NCCL_A": "1"}
     merged = merge_env({"NCCL_A": "2", "NCCL_B": "3"}, env)
     assert env == {"NCCL_A": "1", "NCCL_B": "3"}

@@ -29,11 +29,12 @@ COLLS = [CollectiveType.ALLGATHER, CollectiveType.REDUCESCATTER, CollectiveType.
          CollectiveType.BROADCAST, CollectiveType.REDUCE]
 
 
-def exact_table(n: int, rng: random.Random) -> tuple[list[PluginEntry], list[tuple[int, int]]]:
+def exact_table(n: int, rng: random.Random, colls: list[CollectiveType] = COLLS
+                ) -> tuple[list[PluginEntry], list[tuple[int, int]]]:
     """What Lagom writes: one line per (collective, exact size), 8 ranks on 1 node."""
     entries, queries = [], []
-    per_coll = max(1, n // len(COLLS))
-    for coll in COLLS:
+    per_coll = max(1, n // len(colls))
+    for coll in colls:
         sizes = rng.sample(range(1, 1 << 20), per_coll)
         for s in sizes:
             nbytes = s * 512
@@ -85,33 +86,40 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=2000)
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--compare", action="append", default=[], metavar="NAME=PATH.so",
+                        help="another build of the plugin to time alongside this tree's")
     args = parser.parse_args()
-    plugin = build_plugin()
+    plugins = {"this tree": build_plugin()}
+    for spec in args.compare:
+        name, sep, path = spec.partition("=")
+        if not sep or not Path(path).is_file():
+            parser.error(f"--compare wants NAME=PATH.so with an existing file, got {spec!r}")
+        plugins[name] = Path(path)
     rng = random.Random(11)
+    cases = [
+        ("empty table", [], [(4, 1 << 20)]),
+        ("10 entries, exact sizes", *exact_table(10, rng)),
+        ("1,000 entries, exact sizes (Lagom's tables)", *exact_table(1000, rng)),
+        ("1,000 entries, exact sizes, all allreduce", *exact_table(1000, rng, [CollectiveType.ALLREDUCE])),
+        ("1,000 entries, nested ranges, mixed fields", *ranged_table(1000, rng)),
+        ("1,000 entries, 4 shapes x 250 (other shapes filtered)", *shapes_table(1000, rng)),
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         driver = work / "plugin_lookup_driver"
         compile_c(find_compiler(), [Path(__file__).with_name("plugin_lookup_driver.c")], driver,
                   ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-ldl"])
-        cases = [
-            ("empty table", [], [(4, 1 << 20)]),
-            ("10 entries, exact sizes", *exact_table(10, rng)),
-            ("1,000 entries, exact sizes (Lagom's tables)", *exact_table(1000, rng)),
-            ("1,000 entries, nested ranges, mixed fields", *ranged_table(1000, rng)),
-            ("1,000 entries, 4 shapes x 250 (other shapes filtered)", *shapes_table(1000, rng)),
-        ]
-        results = [(name, run(driver, plugin, e, q, args.samples, args.calls, work, f"t{i}"))
-                   for i, (name, e, q) in enumerate(cases)]
-    base = results[0][1]["median_ns"]
-    print(f"getCollInfo per call (v4 ABI, {args.samples} samples x {args.calls} calls, half hits / half misses)")
-    print(f"{'table':48s} {'entries':>7s} {'median ns':>10s} {'p90 ns':>8s} {'x empty':>8s}")
-    for name, r in results:
-        print(f"{name:48s} {int(r['entries']):7d} {r['median_ns']:10.1f} {r['p90_ns']:8.1f} "
-              f"{r['median_ns'] / base:8.2f}")
-    lagom = max(results[2][1]["median_ns"], results[4][1]["median_ns"])
-    scan = results[3][1]["median_ns"]
-    print(f"target: median < 1000 ns with 1,000 entries -> {'met' if max(lagom, scan) < 1000 else 'NOT met'} "
-          f"(Lagom's tables {lagom:.0f} ns, nested ranges {scan:.0f} ns)")
+        results = {label: [run(driver, so, e, list(q), args.samples, args.calls, work, f"t{i}")
+                           for i, (_, e, q) in enumerate(cases)] for label, so in plugins.items()}
+    print(f"getCollInfo per call (v4 ABI, {args.samples} samples x {args.calls} calls, half hits / half misses), "
+          f"median ns (p90) per plugin build")
+    print(f"{'table':54s} {'entries':>7s} " + " ".join(f"{label:>18s}" for label in plugins))
+    for i, (name, _, _) in enumerate(cases):
+        cells = " ".join(f"{r[i]['median_ns']:9.1f} ({r[i]['p90_ns']:6.1f})" for r in results.values())
+        print(f"{name:54s} {int(results['this tree'][i]['entries']):7d} {cells}")
+    worst = max(r["median_ns"] for r in results["this tree"])
+    print(f"target: median < 1000 ns with 1,000 entries -> {'met' if worst < 1000 else 'NOT met'} "
+          f"(this tree's slowest table {worst:.0f} ns)")
     return 0
 
 

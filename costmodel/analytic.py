@@ -139,7 +139,8 @@ class AnalyticEvaluator:
         self.params = dict(params) if params is not None else params_for(cluster)
         g = cluster.gpu
         self.gpu: GpuNumbers = gpu_numbers(g.sm_count, g.l2_bytes, g.mem_bw_gb_per_s, g.peak_tflops,
-                                           g.max_blocks_per_sm, g.max_threads_per_sm, self.params["mem_efficiency"])
+                                           g.max_blocks_per_sm, g.max_threads_per_sm, self.params["mem_efficiency"],
+                                           g.fp32_tflops)
         self.evaluations = 0
         self._statics: dict[int, tuple[weakref.ref, int, _Static]] = {}
         self._est_cache: dict[tuple[Signature, CommConfig], CollectiveEstimate] = {}

@@ -15,6 +15,7 @@ file written by ``lagom calibrate``. Schema (units in the key names)::
       peak_tflops: 149.7            # dense BF16 tensor-core TFLOP/s
       max_threads_per_sm: 1536
       max_blocks_per_sm: 16
+      fp32_tflops: 37.4             # optional: CUDA-core FP32 TFLOP/s (FP32 GEMMs)
     intra_node:
       kind: pcie                    # pcie | nvlink | nvswitch
       bw_gb_per_s: 25.0             # per GPU, per direction, achievable
@@ -61,6 +62,7 @@ class GpuSpec:
     peak_tflops: float
     max_threads_per_sm: int
     max_blocks_per_sm: int
+    fp32_tflops: float | None = None  # CUDA-core FP32 peak (FP32 GEMMs); None: not given
 
 
 @dataclass(frozen=True)
@@ -192,6 +194,7 @@ def parse_cluster(data: object, origin: str) -> ClusterSpec:
             peak_tflops=number(gpu, "gpu", "peak_tflops", float),
             max_threads_per_sm=int(number(gpu, "gpu", "max_threads_per_sm", int)),
             max_blocks_per_sm=int(number(gpu, "gpu", "max_blocks_per_sm", int)),
+            fp32_tflops=number(gpu, "gpu", "fp32_tflops", float) if gpu.get("fp32_tflops") is not None else None,
         ),
         intra_node=IntraNodeSpec(
             kind=kind,

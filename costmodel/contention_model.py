@@ -25,16 +25,16 @@ ratio and, for half of it, by the DRAM bandwidth left.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from costmodel.collective_model import CollectiveEstimate
+from nccl_env.errors import LagomError
+from traces.gemm_names import gemm_dtype, gemm_tile
 
 _TFLOPS = 1e12 / 1e6  # FLOP per microsecond in one TFLOP/s
 _GB = 1e9 / 1e6  # bytes per microsecond in one GB/s
-_TILE = re.compile(r"_(\d{2,3})x(\d{2,3})(?:x\d+)?_")
 _TRACE_MEMORY_SHARE = 0.5  # a traced kernel of unknown make-up: half of its time streams DRAM (assumption)
 
 
@@ -43,9 +43,10 @@ class GpuNumbers:
     sm_count: int
     l2_bytes: float
     mem_bw: float  # achievable DRAM bytes/us (peak x mem_efficiency)
-    peak_flop_per_us: float
+    peak_flop_per_us: float  # dense BF16 tensor-core peak
     max_blocks_per_sm: int
     max_threads_per_sm: int
+    fp32_flop_per_us: float | None = None  # CUDA-core FP32 peak (FP32 GEMMs), when known
 
 
 @dataclass(frozen=True)
@@ -66,17 +67,10 @@ class ComputeShape:
 
 
 def gpu_numbers(sm_count: int, l2_bytes: float, mem_bw_gb_per_s: float, peak_tflops: float, max_blocks_per_sm: int,
-                max_threads_per_sm: int, mem_efficiency: float) -> GpuNumbers:
+                max_threads_per_sm: int, mem_efficiency: float, fp32_tflops: float | None = None) -> GpuNumbers:
     return GpuNumbers(sm_count, float(l2_bytes), mem_bw_gb_per_s * _GB * mem_efficiency, peak_tflops * _TFLOPS,
-                      max_blocks_per_sm, max_threads_per_sm)
-
-
-def gemm_tile(name: str) -> tuple[int, int] | None:
-    """(bm, bn) from a cuBLAS/CUTLASS kernel name (``..._gemm_bf16_256x128_ldg8_...``)."""
-    if "gemm" not in name.lower():
-        return None
-    match = _TILE.search(name)
-    return (int(match.group(1)), int(match.group(2))) if match else None
+                      max_blocks_per_sm, max_threads_per_sm,
+                      fp32_tflops * _TFLOPS if fp32_tflops is not None else None)
 
 
 def compute_shape(p: dict, gpu: GpuNumbers, name: str, duration_us: float, blocks: int | None,
@@ -95,15 +89,19 @@ def compute_shape(p: dict, gpu: GpuNumbers, name: str, duration_us: float, block
     eff = p["attention_efficiency"] if ("flash" in lowered or "attn" in lowered) else p["gemm_efficiency"]
     if mu <= 0:
         mu = gpu.sm_count * tb
+    dtype = gemm_dtype(name)  # BF16 for anything that is not a GEMM of another precision
+    peak = dtype.peak_rate(gpu.peak_flop_per_us, gpu.fp32_flop_per_us)
+    if peak is None:
+        raise LagomError(f"{name}: an FP32 GEMM needs the GPU's FP32 peak (gpu.fp32_tflops), which is not given")
     tile = gemm_tile(name)
     reuse = 0.0
     smem = float(smem_bytes or 0)
     if tile is not None:
         bm, bn = tile
-        reuse = bm * bn / (bm + bn)
+        reuse = bm * bn / (bm + bn) * 2 / dtype.operand_bytes
         if smem <= 0:
-            smem = 3.0 * (bm + bn) * 32 * 2  # 3-stage pipeline of 32-wide BF16 k-slabs
-    shape = ComputeShape(0.0, mu, tb, float(flops) / mu, gpu.peak_flop_per_us * eff / gpu.sm_count,
+            smem = 3.0 * (bm + bn) * 32 * dtype.operand_bytes  # 3-stage pipeline of 32-wide k-slabs
+    shape = ComputeShape(0.0, mu, tb, float(flops) / mu, peak * eff / gpu.sm_count,
                          float(dram_bytes or 0.0), reuse, smem, overhead, 0.0, memory_op)
     base = compute_time_us(p, gpu, shape, gpu.sm_count, gpu.l2_bytes, gpu.mem_bw)
     return ComputeShape(base, mu, tb, shape.flops_block, shape.flop_rate_sm, shape.dram_bytes, reuse, smem,

@@ -146,7 +146,7 @@ class Simulator:
         model = self._collective_models.get(key)
         if model is None:
             resolved = resolve_config(self.cluster, signature, requested)
-            model = CollectiveModel(signature, resolved, self.cluster, self.params)
+            model = CollectiveModel.chunk_pipeline(signature, resolved, self.cluster, self.params)
             if len(self._collective_models) > 20_000:
                 self._collective_models.clear()
             self._collective_models[key] = model

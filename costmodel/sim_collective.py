@@ -33,19 +33,108 @@ from costmodel.sim_params import SimParams
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Signature
 
+# Rings and trees are the pipelines below; NVLS, CollNet and PAT would silently run as a ring.
+MODELLED_ALGORITHMS = (Algorithm.RING, Algorithm.TREE)
+
+
+def _protocol_figures(protocol: Protocol, params: SimParams) -> tuple[float, float, float]:
+    """(per-channel copy rate GB/s, payload fraction of the bytes moved, per-step sync us)."""
+    if protocol is Protocol.LL:
+        return params.ll_bw_per_channel_gb_per_s, params.ll_payload_fraction, params.step_sync_us_ll
+    if protocol is Protocol.LL128:
+        return params.ll128_bw_per_channel_gb_per_s, params.ll128_payload_fraction, params.step_sync_us_ll128
+    return params.simple_bw_per_channel_gb_per_s, 1.0, params.step_sync_us_simple
+
+
+def _ring_shape(collective: CollectiveType, ranks: int) -> tuple[float, int]:
+    """(wire bytes per message byte, chunk-steps per loop) of one rank."""
+    n = ranks
+    if n == 1:
+        return 0.0, 1
+    if collective is CollectiveType.ALLREDUCE:
+        return 2.0 * (n - 1) / n, 2 * (n - 1)
+    if collective in (CollectiveType.ALLGATHER, CollectiveType.REDUCESCATTER):
+        return (n - 1) / n, n - 1
+    if collective in (CollectiveType.ALLTOALL, CollectiveType.SENDRECV):
+        return ((n - 1) / n if collective is CollectiveType.ALLTOALL else 1.0), max(1, n - 1)
+    return 1.0, 1  # broadcast / reduce: a pipeline through n-1 hops
+
+
+def _link_bytes_per_us(signature: Signature, algorithm: Algorithm, cluster: ClusterSpec, params: SimParams) -> float:
+    """The bandwidth one rank's ring has, payload bytes/us per direction: the intra-node link, or
+    for a cross-node group the smaller of it and the group's share of the node's NICs."""
+    n = max(1, signature.ranks)
+    if n == 1:
+        return float("inf")
+    nodes = max(1, signature.nodes)
+    ppn = max(1, n // nodes)
+    intra = cluster.intra_node.bw_gb_per_s * 1e3
+    nic_share = (cluster.inter_node.nics_per_node * cluster.inter_node.nic_bw_gb_per_s * 1e3
+                 * min(1.0, ppn / cluster.gpus_per_node))
+    if signature.collective is CollectiveType.ALLTOALL and nodes > 1:
+        local = (ppn - 1) / (n - 1)
+        remote = 1.0 - local
+        link = 1.0 / max(local / intra if ppn > 1 else 0.0, remote / nic_share)
+    elif nodes > 1:
+        link = min(intra, nic_share) if ppn > 1 else nic_share
+    else:
+        link = intra
+    if algorithm is Algorithm.TREE:
+        link *= params.tree_bw_fraction
+    return link
+
+
+def _hop_latency_us(signature: Signature, algorithm: Algorithm, cluster: ClusterSpec) -> float:
+    """Latency of the hops one loop crosses (intra-node and network hops at their own latency)."""
+    n = max(1, signature.ranks)
+    nodes = max(1, signature.nodes)
+    ppn = max(1, n // nodes)
+    coll = signature.collective
+    if coll is CollectiveType.ALLREDUCE:
+        inter_hops = 2 * nodes if nodes > 1 else 0
+        hops = 2 * (n - 1)
+    elif coll in (CollectiveType.ALLGATHER, CollectiveType.REDUCESCATTER):
+        inter_hops, hops = nodes - 1, n - 1
+    else:
+        inter_hops, hops = (1 if nodes > 1 else 0), 1
+    if algorithm is Algorithm.TREE:
+        hops = 2 * (ppn - 1 + int(math.log2(nodes)))
+        inter_hops = 2 * int(math.log2(nodes))
+    return (hops - inter_hops) * cluster.intra_node.latency_us + inter_hops * cluster.inter_node.latency_us
+
 
 class CollectiveModel:
-    """One collective under one resolved CommConfig; :meth:`time_us` is the hot path."""
+    """One collective under one resolved CommConfig; :meth:`time_us` is the hot path.
+
+    Built by :meth:`chunk_pipeline`; the constructor only stores the figures."""
 
     __slots__ = ("channels", "footprint_bytes", "fixed_us", "steps_us", "wire_bytes", "rate_cap", "dram_base",
                  "dram_fifo", "link_class", "config", "alone_us", "_memo", "_host")
 
-    def __init__(self, signature: Signature, config: CommConfig, cluster: ClusterSpec, params: SimParams):
+    def __init__(self, *, config: CommConfig, channels: int, link_class: str, wire_bytes: float, rate_cap: float,
+                 fixed_us: float, steps_us: float, footprint_bytes: float, dram_base: float, dram_fifo: float,
+                 alone_us: float = 0.0):
         self.config = config
+        self.channels = channels  # SMs held (one CTA per channel)
+        self.link_class = link_class  # "net" or "intra": collectives on one class share its link
+        self.wire_bytes = wire_bytes  # payload one rank puts on the wire
+        self.rate_cap = rate_cap  # payload bytes/us: min(channels x copy rate, link x payload fraction)
+        self.fixed_us = fixed_us  # launch + hop latency + pipeline fill
+        self.steps_us = steps_us  # one channel's chunk-steps back to back (copy + per-step sync)
+        self.footprint_bytes = footprint_bytes  # FIFO bytes in flight (held in L2)
+        self.dram_base = dram_base  # DRAM bytes per payload byte (input read, result write)
+        self.dram_fifo = dram_fifo  # extra DRAM bytes per payload byte for FIFO data spilled out of L2
+        self.alone_us = alone_us  # on an idle GPU
+        self._memo: dict = {}
+        self._host: CollectiveModel | None = None
+
+    @classmethod
+    def chunk_pipeline(cls, signature: Signature, config: CommConfig, cluster: ClusterSpec,
+                       params: SimParams) -> CollectiveModel:
+        """The collective as a chunk pipeline over channels (the module docstring's mechanism)."""
         gpu = cluster.gpu
         n = max(1, signature.ranks)
         nodes = max(1, signature.nodes)
-        ppn = max(1, n // nodes)
         size = float(max(1, signature.message_bytes))
         coll = signature.collective
         proto = config.protocol if config.protocol is not None else Protocol.SIMPLE
@@ -53,43 +142,10 @@ class CollectiveModel:
         nc = max(1, min(int(config.channels or 1), gpu.sm_count - 1))
         threads = int(config.threads or 512)
         chunk = float(config.chunk_bytes or (1 << 21))
-        self.channels = nc
-        if proto is Protocol.LL:
-            per_ch, payload, sync = params.ll_bw_per_channel_gb_per_s, params.ll_payload_fraction, params.step_sync_us_ll
-        elif proto is Protocol.LL128:
-            per_ch, payload, sync = (params.ll128_bw_per_channel_gb_per_s, params.ll128_payload_fraction,
-                                     params.step_sync_us_ll128)
-        else:
-            per_ch, payload, sync = params.simple_bw_per_channel_gb_per_s, 1.0, params.step_sync_us_simple
+        per_ch, payload, sync = _protocol_figures(proto, params)
         r_ch = per_ch * 1e3 * min(1.0, threads / max(1, params.channel_saturation_threads))  # payload bytes/us
-        # links, payload bytes/us, per direction
-        intra = cluster.intra_node.bw_gb_per_s * 1e3
-        nic_share = (cluster.inter_node.nics_per_node * cluster.inter_node.nic_bw_gb_per_s * 1e3
-                     * min(1.0, ppn / cluster.gpus_per_node))
-        if n == 1:
-            wire_factor, steps_per_loop, link = 0.0, 1, float("inf")
-        elif coll is CollectiveType.ALLREDUCE:
-            wire_factor, steps_per_loop = 2.0 * (n - 1) / n, 2 * (n - 1)
-        elif coll in (CollectiveType.ALLGATHER, CollectiveType.REDUCESCATTER):
-            wire_factor, steps_per_loop = (n - 1) / n, n - 1
-        elif coll in (CollectiveType.ALLTOALL, CollectiveType.SENDRECV):
-            wire_factor, steps_per_loop = ((n - 1) / n if coll is CollectiveType.ALLTOALL else 1.0), max(1, n - 1)
-        else:  # broadcast / reduce: a pipeline through n-1 hops
-            wire_factor, steps_per_loop = 1.0, 1
-        if n > 1:
-            if coll is CollectiveType.ALLTOALL and nodes > 1:
-                local = (ppn - 1) / (n - 1)
-                remote = 1.0 - local
-                link = 1.0 / max(local / intra if ppn > 1 else 0.0, remote / nic_share)
-            elif nodes > 1:
-                link = min(intra, nic_share) if ppn > 1 else nic_share
-            else:
-                link = intra
-            if algo is Algorithm.TREE:
-                link *= params.tree_bw_fraction
-        self.link_class = "net" if nodes > 1 else "intra"
-        self.wire_bytes = wire_factor * size
-        self.rate_cap = min(nc * r_ch, link * payload)
+        wire_factor, steps_per_loop = _ring_shape(coll, n)
+        link = _link_bytes_per_us(signature, algo, cluster, params)
         # chunk pipeline
         c = chunk * payload
         per_channel_share = size / (max(1, n) * nc) if coll not in (CollectiveType.BROADCAST, CollectiveType.REDUCE) \
@@ -97,45 +153,37 @@ class CollectiveModel:
         c_eff = max(1.0, min(c, per_channel_share))
         loops = max(1, math.ceil(per_channel_share / c_eff - 1e-9))
         step_us = c_eff / r_ch + sync
-        # NCCL's last loop uses a smaller chunk (realChunkSize), so only the syncs are quantised
-        self.steps_us = steps_per_loop * (per_channel_share / r_ch + loops * sync)
         if n > 1:
-            if coll is CollectiveType.ALLREDUCE:
-                inter_hops = 2 * nodes if nodes > 1 else 0
-                hops = 2 * (n - 1)
-            elif coll in (CollectiveType.ALLGATHER, CollectiveType.REDUCESCATTER):
-                inter_hops, hops = nodes - 1, n - 1
-            else:
-                inter_hops, hops = (1 if nodes > 1 else 0), 1
-            if algo is Algorithm.TREE:
-                hops = 2 * (ppn - 1 + int(math.log2(nodes)))
-                inter_hops = 2 * int(math.log2(nodes))
-            latency = (hops - inter_hops) * cluster.intra_node.latency_us + inter_hops * cluster.inter_node.latency_us
+            latency = _hop_latency_us(signature, algo, cluster)
             fill = step_us * (n - 2 if coll in (CollectiveType.BROADCAST, CollectiveType.REDUCE) else 1)
         else:
             latency, fill = 0.0, 0.0
-        self.fixed_us = params.launch_us + latency + fill
-        # memory: result write / input read, plus FIFO traffic that does not fit in L2
-        # NCCL shrinks the chunk to the channel's share of a small message (realChunkSize), so the
-        # FIFO bytes in flight are the chunk actually used, in buffer bytes (LL: twice the payload)
-        self.footprint_bytes = params.fifo_resident_chunks * nc * (c_eff / payload) if n > 1 else 0.0
-        self.dram_base = params.dram_bytes_per_payload_byte
-        self.dram_fifo = params.fifo_dram_bytes_per_payload_byte
-        self._memo: dict = {}
-        self._host: CollectiveModel | None = None
-        self.alone_us = self.time_us(float(gpu.l2_bytes), gpu.mem_bw_gb_per_s * 1e3 * params.mem_efficiency, 1.0)
+        model = cls(
+            config=config,
+            channels=nc,
+            link_class="net" if nodes > 1 else "intra",
+            wire_bytes=wire_factor * size,
+            rate_cap=min(nc * r_ch, link * payload),
+            fixed_us=params.launch_us + latency + fill,
+            # NCCL's last loop uses a smaller chunk (realChunkSize), so only the syncs are quantised
+            steps_us=steps_per_loop * (per_channel_share / r_ch + loops * sync),
+            # NCCL shrinks the chunk to the channel's share of a small message (realChunkSize), so the
+            # FIFO bytes in flight are the chunk actually used, in buffer bytes (LL: twice the payload)
+            footprint_bytes=params.fifo_resident_chunks * nc * (c_eff / payload) if n > 1 else 0.0,
+            dram_base=params.dram_bytes_per_payload_byte,
+            dram_fifo=params.fifo_dram_bytes_per_payload_byte,
+        )
+        model.alone_us = model.time_us(float(gpu.l2_bytes), gpu.mem_bw_gb_per_s * 1e3 * params.mem_efficiency, 1.0)
+        return model
 
     def host_side(self) -> CollectiveModel:
         """The same collective run by the host (e.g. gloo in a CPU-only trace): same pace, but it
         holds no SMs, no L2 and no GPU DRAM bandwidth."""
         if self._host is None:
-            host = object.__new__(CollectiveModel)
-            for name in self.__slots__:
-                setattr(host, name, getattr(self, name))
-            host.channels = 0
-            host.footprint_bytes = 0.0
-            host.dram_base = host.dram_fifo = 0.0
-            host._memo = {}
+            host = CollectiveModel(config=self.config, channels=0, link_class=self.link_class,
+                                   wire_bytes=self.wire_bytes, rate_cap=self.rate_cap, fixed_us=self.fixed_us,
+                                   steps_us=self.steps_us, footprint_bytes=0.0, dram_base=0.0, dram_fifo=0.0,
+                                   alone_us=self.alone_us)
             host._host = host
             self._host = host
         return self._host

@@ -11,6 +11,8 @@ Mechanism (docs/simulator.md has the derivation):
   panel is reused ``sqrt(tiles in the wave)`` times; without, only the short-distance reuse
   survives; linear in between. Other kernels move their ``dram_bytes``.
 * The kernel takes the larger of the two (roofline) plus a fixed launch/tail overhead.
+* A GEMM's precision, read from its name too (:mod:`traces.gemm_names`), sets its peak
+  (BF16/FP16 tensor, TF32 half of it, FP32 on the CUDA cores) and its operand bytes.
 
 Kernels from a trace carry no FLOPs: their uncontended duration is scaled by the wave
 ratio (grid known) or by ``lambda / S`` and assumed to stream half the DRAM bandwidth.
@@ -20,24 +22,15 @@ Memory copies/sets run on the copy engines: only the DRAM share slows them.
 from __future__ import annotations
 
 import math
-import re
 
 from costmodel.cluster import GpuSpec
 from costmodel.sim_params import SimParams
+from nccl_env.errors import LagomError
+from traces.gemm_names import gemm_dtype
+from traces.gemm_names import gemm_tile as gemm_tile_from_name
 from traces.workload import ComputeOp
 
-_TILE = re.compile(r"_(\d{2,3})x(\d{2,3})(?:x\d+)?_")
 _TRACE_MEMORY_FRACTION = 0.5  # a trace kernel of unknown make-up: half its time streams DRAM
-
-
-def gemm_tile_from_name(name: str) -> tuple[int, int] | None:
-    """(bm, bn) from a cuBLAS/CUTLASS kernel name such as ``..._s16816gemm_bf16_256x128_ldg8_...``."""
-    if "gemm" not in name.lower():
-        return None
-    match = _TILE.search(name)
-    if not match:
-        return None
-    return int(match.group(1)), int(match.group(2))
 
 
 class ComputeModel:
@@ -69,16 +62,22 @@ class ComputeModel:
         else:
             name = op.name.lower()
             eff = params.attention_efficiency if "flash" in name or "attn" in name else params.gemm_efficiency
-            self.flops_per_sm_us = gpu.peak_tflops * 1e6 * eff / gpu.sm_count
+            dtype = gemm_dtype(op.name)  # BF16 for anything that is not a GEMM of another precision
+            peak = dtype.peak_rate(gpu.peak_tflops, gpu.fp32_tflops)
+            if peak is None:
+                raise LagomError(f"{op.name}: an FP32 GEMM needs the GPU's FP32 peak (gpu.fp32_tflops), "
+                                 f"which {gpu.name} does not give")
+            self.flops_per_sm_us = peak * 1e6 * eff / gpu.sm_count
             if self.blocks <= 0:
                 self.blocks = gpu.sm_count * self.tb
             self.flops_block = float(op.flops) / self.blocks
             tile = gemm_tile_from_name(op.name)
             if tile is not None:
                 bm, bn = tile
-                self.tile_reuse = bm * bn / (bm + bn)  # FLOP per DRAM byte a lone tile achieves (bf16)
+                # FLOP per DRAM byte a lone tile achieves: bm*bn/(bm+bn) for 2-byte operands
+                self.tile_reuse = bm * bn / (bm + bn) * 2 / dtype.operand_bytes
                 if self.smem <= 0:
-                    self.smem = 3.0 * (bm + bn) * 32 * 2
+                    self.smem = 3.0 * (bm + bn) * 32 * dtype.operand_bytes
         self._memo: dict = {}
         self.uncontended_us = self.time_us(self.sm_count, self.l2_bytes, self.bw_full)
         # a collective launched beside this kernel waits for the current wave to retire

@@ -77,6 +77,15 @@ class CollResult:
         return None if best is None else (best[1], best[2])
 
 
+@dataclass(frozen=True)
+class EntryCalls:
+    """Calls the plugin answered per entry of one table (index = entry in file order, rejected lines skipped)."""
+
+    generation: int  # which table: 1 for the first installed in this process, +1 per replacement
+    coll_info: list[int]  # getCollInfo calls (any ABI version)
+    chunk_size: list[int]  # getChunkSize calls (v6), counted whether or not the entry set a chunk
+
+
 class TunerLibrary:
     """The loaded plugin library: its ABI structs and its live C API."""
 
@@ -91,6 +100,11 @@ class TunerLibrary:
                              ("lagom_tuner_rejected_count", [])):
             getattr(self.lib, fn).argtypes = argtypes
             getattr(self.lib, fn).restype = ctypes.c_int
+        u64p = ctypes.POINTER(ctypes.c_uint64)
+        self.lib.lagom_tuner_entry_calls.argtypes = [u64p, u64p, ctypes.c_int, u64p]
+        self.lib.lagom_tuner_entry_calls.restype = ctypes.c_int
+        self.lib.lagom_tuner_reset_entry_calls.argtypes = []
+        self.lib.lagom_tuner_reset_entry_calls.restype = None
 
     def plugin(self, abi: int) -> ctypes.Structure:
         return STRUCTS[abi].in_dll(self.lib, f"ncclTunerPlugin_v{abi}")
@@ -111,6 +125,31 @@ class TunerLibrary:
 
     def rejected_count(self) -> int:
         return self.lib.lagom_tuner_rejected_count()
+
+    def entry_calls(self) -> EntryCalls:
+        """The current table's per-entry call counts, read in one go (all from the same table)."""
+        while True:
+            capacity = self.entry_count()
+            coll = (ctypes.c_uint64 * max(capacity, 1))()
+            chunk = (ctypes.c_uint64 * max(capacity, 1))()
+            generation = ctypes.c_uint64(0)
+            n = self.lib.lagom_tuner_entry_calls(coll, chunk, capacity, ctypes.byref(generation))
+            if n <= capacity:  # else the table grew between the two calls: read again
+                return EntryCalls(generation.value, list(coll[:n]), list(chunk[:n]))
+
+    def entry_call_counts(self) -> list[int]:
+        """getCollInfo calls each entry of the current table answered (index = entry, in file order)."""
+        return self.entry_calls().coll_info
+
+    def table_generation(self) -> int:
+        """Which table is in force: 1 for the first one installed, +1 for each replacement (0: none yet)."""
+        generation = ctypes.c_uint64(0)
+        self.lib.lagom_tuner_entry_calls(None, None, 0, ctypes.byref(generation))
+        return generation.value
+
+    def reset_entry_call_counts(self) -> None:
+        """Zero the current table's counts (a new table starts at zero anyway)."""
+        self.lib.lagom_tuner_reset_entry_calls()
 
     def open(self, abi: int, n_ranks: int, n_nodes: int, logger=None, comm_id: int = 0) -> TunerContext:
         return TunerContext(self, abi, n_ranks, n_nodes, logger, comm_id)

@@ -6,6 +6,7 @@ import ctypes
 import importlib.metadata
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -58,6 +59,21 @@ def test_missing_or_broken_compiler_is_one_line_not_a_crash(tmp_path, monkeypatc
     with pytest.raises(PluginBuildError, match="does not compile.*simulated failure"):
         build_plugin(force=True, cc=str(broken))
 
+
+
+def test_a_compiler_warning_fails_only_the_strict_build(tmp_path, monkeypatch):
+    """A compiler that warns where ours does not (here: gcc with -Wpadded) still gives users a plugin."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("needs gcc for -Wpadded")
+    warning_cc = tmp_path / "newer-cc"
+    warning_cc.write_text(f'#!/bin/sh\nexec {gcc} -Wpadded "$@"\n')
+    warning_cc.chmod(0o755)
+    monkeypatch.setenv("LAGOM_CACHE_DIR", str(tmp_path / "cache"))
+    so = build_plugin(force=True, cc=str(warning_cc))
+    assert hasattr(ctypes.CDLL(str(so)), "ncclTunerPlugin_v6")
+    with pytest.raises(PluginBuildError, match="does not compile"):
+        build_plugin(force=True, cc=str(warning_cc), strict=True)
 
 CONFIG = """\
 format: lagom.tuned-config

@@ -39,7 +39,7 @@ def flat(table: list[list[float]]) -> list[float]:
 
 @pytest.fixture(scope="module")
 def lib() -> TunerLibrary:
-    return TunerLibrary(build_plugin())
+    return TunerLibrary(build_plugin(strict=True))  # warnings fail the tests, never a user's build
 
 
 @pytest.fixture
@@ -297,7 +297,7 @@ def test_python_parser_accepts_exactly_what_the_c_plugin_accepts(lib):
 
 
 def test_table_written_by_python_drives_the_c_plugin_like_python_lookup(lib, log):
-    """Random overlapping tables: the C plugin (indexed, per-shape views) picks what first-match in Python picks."""
+    """Random overlapping tables: the C plugin picks what first-match in Python picks."""
     rng = random.Random(7)
     colls = [CollectiveType.ALLREDUCE, CollectiveType.ALLGATHER, CollectiveType.REDUCESCATTER]
     entries = []
@@ -368,3 +368,59 @@ def test_concurrent_communicators_see_whole_tables_during_live_swaps(lib):
     for t in threads:
         t.join()
     assert errors == [] and seen == allowed
+
+
+def test_entry_call_counts_say_which_line_answered_each_call(lib, log, tmp_path):
+    """Per-entry counters: getCollInfo and getChunkSize calls each line answered; zero for each new table."""
+    text = ("allreduce,0,65535,tree,ll,2,-1,-1\n"  # entry 0
+            "# a comment and a rejected line do not take an index\n"
+            "allreduce,0,-1,bogus,simple,4,-1,-1\n"
+            "allreduce,65536,-1,ring,simple,4,1,8,-1,-1,chunk_bytes=131072\n"  # entry 1
+            "allgather,0,-1,ring,simple,1,2,16\n")  # entry 2: another shape, never matched here
+    assert lib.set_table(text) == 3
+    first = lib.table_generation()
+    assert lib.entry_call_counts() == [0, 0, 0]
+    rng = random.Random(5)
+    want_coll, want_chunk = [0, 0, 0], [0, 0, 0]
+    for abi in (2, 3, 4, 5, 6):
+        with lib.open(abi, 8, 1, log) as comm:
+            for _ in range(40):
+                coll = rng.choice([ALLREDUCE, ALLGATHER, BCAST])
+                nbytes = rng.choice([100, 65535, 65536, 1 << 24])
+                comm.get_coll_info(coll, nbytes, costs(7, coll))
+                index = None if coll != ALLREDUCE else (0 if nbytes < 65536 else 1)
+                if index is not None:
+                    want_coll[index] += 1
+                if abi == 6:
+                    chunk = comm.get_chunk_size(coll, nbytes, RING, SIMPLE, 4, 4096)
+                    assert chunk == (131072 if index == 1 else 4096)
+                    if index is not None:  # counted when the line matched, chunk set or not
+                        want_chunk[index] += 1
+    calls = lib.entry_calls()
+    assert calls.coll_info == want_coll and calls.chunk_size == want_chunk and calls.generation == first
+    assert lib.entry_call_counts() == want_coll and min(want_coll[:2]) > 10 and min(want_chunk[:2]) > 0
+    lib.reset_entry_call_counts()
+    assert lib.entry_calls().coll_info == [0, 0, 0] and lib.entry_calls().chunk_size == [0, 0, 0]
+    with lib.open(4, 8, 1, log) as comm:
+        comm.get_coll_info(ALLREDUCE, 10, costs(7))
+    assert lib.entry_call_counts() == [1, 0, 0]
+    assert lib.set_table(text) == 3 and lib.entry_call_counts() == [0, 0, 0]  # a new table starts at zero
+    assert lib.table_generation() == first + 1
+    path = tmp_path / "t.csv"
+    path.write_text("allreduce,0,-1,ring,simple,4,-1,-1\n")
+    assert lib.load_file(path) == 1 and lib.entry_call_counts() == [0] and lib.table_generation() == first + 2
+    assert lib.set_table(None) == 0 and lib.entry_call_counts() == []
+
+
+def test_a_table_too_long_to_scan_fast_is_said_once_and_still_fully_used(lib, log):
+    lines = [f"allreduce,{i},{i},ring,simple,{1 + i % 64},-1,-1" for i in range(2500)]
+    lines.append("allgather,0,-1,tree,ll,2,-1,-1")
+    with lib.open(4, 8, 1, log):  # the live API warns through the latest communicator's logger
+        assert lib.set_table("\n".join(lines)) == 2501
+        said = [w for w in warnings(log) if "scans them" in w]
+        assert len(said) == 1 and "2500 lines can match allreduce calls" in said[0]
+    with lib.open(4, 8, 1, log) as comm:
+        assert comm.get_coll_info(ALLREDUCE, 2499, costs(7)).n_channels == 1 + 2499 % 64  # the last line answers
+        assert comm.get_coll_info(ALLREDUCE, 2500, costs(7)).n_channels == 0
+    assert lib.set_table("\n".join(lines[:1000])) == 1000
+    assert len([w for w in warnings(log) if "scans them" in w]) == 1  # a short table says nothing

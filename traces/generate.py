@@ -58,6 +58,7 @@ from dataclasses import dataclass, field, replace
 
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CollectiveType
+from traces.gemm_names import GemmDtype, gemm_kernel_name
 from traces.workload import (
     CollectiveOp,
     ComputeOp,
@@ -290,6 +291,23 @@ def gemm_tile(m: int, n: int) -> tuple[int, int, int, int, int]:
     return 64, 64, 128, 4, 3 * (64 + 64) * 32 * BF16_BYTES
 
 
+def gemm_op(label: str, m: int, n: int, k: int, grid_blocks: int | None = None, op_id: int = 0,
+            stream: int = COMPUTE_STREAM, start_us: float = 0.0, dtype: GemmDtype = GemmDtype.BF16) -> ComputeOp:
+    """A GEMM of M x N x K launched as cuBLAS would: the :func:`gemm_tile` tile, ``grid =
+    (ceil(N/bn), ceil(M/bm), 1)`` (or ``(grid_blocks, 1, 1)`` when a measured launch says how many
+    blocks), the cuBLAS-style name that carries tile and precision, FLOPs and compulsory DRAM bytes
+    (the duration hint is the BF16 one whatever ``dtype``)."""
+    bm, bn, threads, bps, smem = gemm_tile(m, n)
+    smem = smem * dtype.operand_bytes // BF16_BYTES
+    flops = 2.0 * m * n * k
+    dram = float((m * k + k * n + m * n) * dtype.operand_bytes)
+    duration = max(flops / REF_FLOPS_PER_US, dram / REF_BYTES_PER_US) + KERNEL_GAP_US
+    name = f"{gemm_kernel_name(dtype, bm, bn)} [{label}]"
+    grid = (math.ceil(n / bn), math.ceil(m / bm), 1) if grid_blocks is None else (grid_blocks, 1, 1)
+    return ComputeOp(op_id, name, stream, start_us, duration, grid=grid, block=(threads, 1, 1),
+                     blocks_per_sm=float(bps), shared_memory_bytes=smem, flops=flops, dram_bytes=dram)
+
+
 @dataclass
 class _Builder:
     world_size: int
@@ -320,15 +338,9 @@ class _Builder:
         return op_id, start
 
     def gemm(self, label: str, m: int, n: int, k: int, after: tuple[int, ...] = ()) -> int:
-        bm, bn, threads, bps, smem = gemm_tile(m, n)
-        flops = 2.0 * m * n * k
-        dram = float((m * k + k * n + m * n) * BF16_BYTES)
-        duration = max(flops / REF_FLOPS_PER_US, dram / REF_BYTES_PER_US) + KERNEL_GAP_US
-        op_id, start = self._place(COMPUTE_STREAM, duration, after)
-        name = f"ampere_bf16_s16816gemm_bf16_{bm}x{bn}_ldg8_f2f_stages_32x3_tn [{label}]"
-        self.compute.append(ComputeOp(op_id, name, COMPUTE_STREAM, start, duration,
-                                      grid=(math.ceil(n / bn), math.ceil(m / bm), 1), block=(threads, 1, 1),
-                                      blocks_per_sm=float(bps), shared_memory_bytes=smem, flops=flops, dram_bytes=dram))
+        op = gemm_op(label, m, n, k)
+        op_id, start = self._place(COMPUTE_STREAM, op.duration_us, after)
+        self.compute.append(replace(op, op_id=op_id, start_us=start))
         return op_id
 
     def attention(self, label: str, batch: int, seq: int, heads: int, head_dim: int, backward: bool,

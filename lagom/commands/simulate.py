@@ -24,11 +24,9 @@ import math
 import sys
 
 from nccl_env.errors import LagomError
-from nccl_env.knobs import Algorithm
 from nccl_env.plan import Plan
 
 EVALUATORS = ("sim", "analytic")
-SIM_ALGORITHMS = (Algorithm.RING, Algorithm.TREE)  # costmodel/sim_collective.py: others would run as a ring
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -79,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from lagom.workload_fit import fit_warnings, unmatched_config_warning
 
     warnings = fit_warnings(workload, cluster)
+    from costmodel.sim_collective import MODELLED_ALGORITHMS
     from nccl_env.rules import NcclVersion, validate_config
 
     version = NcclVersion.parse(cluster.nccl_version)  # checked when the cluster was loaded
@@ -89,9 +88,9 @@ def run(args: argparse.Namespace) -> int:
             validate_config(config, version)
         except LagomError as exc:
             raise LagomError(f"{origin}: {exc}") from None
-        if args.evaluator == "sim" and config.algorithm not in (None, *SIM_ALGORITHMS):
+        if args.evaluator == "sim" and config.algorithm not in (None, *MODELLED_ALGORITHMS):
             raise LagomError(f"{origin}: algorithm={config.algorithm.nccl_name}: the simulator models only "
-                             f"{' and '.join(a.nccl_name for a in SIM_ALGORITHMS)} (NVLS, CollNet and PAT are not modelled)")
+                             f"{' and '.join(a.nccl_name for a in MODELLED_ALGORITHMS)} (NVLS, CollNet and PAT are not modelled)")
 
     plan = Plan()
     if args.config:

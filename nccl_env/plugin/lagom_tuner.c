@@ -13,7 +13,7 @@
  * call concurrently; each communicator's context holds only its rank/node counts
  * and logger.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* glibc's writer-preferring rwlock initializer; other libcs take the POSIX one */
 
 #include <errno.h>
 #include <limits.h>
@@ -33,15 +33,16 @@
 #define PLUGIN_NAME "Lagom"
 #define ANY (-1)
 #define UNKNOWN INT_MIN           /* an input NCCL does not pass to this call: not matched on */
-#define NUM_BUCKETS 17            /* ncclFunc_t 0..15 plus one for anything else */
+#define NUM_COLLS (ncclFuncAllReduce + 1) /* the collectives a line can name: ncclFunc_t 0..4 */
+#define NUM_BUCKETS (NUM_COLLS + 1) /* one per collective plus one for any other ncclFunc_t (any-lines only) */
 #define MAX_CHANNELS 64           /* MAXCHANNELS from NCCL 2.25 (32 before; NCCL caps it) */
 #define MAX_CHUNK_BYTES (1LL << 30)
 #define MAX_FILE_BYTES (64L << 20)
 #define MAX_FIELDS 32
 #define MAX_WARNINGS_PER_LOAD 100
-#define INDEX_MIN_ENTRIES 8       /* smaller buckets are scanned linearly */
-#define NUM_ALGOS_V2 6            /* NCCL 2.21 (the only NCCL that loads v2 first) has no PAT */
-#define MAX_VIEWS 64              /* (nNodes, nRanks, numPipeOps, regBuff) combinations with their own index */
+#define MAX_COST_ALGOS 64         /* sanity bounds on numAlgo x numProto: NCCL passes 6 or 7 x 3 */
+#define MAX_COST_PROTOS 16
+#define SCAN_WARN_LINES 2000      /* a miss scans ~0.5 ns a line (bench/plugin_lookup.py): past this, > 1 us a call */
 
 typedef struct {
   uint64_t minBytes, maxBytes; /* inclusive */
@@ -51,41 +52,25 @@ typedef struct {
   atomic_int warned; /* "pair unusable" said once per entry */
 } Entry;
 
-/* The match fields of an Entry, packed for the lookup scan (32 bytes, parallel to entries). */
+/* The match fields of an Entry, packed for the lookup scan (40 bytes). */
 typedef struct {
   uint64_t minBytes, maxBytes;
   int32_t nNodes, nRanks, pipeOps, regBuff;
+  int32_t entry; /* index into Table.entries */
 } Key;
 
 typedef struct {
-  int32_t* idx;      /* entry indices in file order */
-  int n;
-  /* Interval index (NULL when not built): bounds[k] starts elementary byte interval k;
-   * cand[candStart[k] .. candStart[k+1]) are the entries covering it, in file order. */
-  uint64_t* bounds;
-  int nBounds;
-  int32_t* candStart;
-  int32_t* cand;
-  int32_t* first;    /* filtered views: first[k] = the first line covering interval k, or -1 (then no cand) */
-} Bucket;
-
-/* The lines that can match calls with these (nNodes, nRanks, numPipeOps, regBuff), bucketed by collective
- * and indexed by bytes: the first candidate of a byte interval is then the answer. ANY fields filter nothing
- * (the unfiltered view has ANY everywhere); UNKNOWN pipeOps/regBuff (not passed to the call) filter nothing. */
-typedef struct {
-  int nNodes, nRanks, pipeOps, regBuff;
-  Bucket buckets[NUM_BUCKETS];
-} View;
-
-typedef struct {
   Entry* entries;
-  Key* keys;                  /* keys[i] = match fields of entries[i] */
   int n;
   int rejected;
-  View all;                   /* every line; used when MAX_VIEWS shapes are taken */
-  pthread_mutex_t viewLock;   /* serialises building views */
-  View* views[MAX_VIEWS];     /* views[0..nViews) are published; built lazily on a shape's first lookup */
-  atomic_int nViews;
+  /* The lines a call for collective c can match (c's own and any-collective lines), in file order:
+   * scan[scanStart[bucket_of(c)] .. scanStart[bucket_of(c) + 1]). A tuned table has tens of lines, and a scan
+   * of 1,000 stays well under NCCL's microsecond (bench/plugin_lookup.py), so there is no index. */
+  Key* scan;
+  int scanStart[NUM_BUCKETS + 1];
+  _Atomic uint64_t* collCalls;  /* collCalls[i] = getCollInfo calls entries[i] answered (relaxed increments) */
+  _Atomic uint64_t* chunkCalls; /* chunkCalls[i] = getChunkSize calls entries[i] answered */
+  uint64_t generation;          /* set by install(): which table this is, for the counters' reader */
 } Table;
 
 typedef struct {
@@ -94,9 +79,16 @@ typedef struct {
   ncclDebugLogger_t log;
 } Ctx;
 
+#ifdef PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP
+/* A waiting swap holds back new readers (glibc's default lets a steady stream of lookups starve it); no reader
+ * takes the lock twice, which this kind forbids. */
+static pthread_rwlock_t g_lock = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
+#else
 static pthread_rwlock_t g_lock = PTHREAD_RWLOCK_INITIALIZER;
+#endif
 static Table* g_table = NULL;   /* guarded by g_lock */
 static int g_apiOwned = 0;      /* guarded by g_lock: the table was set through the C API */
+static uint64_t g_generation = 0; /* guarded by g_lock: tables installed so far */
 static pthread_mutex_t g_logLock = PTHREAD_MUTEX_INITIALIZER;
 static ncclDebugLogger_t g_log = NULL; /* the latest NCCL logger, for API-triggered warnings */
 static atomic_int g_fallbackLevel = -1;
@@ -176,11 +168,14 @@ static int parse_name(const char* s, const char* const* names, int count) {
   return -2;
 }
 
-static const char* const COLL_NAMES[] = {"broadcast", "reduce", "allgather", "reducescatter", "allreduce"};
-static const char* const ALGO_NAMES[] = {"tree", "ring", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat"};
-static const char* const PROTO_NAMES[] = {"ll", "ll128", "simple"};
-static const char* const ALGO_PRINT[] = {"tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat"};
-static const char* const PROTO_PRINT[] = {"ll", "ll128", "simple"};
+/* Indexed by ncclFunc_t, NCCL_ALGO_* and NCCL_PROTO_* (lagom_tuner_abi.h). */
+static const char* const COLL_NAMES[NUM_COLLS] = {"broadcast", "reduce", "allgather", "reducescatter", "allreduce"};
+static const char* const ALGO_NAMES[LAGOM_NUM_ALGOS] = {"tree", "ring", "collnetdirect", "collnetchain", "nvls",
+                                                        "nvlstree", "pat"};
+static const char* const PROTO_NAMES[LAGOM_NUM_PROTOS] = {"ll", "ll128", "simple"};
+static const char* const ALGO_PRINT[LAGOM_NUM_ALGOS] = {"tree", "ring", "collnet_direct", "collnet_chain", "nvls",
+                                                        "nvls_tree", "pat"};
+static const char* const PROTO_PRINT[LAGOM_NUM_PROTOS] = {"ll", "ll128", "simple"};
 
 /* Strict decimal integer in [lo, hi]; 0 on any junk, sign misuse or overflow. */
 static int parse_int(const char* s, long long lo, long long hi, long long* out) {
@@ -250,16 +245,16 @@ static int parse_line(char* line, Entry* e, char* why, size_t whyLen) {
   e->pipeOps = ANY;
   e->regBuff = ANY;
 
-  int c = parse_name(tok[0], COLL_NAMES, 5);
+  int c = parse_name(tok[0], COLL_NAMES, NUM_COLLS);
   if (c == -2) { snprintf(why, whyLen, "unknown collective '%.40s'", tok[0]); return 0; }
   e->coll = c;
   if (!parse_bytes(tok[1], 0, &e->minBytes)) { snprintf(why, whyLen, "min_bytes '%.40s' is not a byte count or -1", tok[1]); return 0; }
   if (!parse_bytes(tok[2], UINT64_MAX, &e->maxBytes)) { snprintf(why, whyLen, "max_bytes '%.40s' is not a byte count or -1", tok[2]); return 0; }
   if (e->minBytes > e->maxBytes) { snprintf(why, whyLen, "min_bytes is larger than max_bytes"); return 0; }
-  int a = parse_name(tok[3], ALGO_NAMES, 7);
+  int a = parse_name(tok[3], ALGO_NAMES, LAGOM_NUM_ALGOS);
   if (a == -2) { snprintf(why, whyLen, "unknown algorithm '%.40s'", tok[3]); return 0; }
   e->algo = a;
-  int pr = parse_name(tok[4], PROTO_NAMES, 3);
+  int pr = parse_name(tok[4], PROTO_NAMES, LAGOM_NUM_PROTOS);
   if (pr == -2) { snprintf(why, whyLen, "unknown protocol '%.40s'", tok[4]); return 0; }
   e->proto = pr;
   if (!parse_int(tok[5], -1, MAX_CHANNELS, &v) || v == 0) {
@@ -304,164 +299,35 @@ static int parse_line(char* line, Entry* e, char* why, size_t whyLen) {
 
 static int bucket_of(int coll) { return (coll >= 0 && coll < NUM_BUCKETS - 1) ? coll : NUM_BUCKETS - 1; }
 
-static int cmp_u64(const void* a, const void* b) {
-  uint64_t x = *(const uint64_t*)a, y = *(const uint64_t*)b;
-  return x < y ? -1 : x > y;
-}
-
-/* Largest k with bounds[k] <= x (bounds[0] == 0 always). */
-static int interval_of(const uint64_t* bounds, int n, uint64_t x) {
-  int lo = 0, hi = n - 1;
-  while (lo < hi) {
-    int mid = lo + (hi - lo + 1) / 2;
-    if (bounds[mid] <= x) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
-
-static void free_bucket_index(Bucket* b) {
-  free(b->bounds);
-  free(b->candStart);
-  free(b->cand);
-  free(b->first);
-  b->bounds = NULL;
-  b->candStart = NULL;
-  b->cand = NULL;
-  b->first = NULL;
-  b->nBounds = 0;
-}
-
-static int next_free(int32_t* parent, int k) { /* union-find with path halving */
-  while (parent[k] != k) {
-    parent[k] = parent[parent[k]];
-    k = parent[k];
-  }
-  return k;
-}
-
-/* Build the interval index of one bucket; on any failure leave it linear. With firstOnly (every line of the
- * bucket matches every call it is asked about, bytes aside) keep only the first line per interval. */
-static void build_bucket_index(const Table* t, Bucket* b, int firstOnly) {
-  if (b->n < INDEX_MIN_ENTRIES) return;
-  int maxBounds = 2 * b->n + 1;
-  b->bounds = malloc(sizeof(uint64_t) * (size_t)maxBounds);
-  if (!b->bounds) return;
-  int nb = 0;
-  b->bounds[nb++] = 0;
-  for (int i = 0; i < b->n; i++) {
-    const Entry* e = &t->entries[b->idx[i]];
-    b->bounds[nb++] = e->minBytes;
-    if (e->maxBytes != UINT64_MAX) b->bounds[nb++] = e->maxBytes + 1;
-  }
-  qsort(b->bounds, (size_t)nb, sizeof(uint64_t), cmp_u64);
-  int u = 0;
-  for (int i = 0; i < nb; i++)
-    if (u == 0 || b->bounds[i] != b->bounds[u - 1]) b->bounds[u++] = b->bounds[i];
-  b->nBounds = u;
-  if (firstOnly) {
-    b->first = malloc(sizeof(int32_t) * (size_t)u);
-    int32_t* parent = malloc(sizeof(int32_t) * ((size_t)u + 1));
-    if (!b->first || !parent) { free(parent); free_bucket_index(b); return; }
-    for (int k = 0; k <= u; k++) parent[k] = k;
-    for (int k = 0; k < u; k++) b->first[k] = -1;
-    for (int i = 0; i < b->n; i++) {
-      const Entry* e = &t->entries[b->idx[i]];
-      int k1 = interval_of(b->bounds, u, e->maxBytes);
-      for (int k = next_free(parent, interval_of(b->bounds, u, e->minBytes)); k <= k1; k = next_free(parent, k)) {
-        b->first[k] = b->idx[i];
-        parent[k] = k + 1;
-      }
-    }
-    free(parent);
-    return;
-  }
-  /* Count candidates per interval, bounded so a pathological table stays linear. */
-  int32_t* count = calloc((size_t)u + 1, sizeof(int32_t));
-  if (!count) { free_bucket_index(b); return; }
-  long long total = 0, cap = 16LL * b->n + 1024;
-  for (int i = 0; i < b->n && total <= cap; i++) {
-    const Entry* e = &t->entries[b->idx[i]];
-    int k0 = interval_of(b->bounds, u, e->minBytes);
-    int k1 = interval_of(b->bounds, u, e->maxBytes);
-    for (int k = k0; k <= k1; k++) count[k]++;
-    total += k1 - k0 + 1;
-  }
-  if (total > cap) { free(count); free_bucket_index(b); return; }
-  b->candStart = malloc(sizeof(int32_t) * ((size_t)u + 1));
-  b->cand = malloc(sizeof(int32_t) * (size_t)(total > 0 ? total : 1));
-  if (!b->candStart || !b->cand) { free(count); free_bucket_index(b); return; }
-  b->candStart[0] = 0;
-  for (int k = 0; k < u; k++) b->candStart[k + 1] = b->candStart[k] + count[k];
-  memset(count, 0, sizeof(int32_t) * ((size_t)u + 1));
-  for (int i = 0; i < b->n; i++) {
-    const Entry* e = &t->entries[b->idx[i]];
-    int k0 = interval_of(b->bounds, u, e->minBytes);
-    int k1 = interval_of(b->bounds, u, e->maxBytes);
-    for (int k = k0; k <= k1; k++) b->cand[b->candStart[k] + count[k]++] = b->idx[i];
-  }
-  free(count);
-}
-
-static void free_view(View* v) {
-  for (int i = 0; i < NUM_BUCKETS; i++) {
-    free(v->buckets[i].idx);
-    v->buckets[i].idx = NULL;
-    v->buckets[i].n = 0;
-    free_bucket_index(&v->buckets[i]);
-  }
-}
-
 static void free_table(Table* t) {
   if (!t) return;
-  free_view(&t->all);
-  for (int i = 0; i < atomic_load(&t->nViews); i++) {
-    free_view(t->views[i]);
-    free(t->views[i]);
-  }
-  pthread_mutex_destroy(&t->viewLock);
-  free(t->keys);
+  free(t->collCalls);
+  free(t->chunkCalls);
+  free(t->scan);
   free(t->entries);
   free(t);
 }
 
-static Table* new_table(void) {
-  Table* t = calloc(1, sizeof(Table));
-  if (!t) return NULL;
-  t->all.nNodes = t->all.nRanks = t->all.pipeOps = t->all.regBuff = ANY;
-  pthread_mutex_init(&t->viewLock, NULL);
-  return t;
-}
+static Table* new_table(void) { return calloc(1, sizeof(Table)); }
 
-static int view_admits(const View* v, const Entry* e) {
-  return (v->nNodes == ANY || e->nNodes == ANY || e->nNodes == v->nNodes) &&
-         (v->nRanks == ANY || e->nRanks == ANY || e->nRanks == v->nRanks) &&
-         (v->pipeOps == ANY || v->pipeOps == UNKNOWN || e->pipeOps == ANY || e->pipeOps == v->pipeOps) &&
-         (v->regBuff == ANY || v->regBuff == UNKNOWN || e->regBuff == ANY || e->regBuff == v->regBuff);
-}
-
-/* Bucket the lines v admits: a line for collective c goes to bucket c, an any-collective line to all.
- * Returns 0 when out of memory (v is then freed and empty). */
-static int build_view(const Table* t, View* v) {
+/* Fill t->scan: for each bucket, the lines of its collective and the any-collective lines, in file order.
+ * Returns 0 when out of memory. */
+static int build_scan(Table* t) {
   int counts[NUM_BUCKETS] = {0};
+  for (int i = 0; i < t->n; i++)
+    for (int b = 0; b < NUM_BUCKETS; b++) counts[b] += t->entries[i].coll == ANY || bucket_of(t->entries[i].coll) == b;
+  t->scanStart[0] = 0;
+  for (int b = 0; b < NUM_BUCKETS; b++) t->scanStart[b + 1] = t->scanStart[b] + counts[b];
+  t->scan = malloc(sizeof(Key) * (size_t)(t->scanStart[NUM_BUCKETS] ? t->scanStart[NUM_BUCKETS] : 1));
+  if (!t->scan) return 0;
+  int fill[NUM_BUCKETS];
+  memcpy(fill, t->scanStart, sizeof fill);
   for (int i = 0; i < t->n; i++) {
-    if (!view_admits(v, &t->entries[i])) continue;
-    if (t->entries[i].coll == ANY) for (int b = 0; b < NUM_BUCKETS; b++) counts[b]++;
-    else counts[bucket_of(t->entries[i].coll)]++;
+    const Entry* e = &t->entries[i];
+    for (int b = 0; b < NUM_BUCKETS; b++)
+      if (e->coll == ANY || bucket_of(e->coll) == b)
+        t->scan[fill[b]++] = (Key){e->minBytes, e->maxBytes, e->nNodes, e->nRanks, e->pipeOps, e->regBuff, i};
   }
-  for (int b = 0; b < NUM_BUCKETS; b++) {
-    v->buckets[b].n = 0;
-    v->buckets[b].idx = malloc(sizeof(int32_t) * (size_t)(counts[b] ? counts[b] : 1));
-    if (!v->buckets[b].idx) { free_view(v); return 0; }
-  }
-  for (int i = 0; i < t->n; i++) {
-    if (!view_admits(v, &t->entries[i])) continue;
-    int c = t->entries[i].coll;
-    for (int b = 0; b < NUM_BUCKETS; b++) {
-      if (c == ANY || bucket_of(c) == b) v->buckets[b].idx[v->buckets[b].n++] = i;
-    }
-  }
-  int firstOnly = v != &t->all; /* a filtered view admits only lines whose non-byte fields all match */
-  for (int b = 0; b < NUM_BUCKETS; b++) build_bucket_index(t, &v->buckets[b], firstOnly);
   return 1;
 }
 
@@ -506,13 +372,17 @@ static Table* parse_table(const char* text, size_t len, const char* origin, nccl
   free(buf);
   if (warned > MAX_WARNINGS_PER_LOAD)
     say(log, NCCL_LOG_WARN, "TUNER/Lagom: %s: %d more rejected lines not listed", origin, warned - MAX_WARNINGS_PER_LOAD);
-  t->keys = malloc(sizeof(Key) * (size_t)(t->n ? t->n : 1));
-  if (!t->keys) { free_table(t); return NULL; }
-  for (int i = 0; i < t->n; i++) {
-    const Entry* e = &t->entries[i];
-    t->keys[i] = (Key){e->minBytes, e->maxBytes, e->nNodes, e->nRanks, e->pipeOps, e->regBuff};
-  }
-  if (!build_view(t, &t->all)) { free_table(t); return NULL; }
+  t->collCalls = calloc((size_t)(t->n ? t->n : 1), sizeof(*t->collCalls));
+  t->chunkCalls = calloc((size_t)(t->n ? t->n : 1), sizeof(*t->chunkCalls));
+  if (!t->collCalls || !t->chunkCalls || !build_scan(t)) { free_table(t); return NULL; }
+  int widest = 0;
+  for (int b = 1; b < NUM_BUCKETS; b++)
+    if (t->scanStart[b + 1] - t->scanStart[b] > t->scanStart[widest + 1] - t->scanStart[widest]) widest = b;
+  int widestLines = t->scanStart[widest + 1] - t->scanStart[widest];
+  if (widestLines > SCAN_WARN_LINES) /* every line still counts; only the time per call grows */
+    say(log, NCCL_LOG_WARN, "TUNER/Lagom: %s: %d lines can match %s calls; each call scans them in order, so a call "
+        "may take over a microsecond (keep a table under %d lines per collective)", origin, widestLines,
+        widest < NUM_COLLS ? COLL_NAMES[widest] : "other", SCAN_WARN_LINES);
   say(log, NCCL_LOG_INFO, "TUNER/Lagom: %s: %d entries, %d lines rejected", origin, t->n, t->rejected);
   return t;
 }
@@ -549,17 +419,30 @@ static char* read_file(const char* path, size_t* len, int* missing, ncclDebugLog
   return data;
 }
 
-static void install(Table* t, int apiOwned) {
+/* Who is installing a table: the C API (the table then stays until lagom_tuner_reload), lagom_tuner_reload, or a
+ * communicator init re-reading the file, which yields to a table set through the API. */
+typedef enum { BY_API, BY_RELOAD, BY_INIT } Installer;
+
+/* Swap t in under the write lock (readers see the old or the new table, whole) and free the old one once no
+ * reader holds it. The API-ownership check and the swap are one critical section, so an init that read the
+ * file before a concurrent lagom_tuner_set_table cannot overwrite that table (t is then discarded). */
+static void install(Table* t, Installer by) {
   pthread_rwlock_wrlock(&g_lock);
+  if (by == BY_INIT && g_apiOwned) {
+    pthread_rwlock_unlock(&g_lock);
+    free_table(t);
+    return;
+  }
   Table* old = g_table;
   g_table = t;
-  g_apiOwned = apiOwned;
+  g_apiOwned = by == BY_API;
+  if (t) t->generation = ++g_generation;
   pthread_rwlock_unlock(&g_lock);
   free_table(old);
 }
 
 /* Load a file into a new table; returns entries, or -1 if the file is unreadable (empty table). */
-static int load_file(const char* path, int apiOwned, int quietIfMissing, ncclDebugLogger_t log) {
+static int load_file(const char* path, Installer by, int quietIfMissing, ncclDebugLogger_t log) {
   size_t len = 0;
   int missing = 0;
   char* data = read_file(path, &len, &missing, log);
@@ -578,14 +461,14 @@ static int load_file(const char* path, int apiOwned, int quietIfMissing, ncclDeb
     free(data);
     rc = t ? t->n : -1;
   }
-  install(t, apiOwned);
+  install(t, by);
   return rc;
 }
 
-static int load_from_env(ncclDebugLogger_t log) {
+static int load_from_env(Installer by, ncclDebugLogger_t log) {
   const char* path = getenv("NCCL_TUNER_CONFIG_FILE");
-  if (path && *path) return load_file(path, 0, 0, log);
-  return load_file("nccl_tuner.conf", 0, 1, log); /* NVIDIA's example default, quiet when absent */
+  if (path && *path) return load_file(path, by, 0, log);
+  return load_file("nccl_tuner.conf", by, 1, log); /* NVIDIA's example default, quiet when absent */
 }
 
 /* ---------------------------------------------------------------- matching */
@@ -600,61 +483,17 @@ static inline int key_matches(const Key* k, uint64_t nBytes, int nNodes, int nRa
 }
 
 /* First matching entry in file order, or NULL. Caller holds the read lock. */
-static inline int view_is(const View* v, int nNodes, int nRanks, int pipeOps, int regBuff) {
-  return v->nNodes == nNodes && v->nRanks == nRanks && v->pipeOps == pipeOps && v->regBuff == regBuff;
-}
-
-/* The view for these call inputs, built on first use (caller holds the read lock). */
-static const View* view_for(Table* t, int nNodes, int nRanks, int pipeOps, int regBuff) {
-  int n = atomic_load_explicit(&t->nViews, memory_order_acquire);
-  for (int i = 0; i < n; i++)
-    if (view_is(t->views[i], nNodes, nRanks, pipeOps, regBuff)) return t->views[i];
-  if (n >= MAX_VIEWS || nNodes == ANY || nRanks == ANY || pipeOps == ANY || regBuff == ANY) return &t->all;
-  const View* found = &t->all;
-  pthread_mutex_lock(&t->viewLock);
-  n = atomic_load_explicit(&t->nViews, memory_order_relaxed);
-  for (int i = 0; i < n; i++)
-    if (view_is(t->views[i], nNodes, nRanks, pipeOps, regBuff)) found = t->views[i];
-  if (found == &t->all && n < MAX_VIEWS) {
-    View* v = calloc(1, sizeof(View));
-    if (v) {
-      v->nNodes = nNodes;
-      v->nRanks = nRanks;
-      v->pipeOps = pipeOps;
-      v->regBuff = regBuff;
-      if (build_view(t, v)) {
-        t->views[n] = v;
-        atomic_store_explicit(&t->nViews, n + 1, memory_order_release);
-        found = v;
-      } else {
-        free(v);
-      }
-    }
-  }
-  pthread_mutex_unlock(&t->viewLock);
-  return found;
-}
-
 static Entry* lookup(Table* t, int coll, uint64_t nBytes, int nNodes, int nRanks, int pipeOps, int regBuff) {
-  if (!t || t->n == 0) return NULL;
-  const Bucket* b = &view_for(t, nNodes, nRanks, pipeOps, regBuff)->buckets[bucket_of(coll)];
-  if (b->first) {
-    int32_t j = b->first[interval_of(b->bounds, b->nBounds, nBytes)];
-    return (j >= 0 && key_matches(&t->keys[j], nBytes, nNodes, nRanks, pipeOps, regBuff)) ? &t->entries[j] : NULL;
-  }
-  if (b->bounds) {
-    int k = interval_of(b->bounds, b->nBounds, nBytes);
-    for (int32_t i = b->candStart[k]; i < b->candStart[k + 1]; i++) {
-      int32_t j = b->cand[i];
-      if (key_matches(&t->keys[j], nBytes, nNodes, nRanks, pipeOps, regBuff)) return &t->entries[j];
-    }
-    return NULL;
-  }
-  for (int i = 0; i < b->n; i++) {
-    int32_t j = b->idx[i];
-    if (key_matches(&t->keys[j], nBytes, nNodes, nRanks, pipeOps, regBuff)) return &t->entries[j];
-  }
+  if (!t) return NULL;
+  int b = bucket_of(coll);
+  for (const Key* k = t->scan + t->scanStart[b]; k < t->scan + t->scanStart[b + 1]; k++)
+    if (key_matches(k, nBytes, nNodes, nRanks, pipeOps, regBuff)) return &t->entries[k->entry];
   return NULL;
+}
+
+/* One more call answered by e (an entry of t). Relaxed: a count, not a synchronisation. */
+static inline void count_call(_Atomic uint64_t* counters, const Table* t, const Entry* e) {
+  atomic_fetch_add_explicit(&counters[e - t->entries], 1, memory_order_relaxed);
 }
 
 static int usable(float cost) { return cost >= 0.0f; } /* NCCL_ALGO_PROTO_IGNORE is -1.0; NaN is not usable */
@@ -667,7 +506,7 @@ static void warn_once(Ctx* ctx, Entry* e, const char* what) {
 /* Zero the cost of the entry's algorithm/protocol pair (or best usable fill-in for a wildcard). */
 static void apply_costs(Ctx* ctx, Entry* e, float* table, int numAlgo, int numProto) {
   if (e->algo == ANY && e->proto == ANY) return;
-  if (!table || numAlgo <= 0 || numProto <= 0 || numAlgo > 64 || numProto > 16) return;
+  if (!table || numAlgo <= 0 || numProto <= 0 || numAlgo > MAX_COST_ALGOS || numProto > MAX_COST_PROTOS) return;
   int bestA = -1, bestP = -1;
   float best = 0.0f;
   for (int a = 0; a < numAlgo; a++) {
@@ -696,6 +535,7 @@ static ncclResult_t coll_info(void* context, ncclFunc_t collType, size_t nBytes,
   pthread_rwlock_rdlock(&g_lock);
   Entry* e = lookup(g_table, collType, (uint64_t)nBytes, ctx->nNodes, ctx->nRanks, numPipeOps, regBuff);
   if (e) {
+    count_call(g_table->collCalls, g_table, e);
     apply_costs(ctx, e, (float*)collCostTable, numAlgo, numProto);
     if (e->channels > 0 && nChannels) *nChannels = e->channels;
     if (ctx->log && fallback_level() >= NCCL_LOG_TRACE) /* formatting costs; only when NCCL_DEBUG=TRACE */
@@ -728,7 +568,7 @@ static ncclResult_t new_context(size_t nRanks, size_t nNodes, uint64_t commId, n
   pthread_rwlock_rdlock(&g_lock);
   int apiOwned = g_apiOwned;
   pthread_rwlock_unlock(&g_lock);
-  if (!apiOwned) load_from_env(log); /* a table set through the C API wins until lagom_tuner_reload() */
+  if (!apiOwned) load_from_env(BY_INIT, log); /* a table set through the C API wins until lagom_tuner_reload() */
   say(log, NCCL_LOG_INFO, "TUNER/Lagom: init nRanks %d nNodes %d, %d entries", ctx->nRanks, ctx->nNodes,
       entry_count());
   *context = ctx;
@@ -758,6 +598,19 @@ static ncclResult_t finalize(void* context) {
   return ncclSuccess;
 }
 
+/* Whether NCCL 2.21 (the only NCCL that loads v2 first) can run algo for this call. */
+static int v2_supports(int algo, int collNetSupport, int nvlsSupport) {
+  switch (algo) {
+    case NCCL_ALGO_TREE:
+    case NCCL_ALGO_RING: return 1;
+    case NCCL_ALGO_COLLNET_DIRECT:
+    case NCCL_ALGO_COLLNET_CHAIN: return collNetSupport != 0;
+    case NCCL_ALGO_NVLS:
+    case NCCL_ALGO_NVLS_TREE: return nvlsSupport != 0;
+    default: return 0; /* PAT came with NCCL 2.23 */
+  }
+}
+
 static ncclResult_t coll_info_v2(void* context, ncclFunc_t collType, size_t nBytes, int collNetSupport,
                                  int nvlsSupport, int numPipeOps, int* algorithm, int* protocol, int* nChannels) {
   Ctx* ctx = (Ctx*)context;
@@ -765,12 +618,10 @@ static ncclResult_t coll_info_v2(void* context, ncclFunc_t collType, size_t nByt
   pthread_rwlock_rdlock(&g_lock);
   Entry* e = lookup(g_table, collType, (uint64_t)nBytes, ctx->nNodes, ctx->nRanks, numPipeOps, UNKNOWN);
   if (e) {
+    count_call(g_table->collCalls, g_table, e);
     if (e->algo != ANY && e->proto != ANY) {
-      int a = e->algo;
-      int ok = a < NUM_ALGOS_V2 &&
-               !((a == 2 || a == 3) && !collNetSupport) && !((a == 4 || a == 5) && !nvlsSupport);
-      if (ok && algorithm && protocol) {
-        *algorithm = a;
+      if (v2_supports(e->algo, collNetSupport, nvlsSupport) && algorithm && protocol) {
+        *algorithm = e->algo;
         *protocol = e->proto;
       } else {
         warn_once(ctx, e, "algorithm not supported here (v2 ABI)");
@@ -796,6 +647,7 @@ static ncclResult_t chunk_size(void* context, ncclFunc_t collType, size_t nBytes
   if (!ctx || !chunkSize) return ncclSuccess;
   pthread_rwlock_rdlock(&g_lock);
   Entry* e = lookup(g_table, collType, (uint64_t)nBytes, ctx->nNodes, ctx->nRanks, UNKNOWN, UNKNOWN);
+  if (e) count_call(g_table->chunkCalls, g_table, e);
   if (e && e->chunkBytes > 0 && (e->algo == ANY || e->algo == algo) && (e->proto == ANY || e->proto == proto))
     *chunkSize = (size_t)e->chunkBytes;
   pthread_rwlock_unlock(&g_lock);
@@ -820,18 +672,18 @@ LAGOM_EXPORT int lagom_tuner_set_table(const char* csv_text) {
   Table* t = csv_text ? parse_table(csv_text, strlen(csv_text), "<lagom_tuner_set_table>", current_logger())
                       : new_table();
   int n = t ? t->n : -1;
-  install(t, 1);
+  install(t, BY_API);
   return n;
 }
 
 /* Replace the table with a file's. Returns entries, or -1 if unreadable (the table is then empty). */
 LAGOM_EXPORT int lagom_tuner_load_file(const char* path) {
   if (!path) return lagom_tuner_set_table(NULL);
-  return load_file(path, 1, 0, current_logger());
+  return load_file(path, BY_API, 0, current_logger());
 }
 
 /* Go back to NCCL_TUNER_CONFIG_FILE (read now and at each communicator init). Returns entries or -1. */
-LAGOM_EXPORT int lagom_tuner_reload(void) { return load_from_env(current_logger()); }
+LAGOM_EXPORT int lagom_tuner_reload(void) { return load_from_env(BY_RELOAD, current_logger()); }
 
 LAGOM_EXPORT int lagom_tuner_entry_count(void) { return entry_count(); }
 
@@ -841,6 +693,34 @@ LAGOM_EXPORT int lagom_tuner_rejected_count(void) {
   int n = g_table ? g_table->rejected : 0;
   pthread_rwlock_unlock(&g_lock);
   return n;
+}
+
+/* Per-entry call counts of the current table, read under the read lock so that they belong to one table:
+ * collInfoCalls[i] / chunkSizeCalls[i] (either may be NULL) for i < min(capacity, entries), and *generation
+ * (may be NULL) = which table (1 for the first installed, +1 per replacement). Returns the table's entries. */
+LAGOM_EXPORT int lagom_tuner_entry_calls(uint64_t* collInfoCalls, uint64_t* chunkSizeCalls, int capacity,
+                                         uint64_t* generation) {
+  pthread_rwlock_rdlock(&g_lock);
+  const Table* t = g_table;
+  int n = t ? t->n : 0;
+  for (int i = 0; i < n && i < capacity; i++) {
+    if (collInfoCalls) collInfoCalls[i] = atomic_load_explicit(&t->collCalls[i], memory_order_relaxed);
+    if (chunkSizeCalls) chunkSizeCalls[i] = atomic_load_explicit(&t->chunkCalls[i], memory_order_relaxed);
+  }
+  if (generation) *generation = t ? t->generation : 0;
+  pthread_rwlock_unlock(&g_lock);
+  return n;
+}
+
+/* Zero the current table's call counts (a new table starts at zero anyway). */
+LAGOM_EXPORT void lagom_tuner_reset_entry_calls(void) {
+  pthread_rwlock_rdlock(&g_lock);
+  const Table* t = g_table;
+  for (int i = 0; t && i < t->n; i++) {
+    atomic_store_explicit(&t->collCalls[i], 0, memory_order_relaxed);
+    atomic_store_explicit(&t->chunkCalls[i], 0, memory_order_relaxed);
+  }
+  pthread_rwlock_unlock(&g_lock);
 }
 
 __attribute__((destructor)) static void unload(void) {

@@ -39,51 +39,67 @@ typedef enum {
 typedef void (*ncclDebugLogger_t)(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
                                   const char* fmt, ...);
 
-/* ncclFunc_t is an int-sized enum; Broadcast 0, Reduce 1, AllGather 2, ReduceScatter 3, AllReduce 4. */
+/* ncclFunc_t is an int-sized enum; the collectives a tuner is asked about (later NCCLs add more after these). */
 typedef int ncclFunc_t;
+enum { ncclFuncBroadcast = 0, ncclFuncReduce = 1, ncclFuncAllGather = 2, ncclFuncReduceScatter = 3 };
+enum { ncclFuncAllReduce = 4 };
+
+/* Rows and columns of the float[numAlgo][numProto] cost table (NCCL_ALGO_* and NCCL_PROTO_*; NCCL before 2.23
+ * has no PAT and passes numAlgo 6). */
+enum { NCCL_ALGO_TREE = 0, NCCL_ALGO_RING = 1, NCCL_ALGO_COLLNET_DIRECT = 2, NCCL_ALGO_COLLNET_CHAIN = 3 };
+enum { NCCL_ALGO_NVLS = 4, NCCL_ALGO_NVLS_TREE = 5, NCCL_ALGO_PAT = 6, LAGOM_NUM_ALGOS = 7 };
+enum { NCCL_PROTO_LL = 0, NCCL_PROTO_LL128 = 1, NCCL_PROTO_SIMPLE = 2, LAGOM_NUM_PROTOS = 3 };
+
+/* The entry points, by the ABI version that introduced each signature. */
+typedef ncclResult_t (*lagomInitV2_t)(size_t nRanks, size_t nNodes, ncclDebugLogger_t logFunction, void** context);
+typedef ncclResult_t (*lagomInitV5_t)(void** context, uint64_t commId, size_t nRanks, size_t nNodes,
+                                      ncclDebugLogger_t logFunction, void* nvlDomainInfo, void* constants);
+typedef ncclResult_t (*lagomGetCollInfoV2_t)(void* context, ncclFunc_t collType, size_t nBytes, int collNetSupport,
+                                             int nvlsSupport, int numPipeOps, int* algorithm, int* protocol,
+                                             int* nChannels);
+typedef ncclResult_t (*lagomGetCollInfoV3_t)(void* context, ncclFunc_t collType, size_t nBytes, int numPipeOps,
+                                             float** collCostTable, int numAlgo, int numProto, int* nChannels);
+typedef ncclResult_t (*lagomGetCollInfoV4_t)(void* context, ncclFunc_t collType, size_t nBytes, int numPipeOps,
+                                             float** collCostTable, int numAlgo, int numProto, int regBuff,
+                                             int* nChannels);
+typedef ncclResult_t (*lagomGetChunkSizeV6_t)(void* context, ncclFunc_t collType, size_t nBytes, int algo, int proto,
+                                              int nChannels, size_t* chunkSize);
+typedef ncclResult_t (*lagomEnd_t)(void* context); /* destroy (v2-v4), finalize (v5, v6) */
 
 typedef struct {
   const char* name;
-  ncclResult_t (*init)(size_t nRanks, size_t nNodes, ncclDebugLogger_t logFunction, void** context);
-  ncclResult_t (*getCollInfo)(void* context, ncclFunc_t collType, size_t nBytes, int collNetSupport,
-                              int nvlsSupport, int numPipeOps, int* algorithm, int* protocol, int* nChannels);
-  ncclResult_t (*destroy)(void* context);
+  lagomInitV2_t init;
+  lagomGetCollInfoV2_t getCollInfo;
+  lagomEnd_t destroy;
 } lagomTuner_v2_t;
 
 typedef struct {
   const char* name;
-  ncclResult_t (*init)(size_t nRanks, size_t nNodes, ncclDebugLogger_t logFunction, void** context);
-  ncclResult_t (*getCollInfo)(void* context, ncclFunc_t collType, size_t nBytes, int numPipeOps,
-                              float** collCostTable, int numAlgo, int numProto, int* nChannels);
-  ncclResult_t (*destroy)(void* context);
+  lagomInitV2_t init;
+  lagomGetCollInfoV3_t getCollInfo;
+  lagomEnd_t destroy;
 } lagomTuner_v3_t;
 
 typedef struct {
   const char* name;
-  ncclResult_t (*init)(size_t nRanks, size_t nNodes, ncclDebugLogger_t logFunction, void** context);
-  ncclResult_t (*getCollInfo)(void* context, ncclFunc_t collType, size_t nBytes, int numPipeOps,
-                              float** collCostTable, int numAlgo, int numProto, int regBuff, int* nChannels);
-  ncclResult_t (*destroy)(void* context);
+  lagomInitV2_t init;
+  lagomGetCollInfoV4_t getCollInfo;
+  lagomEnd_t destroy;
 } lagomTuner_v4_t;
 
 typedef struct {
   const char* name;
-  ncclResult_t (*init)(void** context, uint64_t commId, size_t nRanks, size_t nNodes,
-                       ncclDebugLogger_t logFunction, void* nvlDomainInfo, void* constants);
-  ncclResult_t (*getCollInfo)(void* context, ncclFunc_t collType, size_t nBytes, int numPipeOps,
-                              float** collCostTable, int numAlgo, int numProto, int regBuff, int* nChannels);
-  ncclResult_t (*finalize)(void* context);
+  lagomInitV5_t init;
+  lagomGetCollInfoV4_t getCollInfo;
+  lagomEnd_t finalize;
 } lagomTuner_v5_t;
 
 typedef struct {
   const char* name;
-  ncclResult_t (*init)(void** context, uint64_t commId, size_t nRanks, size_t nNodes,
-                       ncclDebugLogger_t logFunction, void* nvlDomainInfo, void* constants);
-  ncclResult_t (*getCollInfo)(void* context, ncclFunc_t collType, size_t nBytes, int numPipeOps,
-                              float** collCostTable, int numAlgo, int numProto, int regBuff, int* nChannels);
-  ncclResult_t (*finalize)(void* context);
-  ncclResult_t (*getChunkSize)(void* context, ncclFunc_t collType, size_t nBytes, int algo, int proto,
-                               int nChannels, size_t* chunkSize);
+  lagomInitV5_t init;
+  lagomGetCollInfoV4_t getCollInfo;
+  lagomEnd_t finalize;
+  lagomGetChunkSizeV6_t getChunkSize; /* optional for NCCL: NULL keeps its chunk */
 } lagomTuner_v6_t;
 
 #endif /* LAGOM_TUNER_ABI_H_ */

@@ -80,7 +80,8 @@ def runs(tmp_path_factory):
     corrupt = tmp / "corrupt.yaml"
     corrupt.write_text("format: lagom.tuned-config\nversion: 1\ncollectives:\n  - match: {collective: allreduce}\n    set: {channels: many}\n")
     build_plugin()  # the cached .so the launcher will reuse
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "LAGOM_"))}
+    base_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("NCCL_", "LAGOM_")) or k == "LAGOM_CACHE_DIR"}  # the suite's own cache
     base_env["PYTHONPATH"] = str(REPO_ROOT)
     plans = {
         "plain": (_torchrun(tmp / "plain", "--steps", str(STEPS), "--fsdp"), {}),

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from typing import NoReturn
 
 from lagom import __version__
+from lagom.package_check import shadowed
 from nccl_env.errors import LagomError
 
 # Subcommand modules, in the order `lagom --help` lists them.
@@ -24,6 +26,16 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+    def format_help(self) -> str:
+        """Help in plain text: the commands' docstrings double as help and use reST markup."""
+        return plain_text(super().format_help())
+
+
+def plain_text(text: str) -> str:
+    """reStructuredText inline markup (``x``, :mod:`x`, `x`) as plain text."""
+    text = re.sub(r":[a-z]+:`~?([^`]*)`", r"\1", text)
+    return re.sub(r"``?([^`]*?)``?", r"\1", text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except ImportError:
+        problems = shadowed()
+        if not problems:
+            raise
+        print(f"lagom: error: {problems[0]}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

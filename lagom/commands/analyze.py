@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 
 import orjson
-from rich.console import Console
 
 from lagom.analyze_report import rank_report, render
+from lagom.console import stdout_console
 from nccl_env.errors import LagomError
 from traces.kineto import read_trace
 from traces.steps import trim_to_profiler_steps
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     else:
         # piped or redirected: rich would assume 80 columns and cut the headers ("exposed…")
-        console = Console() if sys.stdout.isatty() else Console(width=120)
+        console = stdout_console()
         render(reports, console)
         if args.plot:
             console.print(f"timeline written to {args.plot}")

@@ -129,6 +129,11 @@ def test_workloads_that_do_not_fit_the_cluster_are_warned_about_once(tmp_path, c
     assert main(["simulate", "fsdp:phi2:gpus=8", "--cluster", "low-bw", "--config", str(tmp_path / "lagom.yaml")]) == 0
     err = capsys.readouterr().err
     assert err.count("warning:") == 1 and "none of its 1 collective entries matches" in err
+    # a file that keeps NCCL's defaults (no entries) is said to, not "none of its 0 entries matches"
+    TunedConfig(cluster="low-bw").dump(tmp_path / "defaults.yaml")
+    assert main(["simulate", "fsdp:phi2:gpus=8", "--cluster", "low-bw", "--config", str(tmp_path / "defaults.yaml")]) == 0
+    err = capsys.readouterr().err
+    assert "has no collective entries: it keeps NCCL's defaults" in err and "none of its" not in err, err
     # an entry that matches: no warning
     assert main(["simulate", "fsdp:phi2:gpus=16", "--cluster", "low-bw", "--config", str(tmp_path / "lagom.yaml")]) == 0
     assert "warning:" not in capsys.readouterr().err

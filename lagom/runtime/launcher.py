@@ -155,16 +155,15 @@ def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[st
     env[ENV_CONFIG] = str(run_dir / "lagom.yaml")
     env[ENV_RUN_DIR] = str(run_dir)
     env[ENV_HOME] = LAGOM_HOME
-    doors = [
-        f"{len(config.env)} env knob(s)",
-        f"{len(config.process_groups)} process group(s)",
-        f"{len(config.collectives)} collective entr{'y' if len(config.collectives) == 1 else 'ies'}"
-        + (f" via tuner plugin {setup.plugin_path}" if setup.plugin_path else ""),
-    ]
-    setup.messages.insert(0, f"lagom run: applying {config_path}: {', '.join(doors)}")
+    entries = f"{len(config.collectives)} collective entr{'y' if len(config.collectives) == 1 else 'ies'}"
     if setup.plugin_path and config.nccl_version and not tuner_symbols(NcclVersion.parse(config.nccl_version)):
-        setup.messages.insert(1, f"lagom run: note: the file is for NCCL {config.nccl_version}, which loads no tuner plugin "
-                                 f"(NCCL >= {min(TUNER_SYMBOL_SINCE.values())}); there the env and process groups carry the settings")
+        # the job's own NCCL may be newer than the file's and load the plugin: say both
+        entries += (f" in tuner plugin {setup.plugin_path}, which the file's NCCL {config.nccl_version} does not load "
+                    f"(NCCL >= {min(TUNER_SYMBOL_SINCE.values())}): there the env and process groups carry the settings")
+    elif setup.plugin_path:
+        entries += f" via tuner plugin {setup.plugin_path}"
+    doors = [f"{len(config.env)} env knob(s)", f"{len(config.process_groups)} process group(s)", entries]
+    setup.messages.insert(0, f"lagom run: applying {config_path}: {', '.join(doors)}")
     return setup
 
 

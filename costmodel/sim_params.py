@@ -61,7 +61,8 @@ def sim_params(cluster: ClusterSpec) -> SimParams:
     raw = cluster.sim or {}
     unknown = set(raw) - set(_FIELDS)
     if unknown:
-        raise LagomError(f"cluster {cluster.name}: unknown 'sim' key(s) {sorted(unknown)} (known: {', '.join(sorted(_FIELDS))})")
+        raise LagomError(f"cluster {cluster.name}: unknown 'sim' key(s) {', '.join(sorted(unknown))} "
+                         f"(known: {', '.join(sorted(_FIELDS))})")
     values: dict[str, Any] = {}  # int or float per field, checked below
     for key, value in raw.items():
         is_int = _FIELDS[key] in ("int", int)

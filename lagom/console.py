@@ -16,8 +16,9 @@ def stdout_console() -> Console:
 
 
 class StageProgress:
-    """Progress of a long step on stderr: a rich bar on a terminal; on a pipe or a file, one
-    plain line when the step starts, one per new stage, and one when it ends."""
+    """Progress of a long step on stderr: a rich bar on a terminal; on a pipe or a file, a
+    plain line when the step starts, at each quarter of it (or each new stage when the
+    total is unknown), and when it ends."""
 
     def __init__(self, console: Console, label: str, total: int | None = None, enabled: bool = True) -> None:
         self.console, self.label, self.total, self.enabled = console, label, total, enabled
@@ -25,6 +26,7 @@ class StageProgress:
         self._task: TaskID | None = None
         self._stage: str | None = None
         self._done = 0
+        self._quarter = 0
 
     def __enter__(self) -> StageProgress:
         if not self.enabled:
@@ -44,8 +46,15 @@ class StageProgress:
             return
         if self._bar is not None and self._task is not None:
             self._bar.update(self._task, completed=done, total=total or self.total, description=stage or "")
-        elif stage is not None and stage != self._stage:
-            self._line(f"{self.label}: {stage}")
+        else:
+            total = total or self.total
+            if total:
+                quarter = min(4, done * 4 // total)
+                if 0 < quarter < 4 and quarter > self._quarter:
+                    self._line(f"{self.label}: {done}/{total}" + (f" ({stage})" if stage else ""))
+                self._quarter = max(self._quarter, quarter)
+            elif stage is not None and stage != self._stage:
+                self._line(f"{self.label}: {stage}")
         self._stage = stage
 
     def __exit__(self, *exc: object) -> None:

@@ -179,7 +179,7 @@ def parse_tuned_config(data: object, origin: str = "<config>") -> TunedConfig:
     process_groups: dict[str, dict[str, int | str]] = {}
     for name, settings in pgs.items():
         if not isinstance(settings, dict) or set(settings) - _PG_KEYS:
-            raise bad(f"process group {name!r}: settings must use only {sorted(_PG_KEYS)}")
+            raise bad(f"process group {name!r}: settings must use only {', '.join(sorted(_PG_KEYS))}")
         process_groups[str(name)] = {k: v for k, v in settings.items() if v is not None}
     raw_entries = data.get("collectives") or []
     if not isinstance(raw_entries, list):
@@ -191,7 +191,7 @@ def parse_tuned_config(data: object, origin: str = "<config>") -> TunedConfig:
         m = raw.get("match") or {}
         unknown = set(m) - _MATCH_KEYS
         if unknown:
-            raise bad(f"collectives[{i}].match: unknown key(s) {sorted(unknown)}")
+            raise bad(f"collectives[{i}].match: unknown key(s) {', '.join(sorted(unknown))}")
         try:
             match = Match(
                 collective=None if m.get("collective") is None else CollectiveType.parse(str(m["collective"])),

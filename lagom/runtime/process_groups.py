@@ -33,7 +33,8 @@ def cta_policy_value(value: int | str) -> int:
         try:
             return CTA_POLICIES[value.strip().lower()]
         except KeyError:
-            raise ValueError(f"unknown cta_policy {value!r} (expected one of {sorted(CTA_POLICIES)} or an int)") from None
+            raise ValueError(f"unknown cta_policy {value!r} (expected one of {', '.join(sorted(CTA_POLICIES))} "
+                             f"or an int)") from None
     number = int(value)
     if number < 0 or number > (CTA_POLICIES["efficiency"] | CTA_POLICIES["zero"]):
         raise ValueError(f"cta_policy {number} is out of range 0..3")

@@ -11,6 +11,9 @@ Three closed-form pieces (docs/costmodel.md has the equations):
    blocks on the SMs they leave, the L2 they leave and the DRAM bandwidth they leave
    (the paper's Eq. 4-6, :mod:`costmodel.contention_model`), and each collective's
    time on the DRAM bandwidth and L2 the kernel leaves it;
+A workload read from a trace is replayed instead (:mod:`costmodel.trace_anchor`): its
+execution graph scheduled with the measured times, scaled by (1) and (2) as ratios.
+
 3. stream order and dependencies: an op starts when its stream's previous op and
    every op it depends on have finished; while the set of running ops stays the same
    every op progresses at the constant rate of (2), so the timeline jumps from one op
@@ -47,6 +50,7 @@ from costmodel.contention_model import (
 )
 from costmodel.evaluator import OpTiming, Timing
 from costmodel.model_params import params_for
+from costmodel.trace_anchor import replay_timing
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
@@ -145,10 +149,13 @@ class AnalyticEvaluator:
         self._statics: dict[int, tuple[weakref.ref, int, _Static]] = {}
         self._est_cache: dict[tuple[Signature, CommConfig], CollectiveEstimate] = {}
         self._host_cache: dict[tuple, tuple[CollectiveEstimate, CollectiveEstimate]] = {}
+        self._replay_cache: dict = {}
 
     # ---- public ------------------------------------------------------------------------------
     def evaluate(self, workload: Workload, plan: Plan) -> Timing:
         self.evaluations += 1
+        if workload.exec_graph is not None:  # a trace: replay it, anchored at its measured times
+            return replay_timing(self, workload, plan, self.cluster.gpus_per_node, self._replay_cache)
         st = self._static(workload)
         ests = [self.estimate(sig, plan.config_for(sig)) for sig in st.signatures]
         if True in st.host_side:
@@ -213,6 +220,12 @@ class AnalyticEvaluator:
     def compute_time_us(self, op: ComputeOp) -> float:
         """The kernel alone on the whole GPU, microseconds."""
         return self.compute_shape(op).base_us
+
+    def slowdown_beside(self, op: ComputeOp, signature: Signature, config: CommConfig) -> float:
+        """The kernel's time beside the collective over its time alone (the replay's contention ratio)."""
+        shape = self.compute_shape(op)
+        yc, _ = pair_times(self.params, self.gpu, shape, self.estimate(signature, config))
+        return yc / shape.base_us if shape.base_us > 0 else 1.0
 
     def overlap_us(self, op: ComputeOp, signature: Signature, config: CommConfig) -> tuple[float, float]:
         """(kernel time, collective time) when both start together on two streams: both run

@@ -25,6 +25,24 @@ class OpTiming:
         return self.start_us + self.duration_us
 
 
+@dataclass(frozen=True)
+class StepTiming:
+    """One profiler step of a replayed trace, replayed and as the trace measured it (us)."""
+
+    name: str
+    iteration_us: float
+    comm_us: float
+    exposed_comm_us: float
+    measured_iteration_us: float
+    measured_comm_us: float
+    measured_exposed_comm_us: float
+    compute_us: float = 0.0  # merged compute kernel time of the step's ops
+    measured_compute_us: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
 @dataclass
 class Timing:
     """One evaluated iteration.
@@ -35,6 +53,8 @@ class Timing:
     exposed_comm_us: communication time not overlapped by any compute op.
     compute_uncontended_us: what compute_us would be with no collective running.
     ops: op_id -> OpTiming for every op of the workload.
+    steps: a replayed trace's complete profiler steps (costmodel.replay); then the
+    figures above are per step, the mean over them. Empty for other workloads.
     """
 
     iteration_us: float
@@ -43,6 +63,7 @@ class Timing:
     exposed_comm_us: float
     compute_uncontended_us: float
     ops: Mapping[int, OpTiming] = field(default_factory=dict)
+    steps: list[StepTiming] = field(default_factory=list)
 
     @property
     def compute_slowdown(self) -> float:

@@ -44,6 +44,7 @@ from costmodel.nccl_defaults import resolve_config
 from costmodel.sim_collective import CollectiveModel
 from costmodel.sim_compute import ComputeModel, gemm_tile_from_name
 from costmodel.sim_params import sim_params
+from costmodel.trace_anchor import replay_timing
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
@@ -123,6 +124,7 @@ class Simulator:
         self._statics: dict[int, tuple[weakref.ref, int, _Static]] = {}
         self._collective_models: dict[tuple[Signature, CommConfig], CollectiveModel] = {}
         self._sm = cluster.gpu.sm_count
+        self._replay_cache: dict = {}
         self._l2 = float(cluster.gpu.l2_bytes)
         self._bw = cluster.gpu.mem_bw_gb_per_s * 1e3 * self.params.mem_efficiency
 
@@ -166,6 +168,12 @@ class Simulator:
         return model.time_us(self._sm - channels, max(0.0, self._l2 - footprint),
                              max(1e-6, self._bw - comm_dram_bytes_per_us))
 
+    def slowdown_beside(self, op: ComputeOp, signature: Signature, config: CommConfig | None = None) -> float:
+        """The kernel's time beside the collective's CTAs and chunks over its time alone (replay's ratio)."""
+        model = self.collective_model(signature, config)
+        alone = self.compute_time_us(op)
+        return self.compute_time_us(op, model.channels, model.config.chunk_bytes or 0) / alone if alone > 0 else 1.0
+
     def overlap_us(self, op: ComputeOp, signature: Signature, config: CommConfig | None = None) -> tuple[float, float]:
         """(compute_us, collective_us) when the kernel and the collective start together (no noise)."""
         wl = tiny_overlap_workload(op, signature)
@@ -181,6 +189,8 @@ class Simulator:
     # ---- the evaluator -------------------------------------------------------------------------
     def evaluate(self, workload: Workload, plan: Plan) -> Timing:
         self.evaluations += 1
+        if workload.exec_graph is not None:  # a trace: replay it, anchored at its measured times (no noise)
+            return replay_timing(self, workload, plan, self.cluster.gpus_per_node, self._replay_cache)
         st = self._static(workload)
         n = len(st.ops)
         nc = st.n_compute

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from traces.breakdown import comm_comp_overlap_pct, temporal_breakdown
 from traces.collectives_table import collectives_table
+from traces.comm_split import split_rows
 from traces.contention import contention_report
 from traces.overlap import overlap_windows
 from traces.workload import Workload
@@ -31,6 +32,7 @@ def rank_report(workload: Workload, top_windows: int = 5, trimmed: bool = False)
             "total_us": round(row.total_us, 3),
             "exposed_us": round(row.exposed_us, 3),
             "on_gpu": row.on_gpu,
+            "nccl_tunable": row.nccl_tunable,
         }
         for row in collectives_table(workload)
     ]
@@ -49,6 +51,8 @@ def rank_report(workload: Workload, top_windows: int = 5, trimmed: bool = False)
         for w in windows[:top_windows]
     ]
     contention = contention_report(workload)
+    graph = workload.exec_graph
+    split = [] if graph is None else split_rows(workload, graph.comm_wait_us, graph.wait_basis != "fastest instances")
     return {
         "rank": workload.rank,
         "world_size": workload.world_size,
@@ -68,10 +72,13 @@ def rank_report(workload: Workload, top_windows: int = 5, trimmed: bool = False)
             {"collective": f.collective, "median_slowdown": round(f.median_slowdown, 4), "pairs": f.pairs}
             for f in contention.figures
         ],
+        "wait_transfer": [row.to_dict() for row in split],
     }
 
 
-def _bytes(n: int) -> str:
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "unknown"  # the trace did not record the size
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
@@ -117,12 +124,23 @@ def render(reports: list[dict], console: Console) -> None:
                 t.add_column(col, justify=justify, no_wrap=True)
             for c in r["collectives"]:
                 exposed_pct = 100.0 * c["exposed_us"] / c["total_us"] if c["total_us"] > 0 else 0.0
-                kind = c["collective"] + ("" if c["on_gpu"] else " (cpu)")
+                kind = c["collective"] + ("" if c["on_gpu"] else " (cpu)") + ("" if c["nccl_tunable"] else " (not NCCL)")
                 t.add_row(kind, str(c["group_size"]), _bytes(c["message_bytes"]), str(c["count"]),
                           _ms(c["total_us"]), _ms(c["exposed_us"]), f"{exposed_pct:.1f}")
             console.print(t)
         else:
             console.print("no collectives in the analysed span")
+
+        if r.get("wait_transfer"):
+            t = Table(title="NCCL kernel time: wait for the slowest peer + transfer (only the transfer tunes)",
+                      title_justify="left")
+            for col in ("type", "group", "message", "count", "total ms", "wait ms", "transfer ms", "per call ms", "from"):
+                t.add_column(col, justify="left" if col in ("type", "from") else "right", no_wrap=True)
+            for c in r["wait_transfer"]:
+                t.add_row(c["collective"], escape(str(c["group"])), _bytes(c["message_bytes"]), str(c["count"]),
+                          _ms(c["total_us"]), _ms(c["wait_us"]), _ms(c["transfer_us"]), _ms(c["transfer_per_call_us"]),
+                          c["basis"])
+            console.print(t)
 
         if r["contention"]:
             t = Table(title="compute slowdown under communication (same kernel, same launch shape)", title_justify="left")

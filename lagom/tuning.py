@@ -28,6 +28,7 @@ from tuner import METHODS, AutoCCL, TuningResult, build_space
 from tuner.space import SearchSpace
 
 EVALUATORS = ("analytic", "sim")
+MIN_GAIN = 0.01  # below a 1% predicted gain, process-wide changes are not worth their risk (issue 11)
 
 
 def _optional(module: str, what: str):
@@ -80,7 +81,21 @@ def _enabled_pairs(cluster: ClusterSpec, signature: Signature):
 
 
 def space_for(workload: Workload, cluster: ClusterSpec) -> SearchSpace:
-    return build_space(workload, cluster, defaults=nccl_defaults_fn(), enabled_pairs=_enabled_pairs)
+    """The search space; for a trace, NCCL's defaults are the settings the trace recorded
+    (over the cluster model's choice for what the trace does not show)."""
+    defaults = nccl_defaults_fn()
+    if workload.exec_graph is not None and defaults is not None:
+        from costmodel.trace_anchor import recorded_configs
+
+        recorded = recorded_configs(workload, cluster.gpus_per_node)
+        model_defaults = defaults
+
+        def defaults(cl: ClusterSpec, sig: Signature) -> CommConfig:
+            base = model_defaults(cl, sig)
+            rec = recorded.get(sig)
+            return base if rec is None else rec.merged_over(base)
+
+    return build_space(workload, cluster, defaults=defaults, enabled_pairs=_enabled_pairs)
 
 
 # ---- calibration cache ------------------------------------------------------------------
@@ -132,7 +147,7 @@ def tuning_cluster(cluster: ClusterSpec, cluster_arg: str, evaluator: str,
     ``model:`` parameters, the preset calibrated against ``sim:PRESET`` (cached)."""
     if evaluator != "analytic" or cluster.model or cluster_arg not in preset_names():
         return cluster
-    return replace(calibrated_cluster(cluster_arg, log=log), nccl_version=cluster.nccl_version)
+    return replace(calibrated_cluster(cluster_arg, log=log), nccl_version=cluster.nccl_version, nodes=cluster.nodes)
 
 
 @dataclass
@@ -166,10 +181,19 @@ def tune(
     return TuneOutcome(space, result, baseline, autoccl)
 
 
-def tuned_config(outcome: TuneOutcome, cluster: ClusterSpec, cluster_arg: str, workload_label: str) -> TunedConfig:
-    """The tuned-config file for a result: delivery rules split the plan over the doors."""
+def tuned_config(outcome: TuneOutcome, cluster: ClusterSpec, cluster_arg: str, workload_label: str,
+                 min_gain: float = MIN_GAIN) -> TunedConfig:
+    """The tuned-config file for a result: delivery rules split the plan over the doors.
+    Below ``min_gain`` (a fraction) of predicted gain over NCCL's default the file
+    changes nothing and its notes say why."""
     space, result = outcome.space, outcome.result
     notes = list(result.notes)
+    tuned_us = result.iteration_us
+    gain = outcome.baseline.iteration_us / tuned_us - 1.0 if tuned_us > 0 else 0.0
+    if result.plan.entries and gain < min_gain:
+        notes.append(f"predicted gain {gain:.2%} is below --min-gain {min_gain:.2%}: "
+                     f"the file keeps NCCL's defaults (no env, process-group or per-collective changes)")
+        result = replace(result, plan=Plan(), timing=outcome.baseline)
     env: dict[str, str] = {}
     groups: dict[str, dict] = {}
     from nccl_env.delivery import deliver
@@ -179,11 +203,15 @@ def tuned_config(outcome: TuneOutcome, cluster: ClusterSpec, cluster_arg: str, w
         env = {str(k): str(v) for k, v in dict(delivery.env).items()}
         groups = {str(k): _group_dict(v) for k, v in dict(delivery.group_configs).items()}
         notes += [str(c) for c in delivery.compromises]
-    entries = []
+    entries: list[CollectiveEntry] = []
     if result.plan.entries:
+        # One entry per byte range: the signatures of a range share their settings (tuner.space).
         for sig in space.signatures:
-            match = Match(sig.collective, sig.group, sig.message_bytes, sig.message_bytes, sig.ranks, sig.nodes)
-            entries.append(CollectiveEntry(match, result.plan.config_for(sig)))
+            low, high = space.byte_range(sig)
+            entry = CollectiveEntry(Match(sig.collective, sig.group, low, high, sig.ranks, sig.nodes),
+                                    result.plan.config_for(sig))
+            if entry not in entries:
+                entries.append(entry)
     predictions = {
         "evaluator_iteration_us": round(result.iteration_us, 3),
         "baseline_us": round(outcome.baseline.iteration_us, 3),

@@ -11,8 +11,14 @@ import orjson
 class TraceBuilder:
     """Events are added with explicit times; ``write`` produces a .json or .json.gz file."""
 
-    def __init__(self, rank: int | None = 0, world_size: int = 2, categories: dict | None = None) -> None:
+    def __init__(self, rank: int | None = 0, world_size: int = 2, categories: dict | None = None,
+                 device: str = "Test GPU", sm_count: int = 108, **distributed) -> None:
+        """``distributed``: more ``distributedInfo`` fields (``nccl_version``, ``pg_config``)."""
         self.events: list[dict] = []
+        self.device = device
+        self.sm_count = sm_count
+        self.distributed = distributed
+        self.metadata: dict = {}  # more top-level fields, e.g. baseTimeNanoseconds
         self.corr = 1000
         self.ext = 1
         self.rank = rank
@@ -47,9 +53,10 @@ class TraceBuilder:
 
     def doc(self) -> dict:
         out: dict = {"schemaVersion": 1, "traceEvents": self.events,
-                     "deviceProperties": [{"id": 0, "name": "Test GPU", "numSms": 108}]}
+                     "deviceProperties": [{"id": 0, "name": self.device, "numSms": self.sm_count}], **self.metadata}
         if self.rank is not None:
-            out["distributedInfo"] = {"backend": "nccl", "rank": self.rank, "world_size": self.world_size}
+            out["distributedInfo"] = {"backend": "nccl", "rank": self.rank, "world_size": self.world_size,
+                                      **self.distributed}
         return out
 
     def write(self, path: Path) -> Path:

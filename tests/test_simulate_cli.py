@@ -68,7 +68,8 @@ def test_workload_file_and_trace_arguments(tmp_path, capsys):
     observed = load_workload_arg(str(trace))
     recovered = load_workload_arg(str(trace), load_cluster("a100-nvswitch"))
     assert recovered.rank == 0 and len(recovered.collectives) == 21
-    assert sum(o.duration_us for o in recovered.compute_ops) <= sum(o.duration_us for o in observed.compute_ops)
+    # a trace keeps its measured kernel times whatever the cluster (the replay anchors at them)
+    assert [o.duration_us for o in recovered.compute_ops] == [o.duration_us for o in observed.compute_ops]
     out = run_json(capsys, str(trace), "--cluster", "a100-nvswitch")
     assert out["collectives"] == 21 and out["iteration_us"] > 0
 

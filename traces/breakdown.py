@@ -6,7 +6,10 @@ These reproduce Holistic Trace Analysis 0.5's ``get_comm_comp_overlap`` and
 - GPU ops are the workload's compute/memory ops and its on-GPU collectives. They are
   classed by name as HTA does: communication ``^nccl.*Kernel``; memory ``^Memcpy``,
   ``^Memset``, ``^dma``; "other" for names HTA excludes from compute (``Memcpy`` or
-  ``Sync`` anywhere, ``Memset`` at the start); compute is the rest.
+  ``Sync`` anywhere, ``Memset`` at the start); compute is the rest. One deliberate
+  difference: communication kernels that are not NCCL's (symmetric memory, custom
+  all-reduce; ``CollectiveOp.nccl_tunable`` False) are communication here, where HTA
+  counts them as compute.
 - Times are whole microseconds: start rounded up, end rounded down (HTA rounds
   fractional timestamps this way; a sub-microsecond kernel can get a negative length).
 - Intervals of a class are merged (touching intervals merge).
@@ -78,7 +81,8 @@ def _gpu_intervals(workload: Workload) -> list[tuple[float, float, str]]:
         out.append((math.ceil(op.start_us), math.floor(op.start_us + op.duration_us), kernel_class(op.name)))
     for coll in workload.collectives:
         if coll.on_gpu:
-            out.append((math.ceil(coll.start_us), math.floor(coll.start_us + coll.duration_us), kernel_class(coll.name)))
+            kind = kernel_class(coll.name) if coll.nccl_tunable else COMMUNICATION
+            out.append((math.ceil(coll.start_us), math.floor(coll.start_us + coll.duration_us), kind))
     return out
 
 

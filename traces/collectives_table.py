@@ -1,5 +1,9 @@
 """The collectives of a Workload, grouped by (type, group size, message size), with exposed time.
 
+A collective whose size the trace did not record has ``message_bytes`` None (shown as
+"unknown"); communication kernels that are not NCCL's get rows of their own
+(``nccl_tunable`` False).
+
 Exposed time is the part of a collective's duration during which no compute kernel
 (memcpy/memset excluded) runs on the rank: the communication the iteration waits for.
 CPU-side collectives (``on_gpu=False``) are measured against the same compute kernels;
@@ -19,11 +23,12 @@ from traces.workload import Workload
 class CollectiveRow:
     collective: CollectiveType
     group_size: int
-    message_bytes: int
+    message_bytes: int | None  # None: not recorded
     count: int
     total_us: float
     exposed_us: float
     on_gpu: bool
+    nccl_tunable: bool = True  # False: not an NCCL kernel, NCCL's knobs do not reach it
 
     @property
     def exposed_pct(self) -> float:
@@ -42,17 +47,17 @@ def exposed_us(workload: Workload) -> dict[int, float]:
 
 
 def collectives_table(workload: Workload) -> list[CollectiveRow]:
-    """One row per (type, group size, message bytes, on_gpu), largest total time first."""
+    """One row per (type, group size, message bytes, on_gpu, nccl_tunable), largest total time first."""
     exposed = exposed_us(workload)
     rows: dict[tuple, list] = {}
     for c in workload.collectives:
         group = workload.groups.get(c.group)
         size = group.size if group is not None else workload.world_size
-        key = (c.collective, size, c.message_bytes, c.on_gpu)
+        key = (c.collective, size, c.message_bytes, c.on_gpu, c.nccl_tunable)
         acc = rows.setdefault(key, [0, 0.0, 0.0])
         acc[0] += 1
         acc[1] += c.duration_us
         acc[2] += exposed[c.op_id]
-    out = [CollectiveRow(k[0], k[1], k[2], n, total, exp, k[3]) for k, (n, total, exp) in rows.items()]
-    out.sort(key=lambda r: (-r.total_us, r.collective.value, r.message_bytes))
+    out = [CollectiveRow(k[0], k[1], k[2], n, total, exp, k[3], k[4]) for k, (n, total, exp) in rows.items()]
+    out.sort(key=lambda r: (-r.total_us, r.collective.value, -1 if r.message_bytes is None else r.message_bytes))
     return out

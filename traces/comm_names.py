@@ -8,10 +8,25 @@ name is recognised:
 - NCCL >= 2.19: ``ncclDevKernel_AllReduce_Sum_f32_RING_LL(...)``, ``ncclDevKernel_SendRecv(...)``
 - RCCL / NCCL generic kernels: ``ncclDevKernel_Generic(...)``, ``ncclDevKernel_Generic_4(...)``,
   ``ncclKernel_Generic...``: the collective is not in the name (the trace's metadata says).
+
+Communication kernels that are not NCCL's are recognised too (:func:`is_comm_kernel`
+without :func:`is_nccl_kernel`): they move data between GPUs, but no NCCL knob
+reaches them. Matched on the kernel's own identifier (the demangled name without
+namespaces, template and call arguments, lower case, underscores dropped):
+
+- PyTorch symmetric memory (``torch.distributed._symmetric_memory``, CUDA >= 12.3):
+  ``multimem_all_reduce_kernel``, ``multimem_one_shot_reduce_kernel``,
+  ``multimem_all_gather_kernel`` (NVLink SHARP multicast), ``one_shot_all_reduce_kernel``,
+  ``two_shot_all_reduce_kernel[_inplace]``;
+- PyTorch's intra-node all-reduce (``IntraNodeComm``) and TensorRT-LLM's custom
+  all-reduce: ``oneShotAllReduceKernel``, ``twoShotAllReduceKernel``,
+  ``hybridCubeMeshAllReduceKernel``, ``allreduce_fusion_kernel_*``;
+- vLLM / SGLang custom all-reduce: ``cross_device_reduce_1stage``, ``cross_device_reduce_2stage``.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 
 from nccl_env.knobs import CollectiveType
@@ -41,16 +56,55 @@ _DTYPE_BYTES = {
 }
 
 
-def is_comm_kernel(name: str) -> bool:
+# Identifier fragments (lower case, no underscores) of communication kernels that are not
+# NCCL's, with the collective they perform; the first fragment found in the identifier wins.
+_OTHER_COMM_KERNELS: tuple[tuple[str, CollectiveType], ...] = (
+    ("multimemallreduce", CollectiveType.ALLREDUCE),
+    ("multimemoneshotallreduce", CollectiveType.ALLREDUCE),
+    ("multimemoneshotreduce", CollectiveType.REDUCE),
+    ("multimemallgather", CollectiveType.ALLGATHER),
+    ("multimemreducescatter", CollectiveType.REDUCESCATTER),
+    ("oneshotallreduce", CollectiveType.ALLREDUCE),
+    ("twoshotallreduce", CollectiveType.ALLREDUCE),
+    ("hybridcubemeshallreduce", CollectiveType.ALLREDUCE),
+    ("allreducefusionkernel", CollectiveType.ALLREDUCE),
+    ("crossdevicereduce1stage", CollectiveType.ALLREDUCE),
+    ("crossdevicereduce2stage", CollectiveType.ALLREDUCE),
+)
+
+
+def kernel_short_name(name: str) -> str:
+    """The kernel function's own name: ``void (anonymous namespace)::multimem_all_reduce_kernel<float,
+    16>(float*, ...)`` -> ``multimem_all_reduce_kernel``."""
+    head = name.replace("(anonymous namespace)", "").split("<", 1)[0].split("(", 1)[0].split()
+    return head[-1].rsplit("::", 1)[-1] if head else name
+
+
+def is_nccl_kernel(name: str) -> bool:
     """True for an NCCL/RCCL kernel name."""
     return _NCCL_KERNEL_RE.match(name) is not None
+
+
+@functools.lru_cache(maxsize=1 << 16)  # every kernel of a trace asks; names repeat
+def other_comm_collective(name: str) -> CollectiveType | None:
+    """The collective of a communication kernel that is not NCCL's, or None for any other kernel."""
+    ident = kernel_short_name(name).lower().replace("_", "")
+    for fragment, collective in _OTHER_COMM_KERNELS:
+        if fragment in ident:
+            return collective
+    return None
+
+
+def is_comm_kernel(name: str) -> bool:
+    """True for a kernel that moves data between GPUs: NCCL/RCCL's, or one of the others above."""
+    return is_nccl_kernel(name) or other_comm_collective(name) is not None
 
 
 def collective_from_kernel_name(name: str) -> CollectiveType | None:
     """The collective a kernel name spells, or None (generic kernels, unknown tokens)."""
     m = _NEW_NAME_RE.match(name) or _OLD_NAME_RE.match(name)
     if m is None:
-        return None
+        return other_comm_collective(name)
     token = m.group(1)
     if token.lower() == "generic":
         return None

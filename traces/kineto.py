@@ -28,9 +28,21 @@ What becomes what:
   ``enable_cuda_sync_events``) give event dependencies between streams.
 - ``launch_us`` of each GPU op is the CPU time of the runtime call that launched it
   (same ``correlation``); analyses use it to trim to whole profiler steps as HTA does.
+- ``exec_graph``: the execution graph a replay schedules (launch calls, host
+  synchronisation, inferred stream waits, named steps, each NCCL kernel's recorded
+  channels and threads): :mod:`traces.exec_graph`.
 
 Times are microseconds from an integer origin: the floor of the earliest event of
-all files read together, so the ranks of one directory share a clock.
+all files read together, so the ranks of one directory share a clock (a file's
+``baseTimeNanoseconds``, which recent PyTorch writes with times relative to it, is
+added first, to the whole microsecond).
+
+The files of one directory must be one job's ranks: two files with different
+``distributedInfo.world_size``, ``nccl_version`` or device names, or recorded more
+than a minute apart, are a LagomError naming both, as two files of the same rank are.
+The world size comes from ``distributedInfo.world_size``, else from the default
+process group of ``pg_config``; with neither, it counts the ranks read and the
+Workload says so (``world_size_known=False``).
 """
 
 from __future__ import annotations
@@ -40,13 +52,15 @@ import math
 import re
 from bisect import bisect_right
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CollectiveType
-from traces.comm_names import collective_from_kernel_name
+from traces.comm_names import collective_from_kernel_name, is_nccl_kernel
+from traces.exec_graph_build import build_exec_graph
 from traces.kineto_comm import CommInfo, collective_from_call, parse_ranks
-from traces.kineto_events import CommCall, EventReader, GpuOp, to_int
+from traces.kineto_events import CommCall, EventReader, GpuOp, HostCall, StepMark, SyncEvent, to_int
 from traces.kineto_json import read_events
 from traces.workload import (
     CollectiveOp,
@@ -62,6 +76,9 @@ from traces.workload import (
 _COMM_KEYS = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Process Group Name")
 MAX_RANKS = 1 << 20  # a sanity bound on ranks and group sizes read from a trace
 _RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.IGNORECASE)
+# Two files whose recorded times lie further apart are different runs: the profilers of one
+# job's ranks start within seconds of each other (a judgment, not a measured figure).
+JOB_GAP_US = 60e6
 
 
 def read_trace(path: str | Path) -> list[Workload]:
@@ -85,11 +102,25 @@ def read_trace(path: str | Path) -> list[Workload]:
         if collecting:
             gc.enable()
     _assign_ranks(parsed, path)
-    times = [p.min_ts for p in parsed if p.min_ts is not None]
-    origin = math.floor(min(times)) if times else 0
+    _check_one_job(parsed, path)
+    starts = [p.base_us + math.floor(p.min_ts) for p in parsed if p.min_ts is not None]
+    origin = min(starts) if starts else 0
     world = max([p.world_size or 0 for p in parsed] + [len(parsed), max(p.rank or 0 for p in parsed) + 1])
-    workloads = [p.build(origin, world) for p in parsed]
+    known = any(p.world_size is not None for p in parsed)
+    workloads = [p.build(origin - p.base_us, world, known) for p in parsed]
+    _attach_comm_waits(workloads)
     return sorted(workloads, key=lambda w: w.rank)
+
+
+def _attach_comm_waits(workloads: list[Workload]) -> None:
+    """Each NCCL kernel's wait for its peers, from all ranks read together (traces.comm_split)."""
+    from traces.comm_split import split_waits
+
+    waits = split_waits(workloads)
+    for w in workloads:
+        if w.exec_graph is not None:
+            w.exec_graph.comm_wait_us = waits.get(w.rank, {})
+            w.exec_graph.wait_basis = "ranks' launch times" if len(workloads) > 1 else "fastest instances"
 
 
 def _is_trace_name(name: str) -> bool:
@@ -106,6 +137,8 @@ class _ParsedTrace:
     device_name: str | None
     sm_count: int | None
     pg_config: list[ProcessGroup]
+    nccl_version: str | None = None  # distributedInfo.nccl_version, as written
+    base_us: int = 0  # baseTimeNanoseconds in whole microseconds (0: times are absolute)
     gpu_ops: list[GpuOp] = field(default_factory=list)
     launch_ts: dict[int, float] = field(default_factory=dict)
     launch_thread: dict[int, tuple[float, float, tuple]] = field(default_factory=dict)
@@ -114,9 +147,15 @@ class _ParsedTrace:
     steps: list[tuple[float, float]] = field(default_factory=list)
     stream_waits: list[tuple[int, int, int, int]] = field(default_factory=list)
     min_ts: float | None = None
+    max_ts: float | None = None  # the latest end of a GPU op, comm call or profiler step
+    # for the execution graph (traces.exec_graph_build)
+    launch_calls: dict[int, tuple[float, float, tuple]] = field(default_factory=dict)
+    host_calls: list[HostCall] = field(default_factory=list)
+    sync_events: list[SyncEvent] = field(default_factory=list)
+    step_marks: list[StepMark] = field(default_factory=list)
 
-    def build(self, origin: int, world_size: int) -> Workload:
-        return _WorkloadBuilder(self, origin, world_size).build()
+    def build(self, origin: int, world_size: int, world_size_known: bool) -> Workload:
+        return _WorkloadBuilder(self, origin, world_size, world_size_known).build()
 
 
 def _parse_file(path: Path) -> _ParsedTrace:
@@ -129,6 +168,12 @@ def _parse_file(path: Path) -> _ParsedTrace:
     parsed.steps = events.steps
     parsed.stream_waits = events.stream_waits
     parsed.min_ts = events.min_ts if events.min_ts != math.inf else None
+    ends = [g.ts + g.dur for g in parsed.gpu_ops] + [c.end for c in parsed.comm_calls] + [e for _, e in parsed.steps]
+    parsed.max_ts = max(ends, default=parsed.min_ts)
+    parsed.launch_calls = events.launch_calls()
+    parsed.host_calls = events.host_calls
+    parsed.sync_events = events.sync_events
+    parsed.step_marks = events.step_marks
     if not parsed.gpu_ops and not any(collective_from_call(c) for c in parsed.comm_calls):
         raise LagomError(f"{path}: trace has neither GPU kernels nor collectives (nothing to analyse)")
     return parsed
@@ -162,12 +207,18 @@ def _read_metadata(path: Path, doc: dict) -> _ParsedTrace:
                 ranks = tuple(range(size))
             if ranks:
                 groups.append(ProcessGroup(str(pg["pg_name"]), ranks))
+                if world is None and (pg.get("pg_desc") == "default_pg" or str(pg["pg_name"]) == "0"):
+                    world = len(ranks) if len(ranks) <= MAX_RANKS else None  # the default group spans the world
     device_name = sm_count = None
     props = doc.get("deviceProperties")
     if isinstance(props, list) and props and isinstance(props[0], dict):
         device_name = props[0].get("name") if isinstance(props[0].get("name"), str) else None
         sm_count = to_int(props[0].get("numSms"))
-    return _ParsedTrace(path, rank, world, device_name, sm_count, groups)
+    version = info.get("nccl_version")
+    base_ns = to_int(doc.get("baseTimeNanoseconds"))
+    base_us = base_ns // 1000 if base_ns is not None and 0 <= base_ns < 1 << 62 else 0
+    return _ParsedTrace(path, rank, world, device_name, sm_count, groups,
+                        version if isinstance(version, str) else None, base_us)
 
 
 def _assign_ranks(parsed: list[_ParsedTrace], path: Path) -> None:
@@ -182,12 +233,39 @@ def _assign_ranks(parsed: list[_ParsedTrace], path: Path) -> None:
         used[p.rank] = p.path
 
 
+def _check_one_job(parsed: list[_ParsedTrace], path: Path) -> None:
+    """Every file against the lowest rank's: the same world, NCCL and device, recorded together."""
+    ref = min(parsed, key=lambda p: p.rank or 0)
+    for p in parsed:
+        if p is ref:
+            continue
+        for what, a, b in (("world size", ref.world_size, p.world_size), ("NCCL", ref.nccl_version, p.nccl_version),
+                           ("device", ref.device_name, p.device_name)):
+            if a is not None and b is not None and a != b:
+                raise LagomError(f"{path}: {ref.path.name} and {p.path.name} are traces of different jobs "
+                                 f"({what} {a} and {b})")
+        if ref.min_ts is not None and ref.max_ts is not None and p.min_ts is not None and p.max_ts is not None:
+            a0, a1 = ref.base_us + ref.min_ts, ref.base_us + ref.max_ts
+            b0, b1 = p.base_us + p.min_ts, p.base_us + p.max_ts
+            if max(a0, b0) - min(a1, b1) > JOB_GAP_US:
+                raise LagomError(f"{path}: {ref.path.name} and {p.path.name} are traces of different jobs "
+                                 f"(recorded more than a minute apart: from {_when(a0)} and from {_when(b0)})")
+
+
+def _when(time_us: float) -> str:
+    """A trace time as a UTC date when it is one (epoch microseconds), else as microseconds."""
+    if 1e15 <= time_us < 1e17:  # 2001 .. 5138
+        return datetime.fromtimestamp(time_us / 1e6, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"{time_us:.0f} us"
+
+
 # ---- building the Workload ---------------------------------------------------------------
 class _WorkloadBuilder:
-    def __init__(self, parsed: _ParsedTrace, origin: int, world_size: int) -> None:
+    def __init__(self, parsed: _ParsedTrace, origin: int, world_size: int, world_size_known: bool) -> None:
         self.p = parsed
         self.origin = origin
         self.world_size = world_size
+        self.world_size_known = world_size_known
         self.groups: dict[str, ProcessGroup] = {g.name: g for g in parsed.pg_config}
         # Comm calls per launching thread, sorted by start, for the enclosing-call join.
         self.calls_by_thread: dict[tuple, list[CommCall]] = {}
@@ -200,16 +278,21 @@ class _WorkloadBuilder:
         o = self.origin
         compute: list[ComputeOp] = []
         colls: list[CollectiveOp] = []
-        stream_kind: dict[int, StreamKind] = {}
+        # A stream's kind is its most telling op's: an NCCL kernel, else a compute kernel, else
+        # another communication kernel (symmetric memory runs on the compute stream), else memory.
+        stream_kind: dict[int, tuple[int, StreamKind]] = {}
         op_corr: list[tuple[ComputeOp | CollectiveOp, int | None]] = []
+        made: list[tuple[ComputeOp | CollectiveOp, GpuOp]] = []  # each op with the GPU op it came from
         for g in p.gpu_ops:
             launch = p.launch_ts.get(g.correlation) if g.correlation is not None else None
             launch_us = None if launch is None else launch - o
             if g.is_comm:
                 info = self._comm_info(g)
-                colls.append(self._collective(info, g.name, g.stream, g.ts - o, g.dur, True, launch_us))
+                nccl = is_nccl_kernel(g.name)
+                colls.append(self._collective(info, g.name, g.stream, g.ts - o, g.dur, True, launch_us, nccl))
                 op_corr.append((colls[-1], g.correlation))
-                stream_kind[g.stream] = StreamKind.COMMUNICATION
+                made.append((colls[-1], g))
+                _note_kind(stream_kind, g.stream, 3 if nccl else 1, StreamKind.COMMUNICATION)
             else:
                 compute.append(
                     ComputeOp(
@@ -229,10 +312,12 @@ class _WorkloadBuilder:
                     )
                 )
                 op_corr.append((compute[-1], g.correlation))
-                kind = StreamKind.MEMORY if g.is_memory else StreamKind.COMPUTE
-                if stream_kind.get(g.stream) in (None, StreamKind.MEMORY):
-                    stream_kind[g.stream] = kind
-        streams = [Stream(s, k, f"stream {s}") for s, k in sorted(stream_kind.items())]
+                made.append((compute[-1], g))
+                if g.is_memory:
+                    _note_kind(stream_kind, g.stream, 0, StreamKind.MEMORY)
+                else:
+                    _note_kind(stream_kind, g.stream, 2, StreamKind.COMPUTE)
+        streams = [Stream(s, k, f"stream {s}") for s, (_, k) in sorted(stream_kind.items())]
         if not any(c.on_gpu for c in colls):
             cpu_colls, cpu_streams = self._cpu_collectives()
             colls += cpu_colls
@@ -240,6 +325,7 @@ class _WorkloadBuilder:
         _assign_ids(compute, colls)
         deps = self._dependencies(op_corr)
         steps = sorted((a - o, b - o) for a, b in set(p.steps))
+        graph = build_exec_graph(made, p.launch_calls, p.host_calls, p.sync_events, p.step_marks, deps, o) if made else None
         return Workload(
             rank=p.rank if p.rank is not None else 0,
             world_size=self.world_size,
@@ -252,6 +338,9 @@ class _WorkloadBuilder:
             device_name=p.device_name,
             sm_count=p.sm_count,
             profiler_steps=steps,
+            nccl_version=p.nccl_version,
+            world_size_known=self.world_size_known,
+            exec_graph=graph,
         )
 
     def _comm_info(self, g: GpuOp) -> CommInfo:
@@ -286,14 +375,15 @@ class _WorkloadBuilder:
         return out
 
     def _collective(
-        self, info: CommInfo, name: str, stream: int, start_us: float, dur: float, on_gpu: bool, launch_us: float | None
+        self, info: CommInfo, name: str, stream: int, start_us: float, dur: float, on_gpu: bool,
+        launch_us: float | None, nccl_tunable: bool = True,
     ) -> CollectiveOp:
         group = self._group(info)
         return CollectiveOp(
             op_id=-1,
             name=name,
             collective=info.collective or CollectiveType.ALLREDUCE,  # generic kernel, no metadata: see docs
-            message_bytes=info.message_bytes or 0,
+            message_bytes=info.message_bytes,  # None: the trace did not record it
             stream=stream,
             start_us=start_us,
             duration_us=float(dur),
@@ -301,6 +391,7 @@ class _WorkloadBuilder:
             dtype=info.dtype,
             on_gpu=on_gpu,
             launch_us=launch_us,
+            nccl_tunable=nccl_tunable,
         )
 
     def _group(self, info: CommInfo) -> str:
@@ -369,6 +460,11 @@ class _WorkloadBuilder:
             if i >= 0 and j < len(consumers):
                 deps.add(Dependency(producers[i][1], consumers[j][1], DependencyKind.EVENT))
         return sorted(deps, key=lambda d: (d.before, d.after))
+
+
+def _note_kind(kinds: dict[int, tuple[int, StreamKind]], stream: int, rank: int, kind: StreamKind) -> None:
+    if stream not in kinds or kinds[stream][0] < rank:
+        kinds[stream] = (rank, kind)
 
 
 def _assign_ids(compute: list[ComputeOp], colls: list[CollectiveOp]) -> None:

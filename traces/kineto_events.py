@@ -3,7 +3,10 @@
 :class:`EventReader` is fed chunks of events (see :mod:`traces.kineto_json`) and
 keeps compact records: GPU ops (kernels, memcpy, memset) with their launch shape,
 the CPU launch call of each correlation id (in flat arrays), CPU comm calls with
-their args, profiler steps and CUDA stream-wait events. Malformed events (missing or
+their args, profiler steps and CUDA stream-wait events; for the execution graph
+(:mod:`traces.exec_graph_build`) also the host calls that order streams or block the
+CPU (:data:`HOST_CALL_NAMES`), every ``cuda_sync`` event and the named profiler steps
+with their thread. Malformed events (missing or
 non-numeric ``ts``/``dur``, negative ``dur``, non-string ``cat``/``name``) are skipped,
 as HTA's parser drops rows without ``dur``; wrongly typed args read as absent.
 """
@@ -67,6 +70,47 @@ class CommCall:
     thread: tuple
 
 
+# Runtime calls the execution graph needs by name: they block the CPU thread until the GPU
+# catches up, or order one stream after another (CUDA and HIP spellings).
+HOST_CALL_NAMES = frozenset({
+    "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaEventRecord",
+    "cudaStreamWaitEvent", "cudaMemcpy", "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize",
+    "hipEventRecord", "hipStreamWaitEvent", "hipMemcpy",
+})
+
+
+@dataclass(slots=True)
+class HostCall:
+    """A runtime call from :data:`HOST_CALL_NAMES`, as the CPU thread saw it."""
+
+    ts: float
+    end: float
+    name: str
+    correlation: int | None
+    thread: tuple
+
+
+@dataclass(slots=True)
+class SyncEvent:
+    """A ``cuda_sync`` event (Stream Wait Event, Stream Sync, Event Sync, Context Sync)."""
+
+    kind: str
+    correlation: int | None  # of the runtime call that caused it
+    stream: int | None  # the waiting stream (Stream Wait Event) or the synchronised one
+    wait_on_stream: int | None
+    record_correlation: int | None  # of the cudaEventRecord awaited, when Kineto knows it
+
+
+@dataclass(slots=True)
+class StepMark:
+    """A ``ProfilerStep#N`` annotation on its CPU thread."""
+
+    name: str
+    ts: float
+    end: float
+    thread: tuple
+
+
 class EventReader:
     """Accumulates the records of every chunk fed to it."""
 
@@ -77,6 +121,9 @@ class EventReader:
         self.steps: list[tuple[float, float]] = []
         # (waiting stream, producer stream, cudaEventRecord correlation, cudaStreamWaitEvent correlation)
         self.stream_waits: list[tuple[int, int, int, int]] = []
+        self.host_calls: list[HostCall] = []
+        self.sync_events: list[SyncEvent] = []
+        self.step_marks: list[StepMark] = []
         self.min_ts = math.inf
         # CPU runtime calls, flat: correlation, start, end, thread index.
         self._rt_corr = array("q")
@@ -148,10 +195,13 @@ class EventReader:
                     rt_ts.append(ts)
                     rt_end.append(ts + dur)
                     rt_thread.append(index)
+                    if name in HOST_CALL_NAMES:
+                        self.host_calls.append(HostCall(ts, ts + dur, name, corr, thread))
             elif kind == CPU:
                 first = name[:1]
                 if first == "P" and name.startswith("ProfilerStep"):
                     self.steps.append((ts, ts + dur))
+                    self.step_marks.append(StepMark(name, ts, ts + dur, thread_key(e)))
                 elif first in _COMM_CALL_FIRST and is_comm_call(name):
                     call = CommCall(ts, ts + dur, name, args, thread_key(e))
                     self.comm_calls.append(call)
@@ -166,6 +216,7 @@ class EventReader:
                 if (wait_on is not None and wait_on >= 0 and record_corr is not None and stream is not None
                         and corr is not None):
                     self.stream_waits.append((stream, wait_on, record_corr, corr))
+                self.sync_events.append(SyncEvent(name, corr, stream, wait_on, record_corr))
         self.min_ts = min_ts
 
     def launches(self) -> tuple[dict[int, float], dict[int, tuple[float, float, tuple]]]:
@@ -186,6 +237,21 @@ class EventReader:
                 if corr in comm:
                     launch_thread[corr] = (ts, rt_end[i], threads[rt_thread[i]])
         return launch_ts, launch_thread
+
+
+    def launch_calls(self) -> dict[int, tuple[float, float, tuple]]:
+        """Correlation -> (start, end, thread) of the earliest runtime call with that
+        correlation, for every GPU op's correlation (the execution graph's launch edges)."""
+        wanted = {g.correlation for g in self.gpu_ops if g.correlation is not None}
+        threads = {i: t for t, i in self._threads.items()}
+        out: dict[int, tuple[float, float, tuple]] = {}
+        rt_ts, rt_end, rt_thread = self._rt_ts, self._rt_end, self._rt_thread
+        for i, corr in enumerate(self._rt_corr):
+            if corr in wanted:
+                prev = out.get(corr)
+                if prev is None or rt_ts[i] < prev[0]:
+                    out[corr] = (rt_ts[i], rt_end[i], threads[rt_thread[i]])
+        return out
 
 
 def thread_key(event: dict) -> tuple:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from nccl_env.knobs import Algorithm, CollectiveType, Protocol
 from nccl_env.plan import Signature
+from traces.exec_graph import ExecGraph
 
 WORKLOAD_FORMAT_VERSION = 1
 
@@ -83,12 +84,19 @@ class ComputeOp:
 
 @dataclass
 class CollectiveOp:
-    """A communication kernel (or, in CPU-only traces, a collective call) on a stream."""
+    """A communication kernel (or, in CPU-only traces, a collective call) on a stream.
+
+    Two kinds of collective are not NCCL's to tune, and :attr:`tunable` says so: one
+    whose size the trace did not record (``message_bytes`` None: shown as "unknown",
+    never as 0 bytes) and a communication kernel that is not NCCL's
+    (``nccl_tunable=False``: symmetric-memory ``multimem_*`` and custom one-shot /
+    two-shot all-reduce kernels, :mod:`traces.comm_names`), which NCCL's knobs do not reach.
+    """
 
     op_id: int
     name: str
     collective: CollectiveType
-    message_bytes: int  # bytes of the larger of input and output buffers on this rank
+    message_bytes: int | None  # bytes of the larger of input and output buffers on this rank; None: not recorded
     stream: int
     start_us: float
     duration_us: float
@@ -98,10 +106,16 @@ class CollectiveOp:
     protocol: Protocol | None = None
     on_gpu: bool = True  # False when only the CPU-side call was recorded (e.g. gloo)
     launch_us: float | None = None  # CPU time of the runtime call that launched it (traces only)
+    nccl_tunable: bool = True  # False: a communication kernel that is not NCCL's (see the class doc)
 
     @property
     def end_us(self) -> float:
         return self.start_us + self.duration_us
+
+    @property
+    def tunable(self) -> bool:
+        """NCCL's knobs reach it and its signature is known: the tuner may set it."""
+        return self.nccl_tunable and self.message_bytes is not None
 
 
 class DependencyKind(enum.Enum):
@@ -141,6 +155,9 @@ class Workload:
     sm_count: int | None = None
     gpus_per_node: int | None = None
     profiler_steps: list[tuple[float, float]] = field(default_factory=list)  # (start_us, end_us) per ProfilerStep
+    nccl_version: str | None = None  # the NCCL the job ran, as the trace records it (distributedInfo.nccl_version)
+    world_size_known: bool = True  # False: the trace records no world size; world_size counts the ranks read
+    exec_graph: ExecGraph | None = None  # traces only: what a replay schedules (traces.exec_graph)
 
     # ---- lookups -----------------------------------------------------------------
     def op(self, op_id: int) -> Op:
@@ -159,7 +176,11 @@ class Workload:
 
     def signature(self, op: CollectiveOp, gpus_per_node: int | None = None) -> Signature:
         """The run-time match key of a collective. ``nodes`` comes from the group,
-        else from ``gpus_per_node`` (argument, then the workload's), else 1."""
+        else from ``gpus_per_node`` (argument, then the workload's), else 1.
+
+        A collective without a recorded size gets 0 bytes here, for the evaluators only
+        (a latency-only stand-in for its time); it is not :attr:`CollectiveOp.tunable`,
+        so no search space, plan or tuned file ever holds that signature."""
         group = self.groups.get(op.group)
         ranks = group.size if group is not None else self.world_size
         nodes = group.nodes if group is not None else None
@@ -171,7 +192,7 @@ class Workload:
                 nodes = max(1, -(-ranks // per_node))
             else:
                 nodes = 1
-        return Signature(op.group, op.collective, op.message_bytes, ranks, nodes)
+        return Signature(op.group, op.collective, op.message_bytes or 0, ranks, nodes)
 
     @property
     def span_us(self) -> float:
@@ -183,6 +204,12 @@ class Workload:
 
     # ---- JSON round trip -----------------------------------------------------------
     def to_dict(self) -> dict:
+        out = self._to_dict()
+        if self.exec_graph is not None:
+            out["exec_graph"] = self.exec_graph.to_dict()
+        return out
+
+    def _to_dict(self) -> dict:
         return {
             "format": "lagom.workload",
             "version": WORKLOAD_FORMAT_VERSION,
@@ -193,6 +220,8 @@ class Workload:
             "sm_count": self.sm_count,
             "gpus_per_node": self.gpus_per_node,
             "profiler_steps": [list(s) for s in self.profiler_steps],
+            **({"nccl_version": self.nccl_version} if self.nccl_version is not None else {}),
+            **({} if self.world_size_known else {"world_size_known": False}),
             "streams": [{"stream_id": s.stream_id, "kind": s.kind.value, "name": s.name} for s in self.streams],
             "groups": [
                 {"name": g.name, "ranks": list(g.ranks), "nodes": g.nodes} for g in self.groups.values()
@@ -218,6 +247,8 @@ class Workload:
             sm_count=data.get("sm_count"),
             gpus_per_node=data.get("gpus_per_node"),
             profiler_steps=[(float(a), float(b)) for a, b in data.get("profiler_steps", [])],
+            nccl_version=data.get("nccl_version"),
+            world_size_known=bool(data.get("world_size_known", True)),
             streams=[Stream(int(s["stream_id"]), StreamKind(s["kind"]), s.get("name", "")) for s in data["streams"]],
             groups={
                 g["name"]: ProcessGroup(str(g["name"]), tuple(int(r) for r in g["ranks"]), g.get("nodes"))
@@ -226,6 +257,7 @@ class Workload:
             compute_ops=[_compute_from_dict(o) for o in data["compute_ops"]],
             collectives=[_collective_from_dict(o) for o in data["collectives"]],
             dependencies=[Dependency(int(a), int(b), DependencyKind(k)) for a, b, k in data["dependencies"]],
+            exec_graph=ExecGraph.from_dict(data["exec_graph"]) if data.get("exec_graph") is not None else None,
         )
 
 
@@ -248,7 +280,9 @@ def _collective_to_dict(op: CollectiveOp) -> dict:
     out["collective"] = op.collective.value
     out["algorithm"] = None if op.algorithm is None else op.algorithm.nccl_name
     out["protocol"] = None if op.protocol is None else op.protocol.nccl_name
-    return {k: v for k, v in out.items() if v is not None}
+    out = {k: v for k, v in out.items() if v is not None and not (k == "nccl_tunable" and v)}
+    out["message_bytes"] = op.message_bytes  # null when the trace recorded no size
+    return out
 
 
 def _collective_from_dict(data: dict) -> CollectiveOp:

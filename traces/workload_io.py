@@ -80,8 +80,9 @@ def workload_problem(workload: Workload) -> str | None:
         if op.stream not in streams:
             return f"{what}: stream {op.stream} is not in 'streams'"
     for op in workload.collectives:
-        if not isinstance(op.message_bytes, int) or isinstance(op.message_bytes, bool) or op.message_bytes < 0:
-            return f"op {op.op_id}: message_bytes must be an integer >= 0, got {op.message_bytes!r}"
+        size = op.message_bytes
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
+            return f"op {op.op_id}: message_bytes must be an integer >= 0 or null (not recorded), got {size!r}"
         if op.group not in workload.groups:
             return f"op {op.op_id}: process group {op.group!r} is not in 'groups'"
     for op in workload.compute_ops:

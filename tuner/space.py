@@ -20,6 +20,12 @@ nodes) or ``NCCL_P2P_NVL/PCI_CHUNKSIZE`` (inside a node). They form one or two p
 units of their own with the chunk axis only; from NCCL 2.19 the step is kept within
 ``NCCL_BUFFSIZE / 8``, which :meth:`SearchSpace.plan` applies as NCCL would.
 
+A collective the tuner may not set (``CollectiveOp.tunable`` False: no recorded size,
+or not an NCCL kernel) has no signature in the space; NCCL decides for it. Where a
+collective's size changes from step to step (:mod:`traces.size_ranges`), the tuned
+file matches a byte range rather than one size, so the signatures of one range share
+every per-collective knob: their ``COLLECTIVE`` scope key names the range.
+
 Signatures that share a scope key form a :class:`Unit`; search methods choose one
 value per unit and axis, so every plan they emit is one the delivery doors can carry.
 A :class:`Point` (rung index per unit and axis, pair per subspace unit) becomes a
@@ -49,6 +55,7 @@ from nccl_env.rules import (
     p2p_chunk_ceiling,
     per_collective_knobs,
 )
+from traces.size_ranges import signature_ranges
 from traces.workload import Workload
 
 RESOURCE_AXES = ("channels", "chunk_bytes", "threads")
@@ -72,11 +79,14 @@ class Scope(enum.Enum):
     PROCESS = "process"
 
 
-def scope_key(scope: Scope, signature: Signature) -> str:
-    """The label signatures share when they must share a knob's value."""
+def scope_key(scope: Scope, signature: Signature, byte_range: tuple[int, int] | None = None) -> str:
+    """The label signatures share when they must share a knob's value (``byte_range``: the
+    inclusive sizes the signature's setting will match; its own size when None)."""
     if scope is Scope.COLLECTIVE:
         # the plugin matches (collective, bytes, ranks, nodes): it cannot tell groups apart
-        return f"{signature.collective.value} {signature.message_bytes}B x{signature.ranks}r/{signature.nodes}n"
+        low, high = byte_range or (signature.message_bytes, signature.message_bytes)
+        size = f"{low}B" if low == high else f"{low}-{high}B"
+        return f"{signature.collective.value} {size} x{signature.ranks}r/{signature.nodes}n"
     if scope is Scope.GROUP:
         return f"group {signature.group}"
     if scope is Scope.FUNCTION:
@@ -212,6 +222,11 @@ class SearchSpace:
     pairs: dict[Signature, tuple[tuple[Algorithm, Protocol], ...]]
     defaults: dict[Signature, CommConfig]  # NCCL's own choice per signature (may be partial)
     notes: list[str] = field(default_factory=list)
+    byte_ranges: dict[Signature, tuple[int, int]] = field(default_factory=dict)  # inclusive; absent: its own size
+
+    def byte_range(self, signature: Signature) -> tuple[int, int]:
+        """The sizes the signature's tuned setting matches (``traces.size_ranges``)."""
+        return self.byte_ranges.get(signature, (signature.message_bytes, signature.message_bytes))
 
     # -- unit lookups
     def unit_pairs(self, unit: Unit) -> tuple[tuple[Algorithm, Protocol], ...]:
@@ -301,18 +316,21 @@ class SearchSpace:
 
 
 def workload_signatures(workload: Workload, gpus_per_node: int | None = None) -> dict[Signature, tuple[int, ...]]:
+    """The signatures the tuner may set, with their collectives' op ids (untunable ones left out)."""
     out: dict[Signature, list[int]] = {}
     for op in workload.collectives:
-        out.setdefault(workload.signature(op, gpus_per_node), []).append(op.op_id)
+        if op.tunable:
+            out.setdefault(workload.signature(op, gpus_per_node), []).append(op.op_id)
     return {s: tuple(ids) for s, ids in sorted(out.items())}
 
 
-def _units(signatures: Iterable[Signature], scope: Scope, axes: tuple[str, ...], start: int) -> list[Unit]:
+def _units(signatures: Iterable[Signature], scope: Scope, axes: tuple[str, ...], start: int,
+           ranges: dict[Signature, tuple[int, int]]) -> list[Unit]:
     grouped: dict[str, list[Signature]] = {}
     for sig in signatures:
         if sig.collective in _P2P:
             continue  # NCCL's p2p path takes none of these doors: see _p2p_units
-        grouped.setdefault(scope_key(scope, sig), []).append(sig)
+        grouped.setdefault(scope_key(scope, sig, ranges.get(sig)), []).append(sig)
     return [
         Unit(start + i, key, scope, tuple(sigs), axes) for i, (key, sigs) in enumerate(sorted(grouped.items()))
     ]
@@ -349,8 +367,11 @@ def build_space(
     version = nccl_version or cluster.nccl_version
     sig_ids = workload_signatures(workload, cluster.gpus_per_node)
     if not sig_ids:
-        raise LagomError(f"workload {workload.source or '<workload>'}: no collectives to tune")
+        untunable = sum(1 for op in workload.collectives if not op.tunable)
+        why = f" ({untunable} without a recorded size or not NCCL kernels)" if untunable else ""
+        raise LagomError(f"workload {workload.source or '<workload>'}: no collectives to tune{why}")
     signatures = tuple(sig_ids)
+    ranges = signature_ranges(workload, signatures)
     scopes = knob_scopes(version)
     max_nc = min(max_channels(_version(version)), max(1, cluster.gpu.sm_count // 2))
     axes = {
@@ -365,7 +386,7 @@ def build_space(
     resource_units: list[Unit] = []
     for scope in Scope:
         if scope in by_scope:
-            resource_units += _units(signatures, scope, tuple(by_scope[scope]), len(resource_units))
+            resource_units += _units(signatures, scope, tuple(by_scope[scope]), len(resource_units), ranges)
     resource_units += _p2p_units(signatures, len(resource_units))
     available = set(algorithms_available(_version(version)))
     pairs = {}
@@ -375,7 +396,7 @@ def build_space(
         )
         pairs[sig] = enabled or pairs_for(sig, version, cluster.intra_node.kind)
     with_pairs = [s for s in signatures if pairs[s]]
-    subspace_units = _units(with_pairs, scopes["algorithm"], (), 0)
+    subspace_units = _units(with_pairs, scopes["algorithm"], (), 0, ranges)
     notes = []
     for axis in RESOURCE_AXES:
         if axes[axis].scope is not Scope.COLLECTIVE:
@@ -392,4 +413,5 @@ def build_space(
         pairs=pairs,
         defaults=default_cfg,
         notes=notes,
+        byte_ranges={s: r for s, r in ranges.items() if r != (s.message_bytes, s.message_bytes)},
     )

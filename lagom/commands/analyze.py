@@ -4,7 +4,10 @@ Per rank of PyTorch profiler (Kineto) traces (a .json/.json.gz file, or a direct
 with one file per rank): the collectives (type, group size, message size, count,
 total time, exposed time = not overlapped by compute), communication/computation
 overlap %, the temporal breakdown (idle / compute / non-compute %), compute slowdown
-under communication, and the largest overlap windows.
+under communication, each NCCL kernel key's time split into waiting for the slowest
+peer and transfer (traces.comm_split: from the fastest instances, or from the ranks'
+launch times when a directory holds several ranks; only the transfer answers to NCCL
+settings), and the largest overlap windows.
 
 Overlap % and the breakdown follow Holistic Trace Analysis 0.5: by default the trace
 is trimmed to whole profiler steps (the last, usually unfinished, step is dropped);

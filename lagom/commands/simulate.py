@@ -1,10 +1,21 @@
-"""`lagom simulate WORKLOAD --cluster NAME|FILE`: one iteration on a virtual cluster.
+"""`lagom simulate WORKLOAD [--cluster NAME|FILE]`: one iteration on a virtual cluster.
 
-WORKLOAD is a profiler trace (file or directory; rank 0 is simulated, compute kernels
-from their uncontended durations), a Lagom workload JSON file, or a spec string such as
-``fsdp:llama3-8b:gpus=16``, ``tp:phi2:tp=8,dp=2``, ``ep:olmoe:ep=8``.
+WORKLOAD is a profiler trace (file or directory; rank 0), a Lagom workload JSON file,
+or a spec string such as ``fsdp:llama3-8b:gpus=16``, ``tp:phi2:tp=8,dp=2``, ``ep:olmoe:ep=8``.
+--cluster is required for a spec or a workload file; for a trace it defaults to the
+preset for the trace's GPU, with the NCCL version the trace ran (lagom/trace_context.py).
 
-Every collective runs with NCCL's modelled default choice, unless ``--set`` gives one
+A trace is replayed (docs/replay.md): its execution graph scheduled with the measured
+times, which the evaluator only scales by the ratio its mechanism gives between the
+plan and the trace's recorded settings. With neither --config nor --set the plan is the
+trace's own recorded settings, so the replay reproduces the trace. Figures are per
+profiler step (the mean over the trace's complete steps) and every step is listed;
+``--json`` adds ``"steps": [{"name", "iteration_us", "comm_us", "exposed_comm_us",
+"measured_iteration_us", "measured_comm_us", "measured_exposed_comm_us", ...}]`` and
+``"replay": {"median_step_error_pct", "comm_error_pct", "exposed_error_pct", ...}`` (the
+replay under the recorded settings against the trace).
+
+For other workloads every collective runs with NCCL's modelled default choice, unless ``--set`` gives one
 CommConfig for all of them (``--set channels=16,chunk=2MiB``; keys channels, threads,
 chunk, algorithm, protocol; sizes take B/KB/KiB/MB/MiB, binary; values must be valid on
 the cluster's NCCL version; the simulator takes algorithm ring or tree) or ``--config`` applies a
@@ -24,6 +35,7 @@ import math
 import sys
 
 from nccl_env.errors import LagomError
+from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan
 
 EVALUATORS = ("sim", "analytic")
@@ -37,7 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("workload", metavar="WORKLOAD", help="trace, workload JSON, or spec string")
-    parser.add_argument("--cluster", required=True, metavar="NAME|FILE", help="preset name or cluster YAML")
+    parser.add_argument("--cluster", default=None, metavar="NAME|FILE",
+                        help="preset name or cluster YAML (for a trace, default: the preset for its GPU)")
     parser.add_argument("--evaluator", choices=EVALUATORS, default="sim",
                         help="sim: the simulator (default); analytic: Lagom's cost model")
     parser.add_argument("--set", dest="set_config", metavar="KNOB=VALUE,...",
@@ -63,20 +76,24 @@ def make_evaluator(name: str, cluster, noise: float, seed: int):
 
 
 def run(args: argparse.Namespace) -> int:
-    from costmodel.cluster import load_cluster
     from lagom.knob_args import parse_set
-    from lagom.workload_arg import load_workload_arg
+    from lagom.trace_context import resolve_cluster
+    from lagom.workload_arg import read_workload_arg
 
     if not (math.isfinite(args.noise) and args.noise >= 0):
         raise LagomError(f"--noise must be a finite number >= 0, got {args.noise}")
     if args.seed < 0:
         raise LagomError(f"--seed must be >= 0, got {args.seed}")
-    cluster = load_cluster(args.cluster)
-    workload = load_workload_arg(args.workload, cluster)
-    signatures = sorted({workload.signature(c, cluster.gpus_per_node) for c in workload.collectives})
+    workload, from_trace = read_workload_arg(args.workload)
+    choice = resolve_cluster(workload, from_trace, args.cluster)
+    cluster = choice.cluster
+    # the settings a file or --set gives reach NCCL's collectives of known size only (CollectiveOp.tunable)
+    signatures = sorted({workload.signature(c, cluster.gpus_per_node) for c in workload.collectives if c.tunable})
     from lagom.workload_fit import fit_warnings, unmatched_config_warning
 
-    warnings = fit_warnings(workload, cluster)
+    for note in choice.notes:
+        print(f"note: {note}", file=sys.stderr)
+    warnings = choice.warnings + fit_warnings(workload, cluster)
     from costmodel.sim_collective import MODELLED_ALGORITHMS
     from nccl_env.rules import NcclVersion, validate_config
 
@@ -125,13 +142,23 @@ def run(args: argparse.Namespace) -> int:
         "ops": len(workload.compute_ops) + len(workload.collectives),
         "collectives": len(workload.collectives),
     }
+    fid = None
+    if timing.steps:
+        from costmodel.replay import fidelity
+
+        result["steps"] = [st.to_dict() for st in timing.steps]
+        fid = fidelity(timing if not plan.entries and plan.default == CommConfig() else evaluator.evaluate(workload, Plan()))
+        result["replay"] = fid.to_dict() if fid is not None else None
     if args.json:
         print(json.dumps(result))
         return 0
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{result['workload']} on {cluster.name} ({args.evaluator})")
+    per = " per step" if timing.steps else ""
+    from pathlib import Path
+
+    table = Table(title=f"{Path(str(result['workload'])).name} on {cluster.name} ({args.evaluator}){per}")
     table.add_column("quantity")
     table.add_column("value", justify="right")
     table.add_row("iteration (Z)", f"{timing.iteration_us / 1e3:,.2f} ms")
@@ -141,5 +168,12 @@ def run(args: argparse.Namespace) -> int:
     table.add_row("compute without contention", f"{timing.compute_uncontended_us / 1e3:,.2f} ms")
     table.add_row("compute slowdown from contention", f"{timing.compute_slowdown:.3f}x")
     table.add_row("ops / collectives", f"{result['ops']} / {result['collectives']}")
-    Console(file=sys.stdout).print(table)
+    console = Console(file=sys.stdout, width=100)
+    console.print(table)
+    if timing.steps:
+        from lagom.replay_report import fidelity_line, steps_table
+
+        console.print(steps_table(timing.steps))
+        if fid is not None:
+            console.print(fidelity_line(fid), highlight=False)
     return 0

@@ -1,7 +1,13 @@
-"""`lagom tune WORKLOAD --cluster NAME|FILE -o lagom.yaml`: per-collective NCCL settings for a workload.
+"""`lagom tune WORKLOAD [--cluster NAME|FILE] -o lagom.yaml`: per-collective NCCL settings for a workload.
 
 WORKLOAD is a profiler trace, a workload JSON file or a generator spec such as
-``fsdp:llama3-8b:gpus=16`` (as in ``lagom simulate``). The search (``--method``,
+``fsdp:llama3-8b:gpus=16`` (as in ``lagom simulate``). For a trace, its own metadata
+decides what --cluster and --nccl-version leave open: the preset for its GPU, sized to
+its world, and the NCCL version it ran (lagom/trace_context.py); a given value that
+disagrees with the trace gets one warning line. A trace of an AMD GPU (RCCL) or of
+one rank is not NCCL's to tune: one line, exit 2. Collectives the trace records no
+size for, and communication kernels that are not NCCL's, are left out of tuning
+(one warning line each kind); NCCL decides for them. The search (``--method``,
 default Lagom's priority search) asks an evaluator (``--evaluator``: the fitted
 ``analytic`` cost model, calibrated against ``sim:PRESET`` and cached when --cluster
 names a preset, or the ``sim`` simulator) for predicted iteration times;
@@ -15,9 +21,18 @@ uncontended), each as NCCL>tuned. --json adds, per signature, the order in which
 Lagom's priority search finished the unit that holds its channels, with its last
 priority H (compute time added per communication time saved).
 
+For a trace the evaluator replays the trace (docs/replay.md): the first line printed is
+the replay's fidelity under the trace's own settings ("the model reproduces N steps of
+this trace within X%"), with a warning past 10% naming the part that differs; times are
+per profiler step (the mean over the complete steps) and every step is listed.
+
+Process-wide changes (env, process-group CTAs) and per-collective entries are written
+only when the predicted gain is at least ``--min-gain`` (default 0.01 = 1%); otherwise
+the file keeps NCCL's defaults and its notes say why.
+
 Writes the tuned-config file (``-o``, default lagom.yaml); ``--json`` prints
 ``{"baseline_us", "tuned_us", "autoccl_us", "speedup_vs_nccl", "speedup_vs_autoccl",
-"evaluations", ...}`` to stdout instead of the table.
+"evaluations", "replay" (traces), "steps" (traces), ...}`` to stdout instead of the table.
 """
 
 from __future__ import annotations
@@ -33,10 +48,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from costmodel.cluster import load_cluster
+from costmodel.replay import fidelity
 from lagom import tuning
 from lagom.console import StageProgress, stdout_console
-from lagom.workload_fit import fit_warnings
+from lagom.replay_report import fidelity_line, fidelity_warning, steps_table
+from lagom.trace_context import refuse_to_tune, resolve_cluster
+from lagom.workload_arg import read_workload_arg
+from lagom.workload_fit import fit_warnings, untunable_warnings
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from tuner import METHODS
@@ -49,20 +67,27 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("workload", metavar="WORKLOAD", help="trace, workload JSON file or generator spec")
-    parser.add_argument("--cluster", required=True, help="preset name or cluster YAML (e.g. a calibrated one)")
+    parser.add_argument("--cluster", default=None,
+                        help="preset name or cluster YAML (e.g. a calibrated one); for a trace, default: the "
+                             "preset for its GPU")
     parser.add_argument("--evaluator", choices=tuning.EVALUATORS, default=None,
                         help="what predicts iteration times (default: analytic where built in, else sim)")
     parser.add_argument("--method", choices=sorted(METHODS), default="lagom", help="search method (default lagom)")
     parser.add_argument("--nccl-version", default=None,
-                        help="the NCCL the job will run (default: the cluster file's); decides which knobs are per collective")
+                        help="the NCCL the job will run (default: the trace's, else the cluster file's); "
+                             "decides which knobs are per collective")
     parser.add_argument("--budget", type=int, default=None, help="cap on evaluations (default: the method's own rule)")
     parser.add_argument("-o", "--output", default="lagom.yaml", help="tuned-config file to write (default lagom.yaml)")
     parser.add_argument("--no-autoccl", action="store_true", help="skip the AutoCCL comparison")
+    parser.add_argument("--min-gain", type=float, default=tuning.MIN_GAIN, metavar="F",
+                        help="write changes only for a predicted gain of at least F (default 0.01 = 1%%)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary instead of the table")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if not (args.min_gain >= 0 and args.min_gain < 10):
+        raise LagomError(f"--min-gain {args.min_gain}: must be a fraction >= 0 (0.01 = 1%)")
     if args.budget is not None and args.budget < 1:
         raise LagomError(f"--budget {args.budget}: must be at least 1 evaluation")
     output = Path(args.output)
@@ -70,13 +95,20 @@ def run(args: argparse.Namespace) -> int:
         raise LagomError(f"-o {args.output}: is a folder, expected a file name")
     if not output.parent.is_dir():
         raise LagomError(f"-o {args.output}: {output.parent} is not an existing folder")
-    cluster = tuning.with_nccl_version(load_cluster(args.cluster), args.nccl_version)
-    workload = tuning.load_workload_arg(args.workload, cluster)
+    workload, from_trace = read_workload_arg(args.workload)
+    refusal = refuse_to_tune(workload) if from_trace else None
+    if refusal:
+        raise LagomError(refusal)
+    choice = resolve_cluster(workload, from_trace, args.cluster, args.nccl_version)
+    cluster = choice.cluster
     evaluator_name = args.evaluator or tuning.default_evaluator_name()
     err = Console(stderr=True)
-    for warning in fit_warnings(workload, cluster):
+    for note in choice.notes:
+        err.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+    for warning in choice.warnings + fit_warnings(workload, cluster) + untunable_warnings(workload):
         err.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
-    model_cluster = tuning.tuning_cluster(cluster, args.cluster, evaluator_name, log=lambda m: err.print(m, highlight=False))
+    model_cluster = tuning.tuning_cluster(cluster, choice.cluster_arg, evaluator_name,
+                                          log=lambda m: err.print(m, highlight=False))
     evaluator = tuning.make_evaluator(evaluator_name, model_cluster)
     started = time.perf_counter()
     with StageProgress(err, f"tuning ({args.method}, evaluations)", total=args.budget) as bar:
@@ -85,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
             with_autoccl=not args.no_autoccl, progress=bar.update,
         )
     elapsed_s = time.perf_counter() - started
-    config = tuning.tuned_config(outcome, cluster, args.cluster, args.workload)
+    config = tuning.tuned_config(outcome, cluster, choice.cluster_arg, args.workload, min_gain=args.min_gain)
     try:
         config.dump(args.output)
     except OSError as exc:
@@ -111,11 +143,24 @@ def run(args: argparse.Namespace) -> int:
         "notes": config.notes,
         "rows": [r.to_dict() for r in rows],
     }
+    fid = fidelity(outcome.baseline)
+    if fid is not None:
+        summary["replay"] = fid.to_dict()
+        summary["steps"] = [
+            {**b.to_dict(), "tuned_iteration_us": round(t.iteration_us, 3)}
+            for b, t in zip(outcome.baseline.steps, outcome.result.timing.steps)
+        ]
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
     out = stdout_console()
-    table = Table(title=f"lagom tune: {args.workload} on {cluster.name} ({evaluator_name} evaluator, {args.method})",
+    if fid is not None:
+        out.print(fidelity_line(fid), highlight=False)
+        untrusted = fidelity_warning(fid)
+        if untrusted:
+            out.print(untrusted, highlight=False)
+    name = Path(args.workload).name if Path(args.workload).exists() else args.workload
+    table = Table(title=f"lagom tune: {name} on {cluster.name} ({evaluator_name}, {args.method})",
                   box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0), title_justify="left")
     for col in ("signature", "setting: NCCL>tuned", "comm ms", "slowdown"):
         table.add_column(col, justify="left" if col in ("signature", "setting: NCCL>tuned") else "right",
@@ -131,7 +176,10 @@ def run(args: argparse.Namespace) -> int:
     out.print(table)
     out.print("X>Y: NCCL's default > tuned; slowdown: of the compute beside the collective; --json adds the "
               "search's order and priority per signature", highlight=False)
-    out.print(f"predicted iteration: NCCL default {base:,.1f} us, "
+    if outcome.baseline.steps:
+        out.print(steps_table(outcome.baseline.steps, outcome.result.timing.steps))
+    per = "per profiler step" if outcome.baseline.steps else "iteration"
+    out.print(f"predicted {per}: NCCL default {base:,.1f} us, "
               + ("" if auto is None else f"AutoCCL {auto:,.1f} us, ")
               + f"{args.method} {tuned:,.1f} us  (x{base / tuned:.3f} vs NCCL"
               + ("" if auto is None else f", x{auto / tuned:.3f} vs AutoCCL") + ")")
@@ -173,4 +221,4 @@ def _bytes(n: int) -> str:
         return f"{n >> 20}M"
     if n >= (1 << 20):
         return f"{n / (1 << 20):.2f}M"
-    return f"{n >> 10}K"
+    return f"{n >> 10}K" if n >= 1024 else f"{n}B"

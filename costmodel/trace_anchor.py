@@ -1,0 +1,160 @@
+"""Per-op durations of a replayed trace under a plan, anchored at what the trace measured.
+
+Both evaluators replay a trace's execution graph (:mod:`costmodel.replay`); they differ
+only in the mechanism that says how a time changes when the settings do. That
+mechanism never replaces a measured time, it scales it:
+
+- **a collective**: measured = wait for the slowest peer + transfer
+  (:mod:`traces.comm_split`). Under a plan its time is ``wait + transfer x T(new) /
+  T(recorded)``: ``T`` the mechanism's collective time, ``recorded`` the settings the
+  trace shows (channels = the kernel's grid, threads = its block, algorithm/protocol
+  from the kernel name where reliable, the rest NCCL's own choice on the cluster).
+  A plan's ``None`` fields mean "as NCCL decided in the trace", so ``Plan()`` replays
+  the trace as measured. A collective NCCL's knobs do not reach (``CollectiveOp.tunable``
+  False: a communication kernel that is not NCCL's, or one whose size the trace did not
+  record) keeps its measured time under every plan, and so does the compute beside it.
+- **a compute kernel** a collective overlapped in the trace, for a fraction ``f`` of
+  its time: ``measured x (1 - f + f x S(new) / S(recorded))``, ``S`` the mechanism's
+  slowdown of that kernel beside that collective. The trace's own slowdowns of
+  same-shape kernels alone and overlapped (:mod:`traces.contention`) are therefore what
+  the model moves from, not what it predicts. Overlap is the trace's: a plan that
+  moves a collective away from a kernel does not (yet) remove the slowdown.
+
+The mechanism is anything with ``collective_time_us(signature, config)`` and
+``slowdown_beside(op, signature, config)`` (both evaluators have them).
+"""
+
+from __future__ import annotations
+
+import bisect
+import weakref
+from collections import Counter
+from dataclasses import dataclass
+from typing import Protocol
+
+from costmodel.evaluator import Timing
+from costmodel.replay import replay, replay_static
+from nccl_env.knobs import CommConfig
+from nccl_env.plan import Plan, Signature
+from traces.workload import CollectiveOp, ComputeOp, Op, Workload
+
+
+class ReplayMechanism(Protocol):
+    def collective_time_us(self, signature: Signature, config: CommConfig) -> float: ...
+
+    def slowdown_beside(self, op: ComputeOp, signature: Signature, config: CommConfig) -> float: ...
+
+
+def recorded_configs(workload: Workload, gpus_per_node: int | None) -> dict[Signature, CommConfig]:
+    """Per signature, the settings its NCCL kernels ran with (the most frequent), None where unknown."""
+    graph = workload.exec_graph
+    if graph is None:
+        return {}
+    seen: dict[Signature, Counter] = {}
+    for c in workload.collectives:
+        r = graph.recorded.get(c.op_id)
+        if r is not None and c.on_gpu and c.tunable:
+            sig = workload.signature(c, gpus_per_node)
+            seen.setdefault(sig, Counter())[(r.algorithm, r.protocol, r.channels, r.threads)] += 1
+    out = {}
+    for sig, counts in seen.items():
+        algo, proto, channels, threads = counts.most_common(1)[0][0]
+        out[sig] = CommConfig(algorithm=algo, protocol=proto, channels=channels, threads=threads)
+    return out
+
+
+@dataclass
+class _Anchor:
+    durations: list[float]  # measured, in replay order
+    coll_sig: list[int]  # op -> signature index (-1: not an on-GPU collective)
+    wait: list[float]
+    signatures: list[Signature]
+    recorded: list[CommConfig]
+    overlapped: list[tuple[int, int, float, ComputeOp]]  # (op index, signature index, fraction, op)
+
+
+_ANCHORS: dict[tuple[int, int], tuple[weakref.ref, _Anchor]] = {}
+
+
+def _anchor(workload: Workload, gpus_per_node: int | None) -> _Anchor:
+    key = (id(workload), gpus_per_node or 0)
+    hit = _ANCHORS.get(key)
+    if hit is not None and hit[0]() is workload:
+        return hit[1]
+    st = replay_static(workload)
+    graph = workload.exec_graph
+    assert graph is not None
+    all_ops: list[Op] = [*workload.compute_ops, *workload.collectives]
+    ops = {o.op_id: o for o in all_ops}
+    recorded = recorded_configs(workload, gpus_per_node)
+    sig_index: dict[Signature, int] = {}
+    coll_sig = [-1] * len(st.op_ids)
+    wait = [0.0] * len(st.op_ids)
+    spans: list[tuple[float, float, int]] = []
+    for k, op_id in enumerate(st.op_ids):
+        op = ops[op_id]
+        if isinstance(op, CollectiveOp) and op.on_gpu and op.tunable:
+            sig = workload.signature(op, gpus_per_node)
+            coll_sig[k] = sig_index.setdefault(sig, len(sig_index))
+            wait[k] = min(op.duration_us, graph.comm_wait_us.get(op_id, 0.0))
+            spans.append((op.start_us, op.end_us, coll_sig[k]))
+    spans.sort()
+    starts = [s for s, _, _ in spans]
+    overlapped = []
+    for k, op_id in enumerate(st.op_ids):
+        op = ops[op_id]
+        if not isinstance(op, ComputeOp) or op.is_memory_op or op.duration_us <= 0:
+            continue
+        best, best_sig = 0.0, -1
+        for s, e, j in spans[:bisect.bisect_left(starts, op.end_us)]:
+            amount = min(e, op.end_us) - max(s, op.start_us)
+            if amount > best:
+                best, best_sig = amount, j
+        if best_sig >= 0:
+            overlapped.append((k, best_sig, min(1.0, best / op.duration_us), op))
+    signatures = list(sig_index)
+    anchor = _Anchor(list(st.measured_dur), coll_sig, wait, signatures,
+                     [recorded.get(s, CommConfig()) for s in signatures], overlapped)
+    _ANCHORS[key] = (weakref.ref(workload), anchor)
+    return anchor
+
+
+def replay_timing(mechanism: ReplayMechanism, workload: Workload, plan: Plan, gpus_per_node: int | None,
+                  cache: dict) -> Timing:
+    """The workload's replay under ``plan``, durations from ``mechanism`` anchored at the trace."""
+    a = _anchor(workload, gpus_per_node)
+    configs = [plan.config_for(s).merged_over(r) for s, r in zip(a.signatures, a.recorded)]
+    ratio = []
+    for sig, new, rec in zip(a.signatures, configs, a.recorded):
+        if new == rec:
+            ratio.append(1.0)
+            continue
+        key = ("x", sig, new, rec)
+        r = cache.get(key)
+        if r is None:
+            base = mechanism.collective_time_us(sig, rec)
+            r = cache[key] = mechanism.collective_time_us(sig, new) / base if base > 0 else 1.0
+        ratio.append(r)
+    durations = list(a.durations)
+    for k, j in enumerate(a.coll_sig):
+        if j >= 0 and ratio[j] != 1.0:
+            durations[k] = a.wait[k] + (durations[k] - a.wait[k]) * ratio[j]
+    uncontended = list(durations)
+    for k, j, f, op in a.overlapped:
+        sig, new, rec = a.signatures[j], configs[j], a.recorded[j]
+        shape = (op.name, op.grid, op.block, op.duration_us)
+        rec_key = ("s", shape, sig, rec)
+        s_rec = cache.get(rec_key)
+        if s_rec is None:
+            s_rec = cache[rec_key] = max(1.0, mechanism.slowdown_beside(op, sig, rec))
+        s_new = s_rec
+        if new != rec:
+            new_key = ("s", shape, sig, new)
+            s_new = cache.get(new_key)
+            if s_new is None:
+                s_new = cache[new_key] = max(1.0, mechanism.slowdown_beside(op, sig, new))
+            durations[k] = a.durations[k] * (1.0 - f + f * s_new / s_rec)
+        uncontended[k] = durations[k] * (1.0 - f + f / s_new) if s_new > 0 else durations[k]
+    if len(cache) > 200_000:
+        cache.clear()
+    return replay(workload, durations, uncontended)

@@ -1,0 +1,44 @@
+"""Words and tables for a replayed trace: its fidelity line, its warning, its steps.
+
+Shared by ``lagom simulate`` and ``lagom tune``; every line fits a 100-column terminal.
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from costmodel.evaluator import StepTiming
+from costmodel.replay import ReplayFidelity
+
+UNTRUSTED_STEP_ERROR_PCT = 10.0  # past this median step error a prediction is not worth acting on
+
+
+def fidelity_line(fid: ReplayFidelity) -> str:
+    """``the model reproduces N steps of this trace within X%`` and the collective figures."""
+    noun = "step" if fid.steps == 1 else "steps"
+    return (f"the model reproduces {fid.steps} {noun} of this trace within {fid.median_step_error_pct:.1f}% "
+            f"(collectives {fid.comm_error_pct:+.1f}%, exposed {fid.exposed_error_pct:+.1f}%)")
+
+
+def fidelity_warning(fid: ReplayFidelity) -> str | None:
+    """One warning line when the replay is too far from the trace to trust predictions."""
+    if fid.median_step_error_pct <= UNTRUSTED_STEP_ERROR_PCT:
+        return None
+    return (f"warning: the replay is {fid.median_step_error_pct:.0f}% off the measured steps "
+            f"(mostly {fid.worst_part}): do not trust these predictions")
+
+
+def steps_table(steps: list[StepTiming], tuned: list[StepTiming] | None = None) -> Table:
+    """One row per step: measured, replayed (and tuned) step time, collectives and exposed time, ms."""
+    table = Table(title="profiler steps (ms)")
+    for col in ("step", "measured", "replayed", *(("tuned",) if tuned else ()), "coll.", "coll. repl.",
+                "exposed", "exp. repl."):
+        table.add_column(col, justify="left" if col == "step" else "right", no_wrap=True)
+    for i, s in enumerate(steps):
+        row = [s.name, f"{s.measured_iteration_us / 1e3:,.2f}", f"{s.iteration_us / 1e3:,.2f}"]
+        if tuned:
+            row.append(f"{tuned[i].iteration_us / 1e3:,.2f}")
+        row += [f"{s.measured_comm_us / 1e3:,.2f}", f"{s.comm_us / 1e3:,.2f}",
+                f"{s.measured_exposed_comm_us / 1e3:,.2f}", f"{s.exposed_comm_us / 1e3:,.2f}"]
+        table.add_row(*row)
+    return table

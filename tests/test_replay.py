@@ -1,0 +1,182 @@
+"""The execution graph and its replay, on the shared real traces (docs/replay.md)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+from conftest import shared_traces_dir
+
+from costmodel.analytic import AnalyticEvaluator
+from costmodel.cluster import load_cluster
+from costmodel.replay import fidelity, replay, replay_static
+from costmodel.sim import Simulator
+from costmodel.trace_anchor import recorded_configs
+from lagom.cli import main
+from nccl_env.knobs import CommConfig
+from nccl_env.plan import Plan
+from traces.kineto import read_trace
+from traces.workload import Workload
+
+TRACES = shared_traces_dir()
+pytestmark = pytest.mark.skipif(not TRACES.is_dir(), reason=f"shared traces not found at {TRACES}")
+W2 = "a100_w2_allreduce_broadcast.json.gz"
+W128 = "w128_sendrecv_rank0.json.gz"
+ALEXNET = "a100_alexnet_cuda_sync.json.gz"
+
+_CACHE: dict[str, Workload] = {}
+
+
+def trace(name: str) -> Workload:
+    if name not in _CACHE:
+        _CACHE[name] = read_trace(TRACES / name)[0]
+    return _CACHE[name]
+
+
+@pytest.mark.parametrize("name, steps", [(W2, ["ProfilerStep#4", "ProfilerStep#5"]), (W128, ["ProfilerStep#551"])])
+def test_replay_with_measured_durations_reproduces_every_complete_step(name, steps):
+    w = trace(name)
+    timing = replay(w, replay_static(w).measured_dur)
+    assert [s.name for s in timing.steps] == steps  # the unfinished last step is dropped
+    starts = sorted(s for s, _ in w.profiler_steps)
+    for i, s in enumerate(timing.steps):
+        assert s.measured_iteration_us == pytest.approx(starts[i + 1] - starts[i])
+        assert s.iteration_us == pytest.approx(s.measured_iteration_us, rel=0.03)
+        assert s.comm_us == pytest.approx(s.measured_comm_us, rel=0.10)
+        assert abs(s.exposed_comm_us - s.measured_exposed_comm_us) <= max(0.15 * s.measured_exposed_comm_us, 1000)
+        assert 0 < s.measured_exposed_comm_us <= s.measured_comm_us < s.measured_iteration_us
+    assert timing.iteration_us == pytest.approx(statistics.mean(s.iteration_us for s in timing.steps))
+    ops = {o.op_id: o for o in (*w.compute_ops, *w.collectives)}
+    assert max(abs(timing.ops[i].start_us - o.start_us) for i, o in ops.items()) < 1e-6
+
+
+def test_graph_of_a_trace_with_cuda_sync_events():
+    w = trace(ALEXNET)
+    g = w.exec_graph
+    assert g is not None and len(g.launches) == len(w.compute_ops)  # every kernel/copy has its launch call
+    kinds = {s.kind for s in g.syncs}
+    assert {"cudaStreamSynchronize", "cudaDeviceSynchronize"} <= kinds
+    device = next(s for s in g.syncs if s.kind == "cudaDeviceSynchronize")
+    streams = {w.op(o).stream for o in device.awaited}
+    launched_before = {w.op(o).stream for o, la in g.launches.items() if la.call_us < device.start_us}
+    assert streams == launched_before  # a device sync waits for the last op of every stream
+    assert len(w.dependencies) == 6 and not g.stream_waits  # Kineto's own stream waits, no guessing
+
+
+def test_a_longer_op_before_a_host_sync_moves_every_later_launch_of_the_thread():
+    w = trace(ALEXNET)
+    g = w.exec_graph
+    st = replay_static(w)
+    waited = [j for j, s in enumerate(g.syncs) if s.own_us == 0 and s.awaited]
+    assert waited, "the trace has host syncs that waited for the GPU"
+    j = waited[0]
+    sync = g.syncs[j]
+    later = [o for o, la in g.launches.items() if la.thread == sync.thread and la.call_us >= sync.end_us]
+    assert later
+    durations = list(st.measured_dur)
+    awaited = max(sync.awaited, key=lambda o: w.op(o).end_us)
+    durations[st.op_ids.index(awaited)] += 1000.0
+    base = replay(w, st.measured_dur)
+    slower = replay(w, durations)
+    for o in later:  # each starts no earlier than its call, 1 ms later, plus its latency
+        la = g.launches[o]
+        assert slower.ops[o].start_us >= la.call_us + 1000.0 + la.latency_us - 1e-6
+        assert slower.ops[o].start_us >= base.ops[o].start_us + 1000.0 - 1e-6 or o == awaited
+
+
+@pytest.mark.parametrize("evaluator", ["analytic", "sim"])
+def test_evaluators_replay_the_trace_and_only_the_transfer_answers_to_settings(evaluator):
+    cluster = load_cluster("a100-nvswitch")
+    ev = AnalyticEvaluator(cluster) if evaluator == "analytic" else Simulator(cluster, noise=0.0)
+    w = trace(W2)
+    recorded = ev.evaluate(w, Plan())
+    fid = fidelity(recorded)
+    assert fid is not None and fid.steps == 2 and fid.median_step_error_pct < 0.5
+    assert abs(fid.comm_error_pct) < 1 and abs(fid.exposed_error_pct) < 1
+    configs = recorded_configs(w, cluster.gpus_per_node)
+    assert {c.channels for c in configs.values()} >= {8} and all(c.threads for c in configs.values())
+    fewer = ev.evaluate(w, Plan(default=CommConfig(channels=2)))
+    assert fewer.comm_us > recorded.comm_us * 1.5  # 2 channels instead of the recorded 8: slower collectives
+    g = w.exec_graph
+    for c in w.collectives:
+        sig = w.signature(c, cluster.gpus_per_node)
+        ratio = ev.collective_time_us(sig, CommConfig(channels=2).merged_over(configs[sig])) / \
+            ev.collective_time_us(sig, configs[sig])
+        wait = g.comm_wait_us[c.op_id]
+        assert 0 <= wait <= c.duration_us
+        assert fewer.ops[c.op_id].duration_us == pytest.approx(wait + (c.duration_us - wait) * ratio)
+
+
+def test_wait_for_peers_from_several_ranks(tmp_path):
+    for name in (W128, "w128_sendrecv_rank1.json.gz"):
+        (tmp_path / name).symlink_to(TRACES / name)
+    ranks = read_trace(tmp_path)
+    assert [w.rank for w in ranks] == [0, 1]
+    for w in ranks:
+        g = w.exec_graph
+        assert g.wait_basis == "ranks' launch times"
+        waits = [g.comm_wait_us[c.op_id] for c in w.collectives if c.on_gpu]
+        assert all(x >= 0 for x in waits) and any(x > 0 for x in waits)
+        assert all(g.comm_wait_us[c.op_id] <= c.duration_us for c in w.collectives)
+
+
+def test_workload_json_keeps_the_graph():
+    w = trace(W2)
+    again = Workload.from_dict(json.loads(json.dumps(w.to_dict())))
+    assert again.exec_graph is not None
+    a = replay(w, replay_static(w).measured_dur)
+    b = replay(again, replay_static(again).measured_dur)
+    assert [s.iteration_us for s in a.steps] == pytest.approx([s.iteration_us for s in b.steps])
+
+
+def test_simulate_json_contract(capsys):
+    assert main(["simulate", str(TRACES / W2), "--cluster", "a100-nvswitch", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    keys = {"name", "iteration_us", "comm_us", "exposed_comm_us", "measured_iteration_us", "measured_comm_us",
+            "measured_exposed_comm_us"}
+    assert [s["name"] for s in out["steps"]] == ["ProfilerStep#4", "ProfilerStep#5"]
+    assert all(keys <= set(s) for s in out["steps"])
+    assert {"median_step_error_pct", "comm_error_pct", "exposed_error_pct"} <= set(out["replay"])
+    assert out["iteration_us"] == pytest.approx(statistics.mean(s["iteration_us"] for s in out["steps"]), abs=0.01)
+    assert main(["simulate", str(TRACES / W2), "--cluster", "a100-nvswitch"]) == 0
+    text = capsys.readouterr().out
+    assert "ProfilerStep#5" in text and "the model reproduces 2 steps of this trace" in text
+    assert max(len(line) for line in text.splitlines()) <= 100
+
+
+@pytest.mark.slow
+def test_tune_on_a_trace_says_its_fidelity_first(tmp_path, capsys):
+    argv = ["tune", str(TRACES / W2), "--cluster", "a100-nvswitch", "--evaluator", "sim", "--no-autoccl",
+            "-o", str(tmp_path / "lagom.yaml")]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("the model reproduces 2 steps of this trace within 0.0%")
+    assert not lines[1].startswith("warning") and max(len(line) for line in lines) <= 100
+    assert main([*argv, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["replay"]["median_step_error_pct"] < 0.5 and len(summary["steps"]) == 2
+
+
+@pytest.mark.parametrize("min_gain, changes", [("5", False), ("0", True)])
+def test_min_gain_keeps_nccl_defaults_below_it(tmp_path, capsys, min_gain, changes):
+    out_file = tmp_path / "lagom.yaml"
+    argv = ["tune", "tp:phi2:tp=8,dp=1", "--cluster", "low-bw", "--evaluator", "sim", "--no-autoccl",
+            "-o", str(out_file), "--min-gain", min_gain, "--json"]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["speedup_vs_nccl"] > 1.01  # the search found a gain; only the threshold decides
+    from lagom.tuned_config import load_tuned_config
+
+    config = load_tuned_config(out_file)
+    assert bool(config.env or config.collectives) is changes
+    assert any("below --min-gain" in n for n in config.notes) is not changes
+
+
+def test_analyze_states_wait_and_transfer_per_collective(capsys):
+    assert main(["analyze", str(TRACES / W2), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["ranks"][0]["wait_transfer"]
+    assert {r["collective"] for r in rows} == {"allreduce", "broadcast"}
+    for r in rows:
+        assert r["wait_us"] + r["transfer_us"] == pytest.approx(r["total_us"], abs=0.01)
+        assert 0 <= r["wait_us"] < r["total_us"] and r["basis"] == "fastest instances"

@@ -27,6 +27,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -112,7 +113,7 @@ def main() -> int:
             task = bar.add_task("points", total=space.size())
             best_us, points = optimum_us(args.cluster, spec, args.workers, lambda n, t=task: bar.advance(t, n))
         nccl_us = judge.evaluate(workload, Plan()).iteration_us
-        row = {
+        row: dict[str, Any] = {
             "workload": spec,
             "points": points,
             "nccl_us": round(nccl_us, 1),

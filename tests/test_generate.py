@@ -6,12 +6,13 @@ import pytest
 
 from nccl_env import CollectiveType, LagomError
 from traces.generate import MODELS, PAPER_WORKLOADS, generate_workload, parse_spec
-from traces.workload import DependencyKind, Workload
+from traces.workload import DependencyKind, Op, Workload
 from traces.workload_io import load_workload, save_workload
 
 
 def by_label(w: Workload, text: str):
-    return [o for o in (*w.compute_ops, *w.collectives) if text in o.name]
+    ops: list[Op] = [*w.compute_ops, *w.collectives]
+    return [o for o in ops if text in o.name]
 
 
 def test_parse_spec_examples_and_aliases():

@@ -30,7 +30,7 @@ def imported_modules(path: Path, root: Path = REPO_ROOT) -> list[tuple[int, str]
     tree = ast.parse(path.read_text(), filename=str(path))
     name = _module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = []
+    found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.extend((node.lineno, alias.name) for alias in node.names)

@@ -17,6 +17,7 @@ import textwrap
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import REPO_ROOT
 
 import lagom
 import lagom.runtime as runtime
@@ -25,7 +26,6 @@ from lagom.runtime.collectives import SPECS
 from lagom.runtime.env import merge_env
 from lagom.runtime.process_groups import build_nccl_options, cta_policy_value, settings_for
 from lagom.tuned_config import TunedConfig, parse_tuned_config
-from tests.conftest import REPO_ROOT
 
 CONFIG = {
     "format": "lagom.tuned-config",

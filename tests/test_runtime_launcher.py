@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import REPO_ROOT
 
 from lagom.cli import main
-from tests.conftest import REPO_ROOT
 
 CONFIG = {
     "format": "lagom.tuned-config",

@@ -93,7 +93,8 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     prefixes = args.only
-    specs = [s for s in bench_matrix.matrix_specs(quick=False) if not prefixes or any(s.startswith(p) for p in prefixes)]
+    specs = [s for s in bench_matrix.matrix_specs(quick=False) if not prefixes
+             or any(s.startswith(p) for p in prefixes)]
     if not specs:
         print(f"--only {' '.join(prefixes)}: no cell of the matrix starts with that", file=sys.stderr)
         return 2
@@ -124,7 +125,8 @@ def main() -> int:
         }
         rows.append(row)
         err.print(f"{spec}: NCCL {row['nccl_us']:,.0f} us, Lagom {row['lagom_us']:,.0f} us, "
-                  f"optimum {row['optimum_us']:,.0f} us over {points:,} points in {row['seconds']:.0f} s", highlight=False)
+                  f"optimum {row['optimum_us']:,.0f} us over {points:,} points in {row['seconds']:.0f} s",
+                  highlight=False)
     summary = {
         "cluster": args.cluster,
         "geomean_lagom_vs_nccl": round(geomean([r["nccl_us"] / r["lagom_us"] for r in rows]), 4),
@@ -136,7 +138,8 @@ def main() -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
-    table = Table(title=f"optimum by brute force on the simulator, {args.cluster} (NCCL {judge_cluster.nccl_version} doors)")
+    table = Table(title=f"optimum by brute force on the simulator, {args.cluster} (NCCL {judge_cluster.nccl_version} "
+                        "doors)")
     for col in ("workload", "points", "Lagom vs NCCL", "optimum vs NCCL", "optimum vs AutoCCL", "Lagom above optimum"):
         table.add_column(col, justify="left" if col == "workload" else "right")
     for r in rows:

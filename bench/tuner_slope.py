@@ -67,7 +67,8 @@ def main() -> int:
     widths = [1024 + 256 * i for i in range(args.max_k)]
     parts = [generate_workload(f"fsdp:hidden={h},layers=4,ffn={4 * h},heads=16,vocab=32000:gpus=8") for h in widths]
     rows = []
-    print(f"{'k':>2} {'signatures':>10} {'units':>5} {'lagom evals':>11} {'autoccl evals':>13} {'space points':>14} {'lagom s':>8}")
+    print(f"{'k':>2} {'signatures':>10} {'units':>5} {'lagom evals':>11} {'autoccl evals':>13} {'space points':>14} "
+          f"{'lagom s':>8}")
     for k in range(1, args.max_k + 1):
         workload = concat_workloads(parts[:k])
         space = tuning.space_for(workload, cluster)

@@ -87,7 +87,8 @@ class CellResult:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        for key in ("speedup_vs_nccl", "speedup_vs_autoccl", "speedup_vs_optuna", "gap_to_exhaustive", "gap_to_lower_bound",
+        for key in ("speedup_vs_nccl", "speedup_vs_autoccl", "speedup_vs_optuna", "gap_to_exhaustive",
+                    "gap_to_lower_bound",
                     "headroom_vs_nccl", "optimum_headroom_captured"):
             value = getattr(self, key)
             out[key] = None if value is None else round(value, 4)

@@ -9,8 +9,8 @@ collective ends when its slowest rank does).
   created after the setting's env vars are exported (NCCL_ALGO, NCCL_PROTO,
   NCCL_MIN/MAX_NCHANNELS, NCCL_NTHREADS, NCCL_BUFFSIZE; for an AllToAll only
   NCCL_P2P_*_CHUNKSIZE; NCCL_NO_CACHE=1 so NCCL >= 2.29.7 re-reads them), and the
-  previous setting's variables are reset to the user's values first; kernels and collectives are timed with CUDA events, an
-  overlap by a matmul on the current stream against the collective on NCCL's.
+  previous setting's variables are reset to the user's values first; kernels and
+  collectives are timed with CUDA events, an overlap by a matmul on the current stream against the collective on NCCL's.
 * gloo on CPU: the same orchestration, timed with the wall clock. NCCL's knobs have
   no effect there; the measurements still pin latency, bandwidth and how a
   concurrent matmul slows a collective on this machine.

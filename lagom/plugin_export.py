@@ -73,7 +73,8 @@ def plugin_table_comments(cfg: TunedConfig) -> list[str]:
         version = None
     if version is not None and kept and not tuner_symbols(version):
         oldest = min(TUNER_SYMBOL_SINCE.values())
-        comments.append(f"NCCL {version} loads none of the plugin's ABIs (the oldest, v2, needs NCCL >= {oldest}): this table has no "
+        comments.append(f"NCCL {version} loads none of the plugin's ABIs (the oldest, v2, needs NCCL >= {oldest}): "
+                        "this table has no "
                         f"effect there; the config's env and process_groups carry what that NCCL takes")
     elif (version is not None and version < CHUNK_PLUGIN_SINCE
           and any(e.config.chunk_bytes is not None for e in kept)):

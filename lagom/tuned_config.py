@@ -54,7 +54,8 @@ class Match:
     ranks: int | None = None
     nodes: int | None = None
 
-    def matches(self, collective: CollectiveType, group: str | None, nbytes: int, ranks: int | None, nodes: int | None) -> bool:
+    def matches(self, collective: CollectiveType, group: str | None, nbytes: int, ranks: int | None,
+                nodes: int | None) -> bool:
         if self.collective is not None and self.collective != collective:
             return False
         if self.group is not None and group is not None and self.group != group:
@@ -100,7 +101,8 @@ class TunedConfig:
     predictions: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
-    def lookup(self, collective: CollectiveType, group: str | None, nbytes: int, ranks: int | None = None, nodes: int | None = None) -> CollectiveEntry | None:
+    def lookup(self, collective: CollectiveType, group: str | None, nbytes: int, ranks: int | None = None,
+               nodes: int | None = None) -> CollectiveEntry | None:
         """First entry whose match accepts this collective, or None."""
         for entry in self.collectives:
             if entry.match.matches(collective, group, nbytes, ranks, nodes):
@@ -186,7 +188,8 @@ def parse_tuned_config(data: object, origin: str = "<config>") -> TunedConfig:
         raise bad("'collectives' must be a list")
     entries = []
     for i, raw in enumerate(raw_entries):
-        if not isinstance(raw, dict) or not isinstance(raw.get("match", {}), dict) or not isinstance(raw.get("set"), dict):
+        if (not isinstance(raw, dict) or not isinstance(raw.get("match", {}), dict)
+                or not isinstance(raw.get("set"), dict)):
             raise bad(f"collectives[{i}]: needs a 'match' mapping and a 'set' mapping")
         m = raw.get("match") or {}
         unknown = set(m) - _MATCH_KEYS

@@ -199,7 +199,8 @@ def tuned_config(outcome: TuneOutcome, cluster: ClusterSpec, cluster_arg: str, w
     from nccl_env.delivery import deliver
     from nccl_env.rules import NcclVersion
     if result.plan.entries:
-        delivery = deliver(Plan(entries={s: result.plan.config_for(s) for s in space.signatures}), NcclVersion.parse(space.nccl_version))
+        delivery = deliver(Plan(entries={s: result.plan.config_for(s) for s in space.signatures}),
+                           NcclVersion.parse(space.nccl_version))
         env = {str(k): str(v) for k, v in dict(delivery.env).items()}
         groups = {str(k): _group_dict(v) for k, v in dict(delivery.group_configs).items()}
         notes += [str(c) for c in delivery.compromises]

@@ -111,7 +111,8 @@ def _mutated_trace(draw) -> tuple[bytes, str]:
         elif what == "replace_event":
             events[events.index(e)] = draw(_json_values)
         else:
-            doc[draw(st.sampled_from(["distributedInfo", "deviceProperties", "traceEvents", "schemaVersion"]))] = draw(_json_values)
+            doc[draw(st.sampled_from(["distributedInfo", "deviceProperties", "traceEvents",
+                                      "schemaVersion"]))] = draw(_json_values)
     data = orjson.dumps(doc)
     cut = draw(st.none() | st.integers(0, len(data)))
     if cut is not None and draw(st.booleans()):

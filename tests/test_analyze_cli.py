@@ -37,7 +37,8 @@ def test_json_shape_and_figures(capsys):
     out = _json(capsys, EXAMPLE)
     (r,) = out["ranks"]
     assert r["rank"] == 0
-    assert (r["comm_comp_overlap_pct"], r["idle_pct"], r["compute_pct"], r["non_compute_pct"]) == (14.31, 77.78, 17.26, 4.97)
+    assert ((r["comm_comp_overlap_pct"], r["idle_pct"], r["compute_pct"], r["non_compute_pct"])
+            == (14.31, 77.78, 17.26, 4.97))
     kinds = {c["collective"] for c in r["collectives"]}
     assert kinds == {"allreduce", "broadcast"}
     assert sum(c["count"] for c in r["collectives"]) == 14  # 21 kernels, 7 in the dropped last step

@@ -83,7 +83,8 @@ def test_trimming_drops_the_last_step():
 
 
 def test_kernel_classes_follow_hta_names():
-    assert kernel_class("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)") == "communication"
+    name = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
+    assert kernel_class(name) == "communication"
     assert kernel_class("ncclDevKernel_Generic_4(ncclDevComm*)") == "communication"
     assert kernel_class("Memcpy DtoD (Device -> Device)") == "memory"
     assert kernel_class("Memset (Device)") == "memory"

@@ -89,4 +89,5 @@ def test_checker_catches_upward_and_relative_imports(tmp_path):
         "traces/bad.py:2: traces imports costmodel.cluster.load_cluster (a higher layer)",
     ]
     assert violations(fake_root / "traces" / "ok.py", fake_root) == []
-    assert violations(fake_root / "tuner" / "peek.py", fake_root) == ["tuner/peek.py:1: tuner imports the simulator (costmodel.sim)"]
+    assert violations(fake_root / "tuner" / "peek.py", fake_root) == [
+        "tuner/peek.py:1: tuner imports the simulator (costmodel.sim)"]

@@ -25,7 +25,8 @@ def test_a100_trace_collectives_come_from_kernel_metadata():
     (w,) = read_trace(trace_path("a100_w2_allreduce_broadcast.json.gz"))
     assert (w.rank, w.world_size, w.device_name, w.sm_count) == (0, 2, "NVIDIA A100-PG509-200", 108)
     raw_nccl = sorted(
-        (e for e in _raw("a100_w2_allreduce_broadcast.json.gz") if e.get("cat") == "kernel" and e["name"].startswith("nccl")),
+        (e for e in _raw("a100_w2_allreduce_broadcast.json.gz") if e.get("cat") == "kernel"
+         and e["name"].startswith("nccl")),
         key=lambda e: e["ts"],
     )
     assert [c.collective for c in w.collectives].count(CollectiveType.ALLREDUCE) == 15
@@ -128,8 +129,10 @@ def test_rank_from_file_name_when_no_distributed_info(tmp_path):
     "name, expected",
     [
         ("ncclAllReduceRingLLKernel_sum_f32(ncclColl)", CollectiveType.ALLREDUCE),  # NCCL <= 2.8
-        ("ncclKernel_ReduceScatter_RING_SIMPLE_Sum_bf16(ncclDevComm*, unsigned long, ncclWork*)", CollectiveType.REDUCESCATTER),
-        ("ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", CollectiveType.ALLGATHER),  # >= 2.19
+        ("ncclKernel_ReduceScatter_RING_SIMPLE_Sum_bf16(ncclDevComm*, unsigned long, ncclWork*)",
+         CollectiveType.REDUCESCATTER),
+        ("ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+         CollectiveType.ALLGATHER),  # >= 2.19
         ("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", CollectiveType.SENDRECV),
         ("ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", CollectiveType.BROADCAST),
     ],
@@ -155,7 +158,8 @@ def test_legacy_categories_and_generic_kernel_joined_to_record_param_comms(tmp_p
     b.kernel("gemm", 7, 90, 30)
     (w,) = read_trace(b.write(tmp_path / "legacy.json.gz"))
     (c,) = w.collectives
-    assert (c.collective, c.message_bytes, c.dtype, c.group) == (CollectiveType.REDUCESCATTER, 4096 * 2, "BFloat16", "7")
+    assert ((c.collective, c.message_bytes, c.dtype, c.group)
+            == (CollectiveType.REDUCESCATTER, 4096 * 2, "BFloat16", "7"))
     assert w.groups["7"].ranks == (0, 1, 2, 3)
     assert [o.is_memory_op for o in w.compute_ops] == [False, True]
     assert w.stream_kind(7) is StreamKind.COMPUTE

@@ -123,8 +123,10 @@ def test_plugin_table_from_tuned_config(tmp_path):
 
 
 @pytest.mark.parametrize("match, knobs, message", [
-    ("{collective: allreduce}", "{channels: 999}", "lagom.yaml: cannot make a plugin table: plugin entry 0: channels=999"),
-    ("{collective: allreduce, min_bytes: 100, max_bytes: 10}", "{channels: 2}", "lagom.yaml: cannot make a plugin table"),
+    ("{collective: allreduce}", "{channels: 999}",
+     "lagom.yaml: cannot make a plugin table: plugin entry 0: channels=999"),
+    ("{collective: allreduce, min_bytes: 100, max_bytes: 10}", "{channels: 2}",
+     "lagom.yaml: cannot make a plugin table"),
     ("{collective: allreduce}", "{channels: true}", "collectives[0]: channels must be an integer, got True"),
     ("{collective: allreduce}", "{chunk_bytes: 1.5}", "collectives[0]: chunk_bytes must be an integer, got 1.5"),
     ("{collective: allreduce}", "{algorithm: bogus}", "collectives[0]: algorithm 'bogus' is not one of tree, ring"),

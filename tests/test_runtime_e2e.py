@@ -53,7 +53,8 @@ CONFIG = {
     "env": {"NCCL_NTHREADS": "256", "NCCL_BUFFSIZE": "2097152"},
     "process_groups": {"0": {"min_ctas": 2, "max_ctas": 8}},
     "collectives": [
-        {"match": {"collective": "allreduce", "group": "0", "max_bytes": 64}, "set": {"algorithm": "ring", "protocol": "ll", "channels": 2}},
+        {"match": {"collective": "allreduce", "group": "0", "max_bytes": 64},
+         "set": {"algorithm": "ring", "protocol": "ll", "channels": 2}},
         {"match": {"collective": "reducescatter", "min_bytes": 1024}, "set": {"channels": 4, "chunk_bytes": 524288}},
         {"match": {"collective": "allgather", "ranks": 2, "nodes": 1}, "set": {"protocol": "simple", "channels": 8}},
     ],
@@ -78,7 +79,8 @@ def runs(tmp_path_factory):
     good = tmp / "lagom.yaml"
     good.write_text(yaml.safe_dump(CONFIG, sort_keys=False))
     corrupt = tmp / "corrupt.yaml"
-    corrupt.write_text("format: lagom.tuned-config\nversion: 1\ncollectives:\n  - match: {collective: allreduce}\n    set: {channels: many}\n")
+    corrupt.write_text("format: lagom.tuned-config\nversion: 1\ncollectives:\n  - match: {collective: allreduce}\n    "
+                       "set: {channels: many}\n")
     build_plugin()  # the cached .so the launcher will reuse
     base_env = {k: v for k, v in os.environ.items()
                 if not k.startswith(("NCCL_", "LAGOM_")) or k == "LAGOM_CACHE_DIR"}  # the suite's own cache
@@ -97,7 +99,8 @@ def runs(tmp_path_factory):
         "corrupt": (_torchrun(tmp / "corrupt", "--steps", "1", "--install", str(corrupt)), {}),
     }
     procs = {
-        name: subprocess.Popen(cmd, env={**base_env, **extra}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        name: subprocess.Popen(cmd, env={**base_env, **extra}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
         for name, (cmd, extra) in plans.items()
     }
     results = {}
@@ -181,7 +184,8 @@ def test_audit_counts_equal_the_collectives_the_job_issued(runs):
     totals = Counter()
     for rank in tuned:
         issued = {(kind, group, nbytes): count for kind, group, nbytes, count in rank["issued"]}
-        seen = {(s["collective"], s["group"], s["bytes"]): s for s in document["per_rank"][str(rank["rank"])]["signatures"]}
+        seen = {(s["collective"], s["group"], s["bytes"]): s
+                for s in document["per_rank"][str(rank["rank"])]["signatures"]}
         assert {k: s["count"] for k, s in seen.items()} == issued
         kinds = {kind for kind, _, _ in issued}
         assert {"allreduce", "allgather", "reducescatter", "broadcast"} <= kinds

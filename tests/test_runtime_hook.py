@@ -334,7 +334,8 @@ def test_bootstrap_chains_an_existing_sitecustomize_and_hooks_on_torch_import(tm
         print("after", hasattr(all_reduce, "__lagom_original__"), hasattr(dist.isend, "__lagom_original__"))
         """
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(boot), str(user), str(REPO_ROOT)]), LAGOM_CONFIG=str(config_file))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(boot), str(user), str(REPO_ROOT)]),
+               LAGOM_CONFIG=str(config_file))
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["before False 1", "after True True"]

@@ -37,7 +37,8 @@ def test_simulate_spec_json_and_set_changes_the_result(capsys):
     assert base["evaluations"] == 1 and base["ops"] > 500
     assert base["iteration_us"] >= max(base["compute_us"], base["comm_us"])
     assert base["compute_slowdown"] > 1.0
-    lean = run_json(capsys, "fsdp:phi2:gpus=8", "--cluster", "high-bw", "--noise", "0", "--set", "channels=2,chunk=684KB")
+    lean = run_json(capsys, "fsdp:phi2:gpus=8", "--cluster", "high-bw", "--noise", "0", "--set",
+                    "channels=2,chunk=684KB")
     assert lean["compute_slowdown"] < base["compute_slowdown"]
     again = run_json(capsys, "fsdp:phi2:gpus=8", "--cluster", "high-bw", "--noise", "0")
     assert again == base  # noise 0 is exact
@@ -84,7 +85,8 @@ def test_workload_file_and_trace_arguments(tmp_path, capsys):
     (["fsdp:phi2", "--cluster", "low-bw", "--noise", "nan"], "--noise"),
     (["fsdp:phi2", "--cluster", "low-bw", "--noise", "inf"], "--noise"),
     (["fsdp:phi2", "--cluster", "low-bw", "--seed", "-3"], "--seed must be >= 0"),
-    (["fsdp:phi2", "--cluster", "high-bw", "--set", "algorithm=nvls"], "--set: algorithm=nvls: the simulator models only ring and tree"),
+    (["fsdp:phi2", "--cluster", "high-bw", "--set", "algorithm=nvls"],
+     "--set: algorithm=nvls: the simulator models only ring and tree"),
     (["fsdp:phi2", "--cluster", "low-bw", "--set", "channels=2,nc=4"], "channels is given twice"),
     (["fsdp:phi2", "--cluster", "low-bw", "--set", "channels=61"], "not valid on NCCL 2.18"),
 ])
@@ -132,7 +134,8 @@ def test_workloads_that_do_not_fit_the_cluster_are_warned_about_once(tmp_path, c
     assert err.count("warning:") == 1 and "none of its 1 collective entries matches" in err
     # a file that keeps NCCL's defaults (no entries) is said to, not "none of its 0 entries matches"
     TunedConfig(cluster="low-bw").dump(tmp_path / "defaults.yaml")
-    assert main(["simulate", "fsdp:phi2:gpus=8", "--cluster", "low-bw", "--config", str(tmp_path / "defaults.yaml")]) == 0
+    assert main(["simulate", "fsdp:phi2:gpus=8", "--cluster", "low-bw", "--config",
+                 str(tmp_path / "defaults.yaml")]) == 0
     err = capsys.readouterr().err
     assert "has no collective entries: it keeps NCCL's defaults" in err and "none of its" not in err, err
     # an entry that matches: no warning

@@ -54,7 +54,8 @@ class ToyEvaluator:
 
     def evaluate(self, workload: Workload, plan: Plan) -> Timing:
         self.evaluations += 1
-        configs = {c.op_id: plan.config_for(workload.signature(c, self.cluster.gpus_per_node)) for c in workload.collectives}
+        configs = {c.op_id: plan.config_for(workload.signature(c, self.cluster.gpus_per_node))
+                   for c in workload.collectives}
         coll_dur = {c.op_id: self.collective_us(workload, c, configs[c.op_id]) for c in workload.collectives}
         deps: dict[int, list[int]] = {}
         for d in workload.dependencies:
@@ -66,7 +67,8 @@ class ToyEvaluator:
             free: dict[int, float] = {}
             timing = {}
             for op in ops:
-                start = max([free.get(op.stream, 0.0)] + [timing[b].end_us for b in deps.get(op.op_id, []) if b in timing])
+                start = max([free.get(op.stream, 0.0)]
+                            + [timing[b].end_us for b in deps.get(op.op_id, []) if b in timing])
                 if isinstance(op, CollectiveOp):
                     dur = coll_dur[op.op_id]
                 else:
@@ -130,10 +132,12 @@ def layered_workload(layers: int, sizes: list[int], gemm_us: float = 400.0, tail
     for layer in range(layers):
         ag_start = 0.0 if layer == 0 else 100.0 + (layer - 1) * gemm_us  # prefetched during the previous GEMM
         op_id += 1
-        ag = CollectiveOp(op_id, "ncclAllGather", CollectiveType.ALLGATHER, sizes[layer % len(sizes)], 2, ag_start, 100.0, "0")
+        ag = CollectiveOp(op_id, "ncclAllGather", CollectiveType.ALLGATHER, sizes[layer % len(sizes)], 2, ag_start,
+                          100.0, "0")
         colls.append(ag)
         op_id += 1
-        gemm = ComputeOp(op_id, "gemm", 1, 100.0 + layer * gemm_us, gemm_us, grid=(512, 1, 1), block=(256, 1, 1), blocks_per_sm=2)
+        gemm = ComputeOp(op_id, "gemm", 1, 100.0 + layer * gemm_us, gemm_us, grid=(512, 1, 1), block=(256, 1, 1),
+                         blocks_per_sm=2)
         compute.append(gemm)
         deps.append(Dependency(ag.op_id, gemm.op_id))
         prev_gemm = gemm

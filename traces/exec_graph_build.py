@@ -141,7 +141,8 @@ def _launch_latencies(graph: ExecGraph, ops: dict[int, Op], calls: dict, produce
         graph.launches[op_id] = Launch(thread, call_us, latency)
 
 
-def _heuristic_waits(ops: dict[int, Op], calls: dict, host_calls: list[HostCall], thread_of, origin: float) -> list[StreamWait]:
+def _heuristic_waits(ops: dict[int, Op], calls: dict, host_calls: list[HostCall], thread_of,
+                     origin: float) -> list[StreamWait]:
     """Record/wait pairs on each CPU thread (see the module docstring)."""
     timeline: dict[int, list[tuple[float, int, object]]] = {}  # thread -> (time, order, item)
     for op_id, (start, _end, thread) in calls.items():
@@ -175,7 +176,8 @@ def _host_syncs(ops: dict[int, Op], calls: dict, host_calls: list[HostCall], syn
                 made: list[tuple[Op, GpuOp]], thread_of, origin: float) -> list[HostSync]:
     launched = sorted((c[0], op_id) for op_id, c in calls.items())  # by launch call start
     launch_times = [t for t, _ in launched]
-    sync_stream = {e.correlation: e.stream for e in sync_events if e.correlation is not None and e.kind != "Stream Wait Event"}
+    sync_stream = {e.correlation: e.stream for e in sync_events if e.correlation is not None
+                   and e.kind != "Stream Wait Event"}
     raw: list[tuple[int, float, float, tuple[int, ...], str]] = []
     for call in host_calls:
         name = call.name

@@ -76,7 +76,8 @@ class AutoCCL(SearchMethod):
             final = obj.measure(point)
         except BudgetExhausted:
             final = min(measured, key=lambda m: m.iteration_us)
-        return TuningResult(self.name, space.plan(final.point), final.timing, obj.evaluations, point=final.point, steps=steps)
+        return TuningResult(self.name, space.plan(final.point), final.timing, obj.evaluations, point=final.point,
+                            steps=steps)
 
     def _descend(self, point: Point, space: SearchSpace, obj: Objective, steps: list[Step]) -> Point:
         units = [u for u in space.resource_units]

@@ -119,11 +119,13 @@ class LagomSearch(SearchMethod):
                 helping = [p for p in probes if p[1]]
                 for z, helped, move, candidate, x_new in probes:
                     if not helped:
-                        steps.append(Step(state.unit.key, _describe(move, current, space), x_new, candidate.compute_us, z, None, "rejected"))
+                        steps.append(Step(state.unit.key, _describe(move, current, space), x_new, candidate.compute_us,
+                                          z, None, "rejected"))
                 if helping:
                     z, _, move, candidate, x_new = min(helping, key=lambda p: p[0])
                     state.priority = (candidate.compute_us - current.compute_us) / (x_old - x_new)
-                    steps.append(Step(state.unit.key, _describe(move, current, space), x_new, candidate.compute_us, z, state.priority, "accepted"))
+                    steps.append(Step(state.unit.key, _describe(move, current, space), x_new, candidate.compute_us, z,
+                                      state.priority, "accepted"))
                     current = candidate
                     if obj.unit_exposed_us(current, state.unit) < HIDDEN_FRACTION * max(x_new, 1e-9):
                         self._finish(state, "communication hidden", order, steps, current, obj)
@@ -168,10 +170,12 @@ class LagomSearch(SearchMethod):
                 moves.append({(state.unit.index, axis): min(top, rung + state.stride)})
         return moves
 
-    def _finish(self, state: _UnitState, why: str, order: list[str], steps: list[Step], current: Measured, obj: Objective) -> None:
+    def _finish(self, state: _UnitState, why: str, order: list[str], steps: list[Step], current: Measured,
+                obj: Objective) -> None:
         state.finished = why
         order.append(state.unit.key)
-        steps.append(Step(state.unit.key, "-", obj.unit_comm_us(current, state.unit), current.compute_us, current.iteration_us, state.priority, f"finished: {why}"))
+        steps.append(Step(state.unit.key, "-", obj.unit_comm_us(current, state.unit), current.compute_us,
+                          current.iteration_us, state.priority, f"finished: {why}"))
 
     def _polish(self, space: SearchSpace, obj: Objective, current: Measured, steps: list[Step]) -> Measured:
         """Local search around the climbed point: every resource coordinate one rung up or
@@ -226,7 +230,8 @@ class LagomSearch(SearchMethod):
                 better = candidate.iteration_us < current.iteration_us * (1 - self.tolerance)
                 label = f"{pair[0].nccl_name}/{pair[1].nccl_name}"
                 x = obj.unit_comm_us(candidate, unit)
-                steps.append(Step(unit.key, f"subspace -> {label}", x, candidate.compute_us, candidate.iteration_us, None, "accepted" if better else "rejected"))
+                steps.append(Step(unit.key, f"subspace -> {label}", x, candidate.compute_us, candidate.iteration_us,
+                                  None, "accepted" if better else "rejected"))
                 if better:
                     current = candidate
         return current

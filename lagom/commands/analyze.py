@@ -38,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="trace file (.json, .json.gz) or directory of per-rank traces")
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="trace file (.json, .json.gz) or directory of per-rank traces")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument("--plot", metavar="FILE.png", help="write a PNG timeline of one profiler step (first rank)")
     parser.add_argument(

@@ -59,9 +59,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="limit to this cluster (repeatable)")
     parser.add_argument("--exhaustive-max-points", type=int, default=None,
                         help="run exhaustive search where the space has at most this many points (default "
-                             + ", ".join(f"{k} {v}" for k, v in bench_matrix.EXHAUSTIVE_MAX_POINTS.items()) + "; 0 = never)")
+                             + ", ".join(f"{k} {v}" for k, v in bench_matrix.EXHAUSTIVE_MAX_POINTS.items())
+                             + "; 0 = never)")
     parser.add_argument("--nccl-version", default=None,
-                        help="tune for this NCCL instead of the preset's (e.g. 2.30.1: every knob but threads per collective)")
+                        help="tune for this NCCL instead of the preset's (e.g. 2.30.1: every knob but threads per "
+                             "collective)")
     parser.add_argument("--json", action="store_true", help="print cells and summary as JSON")
     parser.add_argument("--plot", metavar="FILE.png", default=None, help="bar chart of speedups per cell")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
@@ -75,7 +77,8 @@ def check_targets(summary: dict, results: list[bench_matrix.CellResult], quick: 
     for r in results:
         where = f"{r.cluster} {r.workload}"
         if r.speedup_vs_nccl < MIN_SPEEDUP_VS_NCCL_ANY_CELL:
-            missed.append(f"{where}: behind NCCL's default (x{r.speedup_vs_nccl:.3f} < x{MIN_SPEEDUP_VS_NCCL_ANY_CELL})")
+            missed.append(f"{where}: behind NCCL's default "
+                          f"(x{r.speedup_vs_nccl:.3f} < x{MIN_SPEEDUP_VS_NCCL_ANY_CELL})")
         gap = r.gap_to_exhaustive
         if gap is not None and gap > MAX_GAP_TO_EXHAUSTIVE:
             missed.append(f"{where}: {gap:.2%} above the exhaustive optimum (at most {MAX_GAP_TO_EXHAUSTIVE:.1%})")
@@ -86,7 +89,8 @@ def check_targets(summary: dict, results: list[bench_matrix.CellResult], quick: 
             for versus, floors in (("nccl", QUICK_FLOOR_GEOMEAN_VS_NCCL), ("autoccl", QUICK_FLOOR_GEOMEAN_VS_AUTOCCL)):
                 value = c[f"geomean_speedup_vs_{versus}"]
                 if name in floors and value < floors[name]:
-                    missed.append(f"{name}: geomean over {versus} x{value:.3f} under the regression floor x{floors[name]}")
+                    missed.append(f"{name}: geomean over {versus} x{value:.3f} under the regression floor "
+                                  f"x{floors[name]}")
     return missed
 
 
@@ -117,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
                   f"x{cell.speedup_vs_autoccl:.3f} vs AutoCCL, {cell.lagom_evaluations} evaluations", highlight=False,
                   soft_wrap=True)
 
-    results = bench_matrix.run_matrix(specs, clusters, evaluator, args.exhaustive_max_points, args.nccl_version, on_cell=on_cell,
+    results = bench_matrix.run_matrix(specs, clusters, evaluator, args.exhaustive_max_points, args.nccl_version,
+                                      on_cell=on_cell,
                                       log=lambda m: err.print(m))
     summary = bench_matrix.summarize(results)
     missed = check_targets(summary, results, quick=args.quick)
@@ -151,9 +156,12 @@ def _print(results: list[bench_matrix.CellResult], summary: dict, evaluator: str
     out.print("/X: Lagom's speedup over X; vs opt: above the exhaustive optimum; of room: the share of NCCL's gap "
               "to that optimum Lagom closed (--json has signatures and the gap to the lower bound)", highlight=False)
     for name, c in summary["clusters"].items():
-        ranges = ", ".join(f"{kind} x{lo:.3f}-x{hi:.3f}" for kind, (lo, hi) in c["speedup_vs_nccl_range_by_strategy"].items())
-        out.print(f"{name}: geomean x{c['geomean_speedup_vs_nccl']:.3f} vs NCCL, x{c['geomean_speedup_vs_autoccl']:.3f} "
-                  f"vs AutoCCL, x{c['geomean_speedup_vs_optuna']:.3f} vs Optuna; worst cell x{c['min_speedup_vs_nccl']:.3f}; "
+        ranges = ", ".join(f"{kind} x{lo:.3f}-x{hi:.3f}"
+                           for kind, (lo, hi) in c["speedup_vs_nccl_range_by_strategy"].items())
+        out.print(f"{name}: geomean x{c['geomean_speedup_vs_nccl']:.3f} vs NCCL, "
+                  f"x{c['geomean_speedup_vs_autoccl']:.3f} vs AutoCCL, "
+                  f"x{c['geomean_speedup_vs_optuna']:.3f} vs Optuna; "
+                  f"worst cell x{c['min_speedup_vs_nccl']:.3f}; "
                   f"headroom (NCCL / lower bound) x{c['geomean_headroom_vs_nccl']:.3f}; per strategy {ranges}",
                   highlight=False)
     s = summary["evaluations_slope"]

@@ -84,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result.cluster.dump(out)
         if args.dump_measurements:
-            Path(args.dump_measurements).write_text(json.dumps([_measurement_dict(m) for m in result.measurements], indent=1))
+            Path(args.dump_measurements).write_text(json.dumps([_measurement_dict(m) for m in result.measurements],
+                                                               indent=1))
     except OSError as exc:
         raise LagomError(f"cannot write {exc.filename or out}: {exc.strerror or exc}") from None
     report = result.report

@@ -40,10 +40,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--workdir",
         metavar="DIR",
-        help="keep the run folder (plugin table, bootstrap, audit parts) here; default: a temporary folder, removed after",
+        help="keep the run folder (plugin table, bootstrap, audit parts) here; default: a temporary folder, removed "
+             "after",
     )
-    parser.add_argument("--no-plugin", action="store_true", help="do not build or load the tuner plugin (env and process-group doors only)")
-    parser.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the job's command line, after '--'")
+    parser.add_argument("--no-plugin", action="store_true",
+                        help="do not build or load the tuner plugin (env and process-group doors only)")
+    parser.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                        help="the job's command line, after '--'")
     parser.set_defaults(func=run)
 
 
@@ -54,5 +57,6 @@ def run(args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise LagomError("no command to run: put it after '--', e.g. lagom run --config lagom.yaml -- torchrun train.py")
+        raise LagomError("no command to run: put it after '--', "
+                         "e.g. lagom run --config lagom.yaml -- torchrun train.py")
     return launch(args.config, command, audit_path=args.audit, workdir=args.workdir, use_plugin=not args.no_plugin)

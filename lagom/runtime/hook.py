@@ -303,7 +303,8 @@ class Hook:
         for count, info in list(self.counts.values()):
             if info is not _IGNORED and count:
                 totals[info] = totals.get(info, 0) + count
-        return [audit.SignatureCount(c, g, size, nodes, nbytes, n, entry) for (c, g, size, nodes, nbytes, entry), n in totals.items()]
+        return [audit.SignatureCount(c, g, size, nodes, nbytes, n, entry)
+                for (c, g, size, nodes, nbytes, entry), n in totals.items()]
 
     def summary(self) -> audit.Summary:
         return audit.Summary.of(self.signature_counts())

@@ -127,7 +127,8 @@ def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[st
     tuned_env = dict(config.env)
     if use_plugin and config.collectives:
         if PLUGIN_ENV in env:
-            setup.messages.append(f"lagom run: your {PLUGIN_ENV}={env[PLUGIN_ENV]} wins; the tuned per-collective table is not used")
+            setup.messages.append(f"lagom run: your {PLUGIN_ENV}={env[PLUGIN_ENV]} wins; the tuned per-collective "
+                                  "table is not used")
         else:
             # A table the plugin cannot take is a bad config (exit 2); a plugin that
             # cannot be built only closes this door.
@@ -159,7 +160,8 @@ def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[st
     if setup.plugin_path and config.nccl_version and not tuner_symbols(NcclVersion.parse(config.nccl_version)):
         # the job's own NCCL may be newer than the file's and load the plugin: say both
         entries += (f" in tuner plugin {setup.plugin_path}, which the file's NCCL {config.nccl_version} does not load "
-                    f"(NCCL >= {min(TUNER_SYMBOL_SINCE.values())}): there the env and process groups carry the settings")
+                    f"(NCCL >= {min(TUNER_SYMBOL_SINCE.values())}): there the env and process groups carry the "
+                    "settings")
     elif setup.plugin_path:
         entries += f" via tuner plugin {setup.plugin_path}"
     doors = [f"{len(config.env)} env knob(s)", f"{len(config.process_groups)} process group(s)", entries]
@@ -216,7 +218,8 @@ def launch(
     """The whole of ``lagom run``; returns the child's exit status."""
     stream = stream if stream is not None else sys.stderr
     if not argv:
-        raise LagomError("no command to run: put it after '--', e.g. lagom run --config lagom.yaml -- torchrun train.py")
+        raise LagomError("no command to run: put it after '--', "
+                         "e.g. lagom run --config lagom.yaml -- torchrun train.py")
     if shutil.which(argv[0]) is None:
         raise LagomError(f"command not found (or not executable): {argv[0]}")
     if audit_path is not None and not Path(audit_path).resolve().parent.is_dir():

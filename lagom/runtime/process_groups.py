@@ -132,7 +132,8 @@ class GroupOptionsInjector:
         signature = inspect.signature(helper)
         needed = {"group_name", "backend", "backend_options"}
         if not needed <= set(signature.parameters):
-            self.report("this torch's _new_process_group_helper has another signature: per-group NCCL options are not applied")
+            self.report("this torch's _new_process_group_helper has another signature: per-group NCCL options are not "
+                        "applied")
             return False
         original = helper
         injector = self

@@ -15,7 +15,7 @@ gives min-based figures and, in brackets, the median of the paired differences.
    (ZeRO-style MLP with reduce-scatter, all-gather, all-reduces), plain vs hooked
    step time.
 
-Targets (issue 7): < 2 us added per call, < 1% on the step time. On a busy shared
+Targets: < 2 us added per call, < 1% on the step time. On a busy shared
 machine (2 cores, other jobs) paired blocks differ by several percent either way,
 more than the hook can cost; so the last line also bounds the step-time cost from
 (1): added us per call x calls per step / step time, which that noise cannot blur.

@@ -29,15 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from costmodel.accuracy import (  # noqa: E402
-    candidate_configs,
-    compare_timings,
-    compute_bound_windows,
-    random_plan,
-    ranking_gap,
-    signatures_of,
-    window_workload,
-)
+from costmodel import accuracy  # noqa: E402
 from costmodel.analytic import AnalyticEvaluator  # noqa: E402
 from costmodel.calibrate import calibrate  # noqa: E402
 from costmodel.calibration_backend import SimBackend  # noqa: E402
@@ -97,22 +89,22 @@ def main(argv: list[str] | None = None) -> int:
         cases = []
         for w in workloads:
             cases.append((w, Plan()))
-            cases += [(w, random_plan(rng, w, preset)) for _ in range(args.plans)]
+            cases += [(w, accuracy.random_plan(rng, w, preset)) for _ in range(args.plans)]
         windows = []
         for w in workloads:
-            windows += [(w, win) for win in compute_bound_windows(w)]
+            windows += [(w, win) for win in accuracy.compute_bound_windows(w)]
         rng.shuffle(windows)
         windows = windows[: args.windows]
         models = (("defaults", AnalyticEvaluator(preset)), ("start", AnalyticEvaluator(preset, start)),
                   ("calibrated", AnalyticEvaluator(fitted.cluster)))
         for label, model in models:
-            stats = compare_timings(model, truth, cases)
+            stats = accuracy.compare_timings(model, truth, cases)
             gaps = []
             for w, win in windows:
-                sub = window_workload(w, win)
-                sig = signatures_of(sub, preset)[0]
-                gaps.append(ranking_gap(model, truth, sub, preset,
-                                        candidate_configs(rng, sig, args.candidates)).gap_pct)
+                sub = accuracy.window_workload(w, win)
+                sig = accuracy.signatures_of(sub, preset)[0]
+                gaps.append(accuracy.ranking_gap(model, truth, sub, preset,
+                                                 accuracy.candidate_configs(rng, sig, args.candidates)).gap_pct)
             within = sum(g <= 2.0 for g in gaps)
             print(f"{name:8s} {label:12s} {stats['iteration'].mape_pct:9.2f}% {stats['compute'].mape_pct:9.2f}% "
                   f"{stats['collective'].mape_pct:9.2f}% {stats['iteration'].max_pct:8.2f}% "

@@ -1,5 +1,6 @@
-"""How fast the simulator evaluates the paper's workloads (issue target: <= 50 ms for
-FSDP Llama-3-8B on 16 GPUs, the largest generated workload).
+"""How fast the simulator evaluates the paper's workloads (target: <= 50 ms for
+FSDP Llama-3-8B on 16 GPUs, the largest generated workload, so a search of a few hundred
+evaluations judged on the simulator takes seconds).
 
     python3 bench/simulate_speed.py [--cluster low-bw] [--repeats 20] [--all]
 

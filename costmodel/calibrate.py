@@ -31,6 +31,7 @@ from costmodel.analytic import AnalyticEvaluator
 from costmodel.calibration_backend import CalibrationBackend
 from costmodel.cluster import ClusterSpec
 from costmodel.model_params import PARAMS, default_params, model_section, params_for
+from costmodel.nccl_defaults import cluster_max_channels, nccl_default_config
 from nccl_env.errors import LagomError
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Signature
@@ -143,19 +144,6 @@ def calibration_shapes(cluster: ClusterSpec) -> list[ComputeOp]:
     ]
 
 
-def _default_config(cluster: ClusterSpec, sig: Signature) -> CommConfig:
-    try:
-        from costmodel.nccl_defaults import nccl_default_config
-    except ImportError:  # NCCL's modelled defaults not available: NCCL 2.18's usual large-message choice
-        return CommConfig(Algorithm.RING, Protocol.SIMPLE, 8, 512, 2 * _MIB)
-    return nccl_default_config(cluster, sig)
-
-
-def _max_channels(cluster: ClusterSpec) -> int:
-    major, minor = (int(x) for x in (cluster.nccl_version.split(".") + ["0", "0"])[:2])
-    return 64 if (major, minor) >= (2, 25) else 32  # REFERENCE.md 3: MAXCHANNELS 64 from NCCL 2.25
-
-
 def measurement_plan(backend: CalibrationBackend, budget: int = 300, seed: int = 0) -> list[Measurement]:
     """The items to measure, at most ``budget`` of them (deterministic for a seed)."""
     if budget < 20:
@@ -163,7 +151,7 @@ def measurement_plan(backend: CalibrationBackend, budget: int = 300, seed: int =
     cluster = backend.cluster
     rng = random.Random(seed)
     layouts = backend.rank_layouts()
-    max_nc = _max_channels(cluster)
+    max_nc = cluster_max_channels(cluster)
     channel_steps = [c for c in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if c <= max_nc]
     types = [CollectiveType.ALLREDUCE, CollectiveType.ALLGATHER, CollectiveType.REDUCESCATTER, CollectiveType.ALLTOALL]
     shapes = calibration_shapes(cluster)
@@ -213,7 +201,7 @@ def measurement_plan(backend: CalibrationBackend, budget: int = 300, seed: int =
     for layout in layouts:
         for ctype, nbytes in ((CollectiveType.ALLREDUCE, 64 * _MIB), (CollectiveType.ALLGATHER, 16 * _MIB)):
             s = sig(ctype, min(nbytes, cap), layout)
-            base = _default_config(cluster, s)
+            base = nccl_default_config(cluster, s)
             base = replace(base, algorithm=Algorithm.RING, protocol=Protocol.SIMPLE)
             sweeps += [Measurement("collective", "channel sweep", s, replace(base, channels=c)) for c in channel_steps]
             sweeps += [Measurement("collective", "chunk sweep", s, replace(base, chunk_bytes=c * _KIB))
@@ -228,7 +216,7 @@ def measurement_plan(backend: CalibrationBackend, budget: int = 300, seed: int =
         layout = layouts[(i // len(shapes)) % len(layouts)]
         ctype = overlap_types[i % len(overlap_types)]
         s = sig(ctype, size(1 * _MIB, 128 * _MIB), layout)
-        base = _default_config(cluster, s)
+        base = nccl_default_config(cluster, s)
         cfg = replace(base, algorithm=Algorithm.RING, channels=channel_steps[i % len(channel_steps)],
                       chunk_bytes=int(log_uniform(64 * _KIB, 8 * _MIB)) // (4 * _KIB) * (4 * _KIB),
                       protocol=Protocol.SIMPLE if rng.random() < 0.8 else Protocol.LL128)
@@ -257,13 +245,8 @@ def run_measurements(backend: CalibrationBackend, plan: list[Measurement], progr
 
 
 # ---- fitting ---------------------------------------------------------------------------------------------
-def predict(cluster: ClusterSpec, params: dict[str, float], m: Measurement) -> tuple[float, ...]:
-    """What the analytic model says for a measurement item (same units as ``measured_us``)."""
-    ev = AnalyticEvaluator(cluster, params)
-    return _predict(ev, m)
-
-
 def _predict(ev: AnalyticEvaluator, m: Measurement) -> tuple[float, ...]:
+    """What the analytic model says for a measurement item (same units as ``measured_us``)."""
     if m.kind == "compute":
         assert m.op is not None
         return (ev.compute_time_us(m.op),)

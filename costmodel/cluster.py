@@ -48,6 +48,7 @@ from pathlib import Path
 import yaml
 
 from nccl_env.errors import LagomError
+from nccl_env.files import read_yaml
 from nccl_env.rules import NcclVersion
 
 INTRA_KINDS = ("pcie", "nvlink", "nvswitch")
@@ -122,16 +123,7 @@ def load_cluster(name_or_path: str | Path) -> ClusterSpec:
             names = ", ".join(preset_names())
             raise LagomError(f"unknown cluster {text_name!r}: not a file and not a preset ({names})")
         return parse_cluster(yaml.safe_load(candidate.read_text()), f"preset {text_name}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise LagomError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise LagomError(f"{path}: cannot read: {exc}") from None
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else "parse error"
-        raise LagomError(f"{path}: not valid YAML: {first}") from None
-    spec = parse_cluster(data, str(path))
+    spec = parse_cluster(read_yaml(path), str(path))
     spec.source = str(path)
     return spec
 

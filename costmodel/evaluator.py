@@ -11,8 +11,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from nccl_env.errors import LagomError
+from nccl_env.knobs import Algorithm, CommConfig
 from nccl_env.plan import Plan
 from traces.workload import Workload
+from traces.workload_io import workload_problem
+
+# The algorithms the evaluators model (costmodel.collective_model, costmodel.sim_collective);
+# NVLS and CollNet need switch hardware no cluster description has, and PAT is not modelled.
+MODELLED_ALGORITHMS = (Algorithm.RING, Algorithm.TREE)
 
 
 @dataclass
@@ -80,3 +87,27 @@ class Evaluator(Protocol):
     evaluations: int
 
     def evaluate(self, workload: Workload, plan: Plan) -> Timing: ...
+
+
+def check_workload(workload: Workload) -> None:
+    """Raise LagomError (one line) for a workload no evaluator can time: duplicate op ids,
+    a dependency on a missing op, a dependency cycle, ... (``traces.workload_io.workload_problem``)."""
+    problem = workload_problem(workload)
+    if problem is not None:
+        raise LagomError(f"workload {workload.source or '(unnamed)'}: {problem}")
+
+
+def check_plan(plan: Plan) -> None:
+    """Raise LagomError (one line) for a plan asking for an algorithm the evaluators do not model."""
+    check_config(plan.default, "default")
+    for signature, config in plan.entries.items():
+        check_config(config, signature.label())
+
+
+def check_config(config: CommConfig, where: str) -> None:
+    """Raise LagomError (one line, starting with ``where``) for an algorithm the evaluators do not model."""
+    algorithm = config.algorithm
+    if algorithm is not None and algorithm not in MODELLED_ALGORITHMS:
+        names = " and ".join(a.nccl_name for a in MODELLED_ALGORITHMS)
+        raise LagomError(f"{where}: algorithm={algorithm.nccl_name}: the evaluators model only {names} "
+                         f"(NVLS and CollNet need switch hardware no cluster describes; PAT is not modelled)")

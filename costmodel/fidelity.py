@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.cluster import ClusterSpec, load_cluster, preset_names
+from costmodel.evaluator import MODELLED_ALGORITHMS
 from costmodel.sim import Simulator, tiny_overlap_workload
-from costmodel.sim_collective import MODELLED_ALGORITHMS
 from nccl_env.errors import LagomError
+from nccl_env.files import read_text
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Plan, Signature
 from traces.gemm_names import GemmDtype
@@ -183,11 +184,7 @@ def load_cases(path: str | Path) -> list[Case]:
     """Every case of a ``lagom.published-cases`` file, validated; LagomError (one line) otherwise."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise LagomError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise LagomError(f"{path}: cannot read: {exc}") from None
+        data = json.loads(read_text(path))
     except json.JSONDecodeError as exc:
         raise LagomError(f"{path}: not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     return parse_cases(data, str(path))

@@ -41,16 +41,12 @@ from costmodel.cluster import ClusterSpec
 from nccl_env.errors import LagomError
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Signature
-from nccl_env.rules import P2P_COLLECTIVES
+from nccl_env.rules import DEFAULT_BUFFSIZE_BYTES, NCCL_STEPS, P2P_COLLECTIVES, NcclVersion, max_channels
 
 # ---- NCCL constants (NCCL 2.18.3, src/include/devcomm.h, comm.h, collectives.h) -----------------
-NCCL_STEPS = 8  # devcomm.h
-WARP_SIZE = 32
-MAXCHANNELS_BEFORE_2_25 = 32  # devcomm.h MAXCHANNELS (64 from 2.25)
 SIMPLE_MAX_NTHREADS = 512  # devcomm.h NCCL_SIMPLE_MAX_NTHREADS
 LL_MAX_NTHREADS = 512  # devcomm.h NCCL_LL_MAX_NTHREADS
 LL128_MAX_NTHREADS = 640  # devcomm.h NCCL_LL128_MAX_NTHREADS
-SIMPLE_BUFFSIZE = 1 << 22  # NCCL_BUFFSIZE default 4 MiB
 LL_BUFFSIZE = 8 * 512 * NCCL_STEPS * 16  # LL_LINES_PER_THREAD x LL_MAX_NTHREADS x STEPS x sizeof(ncclLLFifoLine)
 LL128_BUFFSIZE = 120 * 640 * NCCL_STEPS * 8  # LL128_ELEMS_PER_THREAD x LL128_MAX_NTHREADS x STEPS x sizeof(uint64_t)
 RING_CHUNKSTEPS = NCCL_STEPS // 2  # collectives.h ALLREDUCE/ALLGATHER/REDUCESCATTER_CHUNKSTEPS
@@ -136,19 +132,16 @@ def nccl_graph(cluster: ClusterSpec) -> NcclGraph:
         raise LagomError(f"cluster {cluster.name}: malformed 'nccl_graph' section: {exc}") from None
 
 
-def _max_channels(cluster: ClusterSpec) -> int:
-    try:
-        major, minor = (int(x) for x in cluster.nccl_version.split(".")[:2])
-    except ValueError:
-        major, minor = 2, 18
-    return 64 if (major, minor) >= (2, 25) else MAXCHANNELS_BEFORE_2_25
+def cluster_max_channels(cluster: ClusterSpec) -> int:
+    """MAXCHANNELS of the cluster's NCCL (``nccl_env.rules.max_channels``)."""
+    return max_channels(NcclVersion.parse(cluster.nccl_version))  # the version was checked when the cluster loaded
 
 
 def comm_channels(cluster: ClusterSpec, nodes: int = 1) -> int:
     """Channels a communicator opens (connect.cc): search rings doubled, capped at MAXCHANNELS;
     Hopper multi-node communicators with fast NVLink double once more."""
     graph = nccl_graph(cluster)
-    limit = _max_channels(cluster)
+    limit = cluster_max_channels(cluster)
     nc = min(limit, graph.ring_channels * 2)
     if graph.compute_capability >= 90 and nodes > 1 and graph.bw_intra_gb_per_s > 45.0 and 2 * nc <= limit:
         nc *= 2
@@ -282,7 +275,7 @@ def _chunk_bytes(algo: Algorithm, proto: Protocol, signature: Signature, channel
             while nbytes / (channels * step) < nsteps * 16 / ppn and step > 32768:
                 step //= 2
         return step
-    step = SIMPLE_BUFFSIZE // NCCL_STEPS
+    step = DEFAULT_BUFFSIZE_BYTES // NCCL_STEPS
     if algo is Algorithm.RING:
         rooted = signature.collective in (CollectiveType.BROADCAST, CollectiveType.REDUCE)
         return step * (1 if rooted else RING_CHUNKSTEPS)
@@ -307,7 +300,7 @@ def _first(value, fallback):
 
 def _p2p_config(cluster: ClusterSpec, signature: Signature) -> CommConfig:
     peers = max(1, signature.ranks - 1)
-    channels = min(_max_channels(cluster), max(1, P2P_CHANNELS_PER_PEER * peers))
+    channels = min(cluster_max_channels(cluster), max(1, P2P_CHANNELS_PER_PEER * peers))
     if signature.nodes > 1:
         chunk = P2P_NET_CHUNK_BYTES
     else:  # ncclTopoPathAllNVLink: only an NVSwitch node has NVLink between every pair

@@ -34,23 +34,25 @@ Entry points for calibration (tiny workloads work too):
 from __future__ import annotations
 
 import math
-import weakref
 
 import numpy as np
 
 from costmodel.cluster import ClusterSpec
-from costmodel.evaluator import OpTiming, Timing
+from costmodel.evaluator import OpTiming, Timing, check_plan
 from costmodel.nccl_defaults import resolve_config
 from costmodel.sim_collective import CollectiveModel
 from costmodel.sim_compute import ComputeModel, gemm_tile_from_name
 from costmodel.sim_params import sim_params
 from costmodel.trace_anchor import replay_timing
+from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
+from traces.intervals import intersection, union
 from traces.workload import CollectiveOp, ComputeOp, ProcessGroup, Stream, StreamKind, Workload
 
 _NOISE_CLIP = (0.5, 1.5)
+_CACHE_WORKLOADS = 64  # static data kept for this many workloads
 
 
 def _shape_key(op: ComputeOp) -> tuple:
@@ -81,12 +83,9 @@ class _Static:
                 succ[prev].append(i)
                 pending[i] += 1
             last_on_stream[sid] = i
-        for dep in workload.dependencies:
-            a, b = index.get(dep.before), index.get(dep.after)
-            if a is None or b is None or a == b:
-                continue
-            succ[a].append(b)
-            pending[b] += 1
+        for dep in workload.dependencies:  # every one names two ops (check_workload)
+            succ[index[dep.before]].append(index[dep.after])
+            pending[index[dep.after]] += 1
         self.succ = succ
         self.pending = pending
         # kernels of the same shape share one model (and its memo): layers repeat
@@ -121,7 +120,7 @@ class Simulator:
         self.seed = seed
         self.evaluations = 0
         self._rng = np.random.default_rng(seed)
-        self._statics: dict[int, tuple[weakref.ref, int, _Static]] = {}
+        self._statics: WorkloadCache[_Static] = WorkloadCache(self._build_static, _CACHE_WORKLOADS)
         self._collective_models: dict[tuple[Signature, CommConfig], CollectiveModel] = {}
         self._sm = cluster.gpu.sm_count
         self._replay_cache: dict = {}
@@ -129,17 +128,8 @@ class Simulator:
         self._bw = cluster.gpu.mem_bw_gb_per_s * 1e3 * self.params.mem_efficiency
 
     # ---- caches ------------------------------------------------------------------------------
-    def _static(self, workload: Workload) -> _Static:
-        key = id(workload)
-        size = len(workload.compute_ops) + len(workload.collectives) + len(workload.dependencies)
-        entry = self._statics.get(key)
-        if entry is not None and entry[0]() is workload and entry[1] == size:
-            return entry[2]
-        static = _Static(workload, self.cluster, self.params)
-        if len(self._statics) > 64:
-            self._statics = {k: v for k, v in self._statics.items() if v[0]() is not None}
-        self._statics[key] = (weakref.ref(workload), size, static)
-        return static
+    def _build_static(self, workload: Workload) -> _Static:
+        return _Static(workload, self.cluster, self.params)
 
     def collective_model(self, signature: Signature, config: CommConfig | None = None) -> CollectiveModel:
         """The collective's model under ``config`` resolved over NCCL's default."""
@@ -188,17 +178,36 @@ class Simulator:
 
     # ---- the evaluator -------------------------------------------------------------------------
     def evaluate(self, workload: Workload, plan: Plan) -> Timing:
-        self.evaluations += 1
+        check_plan(plan)
         if workload.exec_graph is not None:  # a trace: replay it, anchored at its measured times (no noise)
-            return replay_timing(self, workload, plan, self.cluster.gpus_per_node, self._replay_cache)
-        st = self._static(workload)
+            timing = replay_timing(self, workload, plan, self.cluster.gpus_per_node, self._replay_cache)
+            self.evaluations += 1
+            return timing
+        st = self._statics.get(workload)
+        self.evaluations += 1
+        if not st.ops:
+            return Timing(0.0, 0.0, 0.0, 0.0, 0.0, {})
+        colls = self._collectives_under(st, plan)
+        factors = self._noise_factors(len(st.ops))
+        start, end = self._run(st, colls, factors)
+        return self._timing(st, start, end, factors)
+
+    def _collectives_under(self, st: _Static, plan: Plan) -> list[CollectiveModel]:
+        """Each collective's model under the plan (host-side ones through the CPU path)."""
+        by_sig = {sig: self.collective_model(sig, plan.config_for(sig)) for sig in st.unique_signatures}
+        return [by_sig[sig] if on_gpu else by_sig[sig].host_side() for sig, on_gpu in zip(st.signatures, st.on_gpu)]
+
+    def _noise_factors(self, n: int) -> list[float]:
+        """One multiplicative factor per op: N(1, noise) clipped, or exactly 1 without noise."""
+        if self.noise > 0:
+            return np.clip(self._rng.normal(1.0, self.noise, n), *_NOISE_CLIP).tolist()
+        return [1.0] * n
+
+    def _run(self, st: _Static, colls: list[CollectiveModel], factors: list[float]) -> tuple[list[float], list[float]]:
+        """The event loop: every op's start and end. Between two events the running set is
+        fixed and each op progresses at the rate the others leave it (module docstring)."""
         n = len(st.ops)
         nc = st.n_compute
-        if n == 0:
-            return Timing(0.0, 0.0, 0.0, 0.0, 0.0, {})
-        by_sig = {sig: self.collective_model(sig, plan.config_for(sig)) for sig in st.unique_signatures}
-        colls = [by_sig[sig] if on_gpu else by_sig[sig].host_side() for sig, on_gpu in zip(st.signatures, st.on_gpu)]
-        factors = np.clip(self._rng.normal(1.0, self.noise, n), *_NOISE_CLIP).tolist() if self.noise > 0 else [1.0] * n
         cmodels = st.compute_models
         state_cache = st.state_cache
         succ = st.succ
@@ -226,12 +235,9 @@ class Simulator:
                             remaining[i] += wait / max(model.alone_us, 1e-9)
                     active_k.append(i)
             ready = []
-            if not active_c and not active_k:  # a dependency cycle or missing op: release the rest
-                rest = [i for i in range(n) if pending[i] > 0]
-                for i in rest:
-                    pending[i] = 0
-                ready = rest
-                continue
+            if not active_c and not active_k:  # only if stream order and dependencies disagree
+                stuck = next(i for i in range(n) if pending[i] > 0)
+                raise LagomError(f"workload: op {st.op_ids[stuck]} can never start (cyclic dependencies)")
             if not active_k and len(active_c) == 1:  # fast path: one kernel alone on the GPU
                 i = active_c[0]
                 r = 1.0 / (cmodels[i].uncontended_us * factors[i])
@@ -281,7 +287,7 @@ class Simulator:
                     pending[s] -= 1
                     if pending[s] == 0:
                         ready.append(s)
-        return self._timing(st, start, end, factors)
+        return start, end
 
     def _state_durations(self, kernels: tuple, collectives: tuple) -> list[float]:
         """Duration of each running op (kernels first, then collectives) if this set of ops ran
@@ -331,11 +337,11 @@ class Simulator:
         ops = {op_id: OpTiming(s, e - s) for op_id, s, e in zip(st.op_ids, start, end)}
         first = min(start)
         last = max(end)
-        compute_spans = _union([(start[i], end[i]) for i in range(nc) if not st.ops[i].is_memory_op])
-        comm_spans = _union([(start[i], end[i]) for i in range(nc, len(st.ops))])
+        compute_spans = union([(start[i], end[i]) for i in range(nc) if not st.ops[i].is_memory_op])
+        comm_spans = union([(start[i], end[i]) for i in range(nc, len(st.ops))])
         compute_us = sum((b - a for a, b in compute_spans), 0.0)
         comm_us = sum((b - a for a, b in comm_spans), 0.0)
-        exposed = comm_us - _intersection(comm_spans, compute_spans)
+        exposed = comm_us - sum((b - a for a, b in intersection(comm_spans, compute_spans)), 0.0)
         per_stream: dict[int, float] = {}
         for i in range(nc):
             if st.ops[i].is_memory_op:
@@ -351,33 +357,6 @@ class Simulator:
             compute_uncontended_us=min(uncontended, compute_us) if compute_us > 0 else 0.0,
             ops=ops,
         )
-
-
-def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    spans.sort()
-    out: list[list[float]] = []
-    for a, b in spans:
-        if out and a <= out[-1][1]:
-            if b > out[-1][1]:
-                out[-1][1] = b
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
-
-
-def _intersection(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> float:
-    i = j = 0
-    total = 0.0
-    while i < len(x) and j < len(y):
-        lo = max(x[i][0], y[j][0])
-        hi = min(x[i][1], y[j][1])
-        if hi > lo:
-            total += hi - lo
-        if x[i][1] < y[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
 
 
 def tiny_overlap_workload(op: ComputeOp, signature: Signature, collective_name: str = "collective") -> Workload:

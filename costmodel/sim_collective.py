@@ -33,9 +33,6 @@ from costmodel.sim_params import SimParams
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Signature
 
-# Rings and trees are the pipelines below; NVLS, CollNet and PAT would silently run as a ring.
-MODELLED_ALGORITHMS = (Algorithm.RING, Algorithm.TREE)
-
 
 def _protocol_figures(protocol: Protocol, params: SimParams) -> tuple[float, float, float]:
     """(per-channel copy rate GB/s, payload fraction of the bytes moved, per-step sync us)."""

@@ -22,7 +22,12 @@ COMMANDS = ["analyze", "simulate", "calibrate", "tune", "run", "bench", "plugin"
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
-    """argparse prints usage plus the error; we print one line naming the command."""
+    """argparse prints usage plus the error; we print one line naming the command.
+    Descriptions (each command's module docstring) keep their own line breaks."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")

@@ -33,6 +33,7 @@ import yaml
 
 from nccl_env.env_names import check_env_names
 from nccl_env.errors import LagomError
+from nccl_env.files import read_yaml
 from nccl_env.knobs import CollectiveType, CommConfig
 from nccl_env.plan import Plan, Signature
 
@@ -229,15 +230,4 @@ def parse_tuned_config(data: object, origin: str = "<config>") -> TunedConfig:
 
 def load_tuned_config(path: str | Path) -> TunedConfig:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise LagomError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise LagomError(f"{path}: cannot read: {exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else "parse error"
-        raise LagomError(f"{path}: not valid YAML: {first}") from None
-    return parse_tuned_config(data, str(path))
+    return parse_tuned_config(read_yaml(path), str(path))

@@ -6,10 +6,7 @@ model, what Lagom is meant to tune with offline) or ``sim`` (the virtual cluster
 
 from __future__ import annotations
 
-import bisect
 import hashlib
-import importlib
-import importlib.util
 import os
 import tempfile
 from collections.abc import Callable
@@ -17,33 +14,39 @@ from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
+from costmodel.analytic import AnalyticEvaluator
+from costmodel.calibrate import calibrate
+from costmodel.calibration_backend import backend_from_spec
 from costmodel.cluster import ClusterSpec, load_cluster, preset_names
 from costmodel.evaluator import Evaluator, Timing
+from costmodel.nccl_defaults import algo_estimates, nccl_default_config
+from costmodel.sim import Simulator
+from costmodel.trace_anchor import recorded_configs
 from lagom.tuned_config import CollectiveEntry, Match, TunedConfig
+from lagom.workload_arg import load_workload_arg
+from nccl_env.delivery import deliver
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
+from nccl_env.rules import NcclVersion
+from traces.intervals import CoverIndex, union
 from traces.workload import Workload
 from tuner import METHODS, AutoCCL, TuningResult, build_space
 from tuner.space import SearchSpace
 
 EVALUATORS = ("analytic", "sim")
-MIN_GAIN = 0.01  # below a 1% predicted gain, process-wide changes are not worth their risk (issue 11)
+DEFAULT_EVALUATOR = "analytic"  # the fitted cost model: what Lagom tunes with offline
+MIN_GAIN = 0.01  # below a 1% predicted gain, process-wide changes are not worth their risk
 
-
-def _optional(module: str, what: str):
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise LagomError(f"{what} is not available in this Lagom build (module {module} is missing)") from None
+__all__ = ["load_workload_arg"]  # re-exported: the commands and the bench read WORKLOAD arguments through here
 
 
 def make_evaluator(name: str, cluster: ClusterSpec, noise: float = 0.0, seed: int = 0) -> Evaluator:
     """``sim``: the simulator (noise-free unless asked); ``analytic``: the cost model."""
     if name == "sim":
-        return _optional("costmodel.sim", "the simulator").Simulator(cluster, noise=noise, seed=seed)
+        return Simulator(cluster, noise=noise, seed=seed)
     if name == "analytic":
-        return _optional("costmodel.analytic", "the analytic cost model").AnalyticEvaluator(cluster)
+        return AnalyticEvaluator(cluster)
     raise LagomError(f"unknown evaluator {name!r} (choose from {', '.join(EVALUATORS)})")
 
 
@@ -51,50 +54,27 @@ def with_nccl_version(cluster: ClusterSpec, version: str | None) -> ClusterSpec:
     """The cluster running another NCCL (the tuner's doors and MAXCHANNELS follow it)."""
     if version is None:
         return cluster
-    from nccl_env.rules import NcclVersion
-
     return replace(cluster, nccl_version=str(NcclVersion.parse(version)))
-
-
-def default_evaluator_name() -> str:
-    """``analytic`` where the cost model is built in, else ``sim``."""
-    return "analytic" if importlib.util.find_spec("costmodel.analytic") is not None else "sim"
-
-
-def load_workload_arg(text: str, cluster: ClusterSpec) -> Workload:
-    return _optional("lagom.workload_arg", "reading WORKLOAD arguments").load_workload_arg(text, cluster=cluster)
-
-
-def nccl_defaults_fn() -> Callable[[ClusterSpec, Signature], CommConfig] | None:
-    try:
-        from costmodel.nccl_defaults import nccl_default_config
-    except ImportError:
-        return None
-    return nccl_default_config
 
 
 def _enabled_pairs(cluster: ClusterSpec, signature: Signature):
     """The (algorithm, protocol) pairs NCCL's own tuning model enables for a collective."""
-    from costmodel.nccl_defaults import algo_estimates
-
     return [(e.algorithm, e.protocol) for e in algo_estimates(cluster, signature)]
 
 
 def space_for(workload: Workload, cluster: ClusterSpec) -> SearchSpace:
     """The search space; for a trace, NCCL's defaults are the settings the trace recorded
     (over the cluster model's choice for what the trace does not show)."""
-    defaults = nccl_defaults_fn()
-    if workload.exec_graph is not None and defaults is not None:
-        from costmodel.trace_anchor import recorded_configs
-
+    defaults: Callable[[ClusterSpec, Signature], CommConfig] = nccl_default_config
+    if workload.exec_graph is not None:
         recorded = recorded_configs(workload, cluster.gpus_per_node)
-        model_defaults = defaults
 
-        def defaults(cl: ClusterSpec, sig: Signature) -> CommConfig:
-            base = model_defaults(cl, sig)
+        def recorded_over_model(cl: ClusterSpec, sig: Signature) -> CommConfig:
+            base = nccl_default_config(cl, sig)
             rec = recorded.get(sig)
             return base if rec is None else rec.merged_over(base)
 
+        defaults = recorded_over_model
     return build_space(workload, cluster, defaults=defaults, enabled_pairs=_enabled_pairs)
 
 
@@ -118,8 +98,6 @@ def calibrated_cluster(preset: str, budget: int = 300, log: Callable[[str], None
     once and later runs reuse the fit until one of those changes.
     """
     text = (resources.files("costmodel") / "presets" / f"{preset}.yaml").read_text()
-    calibrate = _optional("costmodel.calibrate", "calibration").calibrate
-    backend_from_spec = _optional("costmodel.calibration_backend", "calibration").backend_from_spec
     digest = hashlib.sha256(f"{text}\nbudget={budget}".encode())
     for source in sorted((resources.files("costmodel")).iterdir(), key=lambda p: p.name):
         if source.name.endswith(".py"):  # a changed model or simulator invalidates the fit
@@ -133,8 +111,7 @@ def calibrated_cluster(preset: str, budget: int = 300, log: Callable[[str], None
             path.unlink()
     if log:
         log(f"calibrating the analytic model against sim:{preset} ({budget} measurements)")
-    result = calibrate(backend_from_spec(f"sim:{preset}"), budget=budget)
-    cluster = result if isinstance(result, ClusterSpec) else result.cluster
+    cluster = calibrate(backend_from_spec(f"sim:{preset}"), budget=budget).cluster
     tmp = path.with_suffix(".tmp")
     cluster.dump(tmp)
     tmp.replace(path)
@@ -196,14 +173,13 @@ def tuned_config(outcome: TuneOutcome, cluster: ClusterSpec, cluster_arg: str, w
         result = replace(result, plan=Plan(), timing=outcome.baseline)
     env: dict[str, str] = {}
     groups: dict[str, dict] = {}
-    from nccl_env.delivery import deliver
-    from nccl_env.rules import NcclVersion
     if result.plan.entries:
         delivery = deliver(Plan(entries={s: result.plan.config_for(s) for s in space.signatures}),
                            NcclVersion.parse(space.nccl_version))
-        env = {str(k): str(v) for k, v in dict(delivery.env).items()}
-        groups = {str(k): _group_dict(v) for k, v in dict(delivery.group_configs).items()}
-        notes += [str(c) for c in delivery.compromises]
+        env = dict(delivery.env)
+        groups = {name: {k: v for k, v in values.items() if v is not None}
+                  for name, values in delivery.group_configs.items()}
+        notes += delivery.compromises
     entries: list[CollectiveEntry] = []
     if result.plan.entries:
         # One entry per byte range: the signatures of a range share their settings (tuner.space).
@@ -235,12 +211,6 @@ def tuned_config(outcome: TuneOutcome, cluster: ClusterSpec, cluster_arg: str, w
 
 def _known(config: CommConfig | None) -> CommConfig:
     return config if config is not None else CommConfig()
-
-
-def _group_dict(value) -> dict:
-    if isinstance(value, dict):
-        return {k: v for k, v in value.items() if v is not None}
-    return {k: v for k, v in vars(value).items() if v is not None}
 
 
 # ---- per-signature report (the tune table and --json) ----------------------------------
@@ -310,20 +280,13 @@ def _comm(timing: Timing, ids: tuple[int, ...]) -> float:
 
 def _slowdown(workload: Workload, timing: Timing, ids: tuple[int, ...]) -> float:
     """Contended / uncontended time of the compute ops that overlap these collectives."""
-    merged: list[list[float]] = []
-    for s, e in sorted((timing.ops[i].start_us, timing.ops[i].end_us) for i in ids if i in timing.ops):
-        if merged and s <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], e)
-        else:
-            merged.append([s, e])
-    starts = [m[0] for m in merged]
+    spans = CoverIndex(union((timing.ops[i].start_us, timing.ops[i].end_us) for i in ids if i in timing.ops))
     contended = uncontended = 0.0
     for op in workload.compute_ops:
         t = timing.ops.get(op.op_id)
         if t is None or op.is_memory_op:
             continue
-        k = bisect.bisect_left(starts, t.end_us) - 1  # last span starting before the op ends
-        if k >= 0 and merged[k][1] > t.start_us:
+        if spans.covered(t.start_us, t.end_us) > 0:
             contended += t.duration_us
             uncontended += op.duration_us
     return contended / uncontended if uncontended > 0 else 1.0

@@ -26,13 +26,13 @@ moves the most bytes; ties go to the first signature in sorted order) and says s
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from nccl_env.errors import LagomError
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Plan, Signature
-from nccl_env.plugin_table import PLUGIN_COLLECTIVES, PluginEntry
+from nccl_env.plugin_table import PLUGIN_COLLECTIVES, PluginEntry, check_entry
 from nccl_env.rules import (
     CTAS_ENV_SINCE,
     DEFAULT_BUFFSIZE_BYTES,
@@ -68,6 +68,9 @@ ENV_ALGO_NAME = {
     Algorithm.PAT: "pat",
 }
 ENV_PROTO_NAME = {Protocol.LL: "LL", Protocol.LL128: "LL128", Protocol.SIMPLE: "Simple"}
+
+# The CommConfig fields a plugin table line can carry (threads never: no plugin ABI sets them).
+PLUGIN_SETTINGS = ("algorithm", "protocol", "channels", "chunk_bytes")
 
 # Every env name deliver() can set (lagom doctor checks the library knows them).
 ENV_NAMES = (
@@ -132,12 +135,15 @@ def _one_value(knob: str, items: list[tuple[Signature, _Value]], scope: str, why
     return sig, value
 
 
-def deliver(plan: Plan, version: NcclVersion, use_plugin: bool = True) -> Delivery:
+def deliver(plan: Plan, version: NcclVersion, use_plugin: bool = True, own_communicator: bool = False) -> Delivery:
     """Split ``plan`` over env / process-group configs / plugin table for NCCL ``version``.
 
     ``use_plugin=False`` delivers without the tuner plugin (everything per collective
-    falls back to env and group configs). Raises LagomError when a config is invalid
-    on ``version`` (naming the signature).
+    falls back to env and group configs). ``own_communicator=True`` says the process
+    runs only the plan's collectives (calibration's one communicator per setting): a
+    point-to-point step then raises NCCL_BUFFSIZE where no collective's chunk sets it,
+    instead of being cut to what NCCL keeps. Raises LagomError when a config is
+    invalid on ``version`` (naming the signature).
     """
     out = Delivery()
     items = sorted(plan.entries.items())
@@ -165,43 +171,75 @@ def deliver(plan: Plan, version: NcclVersion, use_plugin: bool = True) -> Delive
     collectives = [(s, c) for s, c in items if s.collective not in P2P_COLLECTIVES]
     _threads(collectives, plan.default, out)
     _chunk(collectives, plan.default, version, per_coll, door_knobs, out)
-    _p2p_chunk([(s, c) for s, c in items if s.collective in P2P_COLLECTIVES], version, "chunk_bytes" in per_coll, out)
+    buffsize_free = "chunk_bytes" in per_coll or (own_communicator and "NCCL_BUFFSIZE" not in out.env)
+    _p2p_chunk([(s, c) for s, c in items if s.collective in P2P_COLLECTIVES], version, buffsize_free, out)
     _channels(items, plan.default, version, per_coll, out)
     _algo_proto(items, plan.default, version, per_coll, out)
     return out
+
+
+@dataclass(frozen=True)
+class PluginRule:
+    """One per-collective setting on its way into the plugin table: the entry (its match
+    fields and every setting), the process group it was tuned for (None: any), and how
+    a message names it (a signature's label, or "entry N" of a tuned-config file)."""
+
+    entry: PluginEntry
+    group: str | None
+    label: str
+
+
+def plugin_lines(rules: list[PluginRule], per_coll: frozenset[str]) -> tuple[list[PluginEntry], list[str]]:
+    """The plugin table's lines for ``rules``, first-match order kept, and what they could not carry.
+
+    Each line keeps only the settings the plugin carries on this NCCL (``per_coll``:
+    :func:`nccl_env.rules.per_collective_knobs`); point-to-point rules and rules left
+    with no setting give no line. The plugin cannot see process groups: a rule whose
+    match repeats an earlier one's with other settings gives no line (the earlier one
+    wins, as it would in the plugin) and a compromise that says so. A value the plugin
+    would reject raises LagomError, also where this NCCL would not be given it.
+    """
+    lines: list[PluginEntry] = []
+    compromises: list[str] = []
+    first_by_match: dict[tuple, tuple[PluginRule, PluginEntry]] = {}
+    for index, rule in enumerate(rules):
+        e = rule.entry
+        if e.collective is not None and e.collective not in PLUGIN_COLLECTIVES:
+            continue
+        check_entry(e, index)
+        settings = {k: getattr(e, k) if k in per_coll else None for k in PLUGIN_SETTINGS}
+        if all(v is None for v in settings.values()):
+            continue
+        line = replace(e, **settings)
+        key = (e.collective, e.min_bytes, e.max_bytes, e.ranks, e.nodes, e.pipe_ops, e.reg_buff)
+        if key in first_by_match:
+            first_rule, first_line = first_by_match[key]
+            if first_line != line:
+                compromises.append(
+                    f"{rule.label}: the plugin cannot tell process groups apart ({first_rule.group!r} and "
+                    f"{rule.group!r} have the same collective, size, ranks and nodes); "
+                    f"both get the settings of group {first_rule.group!r}"
+                )
+            continue
+        first_by_match[key] = (rule, line)
+        lines.append(line)
+    return lines, compromises
 
 
 def _plugin_part(items: list[tuple[Signature, CommConfig]], default: CommConfig, per_coll: frozenset[str],
                  out: Delivery) -> None:
     if not per_coll:
         return
-    by_key: dict[tuple, tuple[Signature, PluginEntry]] = {}
-    for sig, cfg in items:
-        if sig.collective not in PLUGIN_COLLECTIVES:
-            continue
-        settings = {k: getattr(cfg, k) for k in per_coll if getattr(cfg, k) is not None}
-        if not settings:
-            continue
-        entry = PluginEntry(
-            collective=sig.collective,
-            min_bytes=sig.message_bytes or None,
-            max_bytes=sig.message_bytes,
-            nodes=sig.nodes,
-            ranks=sig.ranks,
-            **settings,
-        )
-        key = (sig.collective, sig.message_bytes, sig.ranks, sig.nodes)
-        if key in by_key:
-            first_sig, first = by_key[key]
-            if first != entry:
-                out.compromises.append(
-                    f"{sig.label()}: the plugin cannot tell process groups apart ({first_sig.group!r} and "
-                    f"{sig.group!r} have the same collective, size, ranks and nodes); "
-                    f"both get the settings of group {first_sig.group!r}"
-                )
-            continue
-        by_key[key] = (sig, entry)
-        out.plugin_entries.append(entry)
+    rules = [
+        PluginRule(PluginEntry(collective=sig.collective, min_bytes=sig.message_bytes or None,
+                               max_bytes=sig.message_bytes, nodes=sig.nodes, ranks=sig.ranks,
+                               **{k: getattr(cfg, k) for k in PLUGIN_SETTINGS}),
+                   sig.group, sig.label())
+        for sig, cfg in items
+    ]
+    lines, compromises = plugin_lines(rules, per_coll)
+    out.plugin_entries += lines
+    out.compromises += compromises
     fallback = {k: getattr(default, k) for k in per_coll if getattr(default, k) is not None}
     if fallback:
         out.plugin_entries.append(PluginEntry(**fallback))  # wildcard last: first match wins
@@ -247,8 +285,9 @@ def _p2p_chunk(items: list[tuple[Signature, CommConfig]], version: NcclVersion, 
     """Point-to-point step sizes: one value per env variable; from 2.19 within BUFFSIZE / 8.
 
     ``buffsize_free``: NCCL_BUFFSIZE only has to be large enough (the plugin carries the
-    collectives' chunks), so it is raised to admit the step; otherwise it sets the
-    collectives' chunk and the step is cut to what NCCL will keep.
+    collectives' chunks, or no collective shares the process), so it is raised to admit
+    the step; otherwise it sets the collectives' chunk and the step is cut to what NCCL
+    will keep.
     """
     wanted: dict[str, list[tuple[Signature, int]]] = defaultdict(list)
     for sig, cfg in items:

@@ -24,7 +24,10 @@ class Algorithm(enum.IntEnum):
 
     @property
     def nccl_name(self) -> str:
-        """The spelling NCCL_ALGO and the plugin CSV use (e.g. ``collnet_direct``)."""
+        """Lagom's spelling in tuned configs and reports (e.g. ``collnet_direct``).
+
+        NCCL_ALGO's parser knows ``collnetdirect`` (no underscore): env values come from
+        ``nccl_env.delivery.ENV_ALGO_NAME``; the plugin table accepts both."""
         return self.name.lower()
 
 

@@ -74,7 +74,9 @@ class PluginEntry:
         )
 
 
-def _check(entry: PluginEntry, index: int) -> None:
+def check_entry(entry: PluginEntry, index: int) -> None:
+    """Raise LagomError (naming entry ``index``) for a line the C plugin would reject."""
+
     def bad(msg: str) -> LagomError:
         return LagomError(f"plugin entry {index}: {msg}")
 
@@ -122,7 +124,7 @@ def format_table(entries: Iterable[PluginEntry], comments: Iterable[str] = ()) -
     lines = [HEADER.rstrip("\n")]
     lines += [f"# {c}" for c in comments]
     for i, entry in enumerate(entries):
-        _check(entry, i)
+        check_entry(entry, i)
         lines.append(format_line(entry))
     return "\n".join(lines) + "\n"
 

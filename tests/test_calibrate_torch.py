@@ -57,18 +57,21 @@ def test_each_setting_exports_what_nccl_reads_for_that_collective_and_nothing_le
     """The GPU path's env (a fresh communicator per setting): an AllToAll's step goes to
     NCCL_P2P_*_CHUNKSIZE (NCCL reads no NTHREADS, ALGO or BUFFSIZE-as-chunk for p2p), and one
     setting's knobs never leak into the next: the user's own value comes back instead."""
-    from lagom.calibrate_torch import MANAGED_ENV, apply_env, nccl_env_for
+    from costmodel.calibration_torch import MANAGED_ENV, apply_env, nccl_env_for
     from nccl_env import Algorithm, CollectiveType, CommConfig, Signature
+    from nccl_env.rules import NcclVersion
+
+    v = NcclVersion.parse("2.21.5")  # caps a p2p step at NCCL_BUFFSIZE / 8, has NCCL_MIN_CTAS
 
     a2a = Signature("0", CollectiveType.ALLTOALL, 64 << 20, 16, 2)
-    env = nccl_env_for(CommConfig(channels=4, threads=128, chunk_bytes=1 << 20), a2a)
+    env = nccl_env_for(CommConfig(channels=4, threads=128, chunk_bytes=1 << 20), v, a2a)
     assert env["NCCL_P2P_NET_CHUNKSIZE"] == str(1 << 20) and env["NCCL_BUFFSIZE"] == str(8 << 20)
     assert not {"NCCL_NTHREADS", "NCCL_MIN_NCHANNELS", "NCCL_P2P_PCI_CHUNKSIZE"} & set(env)
-    inside = nccl_env_for(CommConfig(chunk_bytes=1 << 18), Signature("0", CollectiveType.ALLTOALL, 1 << 20, 8, 1))
+    inside = nccl_env_for(CommConfig(chunk_bytes=1 << 18), v, Signature("0", CollectiveType.ALLTOALL, 1 << 20, 8, 1))
     assert inside["NCCL_P2P_NVL_CHUNKSIZE"] == inside["NCCL_P2P_PCI_CHUNKSIZE"] == str(1 << 18)
-    ring = nccl_env_for(CommConfig(threads=256, chunk_bytes=1 << 20),
+    ring = nccl_env_for(CommConfig(threads=256, chunk_bytes=1 << 20), v,
                         Signature("0", CollectiveType.ALLREDUCE, 1 << 26, 8, 1))
-    tree = nccl_env_for(CommConfig(algorithm=Algorithm.TREE, chunk_bytes=1 << 20),
+    tree = nccl_env_for(CommConfig(algorithm=Algorithm.TREE, chunk_bytes=1 << 20), v,
                         Signature("0", CollectiveType.ALLREDUCE, 1 << 26, 8, 1))
     assert ring["NCCL_NTHREADS"] == "256" and ring["NCCL_BUFFSIZE"] == str(2 << 20)  # Ring/Simple: BUFFSIZE/8 x 4
     assert tree["NCCL_BUFFSIZE"] == str(8 << 20)  # one chunk step per slot
@@ -77,10 +80,10 @@ def test_each_setting_exports_what_nccl_reads_for_that_collective_and_nothing_le
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NCCL_PROTO", "Simple")  # the user's own choice
     user = {name: os.environ.get(name) for name in MANAGED_ENV}
-    apply_env(nccl_env_for(CommConfig(threads=128, protocol=None, channels=2)), user)
+    apply_env(nccl_env_for(CommConfig(threads=128, protocol=None, channels=2), v), user)
     assert os.environ["NCCL_NTHREADS"] == "128" and os.environ["NCCL_MIN_CTAS"] == "2"
     apply_env(ring, user)
     assert "NCCL_MIN_CTAS" not in os.environ and os.environ["NCCL_NTHREADS"] == "256"
     assert os.environ["NCCL_PROTO"] == "Simple"
-    apply_env(nccl_env_for(CommConfig()), user)
+    apply_env(nccl_env_for(CommConfig(), v), user)
     assert not {"NCCL_NTHREADS", "NCCL_BUFFSIZE"} & set(os.environ) and os.environ["NCCL_PROTO"] == "Simple"

@@ -121,7 +121,7 @@ def test_fast_timelines_agree_with_the_general_one(low_bw, spec):
 
     w = generate_workload(spec)
     ev = AnalyticEvaluator(low_bw)
-    st = ev._static(w)
+    st = ev._statics.get(w)
     rng = random.Random(5)
     for plan in (Plan(), random_plan(rng, w, low_bw), random_plan(rng, w, low_bw)):
         ests = [ev.estimate(s, plan.config_for(s)) for s in st.signatures]
@@ -159,13 +159,6 @@ def test_uncalibrated_cluster_uses_hardware_defaults_and_bad_model_keys_fail(low
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(LagomError, match="outside"):
         AnalyticEvaluator(load_cluster(path))
-
-
-def test_cyclic_dependencies_are_a_lagom_error(low_bw):
-    w, sig = _window(MIB)
-    w.dependencies.append(Dependency(3, 2))
-    with pytest.raises(LagomError, match="cyclic"):
-        AnalyticEvaluator(low_bw).evaluate(w, Plan({sig: RING_SIMPLE}))
 
 
 class _ModelTruth:

@@ -4,7 +4,7 @@ Calibrated once per test session per cluster (module-scoped fixture): the simula
 with its default 1% noise, at most 300 measurements of tiny workloads. Judged at
 zero simulator noise on generated workloads (paper models and a custom shape) with
 NCCL's defaults and random settings, and on the ranking of candidate settings in
-random overlap windows (issue 5, item 3).
+random overlap windows.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The anchors the simulator must reproduce (issue: virtual clusters, item 4).
+"""The anchors the simulator must reproduce: published measurements it has to land near.
 
 All run the real simulator with noise 0 on the shipped presets and generated workloads;
 nothing here is tuned per test: the mechanism constants live in costmodel/sim_params.py

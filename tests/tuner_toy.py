@@ -16,6 +16,7 @@ from costmodel.cluster import ClusterSpec
 from costmodel.evaluator import OpTiming, Timing
 from nccl_env.knobs import CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Plan
+from traces.intervals import intersection, union
 from traces.workload import CollectiveOp, ComputeOp, Dependency, Op, ProcessGroup, Stream, StreamKind, Workload
 
 _PROTO_EFF = {Protocol.LL: 0.5, Protocol.LL128: 0.92, Protocol.SIMPLE: 1.0}
@@ -81,9 +82,9 @@ class ToyEvaluator:
                 timing[op.op_id] = OpTiming(start, dur)
                 free[op.stream] = start + dur
             coll_spans = [(timing[c.op_id].start_us, timing[c.op_id].end_us, c.op_id) for c in workload.collectives]
-        comp = _union([(timing[o.op_id].start_us, timing[o.op_id].end_us) for o in workload.compute_ops])
-        comm = _union([(s, e) for s, e, _ in coll_spans])
-        both = _intersection_len(comp, comm)
+        comp = union((timing[o.op_id].start_us, timing[o.op_id].end_us) for o in workload.compute_ops)
+        comm = union((s, e) for s, e, _ in coll_spans)
+        both = _length(intersection(comp, comm))
         return Timing(
             iteration_us=max(t.end_us for t in timing.values()) - min(t.start_us for t in timing.values()),
             compute_us=_length(comp),
@@ -94,29 +95,8 @@ class ToyEvaluator:
         )
 
 
-def _union(spans):
-    out: list[list[float]] = []
-    for s, e in sorted(spans):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return out
-
-
 def _length(spans) -> float:
     return sum(e - s for s, e in spans)
-
-
-def _intersection_len(a, b) -> float:
-    total, i, j = 0.0, 0, 0
-    while i < len(a) and j < len(b):
-        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
 
 
 def layered_workload(layers: int, sizes: list[int], gemm_us: float = 400.0, tail_bytes: int = 64 << 20) -> Workload:

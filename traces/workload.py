@@ -23,6 +23,10 @@ from traces.exec_graph import ExecGraph
 
 WORKLOAD_FORMAT_VERSION = 1
 
+# the data model's public names (``traces`` re-exports them)
+__all__ = ["CollectiveOp", "ComputeOp", "Dependency", "DependencyKind", "ProcessGroup", "Stream", "StreamKind",
+           "Workload"]
+
 
 class StreamKind(enum.Enum):
     COMPUTE = "compute"

@@ -16,11 +16,9 @@ subspace in which its own time was smallest.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 
-from costmodel.evaluator import Evaluator
 from nccl_env.errors import LagomError
-from traces.workload import Workload
 from tuner.method import SearchMethod
 from tuner.objective import BudgetExhausted, Objective
 from tuner.result import Step, TuningResult
@@ -29,21 +27,13 @@ from tuner.space import Point, SearchSpace
 AXIS_ORDER = ("channels", "threads", "chunk_bytes")  # AutoCCL's order: NC, NT, C
 
 
+@dataclass
 class AutoCCL(SearchMethod):
     name = "autoccl"
+    rounds: int = 2  # coordinate-descent rounds per subspace candidate
 
-    def __init__(self, rounds: int = 2) -> None:
-        self.rounds = rounds
-
-    def tune(
-        self,
-        workload: Workload,
-        evaluator: Evaluator,
-        space: SearchSpace,
-        budget: int | None = None,
-        progress: Callable[[int], None] | None = None,
-    ) -> TuningResult:
-        obj = Objective(workload, evaluator, space, budget, progress)
+    def search(self, obj: Objective) -> TuningResult:
+        space = obj.space
         start = space.point_near(lambda s: space.defaults[s])
         n_candidates = 1 + max((len(space.unit_pairs(u)) for u in space.subspace_units), default=0)
         finals: list[Point] = []

@@ -8,35 +8,25 @@ refuses (LagomError) spaces larger than ``max_points``. Use it on small windows.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from dataclasses import dataclass
 
-from costmodel.evaluator import Evaluator
 from nccl_env.errors import LagomError
-from traces.workload import Workload
 from tuner.method import SearchMethod
 from tuner.objective import BudgetExhausted, Objective
 from tuner.result import TuningResult
 from tuner.space import Point, SearchSpace
 
 
+@dataclass
 class Exhaustive(SearchMethod):
     name = "exhaustive"
+    max_points: int = 5000  # larger spaces are refused
 
-    def __init__(self, max_points: int = 5000) -> None:
-        self.max_points = max_points
-
-    def tune(
-        self,
-        workload: Workload,
-        evaluator: Evaluator,
-        space: SearchSpace,
-        budget: int | None = None,
-        progress: Callable[[int], None] | None = None,
-    ) -> TuningResult:
+    def search(self, obj: Objective) -> TuningResult:
+        space = obj.space
         size = space.size()
         if size > self.max_points:
             raise LagomError(f"exhaustive search: the space has {size} points, more than the limit {self.max_points}")
-        obj = Objective(workload, evaluator, space, budget, progress)
         best = None
         try:
             for point in all_points(space):

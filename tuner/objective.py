@@ -9,12 +9,12 @@ exposed (not overlapped by compute) time.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from costmodel.evaluator import Evaluator, Timing
 from nccl_env.plan import Plan
+from traces.intervals import CoverIndex, union
 from traces.workload import Workload
 from tuner.space import Point, SearchSpace, Unit
 
@@ -53,29 +53,16 @@ class Measured:
 
 def exposed_by_op(workload: Workload, timing: Timing) -> dict[int, float]:
     """Per collective: the part of its span not covered by any compute op's span."""
-    spans = sorted(
+    compute = CoverIndex(union(
         (t.start_us, t.end_us)
         for op in workload.compute_ops
         if not op.is_memory_op and (t := timing.ops.get(op.op_id)) is not None
-    )
-    merged: list[list[float]] = []
-    for start, end in spans:
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    starts = [m[0] for m in merged]
+    ))
     out: dict[int, float] = {}
     for coll in workload.collectives:
         t = timing.ops.get(coll.op_id)
-        if t is None:
-            continue
-        covered = 0.0
-        i = max(0, bisect.bisect_right(starts, t.start_us) - 1)
-        while i < len(merged) and merged[i][0] < t.end_us:
-            covered += max(0.0, min(t.end_us, merged[i][1]) - max(t.start_us, merged[i][0]))
-            i += 1
-        out[coll.op_id] = max(0.0, t.duration_us - covered)
+        if t is not None:
+            out[coll.op_id] = max(0.0, t.duration_us - compute.covered(t.start_us, t.end_us))
     return out
 
 
@@ -97,7 +84,6 @@ class Objective:
         self.progress = progress
         self.evaluations = 0
         self._cache: dict[Point, Measured] = {}
-        self._plans: dict[int, Timing] = {}
 
     def remaining(self) -> int | None:
         return None if self.budget is None else self.budget - self.evaluations

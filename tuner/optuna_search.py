@@ -8,36 +8,26 @@ user would. Default budget: 100 evaluations (the bench gives it Lagom's count).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import optuna
 
-from costmodel.evaluator import Evaluator
 from nccl_env.errors import LagomError
-from traces.workload import Workload
 from tuner.method import SearchMethod
 from tuner.objective import BudgetExhausted, Objective
 from tuner.result import TuningResult
-from tuner.space import Point, SearchSpace
+from tuner.space import Point
 
 
 class OptunaTPE(SearchMethod):
     name = "optuna"
+    default_budget: int = 100
 
     def __init__(self, seed: int = 0, default_budget: int = 100) -> None:
         self.seed = seed
         self.default_budget = default_budget
 
-    def tune(
-        self,
-        workload: Workload,
-        evaluator: Evaluator,
-        space: SearchSpace,
-        budget: int | None = None,
-        progress: Callable[[int], None] | None = None,
-    ) -> TuningResult:
-        budget = self.default_budget if budget is None else budget
-        obj = Objective(workload, evaluator, space, budget, progress)
+    def search(self, obj: Objective) -> TuningResult:
+        space = obj.space
+        budget = self.default_budget if obj.budget is None else obj.budget
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=self.seed))
         keys = [(u.index, a) for u in space.resource_units for a in u.axes]

@@ -47,6 +47,7 @@ from nccl_env.plan import Plan, Signature
 from nccl_env.rules import (
     CTAS_ENV_SINCE,
     P2P_CHUNK_CAPPED_SINCE,
+    P2P_COLLECTIVES,
     PER_FUNCTION_ALGO_SINCE,
     NcclVersion,
     algorithms_available,
@@ -68,8 +69,6 @@ CHANNEL_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 # BUFFSIZE 4 MiB / 8 steps x 4; REFERENCE.md section 3), rounded to 4 KiB.
 CHUNK_MIN_BYTES = 128 * 1024
 CHUNK_MAX_BYTES = 4 * 1024 * 1024
-
-_P2P = (CollectiveType.ALLTOALL, CollectiveType.SENDRECV)
 
 
 class Scope(enum.Enum):
@@ -144,7 +143,7 @@ def pairs_for(signature: Signature, version: str, intra_kind: str) -> tuple[tupl
     collectives (AllToAll, send/recv) have no algorithm: their only subspace is
     "NCCL decides", written (None, None) here is not returned; callers see ().
     """
-    if signature.collective in _P2P:
+    if signature.collective in P2P_COLLECTIVES:
         return ()
     algos = [Algorithm.RING]
     if signature.collective is CollectiveType.ALLREDUCE and Algorithm.TREE in algorithms_available(_version(version)):
@@ -294,14 +293,14 @@ class SearchSpace:
         version = _version(self.nccl_version)
         if version < P2P_CHUNK_CAPPED_SINCE or self.scopes["chunk_bytes"] is Scope.COLLECTIVE:
             return  # no cap, or the plugin carries the collectives' chunks and NCCL_BUFFSIZE is raised to fit
-        sized = [(s, c) for s, c in configs.items() if s.collective not in _P2P and c.get("chunk_bytes")]
+        sized = [(s, c) for s, c in configs.items() if s.collective not in P2P_COLLECTIVES and c.get("chunk_bytes")]
         buffsize = None
         if sized:
             _, cfg = largest_message(sized)
             buffsize = buffsize_for_chunk(cfg["chunk_bytes"], cfg.get("algorithm"))
         ceiling = p2p_chunk_ceiling(version, buffsize)
         for sig, cfg in configs.items():
-            if sig.collective in _P2P and cfg.get("chunk_bytes", 0) > ceiling:
+            if sig.collective in P2P_COLLECTIVES and cfg.get("chunk_bytes", 0) > ceiling:
                 cfg["chunk_bytes"] = ceiling
 
     def size(self) -> int:
@@ -328,7 +327,7 @@ def _units(signatures: Iterable[Signature], scope: Scope, axes: tuple[str, ...],
            ranges: dict[Signature, tuple[int, int]]) -> list[Unit]:
     grouped: dict[str, list[Signature]] = {}
     for sig in signatures:
-        if sig.collective in _P2P:
+        if sig.collective in P2P_COLLECTIVES:
             continue  # NCCL's p2p path takes none of these doors: see _p2p_units
         grouped.setdefault(scope_key(scope, sig, ranges.get(sig)), []).append(sig)
     return [
@@ -342,7 +341,7 @@ def _p2p_units(signatures: Iterable[Signature], start: int) -> list[Unit]:
     (NCCL_P2P_NVL/PCI_CHUNKSIZE); NCCL picks their channels, threads and the rest."""
     grouped: dict[str, list[Signature]] = {}
     for sig in signatures:
-        if sig.collective in _P2P:
+        if sig.collective in P2P_COLLECTIVES:
             grouped.setdefault("p2p net" if sig.nodes > 1 else "p2p intra", []).append(sig)
     return [Unit(start + i, key, Scope.PROCESS, tuple(sigs), ("chunk_bytes",))
             for i, (key, sigs) in enumerate(sorted(grouped.items()))]
@@ -391,7 +390,7 @@ def build_space(
     available = set(algorithms_available(_version(version)))
     pairs = {}
     for sig in signatures:
-        enabled = () if enabled_pairs is None or sig.collective in _P2P else tuple(
+        enabled = () if enabled_pairs is None or sig.collective in P2P_COLLECTIVES else tuple(
             (a, p) for a, p in enabled_pairs(cluster, sig) if a in available
         )
         pairs[sig] = enabled or pairs_for(sig, version, cluster.intra_node.kind)

@@ -36,7 +36,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "analyze",
         help="collectives, overlap and exposed communication in PyTorch profiler traces",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("paths", nargs="+", metavar="PATH",
                         help="trace file (.json, .json.gz) or directory of per-rank traces")

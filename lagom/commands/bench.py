@@ -51,10 +51,10 @@ PLOT_SUFFIXES = (".png", ".pdf", ".svg")  # formats matplotlib's Agg backend wri
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("bench", help="regression matrix: tune with the model, judge on the simulator",
-                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                            description=__doc__)
     parser.add_argument("--quick", action="store_true", help="the CI subset (3 workloads x 2 clusters)")
     parser.add_argument("--evaluator", choices=tuning.EVALUATORS, default=None,
-                        help="what the methods tune with (default: analytic where built in, else sim)")
+                        help="what the methods tune with (default: analytic)")
     parser.add_argument("--cluster", action="append", choices=bench_matrix.CLUSTERS, default=None,
                         help="limit to this cluster (repeatable)")
     parser.add_argument("--exhaustive-max-points", type=int, default=None,
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         _check_plot_path(args.plot)
     err = Console(stderr=True)
-    evaluator = args.evaluator or tuning.default_evaluator_name()
+    evaluator = args.evaluator or tuning.DEFAULT_EVALUATOR
     specs = bench_matrix.matrix_specs(args.quick)
     clusters = tuple(args.cluster) if args.cluster else bench_matrix.CLUSTERS
     total = len(specs) * len(clusters)

@@ -31,7 +31,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "calibrate",
         help="fit the cost model to a cluster (simulated, or the torchrun job it runs in)",
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--backend", required=True, metavar="sim:PRESET|torch",
                         help="what to measure: the simulator of a preset or cluster file, or torch")
@@ -53,8 +52,8 @@ def _backend(args: argparse.Namespace):
     if not 0.0 <= args.noise < 0.5:
         raise LagomError(f"--noise {args.noise}: must be in [0, 0.5)")
     if args.backend == "torch":
+        from costmodel.calibration_torch import TorchBackend
         from costmodel.cluster import load_cluster
-        from lagom.calibrate_torch import TorchBackend
 
         return TorchBackend(load_cluster(args.cluster or "low-bw"))
     from costmodel.calibration_backend import backend_from_spec

@@ -36,7 +36,7 @@ class Report:
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("doctor", help="NCCL library, version, plugin ABI, env names, compiler, plugin build",
-                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                            description=__doc__)
     parser.add_argument("--json", action="store_true", help="machine-readable report on stdout")
     parser.add_argument("--cc", help="C compiler to check (default: $CC, else cc/gcc/clang)")
     parser.set_defaults(func=run)

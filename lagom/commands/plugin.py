@@ -19,8 +19,7 @@ from nccl_env.errors import LagomError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("plugin", help="build the NCCL tuner plugin; write or check its table",
-                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = sub.add_parser("plugin", help="build the NCCL tuner plugin; write or check its table", description=__doc__)
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     build = actions.add_parser("build", help="compile the plugin (cached by source hash); prints the .so path last")
     build.add_argument("--force", action="store_true", help="rebuild even if a cached build exists")

@@ -33,7 +33,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "run",
         help="run a job (torchrun or python) with a tuned config applied",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", required=True, metavar="FILE", help="tuned-config file (lagom.yaml) to apply")
     parser.add_argument("--audit", metavar="FILE.json", help="write per-signature and per-rank collective counts here")

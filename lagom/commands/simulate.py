@@ -18,7 +18,7 @@ replay under the recorded settings against the trace).
 For other workloads every collective runs with NCCL's modelled default choice, unless ``--set`` gives one
 CommConfig for all of them (``--set channels=16,chunk=2MiB``; keys channels, threads,
 chunk, algorithm, protocol; sizes take B/KB/KiB/MB/MiB, binary; values must be valid on
-the cluster's NCCL version; the simulator takes algorithm ring or tree) or ``--config`` applies a
+the cluster's NCCL version; the evaluators model algorithm ring and tree) or ``--config`` applies a
 tuned file from ``lagom tune`` (``--set`` then fills what the file leaves to NCCL).
 
 Prints the iteration time, compute busy time, communication busy and exposed time, and
@@ -34,6 +34,7 @@ import json
 import math
 import sys
 
+from costmodel.evaluator import check_config
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan
@@ -46,7 +47,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "simulate",
         help="one iteration of a workload on a virtual cluster",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("workload", metavar="WORKLOAD", help="trace, workload JSON, or spec string")
     parser.add_argument("--cluster", default=None, metavar="NAME|FILE",
@@ -61,20 +61,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
     parser.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
     parser.set_defaults(func=run)
-
-
-def make_evaluator(name: str, cluster, noise: float, seed: int):
-    """The Evaluator called ``name`` on ``cluster``."""
-    if name == "sim":
-        from costmodel.sim import Simulator
-
-        return Simulator(cluster, noise=noise, seed=seed)
-    try:
-        from costmodel.analytic import AnalyticEvaluator
-    except ImportError:
-        raise LagomError("--evaluator analytic: the analytic cost model (costmodel.analytic) is not available in this "
-                         "build") from None
-    return AnalyticEvaluator(cluster)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,21 +82,17 @@ def run(args: argparse.Namespace) -> int:
     for note in choice.notes:
         print(f"note: {note}", file=sys.stderr)
     warnings = choice.warnings + fit_warnings(workload, cluster)
-    from costmodel.sim_collective import MODELLED_ALGORITHMS
     from nccl_env.rules import NcclVersion, validate_config
 
     version = NcclVersion.parse(cluster.nccl_version)  # checked when the cluster was loaded
 
     def check(config, origin: str) -> None:
-        """Values the cluster's NCCL would refuse, or the simulator cannot model, are an error."""
+        """Values the cluster's NCCL would refuse, or the evaluators cannot model, are an error."""
         try:
             validate_config(config, version)
         except LagomError as exc:
             raise LagomError(f"{origin}: {exc}") from None
-        if args.evaluator == "sim" and config.algorithm not in (None, *MODELLED_ALGORITHMS):
-            raise LagomError(f"{origin}: algorithm={config.algorithm.nccl_name}: the simulator models only "
-                             f"{' and '.join(a.nccl_name for a in MODELLED_ALGORITHMS)} (NVLS, CollNet and PAT are not "
-                             "modelled)")
+        check_config(config, origin)
 
     plan = Plan()
     if args.config:
@@ -129,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         plan = Plan(entries={sig: plan.config_for(sig).merged_over(forced) for sig in signatures}, default=forced)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    from lagom.tuning import make_evaluator
+
     evaluator = make_evaluator(args.evaluator, cluster, args.noise, args.seed)
     timing = evaluator.evaluate(workload, plan)
     result = {

@@ -64,14 +64,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     doc = __doc__ or ""
     parser = sub.add_parser(
         "tune", help="tuned per-collective NCCL settings for a workload", description=doc,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("workload", metavar="WORKLOAD", help="trace, workload JSON file or generator spec")
     parser.add_argument("--cluster", default=None,
                         help="preset name or cluster YAML (e.g. a calibrated one); for a trace, default: the "
                              "preset for its GPU")
     parser.add_argument("--evaluator", choices=tuning.EVALUATORS, default=None,
-                        help="what predicts iteration times (default: analytic where built in, else sim)")
+                        help="what predicts iteration times (default: analytic)")
     parser.add_argument("--method", choices=sorted(METHODS), default="lagom", help="search method (default lagom)")
     parser.add_argument("--nccl-version", default=None,
                         help="the NCCL the job will run (default: the trace's, else the cluster file's); "
@@ -101,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         raise LagomError(refusal)
     choice = resolve_cluster(workload, from_trace, args.cluster, args.nccl_version)
     cluster = choice.cluster
-    evaluator_name = args.evaluator or tuning.default_evaluator_name()
+    evaluator_name = args.evaluator or tuning.DEFAULT_EVALUATOR
     err = Console(stderr=True)
     for note in choice.notes:
         err.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)

@@ -6,11 +6,12 @@ measurement is repeated, and its median is reduced with MAX over ranks (a
 collective ends when its slowest rank does).
 
 * NCCL on GPUs: each distinct NCCL setting gets a fresh communicator (``new_group``)
-  created after the setting's env vars are exported (NCCL_ALGO, NCCL_PROTO,
-  NCCL_MIN/MAX_NCHANNELS, NCCL_NTHREADS, NCCL_BUFFSIZE; for an AllToAll only
-  NCCL_P2P_*_CHUNKSIZE; NCCL_NO_CACHE=1 so NCCL >= 2.29.7 re-reads them), and the
-  previous setting's variables are reset to the user's values first; kernels and
-  collectives are timed with CUDA events, an overlap by a matmul on the current stream against the collective on NCCL's.
+  created after the setting's env vars are exported: the env ``nccl_env.delivery``
+  gives that setting on the running NCCL without the tuner plugin (for an AllToAll
+  only NCCL_P2P_*_CHUNKSIZE), plus NCCL_NO_CACHE=1 so NCCL >= 2.29.7 re-reads them.
+  The previous setting's variables are reset to the user's values first. Kernels and
+  collectives are timed with CUDA events, an overlap by a matmul on the current
+  stream against the collective on NCCL's.
 * gloo on CPU: the same orchestration, timed with the wall clock. NCCL's knobs have
   no effect there; the measurements still pin latency, bandwidth and how a
   concurrent matmul slows a collective on this machine.
@@ -26,19 +27,11 @@ import threading
 import time
 
 from costmodel.cluster import ClusterSpec
+from nccl_env.delivery import ENV_NAMES, deliver
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CollectiveType, CommConfig
-from nccl_env.plan import Signature
-from nccl_env.rules import (
-    DEFAULT_BUFFSIZE_BYTES,
-    NCCL_STEPS,
-    P2P_COLLECTIVES,
-    P2P_NET_CHUNK_ENV,
-    P2P_NVL_CHUNK_ENV,
-    P2P_PCI_CHUNK_ENV,
-    buffsize_for_chunk,
-    p2p_chunk_envs,
-)
+from nccl_env.plan import Plan, Signature
+from nccl_env.rules import P2P_COLLECTIVES, NcclVersion
 from traces.workload import ComputeOp
 
 _ELEM_BYTES = 4  # float32 buffers
@@ -46,37 +39,24 @@ _CPU_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gloo on CPU: keep each measurement i
 _CPU_MAX_GEMM_DIM = 256  # a CPU matmul of this size takes about a millisecond
 
 
-# Every variable nccl_env_for may set: a setting's communicator sees exactly its own
+# Every variable a setting may set: a setting's communicator sees exactly its own
 # values, and the user's value (or NCCL's default) for the rest.
-MANAGED_ENV = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_CTAS",
-               "NCCL_MAX_CTAS", "NCCL_NTHREADS", "NCCL_BUFFSIZE", P2P_NET_CHUNK_ENV, P2P_NVL_CHUNK_ENV,
-               P2P_PCI_CHUNK_ENV)
+MANAGED_ENV = tuple(name for name in ENV_NAMES if name != "NCCL_TUNER_PLUGIN")
 
 
-def nccl_env_for(config: CommConfig, signature: Signature | None = None) -> dict[str, str]:
-    """NCCL env vars that make a fresh communicator run ``config`` for ``signature``'s
-    collective (unset fields: NCCL decides). Point-to-point (AllToAll) takes only its
-    step, from NCCL_P2P_*_CHUNKSIZE (``nccl_env.rules``): NCCL reads nothing else for it."""
-    env: dict[str, str] = {"NCCL_NO_CACHE": "1"}  # NCCL >= 2.29.7 re-reads parameters (REFERENCE.md 3)
+def nccl_env_for(config: CommConfig, version: NcclVersion, signature: Signature | None = None) -> dict[str, str]:
+    """NCCL env vars that make a fresh communicator run ``config`` on NCCL ``version`` (unset
+    fields: NCCL decides), by ``nccl_env.delivery``'s rules without the tuner plugin.
+
+    The communicator serves this one setting, so ``config`` is its default for every
+    collective; a point-to-point ``signature`` (AllToAll) takes only its step, from
+    NCCL_P2P_*_CHUNKSIZE, with NCCL_BUFFSIZE raised to keep it (nothing else on that
+    communicator reads the buffer size)."""
     if signature is not None and signature.collective in P2P_COLLECTIVES:
-        if config.chunk_bytes is not None:
-            for name in p2p_chunk_envs(signature.nodes):
-                env[name] = str(config.chunk_bytes)
-            # from 2.19 the step is kept within NCCL_BUFFSIZE / 8: make room for it
-            env["NCCL_BUFFSIZE"] = str(max(DEFAULT_BUFFSIZE_BYTES, NCCL_STEPS * config.chunk_bytes))
-        return env
-    if config.algorithm is not None:
-        env["NCCL_ALGO"] = config.algorithm.nccl_name
-    if config.protocol is not None:
-        env["NCCL_PROTO"] = config.protocol.nccl_name
-    if config.channels is not None:
-        env["NCCL_MIN_NCHANNELS"] = env["NCCL_MAX_NCHANNELS"] = str(config.channels)
-        env["NCCL_MIN_CTAS"] = env["NCCL_MAX_CTAS"] = str(config.channels)
-    if config.threads is not None:
-        env["NCCL_NTHREADS"] = str(config.threads)
-    if config.chunk_bytes is not None:
-        env["NCCL_BUFFSIZE"] = str(buffsize_for_chunk(config.chunk_bytes, config.algorithm))
-    return env
+        delivery = deliver(Plan({signature: config}), version, use_plugin=False, own_communicator=True)
+    else:
+        delivery = deliver(Plan(default=config), version, use_plugin=False)
+    return {"NCCL_NO_CACHE": "1", **delivery.env}  # NCCL >= 2.29.7 re-reads parameters (REFERENCE.md 3)
 
 
 def apply_env(env: dict[str, str], user_env: dict[str, str | None]) -> None:
@@ -91,6 +71,14 @@ def apply_env(env: dict[str, str], user_env: dict[str, str | None]) -> None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+def _running_nccl(torch) -> NcclVersion:
+    """The NCCL torch runs (``torch.cuda.nccl.version()``: a tuple, or the version code on old torch)."""
+    version = torch.cuda.nccl.version()
+    if isinstance(version, int):
+        return NcclVersion.from_code(version)
+    return NcclVersion(*(int(x) for x in version[:3]))
 
 
 class TorchBackend:
@@ -115,6 +103,7 @@ class TorchBackend:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         self.device = torch.device("cuda") if self.on_gpu else torch.device("cpu")
         self.cluster = cluster
+        self.nccl_version = _running_nccl(torch) if self.on_gpu else NcclVersion.parse(cluster.nccl_version)
         self.name = "torch:nccl" if self.on_gpu else "torch:gloo"
         self.is_leader = self.rank == 0
         self.repeats = repeats
@@ -170,7 +159,7 @@ class TorchBackend:
     def _group(self, config: CommConfig, signature: Signature):
         if not self.on_gpu:
             return None  # gloo: NCCL's knobs do not apply, the default group serves every setting
-        env = nccl_env_for(config, signature)
+        env = nccl_env_for(config, self.nccl_version, signature)
         key = tuple(sorted(env.items()))
         group = self._groups.get(key)
         if group is None:

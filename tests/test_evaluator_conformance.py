@@ -1,0 +1,165 @@
+"""One conformance suite for every Evaluator: what it refuses and what its Timing promises.
+
+Each test runs against every entry of :data:`EVALUATORS` (a later evaluator joins with
+one line there) on generated FSDP / TP / EP iterations and a hand-built window: the same
+bad inputs are refused with one LagomError line, and every Timing keeps the invariants
+the tuner relies on (DESIGN.md's Z >= Y, X; exposed <= X; every op timed).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+
+from costmodel.accuracy import random_plan
+from costmodel.analytic import AnalyticEvaluator
+from costmodel.calibrate import gemm_op
+from costmodel.cluster import ClusterSpec, load_cluster
+from costmodel.evaluator import Evaluator, Timing
+from costmodel.nccl_defaults import nccl_default_config
+from costmodel.sim import Simulator
+from nccl_env import Algorithm, CollectiveType, CommConfig, LagomError, Plan, Protocol
+from traces import CollectiveOp, Dependency, ProcessGroup, Stream, StreamKind, Workload
+from traces.generate import generate_workload
+
+# name -> how to build it on a cluster, exact (no measurement noise)
+EVALUATORS: dict[str, Callable[[ClusterSpec], Evaluator]] = {
+    "analytic": AnalyticEvaluator,
+    "sim": lambda cluster: Simulator(cluster, noise=0.0),
+}
+
+SPECS = (
+    "fsdp:hidden=1024,layers=2,ffn=4096,heads=16,vocab=8000:gpus=16",
+    "tp:hidden=1024,layers=2,ffn=4096,heads=16,vocab=8000:tp=8,dp=2",
+    "ep:olmoe:ep=8",
+)
+UNMODELLED = (Algorithm.NVLS, Algorithm.NVLS_TREE, Algorithm.COLLNET_DIRECT, Algorithm.COLLNET_CHAIN, Algorithm.PAT)
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def cluster() -> ClusterSpec:
+    return load_cluster("low-bw")
+
+
+@pytest.fixture(params=sorted(EVALUATORS))
+def make(request) -> Callable[[ClusterSpec], Evaluator]:
+    return EVALUATORS[request.param]
+
+
+@pytest.fixture(scope="module", params=SPECS)
+def workload(request) -> Workload:
+    return generate_workload(request.param)
+
+
+def window() -> Workload:
+    """A GEMM overlapped by an AllReduce, then a GEMM that needs the AllReduce's result."""
+    first = replace(gemm_op(4096, 4096, 4096), op_id=1, stream=0, start_us=0.0)
+    second = replace(gemm_op(2048, 4096, 4096), op_id=3, stream=0, start_us=3000.0)
+    return Workload(
+        rank=0, world_size=8,
+        streams=[Stream(0, StreamKind.COMPUTE), Stream(1, StreamKind.COMMUNICATION)],
+        compute_ops=[first, second],
+        collectives=[CollectiveOp(2, "ar", CollectiveType.ALLREDUCE, 64 * MIB, 1, 0.0, 1.0, "tp")],
+        groups={"tp": ProcessGroup("tp", tuple(range(8)), 1)},
+        dependencies=[Dependency(2, 3)],
+        gpus_per_node=8,
+    )
+
+
+def _one_line_error(call: Callable[[], object], *fragments: str) -> None:
+    with pytest.raises(LagomError) as info:
+        call()
+    text = str(info.value)
+    assert "\n" not in text and all(f in text for f in fragments), text
+
+
+def _check_invariants(workload: Workload, timing: Timing) -> None:
+    eps = 1e-6 * max(1.0, timing.iteration_us)
+    assert timing.iteration_us > 0
+    assert timing.iteration_us + eps >= timing.compute_us > 0
+    assert timing.iteration_us + eps >= timing.comm_us > 0
+    assert -eps <= timing.exposed_comm_us <= timing.comm_us + eps
+    assert 0 < timing.compute_uncontended_us <= timing.compute_us + eps
+    every = {op.op_id for op in workload.compute_ops} | {op.op_id for op in workload.collectives}
+    assert set(timing.ops) == every
+    first = min(t.start_us for t in timing.ops.values())
+    for op_id in every:
+        t = timing.ops[op_id]
+        assert t.duration_us >= 0 and t.start_us >= first
+        assert t.end_us <= first + timing.iteration_us + eps
+
+
+class TestRejections:
+    @pytest.mark.parametrize("algorithm", UNMODELLED, ids=lambda a: a.nccl_name)
+    def test_an_unmodelled_algorithm_is_refused_per_signature_and_as_default(self, make, cluster, algorithm):
+        w = window()
+        sig = w.signature(w.collectives[0])
+        ev = make(cluster)
+        config = CommConfig(algorithm, Protocol.SIMPLE)
+        _one_line_error(lambda: ev.evaluate(w, Plan({sig: config})), f"algorithm={algorithm.nccl_name}",
+                        "ring and tree")
+        _one_line_error(lambda: ev.evaluate(w, Plan(default=config)), "default", algorithm.nccl_name)
+        assert ev.evaluations == 0  # a refused call is not an evaluation
+
+    def test_a_dependency_cycle_is_refused(self, make, cluster):
+        w = window()
+        ev = make(cluster)
+        ev.evaluate(w, Plan())
+        w.dependencies.append(Dependency(3, 2))  # 2 -> 3 and 3 -> 2: neither can start
+        _one_line_error(lambda: ev.evaluate(w, Plan()), "cycle")
+
+    def test_a_dependency_on_a_missing_op_is_refused(self, make, cluster):
+        w = window()
+        w.dependencies.append(Dependency(2, 99))
+        _one_line_error(lambda: make(cluster).evaluate(w, Plan()), "99")
+
+    def test_a_repeated_op_id_is_refused(self, make, cluster):
+        w = window()
+        w.compute_ops[1] = replace(w.compute_ops[1], op_id=1)
+        w.dependencies.clear()
+        _one_line_error(lambda: make(cluster).evaluate(w, Plan()), "op id 1")
+
+
+class TestTimings:
+    def test_invariants_under_nccls_default_and_random_plans(self, make, cluster, workload):
+        ev = make(cluster)
+        rng = random.Random(3)
+        for plan in (Plan(), random_plan(rng, workload, cluster), random_plan(rng, workload, cluster)):
+            _check_invariants(workload, ev.evaluate(workload, plan))
+
+    def test_evaluations_are_counted(self, make, cluster, workload):
+        ev = make(cluster)
+        for n in range(1, 4):
+            ev.evaluate(workload, Plan())
+            assert ev.evaluations == n
+
+    def test_deterministic_without_noise(self, make, cluster, workload):
+        plan = random_plan(random.Random(7), workload, cluster)
+        a, b = make(cluster).evaluate(workload, plan), make(cluster).evaluate(workload, plan)
+        assert (a.iteration_us, a.compute_us, a.comm_us, a.exposed_comm_us) == (
+            b.iteration_us, b.compute_us, b.comm_us, b.exposed_comm_us)
+        assert dict(a.ops) == dict(b.ops)
+
+    def test_nccls_default_written_out_is_the_empty_plan(self, make, cluster, workload):
+        """A plan that spells out NCCL's own choice for every signature changes nothing."""
+        sigs = sorted({workload.signature(c, cluster.gpus_per_node) for c in workload.collectives})
+        spelled = Plan({s: nccl_default_config(cluster, s) for s in sigs})
+        ev = make(cluster)
+        empty, explicit = ev.evaluate(workload, Plan()), ev.evaluate(workload, spelled)
+        assert explicit.iteration_us == pytest.approx(empty.iteration_us, rel=1e-9)
+        assert explicit.exposed_comm_us == pytest.approx(empty.exposed_comm_us, rel=1e-9, abs=1e-9)
+
+    def test_ready_ops_start_together_and_dependencies_hold(self, make, cluster):
+        """Under any channel count the window's AllReduce starts with the first GEMM, and the second GEMM
+        waits for it."""
+        w = window()
+        sig = w.signature(w.collectives[0])
+        ev = make(cluster)
+        for channels in (1, 4, 16):
+            t = ev.evaluate(w, Plan({sig: CommConfig(Algorithm.RING, Protocol.SIMPLE, channels)}))
+            assert t.ops[2].start_us == t.ops[1].start_us
+            assert t.ops[3].start_us >= t.ops[2].end_us - 1e-6  # the dependency holds

@@ -15,6 +15,9 @@ EXAMPLES = REPO_ROOT / "traces" / "examples"  # the trace the package ships
 
 
 
+_TRACE_DIR: list[Path] = []  # the folder trace_dir() made, once per session
+
+
 def pytest_configure(config) -> None:
     # Before collection, so before any test (or subprocess a test starts) asks for the
     # cache: the suite's plugin builds and calibrations never touch the user's cache.
@@ -24,6 +27,8 @@ def pytest_configure(config) -> None:
 
 def pytest_unconfigure(config) -> None:
     shutil.rmtree(config.lagom_cache_dir, ignore_errors=True)
+    for folder in _TRACE_DIR:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def shared_traces_dir() -> Path:
@@ -44,6 +49,17 @@ def trace_path(name: str) -> Path:
         if (folder / name).is_file():
             return folder / name
     pytest.skip(f"{name} is not in tests/data and no ../shared/traces beside the checkout has it")
+
+
+def trace_dir() -> Path:
+    """One folder holding (as links) every trace all_test_traces() finds, for tests that
+    name traces relative to a folder; a test that wants one it lacks skips (trace_path)."""
+    if not _TRACE_DIR:
+        folder = Path(tempfile.mkdtemp(prefix="lagom-test-traces-"))
+        for path in all_test_traces():
+            (folder / path.name).symlink_to(path)
+        _TRACE_DIR.append(folder)
+    return _TRACE_DIR[0]
 
 
 def all_test_traces() -> list[Path]:

@@ -1,4 +1,4 @@
-"""The execution graph and its replay, on the shared real traces (docs/replay.md)."""
+"""The execution graph and its replay, on real traces (tests/data, traces/examples; docs/replay.md)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import statistics
 
 import pytest
-from conftest import shared_traces_dir
+from conftest import trace_dir
 
 from costmodel.analytic import AnalyticEvaluator
 from costmodel.cluster import load_cluster
@@ -19,11 +19,13 @@ from nccl_env.plan import Plan
 from traces.kineto import read_trace
 from traces.workload import Workload
 
-TRACES = shared_traces_dir()
-pytestmark = pytest.mark.skipif(not TRACES.is_dir(), reason=f"shared traces not found at {TRACES}")
+TRACES = trace_dir()
 W2 = "a100_w2_allreduce_broadcast.json.gz"
 W128 = "w128_sendrecv_rank0.json.gz"
 ALEXNET = "a100_alexnet_cuda_sync.json.gz"
+_WANTED = (W2, W128, "w128_sendrecv_rank1.json.gz", ALEXNET)
+pytestmark = pytest.mark.skipif(not all((TRACES / n).is_file() for n in _WANTED),
+                                reason="a trace of tests/data or traces/examples is missing")
 
 _CACHE: dict[str, Workload] = {}
 

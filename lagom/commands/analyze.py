@@ -50,6 +50,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+SAY_READING_BYTES = 20_000_000  # files this large take seconds to parse: the user hears why it waits
+
+
+def _input_bytes(path: Path) -> int:
+    """Bytes of a trace file, or of the trace files in a folder (0 when neither)."""
+    try:
+        if path.is_dir():
+            return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+        return path.stat().st_size if path.is_file() else 0
+    except OSError:
+        return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise LagomError(f"--top {args.top}: must be 0 or more")
@@ -58,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
     workloads = []
     seen: set[Path] = set()
     for path in args.paths:
+        size_bytes = _input_bytes(Path(path))
+        if size_bytes >= SAY_READING_BYTES:  # seconds of reading: say so, on a terminal or not
+            print(f"reading {path} ({size_bytes / 1e6:,.0f} MB)", file=sys.stderr, flush=True)
         for workload in read_trace(path):
             source = Path(workload.source).resolve()
             if source in seen:

@@ -144,7 +144,7 @@ def _launch_latencies(graph: ExecGraph, ops: dict[int, Op], calls: dict, produce
 def _heuristic_waits(ops: dict[int, Op], calls: dict, host_calls: list[HostCall], thread_of,
                      origin: float) -> list[StreamWait]:
     """Record/wait pairs on each CPU thread (see the module docstring)."""
-    timeline: dict[int, list[tuple[float, int, object]]] = {}  # thread -> (time, order, item)
+    timeline: dict[int, list[tuple[float, int, int | str]]] = {}  # thread -> (time, order, op id or call name)
     for op_id, (start, _end, thread) in calls.items():
         timeline.setdefault(thread, []).append((start, 1, op_id))
     for call in host_calls:
@@ -156,15 +156,15 @@ def _heuristic_waits(ops: dict[int, Op], calls: dict, host_calls: list[HostCall]
         last_launched: int | None = None
         recorded: int | None = None
         waiting_on: int | None = None
-        for _t, kind, item in items:
-            if kind == 1:
+        for _t, _order, item in items:
+            if isinstance(item, int):  # kind 1: a launch, by op id
                 op_id = item
                 if waiting_on is not None:
-                    producer, consumer = ops[waiting_on], ops[op_id]  # type: ignore[index]
+                    producer, consumer = ops[waiting_on], ops[op_id]
                     if producer.stream != consumer.stream and producer.end_us <= consumer.start_us + SYNC_TOLERANCE_US:
-                        waits.add((waiting_on, op_id))  # type: ignore[arg-type]
+                        waits.add((waiting_on, op_id))
                     waiting_on = None
-                last_launched = op_id  # type: ignore[assignment]
+                last_launched = op_id
             elif str(item).endswith("EventRecord"):
                 recorded = last_launched
             else:

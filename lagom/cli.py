@@ -15,7 +15,6 @@ from typing import NoReturn
 
 from lagom import __version__
 from lagom.package_check import shadowed
-from nccl_env.errors import LagomError
 
 # Subcommand modules, in the order `lagom --help` lists them.
 COMMANDS = ["analyze", "simulate", "calibrate", "tune", "run", "bench", "plugin", "doctor"]
@@ -57,14 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        parser = build_parser()
-    except ImportError:
-        problems = shadowed()
-        if not problems:
-            raise
+    problems = shadowed()  # before importing any of them: a stray nccl_env.py would break that import
+    if problems:
         print(f"lagom: error: {problems[0]}", file=sys.stderr)
         return 2
+    from nccl_env.errors import LagomError
+
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

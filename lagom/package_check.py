@@ -16,20 +16,18 @@ ROOT = Path(__file__).resolve().parents[1]  # the folder holding lagom/ and its 
 
 
 def _resolves_to(name: str) -> Path | None:
+    """The file (or, for a folder without __init__.py, the folder) ``name`` imports from.
+    Imports nothing: this module runs before the CLI imports any of the four."""
     module = sys.modules.get(name)
     if module is not None:
-        origin = getattr(module, "__file__", None)
-        return Path(origin) if origin else None
+        return Path(module.__file__) if module.__file__ else None
     try:
         spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    if spec.origin and spec.origin != "namespace":
-        return Path(spec.origin)
-    locations = list(spec.submodule_search_locations or [])
-    return Path(locations[0]) if locations else None
+    except (ImportError, ValueError):  # a parent package that fails, or a bad name
+        spec = None
+    if spec is not None and spec.origin not in (None, "namespace"):
+        return Path(str(spec.origin))
+    return Path(next(iter(spec.submodule_search_locations))) if spec and spec.submodule_search_locations else None
 
 
 def shadowed() -> list[str]:

@@ -45,14 +45,15 @@ def test_this_checkout_is_not_shadowed():
     assert shadowed() == []
 
 
-def test_a_shadowing_module_is_named_not_a_traceback(tmp_path):
-    (tmp_path / "tuner.py").write_text("x = 1\n")  # a stray file in the folder the command runs from
+@pytest.mark.parametrize("name", ["tuner", "nccl_env"])
+def test_a_shadowing_module_is_named_not_a_traceback(tmp_path, name):
+    (tmp_path / f"{name}.py").write_text("x = 1\n")  # a stray file in the folder the command runs from
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.run([sys.executable, "-m", "lagom", "doctor"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert f"tuner resolves to {tmp_path / 'tuner.py'}, which shadows Lagom's" in proc.stderr, proc.stderr
+    assert f"{name} resolves to {tmp_path / f'{name}.py'}, which shadows Lagom's" in proc.stderr, proc.stderr
 
 
 def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(tmp_path, capsys):

@@ -6,7 +6,6 @@ the plain dict that ``--json`` prints; :func:`render` turns the same dicts into 
 
 from __future__ import annotations
 
-from rich import box
 from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
@@ -73,8 +72,11 @@ def rank_report(workload: Workload, top_windows: int = 5, trimmed: bool = False)
             {"collective": f.collective, "median_slowdown": round(f.median_slowdown, 4), "pairs": f.pairs}
             for f in contention.figures
         ],
-        "wait_transfer": [row.to_dict() for row in split],
+        "wait_transfer": [{**row.to_dict(), "group_size": workload.group_size(row.group)} for row in split],
     }
+
+
+_GROUP_HEADER = "group ranks"  # both tables: how many ranks the process group has (not its name)
 
 
 def _bytes(n: int | None) -> str:
@@ -120,7 +122,7 @@ def render(reports: list[dict], console: Console) -> None:
         if r["collectives"]:
             t = Table(title="collectives", title_justify="left")
             columns: tuple[tuple[str, JustifyMethod], ...] = (
-                ("type", "left"), ("group", "right"), ("message", "right"), ("count", "right"),
+                ("type", "left"), (_GROUP_HEADER, "right"), ("message", "right"), ("count", "right"),
                 ("total ms", "right"), ("exposed ms", "right"), ("exposed %", "right"))
             for col, justify in columns:
                 t.add_column(col, justify=justify, no_wrap=True)
@@ -135,15 +137,14 @@ def render(reports: list[dict], console: Console) -> None:
             console.print("no collectives in the analysed span")
 
         if r.get("wait_transfer"):
-            t = Table(title="NCCL kernel time: wait for the slowest peer + transfer (only the transfer tunes)",
-                      title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0))
-            for col in ("type", "group", "message", "count", "total ms", "wait ms", "transfer ms", "per call ms",
-                        "from"):
-                t.add_column(col, justify="left" if col in ("type", "from") else "right", no_wrap=True)
+            bases = sorted({c["basis"] for c in r["wait_transfer"]})  # one per rank: the graph's wait basis
+            t = Table(title=f"NCCL kernel time: wait for the slowest peer ({', '.join(bases)}) + transfer "
+                            "(the part that tunes)", title_justify="left")
+            for col in ("type", _GROUP_HEADER, "message", "count", "total ms", "wait ms", "transfer ms", "per call ms"):
+                t.add_column(col, justify="left" if col == "type" else "right", no_wrap=True)
             for c in r["wait_transfer"]:
-                t.add_row(c["collective"], escape(str(c["group"])), _bytes(c["message_bytes"]), str(c["count"]),
-                          _ms(c["total_us"]), _ms(c["wait_us"]), _ms(c["transfer_us"]), _ms(c["transfer_per_call_us"]),
-                          c["basis"])
+                t.add_row(c["collective"], str(c["group_size"]), _bytes(c["message_bytes"]), str(c["count"]),
+                          _ms(c["total_us"]), _ms(c["wait_us"]), _ms(c["transfer_us"]), _ms(c["transfer_per_call_us"]))
             console.print(t)
 
         if r["contention"]:

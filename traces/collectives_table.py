@@ -51,9 +51,7 @@ def collectives_table(workload: Workload) -> list[CollectiveRow]:
     exposed = exposed_us(workload)
     rows: dict[tuple, list] = {}
     for c in workload.collectives:
-        group = workload.groups.get(c.group)
-        size = group.size if group is not None else workload.world_size
-        key = (c.collective, size, c.message_bytes, c.on_gpu, c.nccl_tunable)
+        key = (c.collective, workload.group_size(c.group), c.message_bytes, c.on_gpu, c.nccl_tunable)
         acc = rows.setdefault(key, [0, 0.0, 0.0])
         acc[0] += 1
         acc[1] += c.duration_us

@@ -11,8 +11,9 @@ the GPU ops with their measured times; this graph adds why each op started when 
   and the median gap);
 - **inter-stream**: producer op -> consumer op. Kineto's ``cuda_sync`` "Stream Wait
   Event" records are already the Workload's EVENT dependencies; where a trace has none,
-  ``stream_waits`` holds those the ``cudaEventRecord`` / ``cudaStreamWaitEvent``
-  heuristic infers (:mod:`traces.exec_graph_build` documents it);
+  ``stream_waits`` holds those inferred from the ``cudaEventRecord`` /
+  ``cudaStreamWaitEvent`` calls, or from a wait alone where the trace left the record
+  out (:mod:`traces.exec_graph_build` documents both);
 - **host synchronisation**: CPU calls that return only when GPU ops have finished
   (stream, device and event synchronisation, blocking copies): the thread's later
   calls move with those ops' ends;
@@ -29,7 +30,7 @@ Graphs are plain data keyed by op id; generated workloads have none.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from nccl_env.knobs import Algorithm, Protocol
 
@@ -62,7 +63,7 @@ class StreamWait:
 
     producer: int
     consumer: int
-    source: str  # "cuda_sync" (Kineto recorded it) or "record/wait" (the heuristic)
+    source: str  # "cuda_sync" (Kineto recorded it), "record/wait" or "unrecorded wait" (the heuristics)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +97,12 @@ class ExecGraph:
     wait_basis: str = "fastest instances"  # or "ranks' launch times" (traces.comm_split)
     median_latency_us: float = 0.0
     median_gap_us: float = 0.0
+
+    def with_median_delays(self) -> ExecGraph:
+        """This graph with every op's launch latency and queue gap at the trace's medians: what the
+        dependencies explain by themselves (docs/replay.md, "with generic delays")."""
+        launches = {op: Launch(la.thread, la.call_us, self.median_latency_us) for op, la in self.launches.items()}
+        return replace(self, launches=launches, gaps=dict.fromkeys(self.gaps, self.median_gap_us))
 
     def to_dict(self) -> dict:
         return {

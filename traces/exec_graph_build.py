@@ -18,6 +18,20 @@ Rules (each one what the trace shows, or a documented guess where it shows less)
   op the thread launches after the wait is the consumer. A pair on one stream adds
   nothing; a pair the trace contradicts (the consumer started before the producer
   ended) is dropped.
+- **Inter-stream, waits with no recorded event** (a ``cudaStreamWaitEvent`` with no
+  ``cudaEventRecord`` before it on its thread: the trace left the records out). These
+  are PyTorch's c10d pattern: before a collective the NCCL stream waits for the
+  current stream, and ``work.wait()`` makes the current stream wait for the NCCL
+  stream, often on another thread than the one that launched the collective (DDP's
+  all-reduce on the autograd thread, the optimizer on the main thread). The waiting
+  stream is the stream of the next op the thread launches; the consumer is the first
+  op launched on that stream (by any thread) after the wait. The producer is one of
+  the last ops launched (by any thread) before the wait on each other stream: of those
+  the trace does not contradict, the one that ended last (one per consumer, however
+  many waits precede it: the event that bound; the others had finished already, and a
+  second producer would be a guess a what-if could wrongly bind). An op with no launch
+  call in the trace (launched before the profiler started) counts as launched with its
+  stream's previous op.
 - **Host synchronisation.** ``cudaStreamSynchronize`` / ``cudaEventSynchronize``: the
   op they waited for is, when a ``cuda_sync`` event names the stream, the last op
   launched on it before the call; otherwise the op launched before the call whose end
@@ -31,6 +45,7 @@ Rules (each one what the trace shows, or a documented guess where it shows less)
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from bisect import bisect_left
@@ -143,33 +158,99 @@ def _launch_latencies(graph: ExecGraph, ops: dict[int, Op], calls: dict, produce
 
 def _heuristic_waits(ops: dict[int, Op], calls: dict, host_calls: list[HostCall], thread_of,
                      origin: float) -> list[StreamWait]:
-    """Record/wait pairs on each CPU thread (see the module docstring)."""
-    timeline: dict[int, list[tuple[float, int, int | str]]] = {}  # thread -> (time, order, op id or call name)
+    """Record/wait pairs, and waits with no recorded event, on each CPU thread (see the module docstring)."""
+    timeline: dict[int, list[tuple[float, int, object]]] = {}  # thread -> (time, order, item)
     for op_id, (start, _end, thread) in calls.items():
         timeline.setdefault(thread, []).append((start, 1, op_id))
+    launched = _launch_order(ops, calls)
+    wait_times: list[float] = []
     for call in host_calls:
         if call.name.endswith("EventRecord") or call.name.endswith("StreamWaitEvent"):
             timeline.setdefault(thread_of(call.thread), []).append((call.ts - origin, 0, call.name))
-    waits: set[tuple[int, int]] = set()
+            if call.name.endswith("StreamWaitEvent"):
+                wait_times.append(call.ts - origin)
+    last_on_stream = _last_launched_per_stream(ops, launched, wait_times)
+    waits: dict[tuple[int, int], str] = {}
+
+    def add(producer_id: int, consumer_id: int, source: str) -> None:
+        producer, consumer = ops[producer_id], ops[consumer_id]
+        if producer.stream != consumer.stream and producer.end_us <= consumer.start_us + SYNC_TOLERANCE_US:
+            waits.setdefault((producer_id, consumer_id), source)
+
     for items in timeline.values():
         items.sort(key=lambda x: (x[0], x[1]))
         last_launched: int | None = None
         recorded: int | None = None
-        waiting_on: int | None = None
-        for _t, _order, item in items:
-            if isinstance(item, int):  # kind 1: a launch, by op id
+        waiting_on: int | None = None  # a recorded event the thread's next launch waits for
+        unrecorded: list[float] = []  # times of waits whose event the trace does not show
+        for t, _order, item in items:
+            if isinstance(item, int):  # a launch
                 op_id = item
                 if waiting_on is not None:
-                    producer, consumer = ops[waiting_on], ops[op_id]
-                    if producer.stream != consumer.stream and producer.end_us <= consumer.start_us + SYNC_TOLERANCE_US:
-                        waits.add((waiting_on, op_id))
+                    add(waiting_on, op_id, "record/wait")
                     waiting_on = None
+                stream = launched[ops[op_id].stream]
+                # the waiting stream is this op's: its first op after each wait
+                by_consumer: dict[int, list[float]] = {}
+                for wait_us in unrecorded:
+                    by_consumer.setdefault(stream[bisect_left(stream, (wait_us, -1))][1], []).append(wait_us)
+                for consumer_id, wait_list in by_consumer.items():
+                    producer_id = _unrecorded_producer(ops, consumer_id, wait_list, last_on_stream)
+                    if producer_id is not None:
+                        add(producer_id, consumer_id, "unrecorded wait")
+                unrecorded = []
                 last_launched = op_id
             elif str(item).endswith("EventRecord"):
                 recorded = last_launched
-            else:
+            elif recorded is not None:
                 waiting_on = recorded
-    return [StreamWait(p, c, "record/wait") for p, c in sorted(waits)]
+            else:
+                unrecorded.append(t)
+    return [StreamWait(p, c, source) for (p, c), source in sorted(waits.items())]
+
+
+def _unrecorded_producer(ops: dict[int, Op], consumer_id: int, wait_list: list[float],
+                         last_on_stream: dict[float, dict[int, int]]) -> int | None:
+    """Of the other streams' last ops launched before the consumer's waits, the latest-ending one
+    the trace does not contradict (it ended by the consumer's start): the event that bound."""
+    consumer = ops[consumer_id]
+    candidates = [op_id for wait_us in wait_list for stream, op_id in last_on_stream[wait_us].items()
+                  if stream != consumer.stream and ops[op_id].end_us <= consumer.start_us + SYNC_TOLERANCE_US]
+    return max(candidates, key=lambda o: (ops[o].end_us, o)) if candidates else None
+
+
+def _launch_order(ops: dict[int, Op], calls: dict) -> dict[int, list[tuple[float, int]]]:
+    """Stream -> (launch call start, op id) in stream order, any thread. An op with no launch call
+    in the trace (launched before the profiler started, or by a call it did not record) counts
+    as launched with the stream's previous op (before the trace: ``-inf``)."""
+    by_stream: dict[int, list[Op]] = {}
+    for op in ops.values():
+        by_stream.setdefault(op.stream, []).append(op)
+    out: dict[int, list[tuple[float, int]]] = {}
+    for stream, stream_ops in by_stream.items():
+        stream_ops.sort(key=lambda o: (o.start_us, o.op_id))
+        call_us = -math.inf
+        out[stream] = []
+        for op in stream_ops:
+            call = calls.get(op.op_id)
+            call_us = max(call_us, call[0]) if call is not None else call_us
+            out[stream].append((call_us, op.op_id))
+        out[stream].sort()
+    return out
+
+
+def _last_launched_per_stream(ops: dict[int, Op], launched: dict[int, list[tuple[float, int]]],
+                              times: list[float]) -> dict[float, dict[int, int]]:
+    """For each time: stream -> the op whose launch call (on any thread) started last before it."""
+    out: dict[float, dict[int, int]] = {}
+    for t in set(times):
+        last: dict[int, int] = {}
+        for stream, stream_launches in launched.items():
+            i = bisect_left(stream_launches, (t, -1))
+            if i:
+                last[stream] = stream_launches[i - 1][1]
+        out[t] = last
+    return out
 
 
 def _host_syncs(ops: dict[int, Op], calls: dict, host_calls: list[HostCall], sync_events: list[SyncEvent],

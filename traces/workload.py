@@ -178,6 +178,11 @@ class Workload:
                 return s.kind
         return None
 
+    def group_size(self, group: str) -> int:
+        """Ranks in a process group (the whole world when the workload does not describe it)."""
+        known = self.groups.get(group)
+        return known.size if known is not None else self.world_size
+
     def signature(self, op: CollectiveOp, gpus_per_node: int | None = None) -> Signature:
         """The run-time match key of a collective. ``nodes`` comes from the group,
         else from ``gpus_per_node`` (argument, then the workload's), else 1.
@@ -186,7 +191,7 @@ class Workload:
         (a latency-only stand-in for its time); it is not :attr:`CollectiveOp.tunable`,
         so no search space, plan or tuned file ever holds that signature."""
         group = self.groups.get(op.group)
-        ranks = group.size if group is not None else self.world_size
+        ranks = self.group_size(op.group)
         nodes = group.nodes if group is not None else None
         if nodes is None:
             per_node = gpus_per_node or self.gpus_per_node

@@ -18,13 +18,13 @@ import sys
 import time
 
 import pytest
+from conftest import REPO_ROOT
 
 from costmodel.cluster import load_cluster
 from lagom import tuning
 from lagom.tuned_config import load_tuned_config
 from nccl_env.plan import Plan
 from nccl_env.plugin_build import build_plugin
-from tests.conftest import REPO_ROOT
 
 JOB = REPO_ROOT / "tests" / "online_job.py"
 SPEC = "fsdp:phi2:gpus=16"  # two nodes: the presets' inter-node links differ, and so do their plans
@@ -49,9 +49,28 @@ def _torchrun(out, *job_args: str) -> list[str]:
 
 
 def _online(tmp, name: str, seed) -> list[str]:
-    return [sys.executable, "-m", "lagom", "run", "--online", "--config", str(seed), "--save", str(tmp / f"{name}.yaml"),
-            "--budget-steps", str(BUDGET), "--simulate", SPEC, "--cluster", "high-bw", "--noise", "0.02",
-            "--audit", str(tmp / f"{name}-audit.json"), "--"]
+    return [
+        sys.executable,
+        "-m",
+        "lagom",
+        "run",
+        "--online",
+        "--config",
+        str(seed),
+        "--save",
+        str(tmp / f"{name}.yaml"),
+        "--budget-steps",
+        str(BUDGET),
+        "--simulate",
+        SPEC,
+        "--cluster",
+        "high-bw",
+        "--noise",
+        "0.02",
+        "--audit",
+        str(tmp / f"{name}-audit.json"),
+        "--",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +140,8 @@ def test_every_rank_ran_the_same_epochs_and_the_audit_says_so(runs):
             f"{online['evaluations']} measured plans; ")
     rank0 = document["per_rank"]["0"]["online"]["summary"]["collectives"]
     err = results["online"][1]
-    assert f"rank 0: {done}{rank0} collectives" in err and f"all ranks: {done}{online['summary']['collectives']} collectives" in err
+    assert f"rank 0: {done}{rank0} collectives" in err
+    assert f"all ranks: {done}{online['summary']['collectives']} collectives" in err
     assert "matched a tuned entry" not in err
     epochs = [document["per_rank"][r]["online"]["epochs"] for r in ("0", "1")]
     assert epochs[0] == epochs[1]  # same plan hash from the same step on every rank

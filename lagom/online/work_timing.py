@@ -50,7 +50,8 @@ class WorkDurations:
             except Exception as exc:  # noqa: BLE001 - timing is optional: never fail the job over it
                 self.available = False
                 first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                self.emit(f"lagom: note: collective durations unavailable ({first}); online tuning judges by step time only")
+                self.emit(f"lagom: note: collective durations unavailable ({first}); "
+                          "online tuning judges by step time only")
                 return {}
             totals_us[call] = totals_us.get(call, 0.0) + float(duration_ms) * 1000.0
         return totals_us

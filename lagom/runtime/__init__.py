@@ -66,7 +66,8 @@ def install(
         _current = None
     path = path if path is not None else os.environ.get(ENV_CONFIG) or None
     run_dir = run_dir if run_dir is not None else os.environ.get(ENV_RUN_DIR) or None
-    hook = Hook(config_path=path, run_dir=run_dir, stream=stream, lazy=lazy, deliver_works=bool(os.environ.get(ENV_ONLINE)))
+    hook = Hook(config_path=path, run_dir=run_dir, stream=stream, lazy=lazy,
+                deliver_works=bool(os.environ.get(ENV_ONLINE)))
     if not lazy and hook.ensure_config() is None:
         return hook
     try:

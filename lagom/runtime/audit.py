@@ -68,7 +68,8 @@ class Summary:
     bytes_matched: int
 
     @classmethod
-    def of(cls, counts: Iterable[SignatureCount], matched_by: Callable[[SignatureCount], bool] | None = None) -> Summary:
+    def of(cls, counts: Iterable[SignatureCount],
+           matched_by: Callable[[SignatureCount], bool] | None = None) -> Summary:
         """Totals; a call counts as matched when ``matched_by`` says so (default: it matched a tuned entry)."""
         total = matched = nbytes = nbytes_matched = 0
         for c in counts:
@@ -107,14 +108,17 @@ def online_summary_line(who: str, online: dict) -> str:
     """``lagom: rank 0: online tuning kept its result: 4 epochs, 57 steps spent, 12 measured plans; 40 collectives,
     30 of a tuned signature (75%), ...``: what the run did, and the calls the plan in force covered."""
     result = online.get("result") or ""
-    done = {"kept": "kept its result", "reverted": "reverted to the seed"}.get(result, f"ended ({result or 'unfinished'})")
+    done = {"kept": "kept its result", "reverted": "reverted to the seed"}.get(
+        result, f"ended ({result or 'unfinished'})")
     summary = Summary(**online["summary"]) if online.get("summary") else Summary(0, 0, 0, 0)
     epochs = online.get("epochs") or 0  # a rank's part lists them, the merged document counts them
     epochs = len(epochs) if isinstance(epochs, list) else epochs
     return (
-        f"lagom: {who}: online tuning {done}: {epochs} epochs, {online.get('steps_spent') or 0} steps spent, "
-        f"{online.get('evaluations') or 0} measured plans; {summary.collectives} collectives, {summary.matched} of a tuned "
-        f"signature ({_pct(summary.matched, summary.collectives)}), {_size(summary.bytes_matched)} of "
+        f"lagom: {who}: online tuning {done}: {epochs} epochs, "
+        f"{online.get('steps_spent') or 0} steps spent, "
+        f"{online.get('evaluations') or 0} measured plans; {summary.collectives} collectives, "
+        f"{summary.matched} of a tuned signature ({_pct(summary.matched, summary.collectives)}), "
+        f"{_size(summary.bytes_matched)} of "
         f"{_size(summary.bytes)} covered ({_pct(summary.bytes_matched, summary.bytes)})"
     )
 

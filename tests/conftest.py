@@ -1,4 +1,4 @@
-"""Shared test helpers: where the test traces are, and a cache folder of the suite's own."""
+"""Shared test helpers: where the test traces are, a cache folder of the suite's own, a 1-rank gloo group."""
 
 from __future__ import annotations
 
@@ -70,3 +70,13 @@ def all_test_traces() -> list[Path]:
     if shared.is_dir():
         names.update({p.name: p for p in sorted(shared.glob("*.json.gz")) if p.name not in names})
     return [names[n] for n in sorted(names)]
+
+
+@pytest.fixture(scope="module")
+def world():
+    """A real 1-rank gloo process group for the whole module (the hook's tests)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()

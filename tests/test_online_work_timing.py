@@ -23,13 +23,6 @@ SEED = {"format": "lagom.tuned-config", "version": 1, "cluster": "low-bw", "nccl
         "workload": SPEC, "collectives": [{"match": {"collective": "allreduce"}, "set": {"channels": 2}}]}
 
 
-@pytest.fixture(scope="module")
-def world():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield dist.group.WORLD
-    dist.destroy_process_group()
-
-
 @pytest.fixture
 def seed_file(tmp_path):
     path = tmp_path / "seed.yaml"

@@ -47,14 +47,6 @@ def no_test_knob():
     os.environ.pop("NCCL_LL128_NTHREADS", None)
 
 
-@pytest.fixture(scope="module")
-def world():
-    """A real 1-rank gloo process group for the whole module."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield dist.group.WORLD
-    dist.destroy_process_group()
-
-
 @pytest.fixture
 def config_file(tmp_path):
     import yaml

@@ -204,31 +204,7 @@ class Hook:
 
         # The hot path: a flag test, a byte count, a dict lookup, an increment. The
         # common one-tensor case reads the tensor inline (one Python call fewer).
-        if self.deliver_works:
-
-            def wrapper(*args, **kwargs):
-                record = None
-                if hook.observing and not torch.compiler.is_compiling():
-                    try:
-                        key = (
-                            type_index,
-                            nbytes_of(args, kwargs),
-                            args[group_pos] if len(args) > group_pos else kwargs.get("group"),
-                        )
-                    except _BAD_CALL:  # arguments torch itself rejects: not counted, hook stays on
-                        key = None
-                    if key is not None:
-                        record = hook._count(key, spec.function)
-                result = original(*args, **kwargs)
-                sink = hook.work_sink
-                if sink is not None and result is not None and record is not None and record[1] is not _IGNORED:
-                    try:
-                        sink(record[1][:5], result)  # (collective, group, ranks, nodes, bytes): no entry index
-                    except Exception as exc:
-                        hook.fail(spec.function, exc)
-                return result
-
-        elif spec.single_tensor and len(spec.buffers) == 1:
+        if spec.single_tensor and len(spec.buffers) == 1:
             name = spec.buffers[0]
             pos = params.index(name)
 
@@ -274,23 +250,29 @@ class Hook:
                             hook.fail(spec.function, exc)
                 return original(*args, **kwargs)
 
+        if self.deliver_works:  # under `lagom run --online`: the Work a call returns goes to the online clock
+            counting = wrapper
+
+            def delivering(*args, **kwargs):
+                result = counting(*args, **kwargs)
+                sink = hook.work_sink
+                if sink is not None and result is not None and hook.observing and not torch.compiler.is_compiling():
+                    try:
+                        group = args[group_pos] if len(args) > group_pos else kwargs.get("group")
+                        record = counts.get((type_index, nbytes_of(args, kwargs), group))
+                        if record is not None and record[1] is not _IGNORED:
+                            sink(record[1][:5], result)  # (collective, group, ranks, nodes, bytes): no entry index
+                    except Exception as exc:
+                        hook.fail(spec.function, exc)
+                return result
+
+            wrapper = delivering
+
         functools.update_wrapper(wrapper, original)
         wrapper.__lagom_original__ = original  # type: ignore[attr-defined]  # our marker on a function object
         return wrapper
 
     # ------------------------------------------------------------------ signatures
-    def _count(self, key: tuple, function: str) -> list | None:
-        """Count one call (the wrappers that deliver Work handles); its record, None after a failure."""
-        try:
-            record = self.counts.get(key)
-            if record is None:
-                record = self._new_record(key)
-            record[0] += 1
-            return record
-        except Exception as exc:
-            self.fail(function, exc)
-            return None
-
     def _new_record(self, key: tuple) -> list:
         """First call of a signature: resolve the group and match the tuned file once."""
         import torch.distributed as dist

@@ -28,7 +28,6 @@ by measured time), so one replay is a single pass over arrays.
 from __future__ import annotations
 
 import heapq
-import weakref
 from bisect import bisect_right
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from itertools import pairwise
 import numpy as np
 
 from costmodel.evaluator import OpTiming, StepTiming, Timing
+from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
 from traces.exec_graph import ExecGraph
 from traces.workload import CollectiveOp, ComputeOp, Op, Workload
@@ -84,22 +84,18 @@ class ReplayStatic:
     step_compute_index: list[np.ndarray]  # per step: its compute kernels
 
 
-_STATICS: dict[int, tuple[weakref.ref, ReplayStatic]] = {}
+def _build_static(workload: Workload) -> ReplayStatic:
+    if workload.exec_graph is None:
+        raise LagomError(f"{workload.source or 'workload'}: not read from a trace (no execution graph to replay)")
+    return _build(workload, workload.exec_graph)
+
+
+_STATICS: WorkloadCache[ReplayStatic] = WorkloadCache(_build_static, max_workloads=16)
 
 
 def replay_static(workload: Workload) -> ReplayStatic:
     """Built once per workload object (cached while the workload lives)."""
-    hit = _STATICS.get(id(workload))
-    if hit is not None and hit[0]() is workload:
-        return hit[1]
-    if workload.exec_graph is None:
-        raise LagomError(f"{workload.source or 'workload'}: not read from a trace (no execution graph to replay)")
-    st = _build(workload, workload.exec_graph)
-    if len(_STATICS) > 16:
-        for key in [k for k, (ref, _) in _STATICS.items() if ref() is None]:
-            del _STATICS[key]
-    _STATICS[id(workload)] = (weakref.ref(workload), st)
-    return st
+    return _STATICS.get(workload)
 
 
 def _build(w: Workload, g: ExecGraph) -> ReplayStatic:

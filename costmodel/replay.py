@@ -28,6 +28,7 @@ by measured time), so one replay is a single pass over arrays.
 from __future__ import annotations
 
 import heapq
+import statistics
 from bisect import bisect_right
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -379,9 +380,8 @@ def fidelity(timing: Timing) -> ReplayFidelity | None:
     steps = timing.steps
     if not steps:
         return None
-    errors = sorted(abs(s.iteration_us - s.measured_iteration_us) / s.measured_iteration_us * 100.0
-                    for s in steps if s.measured_iteration_us > 0)
-    median = errors[len(errors) // 2] if len(errors) % 2 else sum(errors[len(errors) // 2 - 1:len(errors) // 2 + 1]) / 2
+    errors = [abs(s.iteration_us - s.measured_iteration_us) / s.measured_iteration_us * 100.0
+              for s in steps if s.measured_iteration_us > 0]
 
     def signed_pct(replayed: float, measured: float) -> float:
         return (replayed - measured) / measured * 100.0 if measured > 0 else (0.0 if replayed == 0 else 100.0)
@@ -395,7 +395,7 @@ def fidelity(timing: Timing) -> ReplayFidelity | None:
     parts = {"communication": abs(exposed - exposed_m), "compute": abs(compute_diff),
              "idle": abs(step_diff - (exposed - exposed_m) - compute_diff)}
     return ReplayFidelity(
-        steps=len(steps), median_step_error_pct=median if errors else 0.0, max_step_error_pct=max(errors, default=0.0),
+        steps=len(steps), median_step_error_pct=statistics.median(errors) if errors else 0.0, max_step_error_pct=max(errors, default=0.0),
         comm_error_pct=signed_pct(comm, comm_m), exposed_error_pct=signed_pct(exposed, exposed_m),
         exposed_error_us_per_step=(exposed - exposed_m) / len(steps), worst_part=max(parts, key=lambda k: parts[k]),
     )

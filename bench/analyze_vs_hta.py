@@ -149,12 +149,14 @@ def build_large_trace(source: Path, target: Path, min_bytes: int) -> tuple[int, 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mb", type=float, default=200.0, help="size of the replicated trace (MB, uncompressed)")
-    parser.add_argument("--source", default="a100_w16_sendrecv_3streams_rank0.json.gz", help="shared trace to replicate")
+    parser.add_argument("--source", default="a100_w16_sendrecv_3streams_rank0.json.gz",
+                        help="shared trace to replicate")
     parser.add_argument("--skip-small", action="store_true", help="only the large trace")
     parser.add_argument("--build-only", metavar="PATH", help=argparse.SUPPRESS)  # child mode: write the large trace
     args = parser.parse_args()
     if args.build_only:
-        copies, size = build_large_trace(shared_traces_dir() / args.source, Path(args.build_only), int(args.size_mb * 1e6))
+        copies, size = build_large_trace(shared_traces_dir() / args.source, Path(args.build_only),
+                                         int(args.size_mb * 1e6))
         print(copies, size)
         return 0
     console = Console(stderr=True)

@@ -92,7 +92,8 @@ def single_process(calls: int, rounds: int) -> float:
     added = min(hooked_us) - min(plain_us)
     print(
         f"isolated  wrapper around a no-op      plain {min(plain_us):7.3f} us  hooked {min(hooked_us):7.3f} us  "
-        f"added {added:6.3f} us/call  [median paired {statistics.median(h - p for h, p in zip(hooked_us, plain_us)):.3f}]"
+        f"added {added:6.3f} us/call  [median paired "
+        f"{statistics.median(h - p for h, p in zip(hooked_us, plain_us)):.3f}]"
     )
 
     # 2. live gloo collectives, 1 rank.
@@ -114,7 +115,8 @@ def single_process(calls: int, rounds: int) -> float:
                     plain_us.append(_block(call, live_calls) * 1e6)
         p, h = min(plain_us), min(hooked_us)
         paired = statistics.median(hh - pp for hh, pp in zip(hooked_us, plain_us))
-        print(f"live      {name:28s} plain {p:7.2f} us  hooked {h:7.2f} us  added {h - p:6.2f} us/call  [median paired {paired:+.2f}]")
+        print(f"live      {name:28s} plain {p:7.2f} us  hooked {h:7.2f} us  added {h - p:6.2f} us/call  [median paired "
+              f"{paired:+.2f}]")
     dist.destroy_process_group()
     os.unlink(config)
     return added
@@ -198,7 +200,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     added_us = single_process(args.calls, args.rounds)
     config = _config_path()
-    env = dict(os.environ, BENCH_CONFIG=config, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, BENCH_CONFIG=config, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__, "--worker",
            "--steps", str(args.steps), "--rounds", str(2 * args.rounds)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -206,7 +209,8 @@ def main() -> None:
         if line.startswith("STEP "):
             step_ms, per_step = float(line.split()[1]), int(line.split()[2])
             bound = added_us * per_step / (step_ms * 1e3)
-            print(f"bound     {added_us:.3f} us x {per_step} calls / {step_ms:.3f} ms step = {100 * bound:.3f}% of the step")
+            print(f"bound     {added_us:.3f} us x {per_step} calls / {step_ms:.3f} ms step = {100 * bound:.3f}% of the "
+                  "step")
         else:
             print(line)
     if done.returncode != 0:

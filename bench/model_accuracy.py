@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             for w, win in windows:
                 sub = accuracy.window_workload(w, win)
                 sig = accuracy.signatures_of(sub, preset)[0]
-                gaps.append(accuracy.ranking_gap(model, truth, sub, preset, accuracy.candidate_configs(rng, sig, args.candidates)).gap_pct)
+                gaps.append(accuracy.ranking_gap(model, truth, sub, preset,
+                                                 accuracy.candidate_configs(rng, sig, args.candidates)).gap_pct)
             within = sum(g <= 2.0 for g in gaps)
             print(f"{name:8s} {label:12s} {stats['iteration'].mape_pct:9.2f}% {stats['compute'].mape_pct:9.2f}% "
                   f"{stats['collective'].mape_pct:9.2f}% {stats['iteration'].max_pct:8.2f}% "

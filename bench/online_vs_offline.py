@@ -88,7 +88,9 @@ def summarize(rows: list[dict]) -> dict:
         "min_ratio_same": min(r["ratio_to_offline"] for r in rows if r["seed"] == "same"),
         "min_ratio_cross": min(r["ratio_to_offline"] for r in rows if r["seed"] == "cross"),
         "max_evaluations_per_signature_seeded": max(r["evaluations_per_signature"] for r in seeded),
-        "mean_evaluations_per_signature_seeded": round(sum(r["evaluations_per_signature"] for r in seeded) / len(seeded), 2),
+        "mean_evaluations_per_signature_seeded": round(
+            sum(r["evaluations_per_signature"] for r in seeded) / len(seeded), 2
+        ),
         "max_steps_spent": max(r["steps_spent"] for r in rows),
         "slower_than_seed": sum(r["slower_than_seed"] for r in rows),
         "ranks_disagree": sum(not r["ranks_agree"] for r in rows),

@@ -27,6 +27,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -92,7 +93,8 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     prefixes = args.only
-    specs = [s for s in bench_matrix.matrix_specs(quick=False) if not prefixes or any(s.startswith(p) for p in prefixes)]
+    specs = [s for s in bench_matrix.matrix_specs(quick=False) if not prefixes
+             or any(s.startswith(p) for p in prefixes)]
     if not specs:
         print(f"--only {' '.join(prefixes)}: no cell of the matrix starts with that", file=sys.stderr)
         return 2
@@ -112,7 +114,7 @@ def main() -> int:
             task = bar.add_task("points", total=space.size())
             best_us, points = optimum_us(args.cluster, spec, args.workers, lambda n, t=task: bar.advance(t, n))
         nccl_us = judge.evaluate(workload, Plan()).iteration_us
-        row = {
+        row: dict[str, Any] = {
             "workload": spec,
             "points": points,
             "nccl_us": round(nccl_us, 1),
@@ -123,7 +125,8 @@ def main() -> int:
         }
         rows.append(row)
         err.print(f"{spec}: NCCL {row['nccl_us']:,.0f} us, Lagom {row['lagom_us']:,.0f} us, "
-                  f"optimum {row['optimum_us']:,.0f} us over {points:,} points in {row['seconds']:.0f} s", highlight=False)
+                  f"optimum {row['optimum_us']:,.0f} us over {points:,} points in {row['seconds']:.0f} s",
+                  highlight=False)
     summary = {
         "cluster": args.cluster,
         "geomean_lagom_vs_nccl": round(geomean([r["nccl_us"] / r["lagom_us"] for r in rows]), 4),
@@ -135,7 +138,8 @@ def main() -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
-    table = Table(title=f"optimum by brute force on the simulator, {args.cluster} (NCCL {judge_cluster.nccl_version} doors)")
+    table = Table(title=f"optimum by brute force on the simulator, {args.cluster} (NCCL {judge_cluster.nccl_version} "
+                        "doors)")
     for col in ("workload", "points", "Lagom vs NCCL", "optimum vs NCCL", "optimum vs AutoCCL", "Lagom above optimum"):
         table.add_column(col, justify="left" if col == "workload" else "right")
     for r in rows:

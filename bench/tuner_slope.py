@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from costmodel.cluster import load_cluster  # noqa: E402
 from lagom import tuning  # noqa: E402
 from traces.generate import generate_workload  # noqa: E402
-from traces.workload import Dependency, Workload  # noqa: E402
+from traces.workload import Dependency, Op, Workload  # noqa: E402
 from tuner import AutoCCL, LagomSearch  # noqa: E402
 
 
@@ -36,7 +36,7 @@ def concat_workloads(parts: list[Workload]) -> Workload:
     prev_last: list[int] = []
     t0 = 0.0
     for part in parts:
-        ops = [*part.compute_ops, *part.collectives]
+        ops: list[Op] = [*part.compute_ops, *part.collectives]
         shift = {o.op_id: o.op_id + offset for o in ops}
         span_start = min(o.start_us for o in ops)
         first_ids = [o.op_id + offset for o in ops if o.start_us == span_start]
@@ -67,7 +67,8 @@ def main() -> int:
     widths = [1024 + 256 * i for i in range(args.max_k)]
     parts = [generate_workload(f"fsdp:hidden={h},layers=4,ffn={4 * h},heads=16,vocab=32000:gpus=8") for h in widths]
     rows = []
-    print(f"{'k':>2} {'signatures':>10} {'units':>5} {'lagom evals':>11} {'autoccl evals':>13} {'space points':>14} {'lagom s':>8}")
+    print(f"{'k':>2} {'signatures':>10} {'units':>5} {'lagom evals':>11} {'autoccl evals':>13} {'space points':>14} "
+          f"{'lagom s':>8}")
     for k in range(1, args.max_k + 1):
         workload = concat_workloads(parts[:k])
         space = tuning.space_for(workload, cluster)

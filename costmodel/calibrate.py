@@ -260,7 +260,8 @@ def _predict(ev: AnalyticEvaluator, m: Measurement) -> tuple[float, ...]:
 class _Fitter:
     """Parameters <-> a vector (log scale where positive), residuals over measurements."""
 
-    def __init__(self, cluster: ClusterSpec, items: list[Measurement], start: dict[str, float], names: list[str]) -> None:
+    def __init__(self, cluster: ClusterSpec, items: list[Measurement], start: dict[str, float],
+                 names: list[str]) -> None:
         self.cluster = cluster
         self.items = [m for m in items if all(v > 0 for v in m.measured_us)]
         self.start = dict(start)

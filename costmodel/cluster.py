@@ -150,7 +150,8 @@ def parse_cluster(data: object, origin: str) -> ClusterSpec:
         try:
             value = kind(raw)
         except (TypeError, ValueError, OverflowError):
-            raise bad(f"'{sec_name}.{key}' must be {'an integer' if kind is int else 'a number'}, got {raw!r}") from None
+            what = "an integer" if kind is int else "a number"
+            raise bad(f"'{sec_name}.{key}' must be {what}, got {raw!r}") from None
         if not math.isfinite(value):
             raise bad(f"'{sec_name}.{key}' must be finite, got {raw!r}")
         if value <= minimum:

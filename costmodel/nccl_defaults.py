@@ -56,7 +56,8 @@ P2P_CHANNELS_PER_PEER = 2  # NCCL_NCHANNELS_PER_NET_PEER / p2pnChannelsPerPeer d
 P2P_NVL_CHUNK_BYTES = 1 << 19  # NCCL_P2P_NVL_CHUNKSIZE default 512 KiB (init.cc): every GPU pair on NVLink
 P2P_PCI_CHUNK_BYTES = 1 << 17  # NCCL_P2P_PCI_CHUNKSIZE default 128 KiB (init.cc)
 P2P_NET_CHUNK_BYTES = 1 << 17  # NCCL_P2P_NET_CHUNKSIZE default 128 KiB (init.cc)
-P2P_THREADS = 512  # p2p kernels run NCCL_MAX_NTHREADS = 640 (enqueue.cc); kept at the knob's 64-512 range, saturated either way
+# p2p kernels run NCCL_MAX_NTHREADS = 640 (enqueue.cc); kept at the knob's 64-512 range, saturated either way
+P2P_THREADS = 512
 
 _ALGOS = (Algorithm.TREE, Algorithm.RING)
 _PROTOS = (Protocol.LL, Protocol.LL128, Protocol.SIMPLE)
@@ -122,7 +123,8 @@ def nccl_graph(cluster: ClusterSpec) -> NcclGraph:
         return NcclGraph(
             type_intra=str(g.get("type_intra", "nvl" if nvl else "pci")),
             ring_channels=int(g.get("ring_channels", max(1, round(cluster.intra_node.bw_gb_per_s / 20.0)))),
-            bw_intra_gb_per_s=float(g.get("ring_bw_intra_gb_per_s", min(cluster.intra_node.bw_gb_per_s, 20.0 if nvl else 24.0))),
+            bw_intra_gb_per_s=float(g.get("ring_bw_intra_gb_per_s",
+                                          min(cluster.intra_node.bw_gb_per_s, 20.0 if nvl else 24.0))),
             bw_inter_gb_per_s=float(g.get("ring_bw_inter_gb_per_s", cluster.inter_node.nic_bw_gb_per_s)),
             compute_capability=int(g.get("compute_capability", 80)),
         )
@@ -217,10 +219,12 @@ def algo_estimates(cluster: ClusterSpec, signature: Signature) -> list[AlgoEstim
             bw = bw_intra if n_nodes <= 2 else graph.bw_inter_gb_per_s
             bus_bw = graph.ring_channels * bw
             if algo is Algorithm.RING and proto is Protocol.LL:
-                factor = 1.0 / 4.0 if (n_nodes > 1 or kind == "allreduce" or signature.collective is CollectiveType.REDUCE) else 1.0 / 3.0
+                factor = 1.0 / 4.0 if (n_nodes > 1 or kind == "allreduce"
+                                       or signature.collective is CollectiveType.REDUCE) else 1.0 / 3.0
                 bus_bw = min(ll_max_bw, bus_bw * factor)
             if algo is Algorithm.RING and proto is Protocol.LL128:
-                bus_bw = min(bus_bw * (0.7 if ppn < 2 else 0.92), graph.ring_channels * PER_CH_MAX_RING_LL128_BWS[cci][index2])
+                bus_bw = min(bus_bw * (0.7 if ppn < 2 else 0.92),
+                             graph.ring_channels * PER_CH_MAX_RING_LL128_BWS[cci][index2])
             if algo is Algorithm.TREE:
                 bus_bw = min(bus_bw * 0.92, graph.ring_channels * PER_CH_MAX_TREE_BWS[cci][index2])
                 if proto is Protocol.LL:

@@ -16,10 +16,11 @@
   closes the one before it), and no earlier than its ops' last end allows: GPU work
   that ends later than measured, by more than the idle slack the trace left before
   the next step, delays the next step by the excess. (A GPU that gets faster shortens
-  a step only through the host synchronisations: a trace without them was CPU-bound.) Its ops are those launched inside it (HTA's rule, as
-  ``lagom analyze`` counts steps): communication = merged time of its on-GPU
-  collectives, exposed = the part of that no compute kernel overlaps. A trace without
-  steps is one pseudo-step, ``whole trace``, from its first launch to its last op end.
+  a step only through the host synchronisations: a trace without them was CPU-bound.)
+  Its ops are those launched inside it (HTA's rule, as ``lagom analyze`` counts steps):
+  communication = merged time of its on-GPU collectives, exposed = the part of that no
+  compute kernel overlaps. A trace without steps is one pseudo-step, ``whole trace``,
+  from its first launch to its last op end.
 
 The order of evaluation is fixed once per workload (a topological order of the graph
 by measured time), so one replay is a single pass over arrays.
@@ -111,7 +112,8 @@ def _build(w: Workload, g: ExecGraph) -> ReplayStatic:
         if prev is not None:
             preds[k].append(prev)
         last_on_stream[o.stream] = k
-    for before, after in [(d.before, d.after) for d in w.dependencies] + [(s.producer, s.consumer) for s in g.stream_waits]:
+    for before, after in ([(d.before, d.after) for d in w.dependencies]
+                          + [(s.producer, s.consumer) for s in g.stream_waits]):
         a, b = index.get(before), index.get(after)
         if a is not None and b is not None and a != b:
             preds[b].append(a)
@@ -257,12 +259,14 @@ def _step_figures(st: ReplayStatic, starts: list[float], ends: list[float], sync
         else:
             nxt = st.step_end_sync[i]
             finish = step.next_start_us + (sync_shift[nxt] if nxt >= 0 else 0.0)
-            if measured_tails is not None:  # GPU work that ends later than measured, past its slack, delays the next step
+            # GPU work that ends later than measured, past its slack, delays the next step
+            if measured_tails is not None:
                 slack = max(0.0, step.next_start_us - measured_tails[i])
                 finish = max(finish, step.next_start_us + tail - measured_tails[i] - slack)
         ci = st.step_coll_index[i]
         comm = _union_length(s_arr[ci], e_arr[ci])
-        exposed = _union_length(np.concatenate([s_arr[ci], ks]), np.concatenate([e_arr[ci], ke])) - compute_all if ci.size else 0.0
+        exposed = _union_length(np.concatenate([s_arr[ci], ks]),
+                                np.concatenate([e_arr[ci], ke])) - compute_all if ci.size else 0.0
         pi = st.step_compute_index[i]
         compute = _union_length(s_arr[pi], e_arr[pi])
         out.append((finish - begin, comm, max(0.0, exposed), compute, tail))
@@ -395,7 +399,8 @@ def fidelity(timing: Timing) -> ReplayFidelity | None:
     parts = {"communication": abs(exposed - exposed_m), "compute": abs(compute_diff),
              "idle": abs(step_diff - (exposed - exposed_m) - compute_diff)}
     return ReplayFidelity(
-        steps=len(steps), median_step_error_pct=statistics.median(errors) if errors else 0.0, max_step_error_pct=max(errors, default=0.0),
+        steps=len(steps), median_step_error_pct=statistics.median(errors) if errors else 0.0,
+        max_step_error_pct=max(errors, default=0.0),
         comm_error_pct=signed_pct(comm, comm_m), exposed_error_pct=signed_pct(exposed, exposed_m),
         exposed_error_us_per_step=(exposed - exposed_m) / len(steps), worst_part=max(parts, key=lambda k: parts[k]),
     )

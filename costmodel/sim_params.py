@@ -41,7 +41,8 @@ class SimParams:
     step_sync_us_ll128: float = 0.4  # per step: flags travel inline with data, no fence
     step_sync_us_ll: float = 0.2  # per step: flags inline, 8-byte granularity
     launch_us: float = 5.0  # NCCL kernel launch + work-element fetch (NCCL tuning.cc baseLat is 6.6-8.4 us)
-    fifo_resident_chunks: float = 1.0  # of a channel's two-chunk FIFO (NCCL_STEPS / CHUNKSTEPS), one is in L2 on average
+    # of a channel's two-chunk FIFO (NCCL_STEPS / CHUNKSTEPS), one is in L2 on average
+    fifo_resident_chunks: float = 1.0
     dram_bytes_per_payload_byte: float = 1.0  # a collective writes its result (and reads its input) once per byte
     fifo_dram_bytes_per_payload_byte: float = 2.0  # FIFO traffic (peer write + CTA read) when it spills out of L2
     tree_bw_fraction: float = 0.92  # NCCL tuning.cc: tree bandwidth 0.92 of the ring's
@@ -61,12 +62,14 @@ def sim_params(cluster: ClusterSpec) -> SimParams:
     raw = cluster.sim or {}
     unknown = set(raw) - set(_FIELDS)
     if unknown:
-        raise LagomError(f"cluster {cluster.name}: unknown 'sim' key(s) {sorted(unknown)} (known: {', '.join(sorted(_FIELDS))})")
+        raise LagomError(f"cluster {cluster.name}: unknown 'sim' key(s) {', '.join(sorted(unknown))} "
+                         f"(known: {', '.join(sorted(_FIELDS))})")
     values: dict[str, Any] = {}  # int or float per field, checked below
     for key, value in raw.items():
         is_int = _FIELDS[key] in ("int", int)
         if isinstance(value, bool) or (is_int and isinstance(value, float) and not value.is_integer()):
-            raise LagomError(f"cluster {cluster.name}: 'sim.{key}' must be {'an integer' if is_int else 'a number'}, got {value!r}")
+            raise LagomError(f"cluster {cluster.name}: 'sim.{key}' must be {'an integer' if is_int else 'a number'}, "
+                             f"got {value!r}")
         try:
             values[key] = int(value) if is_int else float(value)
         except (TypeError, ValueError, OverflowError):

@@ -121,13 +121,15 @@ def render(reports: list[dict], console: Console) -> None:
 
         if r["collectives"]:
             t = Table(title="collectives", title_justify="left")
-            columns: tuple[tuple[str, JustifyMethod], ...] = (("type", "left"), (_GROUP_HEADER, "right"), ("message", "right"), ("count", "right"),
-                                 ("total ms", "right"), ("exposed ms", "right"), ("exposed %", "right"))
+            columns: tuple[tuple[str, JustifyMethod], ...] = (
+                ("type", "left"), (_GROUP_HEADER, "right"), ("message", "right"), ("count", "right"),
+                ("total ms", "right"), ("exposed ms", "right"), ("exposed %", "right"))
             for col, justify in columns:
                 t.add_column(col, justify=justify, no_wrap=True)
             for c in r["collectives"]:
                 exposed_pct = 100.0 * c["exposed_us"] / c["total_us"] if c["total_us"] > 0 else 0.0
-                kind = c["collective"] + ("" if c["on_gpu"] else " (cpu)") + ("" if c["nccl_tunable"] else " (not NCCL)")
+                kind = (c["collective"] + ("" if c["on_gpu"] else " (cpu)")
+                        + ("" if c["nccl_tunable"] else " (not NCCL)"))
                 t.add_row(kind, str(c["group_size"]), _bytes(c["message_bytes"]), str(c["count"]),
                           _ms(c["total_us"]), _ms(c["exposed_us"]), f"{exposed_pct:.1f}")
             console.print(t)
@@ -146,7 +148,8 @@ def render(reports: list[dict], console: Console) -> None:
             console.print(t)
 
         if r["contention"]:
-            t = Table(title="compute slowdown under communication (same kernel, same launch shape)", title_justify="left")
+            t = Table(title="compute slowdown under communication (same kernel, same launch shape)",
+                      title_justify="left")
             t.add_column("overlapping collective")
             t.add_column("median slowdown", justify="right")
             t.add_column("kernel pairs", justify="right")

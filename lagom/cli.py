@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from typing import NoReturn
 
-from nccl_env.errors import LagomError
+from lagom import __version__
+from lagom.package_check import shadowed
 
 # Subcommand modules, in the order `lagom --help` lists them.
 COMMANDS = ["analyze", "simulate", "calibrate", "tune", "run", "bench", "plugin", "doctor"]
@@ -29,12 +31,23 @@ class OneLineErrorParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
+    def format_help(self) -> str:
+        """Help in plain text: the commands' docstrings double as help and use reST markup."""
+        return plain_text(super().format_help())
+
+
+def plain_text(text: str) -> str:
+    """reStructuredText inline markup (``x``, :mod:`x`, `x`) as plain text."""
+    text = re.sub(r":[a-z]+:`~?([^`]*)`", r"\1", text)
+    return re.sub(r"``?([^`]*?)``?", r"\1", text)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
         prog="lagom",
         description="Co-tune NCCL with the computation it overlaps: analyse traces, simulate, tune, run.",
     )
+    parser.add_argument("--version", action="version", version=f"lagom {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         module = importlib.import_module(f"lagom.commands.{name}")
@@ -43,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    problems = shadowed()  # before importing any of them: a stray nccl_env.py would break that import
+    if problems:
+        print(f"lagom: error: {problems[0]}", file=sys.stderr)
+        return 2
+    from nccl_env.errors import LagomError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -36,7 +36,8 @@ def parse_set(text: str) -> CommConfig:
         key, sep, value = item.partition("=")
         field = _KEYS.get(key.strip().lower())
         if not sep or field is None:
-            raise LagomError(f"--set: bad item {item!r}: expected KNOB=VALUE with KNOB one of channels, threads, chunk, algorithm, protocol")
+            raise LagomError(f"--set: bad item {item!r}: expected KNOB=VALUE with KNOB one of channels, threads, "
+                             "chunk, algorithm, protocol")
         value = value.strip()
         if field in values:
             raise LagomError(f"--set: {field} is given twice ({item!r}); give each knob once")

@@ -65,10 +65,12 @@ def plot_step(workload: Workload, path: str) -> None:
     ms = lambda t: (t - t0) / 1000.0  # noqa: E731
     for sid in lanes:
         kind = kinds.get(sid, StreamKind.COMPUTE)
-        spans = [(ms(o.start_us), max(o.duration_us / 1000.0, (t1 - t0) / 1000.0 / 800)) for o in ops if o.stream == sid]
+        spans = [(ms(o.start_us),
+                  max(o.duration_us / 1000.0, (t1 - t0) / 1000.0 / 800)) for o in ops if o.stream == sid]
         # Collectives are long and can touch: a white edge keeps neighbours apart.
         edge = ("white", 0.8) if kind == StreamKind.COMMUNICATION else ("none", 0)
-        ax.broken_barh(spans, (lane_of[sid] - 0.38, 0.76), facecolors=_COLORS[kind], edgecolor=edge[0], linewidth=edge[1])
+        ax.broken_barh(spans, (lane_of[sid] - 0.38, 0.76), facecolors=_COLORS[kind], edgecolor=edge[0],
+                       linewidth=edge[1])
     span_ms = (t1 - t0) / 1000.0
     for c in colls:
         if c.duration_us / 1000.0 > span_ms / 25:

@@ -56,7 +56,8 @@ def plugin_table_comments(cfg: TunedConfig) -> list[str]:
     version = _version(cfg)
     if cfg.nccl_version:
         comments.append(f"tuned for NCCL {cfg.nccl_version}, cluster {cfg.cluster or '?'}, method {cfg.method or '?'}")
-    dropped = [e for e in cfg.collectives if e.match.collective is not None and e.match.collective not in PLUGIN_COLLECTIVES]
+    dropped = [e for e in cfg.collectives if e.match.collective is not None
+               and e.match.collective not in PLUGIN_COLLECTIVES]
     if dropped:
         names = sorted({e.match.collective.value for e in dropped if e.match.collective is not None})
         comments.append(f"{len(dropped)} entries for {', '.join(names)} left out: NCCL never asks a tuner plugin "
@@ -66,8 +67,8 @@ def plugin_table_comments(cfg: TunedConfig) -> list[str]:
              if e not in dropped and any(getattr(e.config, k) is not None for k in PLUGIN_SETTINGS)]
     if version is not None and asked and not tuner_symbols(version):
         oldest = min(TUNER_SYMBOL_SINCE.values())
-        comments.append(f"NCCL {version} loads none of the plugin's ABIs (the oldest, v2, needs NCCL >= {oldest}): this table "
-                        f"has no lines; the config's env and process_groups carry what that NCCL takes")
+        comments.append(f"NCCL {version} loads none of the plugin's ABIs (the oldest, v2, needs NCCL >= {oldest}): "
+                        "this table has no lines; the config's env and process_groups carry what that NCCL takes")
     elif version is not None and version < CHUNK_PLUGIN_SINCE and any(e.config.chunk_bytes is not None for e in asked):
         comments.append(f"chunk_bytes is applied only by NCCL >= {CHUNK_PLUGIN_SINCE} (tuner getChunkSize), so this "
                         f"table leaves it out; on NCCL {version} NCCL_BUFFSIZE (the config's env) carries it")

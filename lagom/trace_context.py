@@ -120,7 +120,8 @@ def _preset_for(workload: Workload) -> ClusterChoice:
     source = workload.source or "the trace"
     presets = presets_for_gpu(device)
     if not presets:
-        what = f"its GPU, {device}, has no Lagom cluster preset" if device else "it records no GPU (no deviceProperties)"
+        what = (f"its GPU, {device}, has no Lagom cluster preset" if device
+                else "it records no GPU (no deviceProperties)")
         modelled = ", ".join(f"{n} ({load_cluster(n).gpu.name})" for n in preset_names())
         raise LagomError(f"{source}: {what}; give --cluster NAME|FILE (presets: {modelled})")
     if len(presets) > 1:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from nccl_env.env_names import check_env_names
 from nccl_env.errors import LagomError
 from nccl_env.files import read_yaml
 from nccl_env.knobs import CollectiveType, CommConfig
@@ -54,7 +55,8 @@ class Match:
     ranks: int | None = None
     nodes: int | None = None
 
-    def matches(self, collective: CollectiveType, group: str | None, nbytes: int, ranks: int | None, nodes: int | None) -> bool:
+    def matches(self, collective: CollectiveType, group: str | None, nbytes: int, ranks: int | None,
+                nodes: int | None) -> bool:
         if self.collective is not None and self.collective != collective:
             return False
         if self.group is not None and group is not None and self.group != group:
@@ -100,7 +102,8 @@ class TunedConfig:
     predictions: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
-    def lookup(self, collective: CollectiveType, group: str | None, nbytes: int, ranks: int | None = None, nodes: int | None = None) -> CollectiveEntry | None:
+    def lookup(self, collective: CollectiveType, group: str | None, nbytes: int, ranks: int | None = None,
+               nodes: int | None = None) -> CollectiveEntry | None:
         """First entry whose match accepts this collective, or None."""
         for entry in self.collectives:
             if entry.match.matches(collective, group, nbytes, ranks, nodes):
@@ -169,25 +172,30 @@ def parse_tuned_config(data: object, origin: str = "<config>") -> TunedConfig:
     env = data.get("env") or {}
     if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
         raise bad("'env' must map variable names to values")
+    try:
+        check_env_names(env)
+    except LagomError as exc:
+        raise bad(str(exc)) from None
     pgs = data.get("process_groups") or {}
     if not isinstance(pgs, dict):
         raise bad("'process_groups' must map group names to settings")
     process_groups: dict[str, dict[str, int | str]] = {}
     for name, settings in pgs.items():
         if not isinstance(settings, dict) or set(settings) - _PG_KEYS:
-            raise bad(f"process group {name!r}: settings must use only {sorted(_PG_KEYS)}")
+            raise bad(f"process group {name!r}: settings must use only {', '.join(sorted(_PG_KEYS))}")
         process_groups[str(name)] = {k: v for k, v in settings.items() if v is not None}
     raw_entries = data.get("collectives") or []
     if not isinstance(raw_entries, list):
         raise bad("'collectives' must be a list")
     entries = []
     for i, raw in enumerate(raw_entries):
-        if not isinstance(raw, dict) or not isinstance(raw.get("match", {}), dict) or not isinstance(raw.get("set"), dict):
+        if (not isinstance(raw, dict) or not isinstance(raw.get("match", {}), dict)
+                or not isinstance(raw.get("set"), dict)):
             raise bad(f"collectives[{i}]: needs a 'match' mapping and a 'set' mapping")
         m = raw.get("match") or {}
         unknown = set(m) - _MATCH_KEYS
         if unknown:
-            raise bad(f"collectives[{i}].match: unknown key(s) {sorted(unknown)}")
+            raise bad(f"collectives[{i}].match: unknown key(s) {', '.join(sorted(unknown))}")
         try:
             match = Match(
                 collective=None if m.get("collective") is None else CollectiveType.parse(str(m["collective"])),

@@ -63,6 +63,9 @@ def unmatched_config_warning(path: str, entries: int, signatures: Iterable[Signa
     signatures = list(signatures)
     if not signatures or plan.entries:
         return None
+    if entries == 0:
+        return (f"{path} has no collective entries: it keeps NCCL's defaults for all {len(signatures)} "
+                "collective signatures")
     return (f"{path}: none of its {entries} collective entries matches any of this workload's "
             f"{len(signatures)} collective signatures (collective, group, bytes, ranks, nodes): "
             f"NCCL's defaults apply to all of them")

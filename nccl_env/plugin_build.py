@@ -90,7 +90,8 @@ def compile_c(compiler: str, sources: list[Path], output: Path, flags: list[str]
             lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if "error" in ln] or (
                 proc.stderr or proc.stdout or "no output"
             ).splitlines()
-            raise PluginBuildError(f"plugin does not compile with {compiler}: {lines[0].strip() if lines else 'no output'}")
+            raise PluginBuildError(f"plugin does not compile with {compiler}: "
+                                   f"{lines[0].strip() if lines else 'no output'}")
         os.replace(tmp, output)
     finally:
         tmp.unlink(missing_ok=True)

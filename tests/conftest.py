@@ -1,14 +1,38 @@
-"""Shared test helpers."""
+"""Shared test helpers: where the test traces are, and a cache folder of the suite's own."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
+TEST_DATA = REPO_ROOT / "tests" / "data"  # small traces the suite needs, provenance in its README
+EXAMPLES = REPO_ROOT / "traces" / "examples"  # the trace the package ships
+
+
+
+_TRACE_DIR: list[Path] = []  # the folder trace_dir() made, once per session
+
+
+def pytest_configure(config) -> None:
+    # Before collection, so before any test (or subprocess a test starts) asks for the
+    # cache: the suite's plugin builds and calibrations never touch the user's cache.
+    config.lagom_cache_dir = tempfile.mkdtemp(prefix="lagom-test-cache-")
+    os.environ["LAGOM_CACHE_DIR"] = config.lagom_cache_dir
+
+
+def pytest_unconfigure(config) -> None:
+    shutil.rmtree(config.lagom_cache_dir, ignore_errors=True)
+    for folder in _TRACE_DIR:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def shared_traces_dir() -> Path:
-    """The real profiler traces beside the checkout (../shared/traces), read-only.
+    """The larger trace set beside the checkout (../shared/traces), read-only; it may be absent.
 
     A git worktree may sit one level deeper (e.g. /work/wt/NAME): the nearest
     ancestor holding shared/traces wins."""
@@ -16,3 +40,33 @@ def shared_traces_dir() -> Path:
         if (parent / "shared" / "traces").is_dir():
             return parent / "shared" / "traces"
     return REPO_ROOT.parent / "shared" / "traces"
+
+
+def trace_path(name: str) -> Path:
+    """A test trace by file name: tests/data, then traces/examples, then ../shared/traces;
+    skips the calling test when none has it."""
+    for folder in (TEST_DATA, EXAMPLES, shared_traces_dir()):
+        if (folder / name).is_file():
+            return folder / name
+    pytest.skip(f"{name} is not in tests/data and no ../shared/traces beside the checkout has it")
+
+
+def trace_dir() -> Path:
+    """One folder holding (as links) every trace all_test_traces() finds, for tests that
+    name traces relative to a folder; a test that wants one it lacks skips (trace_path)."""
+    if not _TRACE_DIR:
+        folder = Path(tempfile.mkdtemp(prefix="lagom-test-traces-"))
+        for path in all_test_traces():
+            (folder / path.name).symlink_to(path)
+        _TRACE_DIR.append(folder)
+    return _TRACE_DIR[0]
+
+
+def all_test_traces() -> list[Path]:
+    """Every trace the suite can read here (the bundled ones, plus the shared set when present)."""
+    names = {p.name: p for p in sorted(TEST_DATA.glob("*.json.gz"))}
+    names.update({p.name: p for p in sorted(EXAMPLES.glob("*.json.gz"))})
+    shared = shared_traces_dir()
+    if shared.is_dir():
+        names.update({p.name: p for p in sorted(shared.glob("*.json.gz")) if p.name not in names})
+    return [names[n] for n in sorted(names)]

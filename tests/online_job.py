@@ -41,8 +41,11 @@ def main() -> None:
         optimizer.zero_grad()
         loss.backward()
         for p in model.parameters():
-            dist.all_reduce(p.grad)
-            p.grad /= world
+            grad = p.grad
+            if grad is None:  # every parameter takes part in the loss; None would be a bug in the job
+                raise RuntimeError("a parameter got no gradient")
+            dist.all_reduce(grad)
+            grad /= world
         optimizer.step()
         losses.append(float(loss.detach()).hex())
     out = Path(args.out)

@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 import orjson
-from conftest import shared_traces_dir
+from conftest import trace_path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -43,7 +43,7 @@ def test_not_json(capsys, tmp_path):
 
 
 def test_truncated_gzip(capsys, tmp_path):
-    data = (shared_traces_dir() / "mi250_rocm_minitoy.json.gz").read_bytes()
+    data = trace_path("mi250_rocm_minitoy.json.gz").read_bytes()
     path = tmp_path / "cut.json.gz"
     path.write_bytes(data[: len(data) // 2])
     rc, _, err = _run(capsys, path)
@@ -72,14 +72,14 @@ def test_empty_directory(capsys, tmp_path):
 
 
 def test_bad_plot_target(capsys, tmp_path):
-    trace = shared_traces_dir() / "mi250_rocm_minitoy.json.gz"
+    trace = trace_path("mi250_rocm_minitoy.json.gz")
     target = tmp_path / "missing_dir" / "t.png"
     rc, _, err = _run(capsys, trace, "--plot", target)
     _assert_one_line_error(rc, err, target, "cannot write")
 
 
 # ---- property: no mutation of a real trace gets a traceback ----------------------------------
-_BASES = {name: orjson.loads(gzip.decompress((shared_traces_dir() / name).read_bytes()))
+_BASES = {name: orjson.loads(gzip.decompress(trace_path(name).read_bytes()))
           for name in ("mi250_rocm_minitoy.json.gz", "cpu_only_rank34.json.gz")}
 
 _json_values = st.recursive(
@@ -111,7 +111,8 @@ def _mutated_trace(draw) -> tuple[bytes, str]:
         elif what == "replace_event":
             events[events.index(e)] = draw(_json_values)
         else:
-            doc[draw(st.sampled_from(["distributedInfo", "deviceProperties", "traceEvents", "schemaVersion"]))] = draw(_json_values)
+            doc[draw(st.sampled_from(["distributedInfo", "deviceProperties", "traceEvents",
+                                      "schemaVersion"]))] = draw(_json_values)
     data = orjson.dumps(doc)
     cut = draw(st.none() | st.integers(0, len(data)))
     if cut is not None and draw(st.booleans()):

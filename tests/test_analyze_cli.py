@@ -9,7 +9,7 @@ import sys
 
 import matplotlib.image
 import orjson
-from conftest import REPO_ROOT, shared_traces_dir
+from conftest import REPO_ROOT, trace_path
 
 from lagom.cli import main
 
@@ -37,7 +37,8 @@ def test_json_shape_and_figures(capsys):
     out = _json(capsys, EXAMPLE)
     (r,) = out["ranks"]
     assert r["rank"] == 0
-    assert (r["comm_comp_overlap_pct"], r["idle_pct"], r["compute_pct"], r["non_compute_pct"]) == (14.31, 77.78, 17.26, 4.97)
+    assert ((r["comm_comp_overlap_pct"], r["idle_pct"], r["compute_pct"], r["non_compute_pct"])
+            == (14.31, 77.78, 17.26, 4.97))
     kinds = {c["collective"] for c in r["collectives"]}
     assert kinds == {"allreduce", "broadcast"}
     assert sum(c["count"] for c in r["collectives"]) == 14  # 21 kernels, 7 in the dropped last step
@@ -50,7 +51,7 @@ def test_json_shape_and_figures(capsys):
 
 def test_include_last_step_and_directory_of_ranks(capsys, tmp_path):
     for name in ("w128_sendrecv_rank0.json.gz", "w128_sendrecv_rank1.json.gz"):
-        shutil.copy(shared_traces_dir() / name, tmp_path / name)
+        shutil.copy(trace_path(name), tmp_path / name)
     default = _json(capsys, tmp_path)
     last = _json(capsys, tmp_path, "--include-last-step")
     assert [r["rank"] for r in default["ranks"]] == [0, 1]
@@ -66,7 +67,7 @@ def test_include_last_step_and_directory_of_ranks(capsys, tmp_path):
 
 
 def test_cpu_only_trace_gets_an_answer_where_hta_raises(capsys):
-    (r,) = _json(capsys, shared_traces_dir() / "cpu_only_rank34.json.gz")["ranks"]
+    (r,) = _json(capsys, trace_path("cpu_only_rank34.json.gz"))["ranks"]
     assert r["rank"] == 34 and r["comm_comp_overlap_pct"] is None
     assert r["breakdown_basis"] == "cpu-collectives"
     assert r["non_compute_pct"] > 50 and sum(c["count"] for c in r["collectives"]) == 10
@@ -74,7 +75,7 @@ def test_cpu_only_trace_gets_an_answer_where_hta_raises(capsys):
 
 def test_plot_writes_a_png(capsys, tmp_path):
     png = tmp_path / "step.png"
-    assert main(["analyze", str(shared_traces_dir() / "w128_sendrecv_rank0.json.gz"), "--plot", str(png)]) == 0
+    assert main(["analyze", str(trace_path("w128_sendrecv_rank0.json.gz")), "--plot", str(png)]) == 0
     assert "timeline written" in capsys.readouterr().out
     image = matplotlib.image.imread(png)
     height, width = image.shape[:2]
@@ -94,7 +95,7 @@ def test_help_is_the_command_doc(capsys):
 
 def test_piped_text_output_keeps_whole_headers(capsys):
     """Redirected output used rich's 80-column default and cut headers to 'exposed…' / 'total …'."""
-    assert main(["analyze", str(shared_traces_dir() / "a100_w16_sendrecv_3streams_rank0.json.gz")]) == 0
+    assert main(["analyze", str(trace_path("a100_w16_sendrecv_3streams_rank0.json.gz"))]) == 0
     out = capsys.readouterr().out
     assert "…" not in out
     assert "exposed ms" in out and "exposed %" in out and "reducescatter" in out

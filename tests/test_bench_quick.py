@@ -2,22 +2,25 @@
 
 Runs the real thing: the quick matrix (one FSDP, TP and EP workload on 8 GPUs of
 low-bw and high-bw), tuned with the default evaluator and judged on the simulator
-with noise off. Per cell the targets hold (never slower than NCCL, within 2%
-of exhaustive, bounded by the lower bound); per cluster the geomeans stay above the
-regression floors in ``lagom.commands.bench`` and Optuna at equal budget is not better.
-A regression in the search, the space or the evaluators fails here.
+with noise off. Per cell Lagom delivers what it owes (not behind NCCL, within 0.5% of
+exhaustive, not behind Optuna at equal budget, bounded by the lower bound); per cluster
+the geomeans stay above the regression floors in ``lagom.commands.bench``, and --check
+agrees. A regression in the search, the space or the evaluators fails here.
 """
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from lagom.cli import main
 from lagom.commands import bench
 
 
+@pytest.mark.slow  # six cells, every method
 def test_quick_bench_meets_the_targets(capsys):
-    code = main(["bench", "--quick", "--json"])
+    code = main(["bench", "--quick", "--json", "--check"])
     out, err = capsys.readouterr()
     assert code == 0, err
     report = json.loads(out)
@@ -28,17 +31,16 @@ def test_quick_bench_meets_the_targets(capsys):
         where = f"{cell['cluster']} {cell['workload']}"
         assert cell["speedup_vs_nccl"] >= bench.MIN_SPEEDUP_VS_NCCL_ANY_CELL, where
         assert cell["lagom_us"] >= cell["lower_bound_us"] * 0.999, where  # a bound is a bound
+        assert cell["speedup_vs_optuna"] >= bench.MIN_SPEEDUP_VS_OPTUNA_ANY_CELL, where
         if cell["gap_to_exhaustive"] is not None:
             assert cell["gap_to_exhaustive"] <= bench.MAX_GAP_TO_EXHAUSTIVE, where
+            share = cell["optimum_headroom_captured"]
+            assert share is None or 0.0 <= share <= 1.0 + 1e-9, where  # the optimum bounds what Lagom gains
         assert cell["lagom_evaluations"] <= 40 * max(1, cell["units"]), where
     for name, c in summary["clusters"].items():
         assert c["geomean_speedup_vs_nccl"] >= bench.QUICK_FLOOR_GEOMEAN_VS_NCCL[name], name
         assert c["geomean_speedup_vs_autoccl"] >= bench.QUICK_FLOOR_GEOMEAN_VS_AUTOCCL[name], name
-        assert c["geomean_speedup_vs_optuna"] >= bench.MIN_GEOMEAN_VS_OPTUNA, name
-    # the report names every missed target; the only ones allowed are the geomean targets
-    # that low-bw cannot reach (docs/tuner.md: its optimum is below them)
-    for line in summary["missed_targets"]:
-        assert line.startswith("low-bw: geomean speedup over"), line
+    assert summary["missed_targets"] == []
 
 
 def test_bad_plot_path_is_refused_before_the_matrix_runs(tmp_path, capsys):

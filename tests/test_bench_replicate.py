@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from conftest import REPO_ROOT, shared_traces_dir
+from conftest import REPO_ROOT, trace_path
 
 from traces.kineto import read_trace
 
@@ -13,7 +13,7 @@ def test_replicated_trace_holds_the_steps_n_times(tmp_path):
     spec = importlib.util.spec_from_file_location("analyze_vs_hta", REPO_ROOT / "bench" / "analyze_vs_hta.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    source = shared_traces_dir() / "w128_sendrecv_rank0.json.gz"
+    source = trace_path("w128_sendrecv_rank0.json.gz")
     copies, size = bench.build_large_trace(source, tmp_path / "big.json", 3_000_000)
     assert copies == 2 and size >= 3_000_000
     (one,) = read_trace(source)

@@ -14,12 +14,14 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO_ROOT
 
 from costmodel.cluster import load_cluster
 from costmodel.model_params import params_for
 
 
+@pytest.mark.slow  # a two-process gloo job measuring 24 items
 def test_torch_backend_calibrates_a_two_process_gloo_job(tmp_path):
     out = tmp_path / "cluster.yaml"
     dump = tmp_path / "measurements.json"
@@ -67,7 +69,8 @@ def test_each_setting_exports_what_nccl_reads_for_that_collective_and_nothing_le
     assert not {"NCCL_NTHREADS", "NCCL_MIN_NCHANNELS", "NCCL_P2P_PCI_CHUNKSIZE"} & set(env)
     inside = nccl_env_for(CommConfig(chunk_bytes=1 << 18), v, Signature("0", CollectiveType.ALLTOALL, 1 << 20, 8, 1))
     assert inside["NCCL_P2P_NVL_CHUNKSIZE"] == inside["NCCL_P2P_PCI_CHUNKSIZE"] == str(1 << 18)
-    ring = nccl_env_for(CommConfig(threads=256, chunk_bytes=1 << 20), v, Signature("0", CollectiveType.ALLREDUCE, 1 << 26, 8, 1))
+    ring = nccl_env_for(CommConfig(threads=256, chunk_bytes=1 << 20), v,
+                        Signature("0", CollectiveType.ALLREDUCE, 1 << 26, 8, 1))
     tree = nccl_env_for(CommConfig(algorithm=Algorithm.TREE, chunk_bytes=1 << 20), v,
                         Signature("0", CollectiveType.ALLREDUCE, 1 << 26, 8, 1))
     assert ring["NCCL_NTHREADS"] == "256" and ring["NCCL_BUFFSIZE"] == str(2 << 20)  # Ring/Simple: BUFFSIZE/8 x 4

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 
 import pytest
-from conftest import shared_traces_dir
+from conftest import trace_path
 from kineto_builder import TraceBuilder
 
 from traces.contention import contention_report
@@ -51,7 +51,7 @@ def test_known_slowdown_per_collective_type(tmp_path):
 
 
 def test_shared_trace_matches_a_brute_force_count():
-    (w,) = read_trace(shared_traces_dir() / "a100_w2_allreduce_broadcast.json.gz")
+    (w,) = read_trace(trace_path("a100_w2_allreduce_broadcast.json.gz"))
     colls = [c for c in w.collectives if c.on_gpu]
     alone: dict = {}
     under: list = []

@@ -69,7 +69,8 @@ def test_overlap_windows_group_concurrent_ops():
 def test_signature_uses_group_span():
     w = small_workload()
     sig = w.signature(w.collectives[0])
-    assert (sig.group, sig.collective, sig.message_bytes, sig.ranks, sig.nodes) == ("0", CollectiveType.ALLREDUCE, 1 << 20, 2, 1)
+    assert (sig.group, sig.collective, sig.message_bytes, sig.ranks, sig.nodes) == ("0", CollectiveType.ALLREDUCE,
+                                                                                    1 << 20, 2, 1)
 
 
 def test_comm_config_merge_and_dict():
@@ -104,7 +105,8 @@ def test_tuned_config_round_trip_and_lookup(tmp_path):
 @pytest.mark.parametrize("text,needle", [
     ("format: other\n", "not a Lagom tuned config"),
     ("format: lagom.tuned-config\nversion: 99\n", "version 99"),
-    ("format: lagom.tuned-config\nversion: 1\ncollectives: [{match: {collective: bogus}, set: {}}]\n", "collectives[0]"),
+    ("format: lagom.tuned-config\nversion: 1\ncollectives: [{match: {collective: bogus}, set: {}}]\n",
+     "collectives[0]"),
     ("format: lagom.tuned-config\nversion: 1\ncollectives: [{match: {}, set: {channels: many}}]\n", "collectives[0]"),
     ("{{{{", "not valid YAML"),
 ])

@@ -188,6 +188,7 @@ class _ModelTruth:
         return self._noisy(a), self._noisy(b, count=0)
 
 
+@pytest.mark.slow  # a full least-squares fit
 def test_fit_recovers_hidden_parameters_through_noise(low_bw):
     from costmodel.calibrate import calibrate
 

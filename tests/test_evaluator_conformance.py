@@ -84,7 +84,7 @@ def _check_invariants(workload: Workload, timing: Timing) -> None:
     assert timing.iteration_us + eps >= timing.comm_us > 0
     assert -eps <= timing.exposed_comm_us <= timing.comm_us + eps
     assert 0 < timing.compute_uncontended_us <= timing.compute_us + eps
-    every = {op.op_id for op in (*workload.compute_ops, *workload.collectives)}
+    every = {op.op_id for op in workload.compute_ops} | {op.op_id for op in workload.collectives}
     assert set(timing.ops) == every
     first = min(t.start_us for t in timing.ops.values())
     for op_id in every:
@@ -100,7 +100,8 @@ class TestRejections:
         sig = w.signature(w.collectives[0])
         ev = make(cluster)
         config = CommConfig(algorithm, Protocol.SIMPLE)
-        _one_line_error(lambda: ev.evaluate(w, Plan({sig: config})), f"algorithm={algorithm.nccl_name}", "ring and tree")
+        _one_line_error(lambda: ev.evaluate(w, Plan({sig: config})), f"algorithm={algorithm.nccl_name}",
+                        "ring and tree")
         _one_line_error(lambda: ev.evaluate(w, Plan(default=config)), "default", algorithm.nccl_name)
         assert ev.evaluations == 0  # a refused call is not an evaluation
 
@@ -153,7 +154,8 @@ class TestTimings:
         assert explicit.exposed_comm_us == pytest.approx(empty.exposed_comm_us, rel=1e-9, abs=1e-9)
 
     def test_ready_ops_start_together_and_dependencies_hold(self, make, cluster):
-        """Under any channel count the window's AllReduce starts with the first GEMM, and the second GEMM waits for it."""
+        """Under any channel count the window's AllReduce starts with the first GEMM, and the second GEMM
+        waits for it."""
         w = window()
         sig = w.signature(w.collectives[0])
         ev = make(cluster)

@@ -6,12 +6,13 @@ import pytest
 
 from nccl_env import CollectiveType, LagomError
 from traces.generate import MODELS, PAPER_WORKLOADS, generate_workload, parse_spec
-from traces.workload import DependencyKind, Workload
+from traces.workload import DependencyKind, Op, Workload
 from traces.workload_io import load_workload, save_workload
 
 
 def by_label(w: Workload, text: str):
-    return [o for o in (*w.compute_ops, *w.collectives) if text in o.name]
+    ops: list[Op] = [*w.compute_ops, *w.collectives]
+    return [o for o in ops if text in o.name]
 
 
 def test_parse_spec_examples_and_aliases():
@@ -28,8 +29,10 @@ def test_parse_spec_examples_and_aliases():
 
 
 @pytest.mark.parametrize("bad", ["", "fsdp", "xyz:phi2", "fsdp:gpt5", "fsdp:phi2:gpus=0", "fsdp:phi2:tp=8",
-                                 "tp:phi2:tp=3", "tp:phi2:tp=8,gpus=12", "ep:phi2:ep=8", "fsdp:hidden=10:gpus=8", "fsdp:phi2:gpus=x",
-                                 "fsdp:phi2:gpus=8,gpus=16", "fsdp:hidden=64,hidden=128,layers=1,ffn=8,heads=1,vocab=8:gpus=8"])
+                                 "tp:phi2:tp=3", "tp:phi2:tp=8,gpus=12", "ep:phi2:ep=8", "fsdp:hidden=10:gpus=8",
+                                 "fsdp:phi2:gpus=x",
+                                 "fsdp:phi2:gpus=8,gpus=16",
+                                 "fsdp:hidden=64,hidden=128,layers=1,ffn=8,heads=1,vocab=8:gpus=8"])
 def test_bad_specs_are_one_line_lagom_errors(bad):
     with pytest.raises(LagomError) as info:
         parse_spec(bad)

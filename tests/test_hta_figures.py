@@ -1,6 +1,7 @@
 """Overlap % and temporal breakdown match Holistic Trace Analysis 0.5 on the shared traces.
 
-The reference figures are HTA's own, listed in ../shared/traces/README.md; this test
+The reference figures are HTA's own, listed in tests/data/README.md (copied from the
+shared traces' README); this test
 parses that table, so the numbers are the README's, not ours.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import shared_traces_dir
+from conftest import TEST_DATA, trace_path
 
 from traces.breakdown import comm_comp_overlap_pct, kernel_class, merge_like_hta, temporal_breakdown
 from traces.kineto import read_trace
@@ -20,7 +21,7 @@ TOLERANCE_PP = 0.5
 
 def _reference_rows() -> list[dict]:
     rows = []
-    for line in (shared_traces_dir() / "README.md").read_text().splitlines():
+    for line in (TEST_DATA / "README.md").read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) != 7 or not cells[1].isdigit():
             continue
@@ -53,7 +54,7 @@ def test_reference_table_parsed():
 
 @pytest.mark.parametrize("row", REFERENCE, ids=[r["file"] for r in REFERENCE])
 def test_matches_hta(row):
-    (workload,) = read_trace(shared_traces_dir() / row["file"])
+    (workload,) = read_trace(trace_path(row["file"]))
     assert workload.rank == row["rank"]
     default = trim_to_profiler_steps(workload)
     last = trim_to_profiler_steps(workload, include_last_step=True)
@@ -72,7 +73,7 @@ def test_matches_hta(row):
 
 
 def test_trimming_drops_the_last_step():
-    (workload,) = read_trace(shared_traces_dir() / "a100_w2_allreduce_broadcast.json.gz")
+    (workload,) = read_trace(trace_path("a100_w2_allreduce_broadcast.json.gz"))
     default = trim_to_profiler_steps(workload)
     last = trim_to_profiler_steps(workload, include_last_step=True)
     assert len(default.compute_ops) < len(last.compute_ops) <= len(workload.compute_ops)
@@ -82,7 +83,8 @@ def test_trimming_drops_the_last_step():
 
 
 def test_kernel_classes_follow_hta_names():
-    assert kernel_class("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)") == "communication"
+    name = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
+    assert kernel_class(name) == "communication"
     assert kernel_class("ncclDevKernel_Generic_4(ncclDevComm*)") == "communication"
     assert kernel_class("Memcpy DtoD (Device -> Device)") == "memory"
     assert kernel_class("Memset (Device)") == "memory"
@@ -109,7 +111,7 @@ HTA_LAST_STEP_BREAKDOWN = {
 
 @pytest.mark.parametrize("name", sorted(HTA_LAST_STEP_BREAKDOWN))
 def test_breakdown_with_last_step_matches_hta(name):
-    (workload,) = read_trace(shared_traces_dir() / name)
+    (workload,) = read_trace(trace_path(name))
     b = temporal_breakdown(trim_to_profiler_steps(workload, include_last_step=True))
     for got, want in zip((b.idle_pct, b.compute_pct, b.non_compute_pct), HTA_LAST_STEP_BREAKDOWN[name]):
         assert abs(got - want) <= TOLERANCE_PP

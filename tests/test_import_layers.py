@@ -30,7 +30,7 @@ def imported_modules(path: Path, root: Path = REPO_ROOT) -> list[tuple[int, str]
     tree = ast.parse(path.read_text(), filename=str(path))
     name = _module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = []
+    found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.extend((node.lineno, alias.name) for alias in node.names)
@@ -89,4 +89,5 @@ def test_checker_catches_upward_and_relative_imports(tmp_path):
         "traces/bad.py:2: traces imports costmodel.cluster.load_cluster (a higher layer)",
     ]
     assert violations(fake_root / "traces" / "ok.py", fake_root) == []
-    assert violations(fake_root / "tuner" / "peek.py", fake_root) == ["tuner/peek.py:1: tuner imports the simulator (costmodel.sim)"]
+    assert violations(fake_root / "tuner" / "peek.py", fake_root) == [
+        "tuner/peek.py:1: tuner imports the simulator (costmodel.sim)"]

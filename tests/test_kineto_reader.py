@@ -7,7 +7,7 @@ import shutil
 
 import orjson
 import pytest
-from conftest import shared_traces_dir
+from conftest import trace_path
 from kineto_builder import TraceBuilder
 
 from nccl_env import CollectiveType
@@ -18,14 +18,15 @@ DTYPE_BYTES = {"Float": 4, "Long": 8}  # PyTorch: float32, int64
 
 
 def _raw(name: str) -> list[dict]:
-    return orjson.loads(gzip.decompress((shared_traces_dir() / name).read_bytes()))["traceEvents"]
+    return orjson.loads(gzip.decompress(trace_path(name).read_bytes()))["traceEvents"]
 
 
 def test_a100_trace_collectives_come_from_kernel_metadata():
-    (w,) = read_trace(shared_traces_dir() / "a100_w2_allreduce_broadcast.json.gz")
+    (w,) = read_trace(trace_path("a100_w2_allreduce_broadcast.json.gz"))
     assert (w.rank, w.world_size, w.device_name, w.sm_count) == (0, 2, "NVIDIA A100-PG509-200", 108)
     raw_nccl = sorted(
-        (e for e in _raw("a100_w2_allreduce_broadcast.json.gz") if e.get("cat") == "kernel" and e["name"].startswith("nccl")),
+        (e for e in _raw("a100_w2_allreduce_broadcast.json.gz") if e.get("cat") == "kernel"
+         and e["name"].startswith("nccl")),
         key=lambda e: e["ts"],
     )
     assert [c.collective for c in w.collectives].count(CollectiveType.ALLREDUCE) == 15
@@ -42,7 +43,7 @@ def test_a100_trace_collectives_come_from_kernel_metadata():
 
 
 def test_compute_ops_carry_launch_shape_and_memory_ops_are_flagged():
-    (w,) = read_trace(shared_traces_dir() / "a100_w2_allreduce_broadcast.json.gz")
+    (w,) = read_trace(trace_path("a100_w2_allreduce_broadcast.json.gz"))
     raw = _raw("a100_w2_allreduce_broadcast.json.gz")
     kernels = [e for e in raw if e.get("cat") == "kernel" and not e["name"].startswith("nccl")]
     memory = [e for e in raw if e.get("cat") in ("gpu_memcpy", "gpu_memset")]
@@ -67,7 +68,7 @@ def test_compute_ops_carry_launch_shape_and_memory_ops_are_flagged():
 def test_sendrecv_kernels_take_their_type_from_the_cpu_comm_call():
     # w128: every NCCL kernel is a SendRecv kernel; the launching nccl:all_to_all /
     # record_param_comms / c10d:: calls say what the collective really was.
-    (w,) = read_trace(shared_traces_dir() / "w128_sendrecv_rank0.json.gz")
+    (w,) = read_trace(trace_path("w128_sendrecv_rank0.json.gz"))
     assert (w.rank, w.world_size) == (0, 128)
     assert all("SendRecv" in c.name for c in w.collectives)
     types = {c.collective for c in w.collectives}
@@ -77,7 +78,7 @@ def test_sendrecv_kernels_take_their_type_from_the_cpu_comm_call():
 
 
 def test_cpu_only_gloo_trace_yields_cpu_collectives():
-    (w,) = read_trace(shared_traces_dir() / "cpu_only_rank34.json.gz")
+    (w,) = read_trace(trace_path("cpu_only_rank34.json.gz"))
     assert (w.rank, w.world_size) == (34, 300)
     assert not w.compute_ops
     # 11 gloo:all_reduce events, one an exact duplicate.
@@ -89,13 +90,13 @@ def test_cpu_only_gloo_trace_yields_cpu_collectives():
 
 
 def test_trace_without_distributed_info_still_reads():
-    (w,) = read_trace(shared_traces_dir() / "no_distributed_info.json.gz")
+    (w,) = read_trace(trace_path("no_distributed_info.json.gz"))
     assert w.rank == 0 and w.world_size >= 1
     assert w.collectives and all(c.collective is CollectiveType.ALLTOALL for c in w.collectives)
 
 
 def test_workload_json_round_trip_of_a_real_trace():
-    (w,) = read_trace(shared_traces_dir() / "w128_sendrecv_rank1.json.gz")
+    (w,) = read_trace(trace_path("w128_sendrecv_rank1.json.gz"))
     again = Workload.from_dict(orjson.loads(orjson.dumps(w.to_dict())))
     assert again.to_dict() == w.to_dict()
     assert again.compute_ops[5].launch_us == w.compute_ops[5].launch_us
@@ -103,7 +104,7 @@ def test_workload_json_round_trip_of_a_real_trace():
 
 def test_directory_of_ranks_shares_one_clock(tmp_path):
     for name in ("w128_sendrecv_rank0.json.gz", "w128_sendrecv_rank1.json.gz"):
-        shutil.copy(shared_traces_dir() / name, tmp_path / name)
+        shutil.copy(trace_path(name), tmp_path / name)
     ws = read_trace(tmp_path)
     assert [w.rank for w in ws] == [0, 1]
     raw0 = min(e["ts"] for e in _raw("w128_sendrecv_rank0.json.gz") if e.get("cat") == "kernel")
@@ -128,8 +129,10 @@ def test_rank_from_file_name_when_no_distributed_info(tmp_path):
     "name, expected",
     [
         ("ncclAllReduceRingLLKernel_sum_f32(ncclColl)", CollectiveType.ALLREDUCE),  # NCCL <= 2.8
-        ("ncclKernel_ReduceScatter_RING_SIMPLE_Sum_bf16(ncclDevComm*, unsigned long, ncclWork*)", CollectiveType.REDUCESCATTER),
-        ("ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", CollectiveType.ALLGATHER),  # >= 2.19
+        ("ncclKernel_ReduceScatter_RING_SIMPLE_Sum_bf16(ncclDevComm*, unsigned long, ncclWork*)",
+         CollectiveType.REDUCESCATTER),
+        ("ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+         CollectiveType.ALLGATHER),  # >= 2.19
         ("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", CollectiveType.SENDRECV),
         ("ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", CollectiveType.BROADCAST),
     ],
@@ -155,7 +158,8 @@ def test_legacy_categories_and_generic_kernel_joined_to_record_param_comms(tmp_p
     b.kernel("gemm", 7, 90, 30)
     (w,) = read_trace(b.write(tmp_path / "legacy.json.gz"))
     (c,) = w.collectives
-    assert (c.collective, c.message_bytes, c.dtype, c.group) == (CollectiveType.REDUCESCATTER, 4096 * 2, "BFloat16", "7")
+    assert ((c.collective, c.message_bytes, c.dtype, c.group)
+            == (CollectiveType.REDUCESCATTER, 4096 * 2, "BFloat16", "7"))
     assert w.groups["7"].ranks == (0, 1, 2, 3)
     assert [o.is_memory_op for o in w.compute_ops] == [False, True]
     assert w.stream_kind(7) is StreamKind.COMPUTE
@@ -185,7 +189,7 @@ def test_stream_wait_events_become_dependencies(tmp_path):
 def test_chunked_parsing_reads_the_same_workload(monkeypatch, tmp_path):
     import traces.kineto_json as kj
 
-    path = shared_traces_dir() / "a100_w2_allreduce_broadcast.json.gz"
+    path = trace_path("a100_w2_allreduce_broadcast.json.gz")
     (whole,) = read_trace(path)
     chunks = []
     real_elements = kj._elements

@@ -36,7 +36,8 @@ from traces.generate import generate_workload
 
 HELD_OUT = {
     "low-bw": ["fsdp:phi2:gpus=8", "ep:olmoe:ep=8", "fsdp:hidden=3072,layers=6,ffn=8192,heads=24,vocab=32000:gpus=16"],
-    "high-bw": ["fsdp:phi2:gpus=8", "tp:phi2:tp=8,dp=1", "fsdp:hidden=3072,layers=6,ffn=8192,heads=24,vocab=32000:gpus=16"],
+    "high-bw": ["fsdp:phi2:gpus=8", "tp:phi2:tp=8,dp=1",
+                "fsdp:hidden=3072,layers=6,ffn=8192,heads=24,vocab=32000:gpus=16"],
 }
 
 

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from conftest import REPO_ROOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -34,7 +35,6 @@ from nccl_env.plugin_abi import TunerLibrary
 from nccl_env.plugin_build import build_plugin
 from nccl_env.plugin_table import format_table
 from nccl_env.rules import NcclVersion
-from tests.conftest import REPO_ROOT
 from tuner.space import Scope, online_space
 
 SPEC = "tp:phi2:tp=8,dp=1"  # one signature: the fastest workload to tune
@@ -75,7 +75,9 @@ def test_online_space_keeps_only_what_the_plugin_changes_per_call():
     online_225 = online_space(space_225, seed.config_for)
     assert {a for u in online_225.resource_units for a in u.axes} == {"channels"}
     cluster_ep, workload_ep, space_ep = _setup(spec="ep:deepseek-moe-16b:ep=8,gpus=8")
-    seed_ep = tuning.tune(workload_ep, cluster_ep, tuning.make_evaluator("sim", cluster_ep), with_autoccl=False).result.plan
+    seed_ep = tuning.tune(
+        workload_ep, cluster_ep, tuning.make_evaluator("sim", cluster_ep), with_autoccl=False
+    ).result.plan
     online_ep = online_space(space_ep, seed_ep.config_for)
     p2p = [s for s in space_ep.signatures if s.collective.value == "alltoall"]
     assert p2p and all(u.scope is Scope.COLLECTIVE for u in online_ep.resource_units)

@@ -18,13 +18,13 @@ import sys
 import time
 
 import pytest
+from conftest import REPO_ROOT
 
 from costmodel.cluster import load_cluster
 from lagom import tuning
 from lagom.tuned_config import load_tuned_config
 from nccl_env.plan import Plan
 from nccl_env.plugin_build import build_plugin
-from tests.conftest import REPO_ROOT
 
 JOB = REPO_ROOT / "tests" / "online_job.py"
 SPEC = "fsdp:phi2:gpus=16"  # two nodes: the presets' inter-node links differ, and so do their plans
@@ -49,9 +49,28 @@ def _torchrun(out, *job_args: str) -> list[str]:
 
 
 def _online(tmp, name: str, seed) -> list[str]:
-    return [sys.executable, "-m", "lagom", "run", "--online", "--config", str(seed), "--save", str(tmp / f"{name}.yaml"),
-            "--budget-steps", str(BUDGET), "--simulate", SPEC, "--cluster", "high-bw", "--noise", "0.02",
-            "--audit", str(tmp / f"{name}-audit.json"), "--"]
+    return [
+        sys.executable,
+        "-m",
+        "lagom",
+        "run",
+        "--online",
+        "--config",
+        str(seed),
+        "--save",
+        str(tmp / f"{name}.yaml"),
+        "--budget-steps",
+        str(BUDGET),
+        "--simulate",
+        SPEC,
+        "--cluster",
+        "high-bw",
+        "--noise",
+        "0.02",
+        "--audit",
+        str(tmp / f"{name}-audit.json"),
+        "--",
+    ]
 
 
 @pytest.fixture(scope="module")

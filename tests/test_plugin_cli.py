@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from lagom.cli import main
 from lagom.plugin_export import plugin_entries_from_config
 from lagom.tuned_config import load_tuned_config
 from nccl_env import Algorithm, CollectiveType
@@ -123,8 +124,10 @@ def test_plugin_table_from_tuned_config(tmp_path):
 
 
 @pytest.mark.parametrize("match, knobs, message", [
-    ("{collective: allreduce}", "{channels: 999}", "lagom.yaml: cannot make a plugin table: plugin entry 0: channels=999"),
-    ("{collective: allreduce, min_bytes: 100, max_bytes: 10}", "{channels: 2}", "lagom.yaml: cannot make a plugin table"),
+    ("{collective: allreduce}", "{channels: 999}",
+     "lagom.yaml: cannot make a plugin table: plugin entry 0: channels=999"),
+    ("{collective: allreduce, min_bytes: 100, max_bytes: 10}", "{channels: 2}",
+     "lagom.yaml: cannot make a plugin table"),
     ("{collective: allreduce}", "{channels: true}", "collectives[0]: channels must be an integer, got True"),
     ("{collective: allreduce}", "{chunk_bytes: 1.5}", "collectives[0]: chunk_bytes must be an integer, got 1.5"),
     ("{collective: allreduce}", "{algorithm: bogus}", "collectives[0]: algorithm 'bogus' is not one of tree, ring"),
@@ -186,3 +189,14 @@ def test_plugin_table_says_when_its_nccl_loads_no_plugin():
     assert not any("loads none" in c for c in mid)
     assert any("chunk_bytes is applied only by NCCL >= 2.30.0" in c for c in mid)
     assert not any("loads none" in c or "chunk_bytes is applied only" in c for c in comments("2.30.1"))
+
+
+def test_unknown_nccl_env_name_in_a_config_is_refused_with_a_suggestion(tmp_path, capsys):
+    """A typo NCCL would silently ignore (NCCL_NTHREAD) is an error wherever a config is read."""
+    path = tmp_path / "lagom.yaml"
+    path.write_text("format: lagom.tuned-config\nversion: 1\nenv: {NCCL_NTHREAD: '256'}\ncollectives: []\n")
+    assert main(["plugin", "table", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "NCCL_NTHREAD is not a variable NCCL reads" in err and "did you mean NCCL_NTHREADS?" in err, err
+    path.write_text("format: lagom.tuned-config\nversion: 1\nenv: {NCCL_NTHREADS: '256'}\ncollectives: []\n")
+    assert main(["plugin", "table", str(path)]) == 0

@@ -34,7 +34,8 @@ TSAN_ENV = {"TSAN_OPTIONS": "halt_on_error=1"}
 
 def _run(exe, *args, cwd):
     env = {**os.environ, **SAN_ENV, "NCCL_DEBUG": "WARN"}  # also exercise the stderr fallback logger
-    return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, errors="replace", timeout=120, cwd=cwd, env=env)
+    return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, errors="replace", timeout=120,
+                          cwd=cwd, env=env)
 
 
 def test_sanitizers_are_live(tmp_path):
@@ -93,8 +94,8 @@ def test_concurrent_calls_and_live_swaps_are_race_free_under_tsan(tmp_path):
 def _swap_run(tmp_path, flags, env, swaps, rounds):
     exe = tmp_path / "tuner_swap"
     compile_c(find_compiler(), [SWAP_DRIVER, *sorted(PLUGIN_DIR.glob("*.c"))], exe, flags)
-    proc = subprocess.run([str(exe), str(tmp_path), str(swaps), str(rounds)], check=False, capture_output=True, text=True,
-                          errors="replace", env={**os.environ, **env}, timeout=120, cwd=tmp_path)
+    proc = subprocess.run([str(exe), str(tmp_path), str(swaps), str(rounds)], check=False, capture_output=True,
+                          text=True, errors="replace", env={**os.environ, **env}, timeout=120, cwd=tmp_path)
     assert "Sanitizer" not in proc.stderr and "runtime error" not in proc.stderr, proc.stderr[-3000:]
     assert "SWAP FAILURE" not in proc.stderr and proc.returncode == 0, proc.stderr[-3000:]
     counts = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", proc.stdout)}

@@ -1,4 +1,4 @@
-"""The execution graph and its replay, on the shared real traces (docs/replay.md)."""
+"""The execution graph and its replay, on real traces (tests/data, traces/examples; docs/replay.md)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import statistics
 from dataclasses import replace
 
 import pytest
-from conftest import shared_traces_dir
+from conftest import trace_dir
 
 from costmodel.analytic import AnalyticEvaluator
 from costmodel.cluster import load_cluster
@@ -20,11 +20,13 @@ from nccl_env.plan import Plan
 from traces.kineto import read_trace
 from traces.workload import Workload
 
-TRACES = shared_traces_dir()
-pytestmark = pytest.mark.skipif(not TRACES.is_dir(), reason=f"shared traces not found at {TRACES}")
+TRACES = trace_dir()
 W2 = "a100_w2_allreduce_broadcast.json.gz"
 W128 = "w128_sendrecv_rank0.json.gz"
 ALEXNET = "a100_alexnet_cuda_sync.json.gz"
+_WANTED = (W2, W128, "w128_sendrecv_rank1.json.gz", ALEXNET)
+pytestmark = pytest.mark.skipif(not all((TRACES / n).is_file() for n in _WANTED),
+                                reason="a trace of tests/data or traces/examples is missing")
 
 _CACHE: dict[str, Workload] = {}
 
@@ -184,8 +186,10 @@ def test_analyze_states_wait_and_transfer_per_collective(capsys):
 
 
 W16 = "a100_w16_sendrecv_3streams_rank0.json.gz"  # 425 cudaStreamWaitEvent, no cudaEventRecord, no cuda_sync
+needs_w16 = pytest.mark.skipif(not (TRACES / W16).is_file(), reason=f"{W16} is only in ../shared/traces, absent here")
 
 
+@needs_w16
 def test_waits_with_no_recorded_event_are_inferred_and_none_contradicts_the_trace():
     w = trace(W16)
     g = w.exec_graph
@@ -201,6 +205,7 @@ def test_waits_with_no_recorded_event_are_inferred_and_none_contradicts_the_trac
     assert {(False, True), (True, False)} <= kinds
 
 
+@needs_w16
 def test_the_inferred_waits_explain_the_w16_trace_with_generic_delays():
     """Every op's own launch latency and gap replaced by the trace's medians: 35% off without the
     inferred waits, 7.6% with them (docs/replay.md: the rest is GPU idle the trace shows no cause for)."""
@@ -213,6 +218,7 @@ def test_the_inferred_waits_explain_the_w16_trace_with_generic_delays():
     assert exact is not None and exact.median_step_error_pct < 1e-6  # own delays: still every step exactly
 
 
+@needs_w16
 def test_a_faster_collective_moves_the_compute_op_that_waited_for_it():
     w = trace(W16)
     g = w.exec_graph

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import REPO_ROOT
 
 from lagom.plugin_export import plugin_entries_from_config, render_plugin_table
 from lagom.runtime import audit
@@ -38,7 +39,8 @@ from lagom.tuned_config import load_tuned_config
 from nccl_env.knobs import CollectiveType
 from nccl_env.plugin_build import build_plugin
 from nccl_env.plugin_table import parse_table
-from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow  # a real two-process torchrun job, run once (about 30 s)
 
 JOB = REPO_ROOT / "tests" / "runtime_job.py"
 STEPS = 3
@@ -51,7 +53,8 @@ CONFIG = {
     "env": {"NCCL_NTHREADS": "256", "NCCL_BUFFSIZE": "2097152"},
     "process_groups": {"0": {"min_ctas": 2, "max_ctas": 8}},
     "collectives": [
-        {"match": {"collective": "allreduce", "group": "0", "max_bytes": 64}, "set": {"algorithm": "ring", "protocol": "ll", "channels": 2}},
+        {"match": {"collective": "allreduce", "group": "0", "max_bytes": 64},
+         "set": {"algorithm": "ring", "protocol": "ll", "channels": 2}},
         {"match": {"collective": "reducescatter", "min_bytes": 1024}, "set": {"channels": 4, "chunk_bytes": 524288}},
         {"match": {"collective": "allgather", "ranks": 2, "nodes": 1}, "set": {"protocol": "simple", "channels": 8}},
     ],
@@ -76,9 +79,11 @@ def runs(tmp_path_factory):
     good = tmp / "lagom.yaml"
     good.write_text(yaml.safe_dump(CONFIG, sort_keys=False))
     corrupt = tmp / "corrupt.yaml"
-    corrupt.write_text("format: lagom.tuned-config\nversion: 1\ncollectives:\n  - match: {collective: allreduce}\n    set: {channels: many}\n")
+    corrupt.write_text("format: lagom.tuned-config\nversion: 1\ncollectives:\n  - match: {collective: allreduce}\n    "
+                       "set: {channels: many}\n")
     build_plugin()  # the cached .so the launcher will reuse
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "LAGOM_"))}
+    base_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("NCCL_", "LAGOM_")) or k == "LAGOM_CACHE_DIR"}  # the suite's own cache
     base_env["PYTHONPATH"] = str(REPO_ROOT)
     plans = {
         "plain": (_torchrun(tmp / "plain", "--steps", str(STEPS), "--fsdp"), {}),
@@ -94,7 +99,8 @@ def runs(tmp_path_factory):
         "corrupt": (_torchrun(tmp / "corrupt", "--steps", "1", "--install", str(corrupt)), {}),
     }
     procs = {
-        name: subprocess.Popen(cmd, env={**base_env, **extra}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        name: subprocess.Popen(cmd, env={**base_env, **extra}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
         for name, (cmd, extra) in plans.items()
     }
     results = {}
@@ -175,7 +181,8 @@ def test_audit_counts_equal_the_collectives_the_job_issued(runs):
     totals = Counter()
     for rank in tuned:
         issued = {(kind, group, nbytes): count for kind, group, nbytes, count in rank["issued"]}
-        seen = {(s["collective"], s["group"], s["bytes"]): s for s in document["per_rank"][str(rank["rank"])]["signatures"]}
+        seen = {(s["collective"], s["group"], s["bytes"]): s
+                for s in document["per_rank"][str(rank["rank"])]["signatures"]}
         assert {k: s["count"] for k, s in seen.items()} == issued
         kinds = {kind for kind, _, _ in issued}
         assert {"allreduce", "allgather", "reducescatter", "broadcast"} <= kinds

@@ -17,6 +17,7 @@ import textwrap
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import REPO_ROOT
 
 import lagom
 import lagom.runtime as runtime
@@ -25,12 +26,11 @@ from lagom.runtime.collectives import SPECS
 from lagom.runtime.env import merge_env
 from lagom.runtime.process_groups import build_nccl_options, cta_policy_value, settings_for
 from lagom.tuned_config import TunedConfig, parse_tuned_config
-from tests.conftest import REPO_ROOT
 
 CONFIG = {
     "format": "lagom.tuned-config",
     "version": 1,
-    "env": {"NCCL_LAGOM_TEST_KNOB": "7"},
+    "env": {"NCCL_LL128_NTHREADS": "7"},
     "process_groups": {"0": {"min_ctas": 2, "max_ctas": 8}},
     "collectives": [
         {"match": {"collective": "allreduce", "max_bytes": 64}, "set": {"channels": 2}},
@@ -41,10 +41,10 @@ CONFIG = {
 
 @pytest.fixture(autouse=True)
 def no_test_knob():
-    """The tuned file sets NCCL_LAGOM_TEST_KNOB in os.environ: never let it outlive a test."""
-    os.environ.pop("NCCL_LAGOM_TEST_KNOB", None)
+    """The tuned file sets NCCL_LL128_NTHREADS in os.environ: never let it outlive a test."""
+    os.environ.pop("NCCL_LL128_NTHREADS", None)
     yield
-    os.environ.pop("NCCL_LAGOM_TEST_KNOB", None)
+    os.environ.pop("NCCL_LL128_NTHREADS", None)
 
 
 @pytest.fixture(scope="module")
@@ -223,13 +223,13 @@ def test_a_corrupt_config_leaves_torch_untouched_with_one_warning(world, tmp_pat
 def test_env_knobs_are_set_but_the_users_own_value_wins(world, config_file):
     runtime.install(config_file, stream=io.StringIO())
     runtime.uninstall()
-    assert os.environ["NCCL_LAGOM_TEST_KNOB"] == "7"
-    os.environ["NCCL_LAGOM_TEST_KNOB"] = "5"
+    assert os.environ["NCCL_LL128_NTHREADS"] == "7"
+    os.environ["NCCL_LL128_NTHREADS"] = "5"
     stream = io.StringIO()
     runtime.install(config_file, stream=stream)
     runtime.uninstall()
-    assert os.environ["NCCL_LAGOM_TEST_KNOB"] == "5"
-    assert stream.getvalue() == "lagom: note: your environment wins for NCCL_LAGOM_TEST_KNOB=5 (tuned: 7)\n"
+    assert os.environ["NCCL_LL128_NTHREADS"] == "5"
+    assert stream.getvalue() == "lagom: note: your environment wins for NCCL_LL128_NTHREADS=5 (tuned: 7)\n"
     env = {"NCCL_A": "1"}
     merged = merge_env({"NCCL_A": "2", "NCCL_B": "3"}, env)
     assert env == {"NCCL_A": "1", "NCCL_B": "3"}
@@ -334,7 +334,8 @@ def test_bootstrap_chains_an_existing_sitecustomize_and_hooks_on_torch_import(tm
         print("after", hasattr(all_reduce, "__lagom_original__"), hasattr(dist.isend, "__lagom_original__"))
         """
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(boot), str(user), str(REPO_ROOT)]), LAGOM_CONFIG=str(config_file))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(boot), str(user), str(REPO_ROOT)]),
+               LAGOM_CONFIG=str(config_file))
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["before False 1", "after True True"]

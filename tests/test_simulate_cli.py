@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import shared_traces_dir
+from conftest import trace_path
 
 from costmodel.cluster import load_cluster
 from lagom.cli import main
@@ -37,7 +37,8 @@ def test_simulate_spec_json_and_set_changes_the_result(capsys):
     assert base["evaluations"] == 1 and base["ops"] > 500
     assert base["iteration_us"] >= max(base["compute_us"], base["comm_us"])
     assert base["compute_slowdown"] > 1.0
-    lean = run_json(capsys, "fsdp:phi2:gpus=8", "--cluster", "high-bw", "--noise", "0", "--set", "channels=2,chunk=684KB")
+    lean = run_json(capsys, "fsdp:phi2:gpus=8", "--cluster", "high-bw", "--noise", "0", "--set",
+                    "channels=2,chunk=684KB")
     assert lean["compute_slowdown"] < base["compute_slowdown"]
     again = run_json(capsys, "fsdp:phi2:gpus=8", "--cluster", "high-bw", "--noise", "0")
     assert again == base  # noise 0 is exact
@@ -64,7 +65,7 @@ def test_workload_file_and_trace_arguments(tmp_path, capsys):
     save_workload(w, tmp_path / "w.json")
     loaded = load_workload_arg(str(tmp_path / "w.json"))
     assert loaded.to_dict() == w.to_dict()
-    trace = shared_traces_dir() / "a100_w2_allreduce_broadcast.json.gz"
+    trace = trace_path("a100_w2_allreduce_broadcast.json.gz")
     observed = load_workload_arg(str(trace))
     recovered = load_workload_arg(str(trace), load_cluster("a100-nvswitch"))
     assert recovered.rank == 0 and len(recovered.collectives) == 21
@@ -84,7 +85,8 @@ def test_workload_file_and_trace_arguments(tmp_path, capsys):
     (["fsdp:phi2", "--cluster", "low-bw", "--noise", "nan"], "--noise"),
     (["fsdp:phi2", "--cluster", "low-bw", "--noise", "inf"], "--noise"),
     (["fsdp:phi2", "--cluster", "low-bw", "--seed", "-3"], "--seed must be >= 0"),
-    (["fsdp:phi2", "--cluster", "high-bw", "--set", "algorithm=nvls"], "--set: algorithm=nvls: the evaluators model only ring and tree"),
+    (["fsdp:phi2", "--cluster", "high-bw", "--set", "algorithm=nvls"],
+     "--set: algorithm=nvls: the evaluators model only ring and tree"),
     (["fsdp:phi2", "--cluster", "low-bw", "--set", "channels=2,nc=4"], "channels is given twice"),
     (["fsdp:phi2", "--cluster", "low-bw", "--set", "channels=61"], "not valid on NCCL 2.18"),
 ])
@@ -112,7 +114,7 @@ def test_tuned_config_values_are_checked_like_set(tmp_path, capsys, knobs, messa
 def test_workloads_that_do_not_fit_the_cluster_are_warned_about_once(tmp_path, capsys):
     """A trace without distributedInfo (groups of 1 rank), a job wider than the cluster and
     a tuned file for another workload each get one warning line; the numbers still come."""
-    assert main(["simulate", str(shared_traces_dir() / "no_distributed_info.json.gz"), "--cluster", "a100-nvswitch",
+    assert main(["simulate", str(trace_path("no_distributed_info.json.gz")), "--cluster", "a100-nvswitch",
                  "--json"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["collectives"] == 6
@@ -130,6 +132,12 @@ def test_workloads_that_do_not_fit_the_cluster_are_warned_about_once(tmp_path, c
     assert main(["simulate", "fsdp:phi2:gpus=8", "--cluster", "low-bw", "--config", str(tmp_path / "lagom.yaml")]) == 0
     err = capsys.readouterr().err
     assert err.count("warning:") == 1 and "none of its 1 collective entries matches" in err
+    # a file that keeps NCCL's defaults (no entries) is said to, not "none of its 0 entries matches"
+    TunedConfig(cluster="low-bw").dump(tmp_path / "defaults.yaml")
+    assert main(["simulate", "fsdp:phi2:gpus=8", "--cluster", "low-bw", "--config",
+                 str(tmp_path / "defaults.yaml")]) == 0
+    err = capsys.readouterr().err
+    assert "has no collective entries: it keeps NCCL's defaults" in err and "none of its" not in err, err
     # an entry that matches: no warning
     assert main(["simulate", "fsdp:phi2:gpus=16", "--cluster", "low-bw", "--config", str(tmp_path / "lagom.yaml")]) == 0
     assert "warning:" not in capsys.readouterr().err

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import shared_traces_dir
+from conftest import trace_dir
 from kineto_builder import TraceBuilder
 
 from costmodel.cluster import load_cluster
@@ -30,9 +30,11 @@ from traces.workload_io import load_workload, save_workload
 from tuner.result import TuningResult
 from tuner.space import build_space
 
-TRACES = shared_traces_dir()
-needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason=f"shared traces not found at {TRACES}")
+TRACES = trace_dir()
+needs_traces = pytest.mark.skipif(not (TRACES / "w128_sendrecv_rank0.json.gz").is_file(),
+                                  reason="a trace of tests/data or traces/examples is missing")
 W16 = TRACES / "a100_w16_sendrecv_3streams_rank0.json.gz"
+needs_w16 = pytest.mark.skipif(not W16.is_file(), reason=f"{W16.name} is only in ../shared/traces, absent here")
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -93,7 +95,7 @@ def test_ranks_with_their_own_base_time_share_one_clock(tmp_path):
 SENDRECV = "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)"
 
 
-@needs_traces
+@needs_w16
 def test_kernels_launched_outside_any_sized_call_have_no_size():
     """a100_w16: five SendRecv kernels ran with no comm call around their launch (their launch
     precedes the trace), so nothing records their size."""
@@ -125,7 +127,7 @@ def test_unknown_size_is_unknown_in_analyze(tmp_path, capsys):
     assert "unknown" in line and " 0 B" not in line
 
 
-@needs_traces
+@needs_w16
 def test_tune_warns_once_about_unsized_collectives(tmp_path, capsys):
     code, _, err = run_cli(capsys, "tune", str(W16), "--evaluator", "sim", "--budget", "2", "--no-autoccl",
                            "-o", str(tmp_path / "x.yaml"), "--json")
@@ -134,7 +136,7 @@ def test_tune_warns_once_about_unsized_collectives(tmp_path, capsys):
     assert "5 collectives have no recorded message size (sendrecv x5): left out of tuning" in err
 
 
-@needs_traces
+@needs_w16
 def test_varying_sizes_get_power_of_two_ranges_and_unknown_sizes_no_entry():
     """a100_w16's all-to-alls: one size changes every step (2,621,684 .. 2,809,424 B), the
     rest repeat; the five unsized SendRecv kernels are in no signature and no entry."""
@@ -233,7 +235,8 @@ def test_other_communication_kernels_are_recognised(name, collective):
 
 @pytest.mark.parametrize("name", [
     ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float>, "
-     "unsigned int, float, 4> >(at::native::ReduceOp<float, at::native::MeanOps<float, float>, unsigned int, float, 4>)"),
+     "unsigned int, float, 4> >(at::native::ReduceOp<float, at::native::MeanOps<float, float>, unsigned int, "
+     "float, 4>)"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
      "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)"),
     "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>(cutlass_80_tensorop_s1688gemm::Params)",
@@ -313,7 +316,7 @@ def test_one_rank_job_has_nothing_to_tune(tmp_path, capsys):
     assert code == 0 and "the job has one rank" in err and "distributedInfo" not in err
 
 
-@needs_traces
+@needs_w16
 def test_workload_files_keep_unknown_sizes_and_other_kernels(tmp_path):
     (w16,) = read_trace(W16)
     (b200,) = read_trace(_symmetric_memory_trace(tmp_path / "b200.json"))

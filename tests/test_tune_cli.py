@@ -25,7 +25,8 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 def test_tune_writes_a_file_that_reproduces_its_prediction(tmp_path, capsys):
     spec = "fsdp:phi2:gpus=8"
     out_file = tmp_path / "lagom.yaml"
-    code, out, err = run_cli(capsys, "tune", spec, "--cluster", "high-bw", "--evaluator", "sim", "-o", str(out_file), "--json")
+    code, out, err = run_cli(capsys, "tune", spec, "--cluster", "high-bw", "--evaluator", "sim", "-o", str(out_file),
+                             "--json")
     assert code == 0, err
     summary = json.loads(out)
     for key in ("baseline_us", "tuned_us", "autoccl_us", "speedup_vs_nccl", "speedup_vs_autoccl", "evaluations"):
@@ -55,9 +56,11 @@ def test_tune_table_names_every_signature(tmp_path, capsys):
 
 
 def test_bad_input_is_one_line(tmp_path, capsys):
-    code, _, err = run_cli(capsys, "tune", "fsdp:phi2:gpus=8", "--cluster", "no-such-cluster", "-o", str(tmp_path / "x.yaml"))
+    code, _, err = run_cli(capsys, "tune", "fsdp:phi2:gpus=8", "--cluster", "no-such-cluster", "-o",
+                           str(tmp_path / "x.yaml"))
     assert code == 2 and err.startswith("lagom tune: error:") and err.count("\n") == 1
-    code, _, err = run_cli(capsys, "tune", str(tmp_path / "missing.json"), "--cluster", "low-bw", "-o", str(tmp_path / "x.yaml"))
+    code, _, err = run_cli(capsys, "tune", str(tmp_path / "missing.json"), "--cluster", "low-bw", "-o",
+                           str(tmp_path / "x.yaml"))
     assert code == 2 and err.count("\n") == 1
 
 
@@ -65,7 +68,8 @@ def test_every_method_runs_from_the_cli(tmp_path, capsys):
     results = {}
     for method in ("nccl", "lagom", "autoccl", "optuna"):
         code, out, err = run_cli(capsys, "tune", "ep:olmoe:ep=8", "--cluster", "low-bw", "--evaluator", "sim",
-                                 "--method", method, "--budget", "40", "--no-autoccl", "-o", str(tmp_path / f"{method}.yaml"), "--json")
+                                 "--method", method, "--budget", "40", "--no-autoccl", "-o",
+                                 str(tmp_path / f"{method}.yaml"), "--json")
         assert code == 0, err
         results[method] = json.loads(out)
     assert results["nccl"]["tuned_us"] == pytest.approx(results["nccl"]["baseline_us"])
@@ -78,7 +82,8 @@ def test_every_method_runs_from_the_cli(tmp_path, capsys):
 
 def test_default_evaluator_is_the_calibrated_model_and_its_plan_holds_on_the_simulator(tmp_path, capsys):
     spec = "tp:phi2:tp=8,dp=1"
-    code, out, err = run_cli(capsys, "tune", spec, "--cluster", "low-bw", "--no-autoccl", "-o", str(tmp_path / "a.yaml"), "--json")
+    code, out, err = run_cli(capsys, "tune", spec, "--cluster", "low-bw", "--no-autoccl", "-o",
+                             str(tmp_path / "a.yaml"), "--json")
     assert code == 0, err
     summary = json.loads(out)
     assert summary["evaluator"] == "analytic"

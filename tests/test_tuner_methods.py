@@ -10,11 +10,11 @@ import math
 
 import numpy as np
 import pytest
+from tuner_toy import ToyEvaluator, layered_workload
 
 from costmodel.cluster import load_cluster
 from nccl_env.errors import LagomError
 from nccl_env.plan import Plan
-from tests.tuner_toy import ToyEvaluator, layered_workload
 from tuner import METHODS, AutoCCL, Exhaustive, LagomSearch, NcclDefault, OptunaTPE, Scope, SearchMethod, build_space
 from tuner.space import knob_scopes
 

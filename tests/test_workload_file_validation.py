@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import shared_traces_dir
+from conftest import all_test_traces
 
 from lagom.cli import main
 from nccl_env import LagomError
@@ -25,8 +25,10 @@ def _first_dep(x):
 MUTATIONS = {
     "string duration": (lambda x: x["compute_ops"][0].__setitem__("duration_us", "x"), "duration_us must be finite"),
     "negative duration": (lambda x: x["compute_ops"][0].__setitem__("duration_us", -5), "duration >= 0"),
-    "negative size": (lambda x: x["collectives"][0].__setitem__("message_bytes", -5), "message_bytes must be an integer >= 0"),
-    "unknown group": (lambda x: x["collectives"][0].__setitem__("group", "nope"), "process group 'nope' is not in 'groups'"),
+    "negative size": (lambda x: x["collectives"][0].__setitem__("message_bytes", -5),
+                      "message_bytes must be an integer >= 0"),
+    "unknown group": (lambda x: x["collectives"][0].__setitem__("group", "nope"),
+                      "process group 'nope' is not in 'groups'"),
     "unknown stream": (lambda x: x["compute_ops"][0].__setitem__("stream", 999), "stream 999 is not in 'streams'"),
     "duplicate id": (lambda x: x["compute_ops"][1].__setitem__("op_id", x["compute_ops"][0]["op_id"]), "is used twice"),
     "dangling dependency": (lambda x: x["dependencies"].append([99999, 1, "data"]), "names an op that is not"),
@@ -62,6 +64,6 @@ def test_every_generated_and_read_workload_is_consistent():
     """The checks refuse nothing Lagom itself produces."""
     for spec in PAPER_WORKLOADS:
         assert workload_problem(generate_workload(spec)) is None, spec
-    for path in sorted(shared_traces_dir().glob("*.json.gz")):
+    for path in all_test_traces():
         for w in read_trace(path):
             assert workload_problem(w) is None, path.name

@@ -17,7 +17,7 @@ from costmodel.evaluator import OpTiming, Timing
 from nccl_env.knobs import CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Plan
 from traces.intervals import intersection, union
-from traces.workload import CollectiveOp, ComputeOp, Dependency, ProcessGroup, Stream, StreamKind, Workload
+from traces.workload import CollectiveOp, ComputeOp, Dependency, Op, ProcessGroup, Stream, StreamKind, Workload
 
 _PROTO_EFF = {Protocol.LL: 0.5, Protocol.LL128: 0.92, Protocol.SIMPLE: 1.0}
 _PROTO_STEP_US = {Protocol.LL: 0.8, Protocol.LL128: 1.5, Protocol.SIMPLE: 3.0}
@@ -41,6 +41,7 @@ class ToyEvaluator:
         bw = min(link, nc * per_channel) * _PROTO_EFF[proto]
         n = max(2, sig.ranks)
         factor = 2 * (n - 1) / n if sig.collective is CollectiveType.ALLREDUCE else (n - 1) / n
+        assert op.message_bytes is not None  # the toy workloads give every collective its size
         traffic = op.message_bytes * factor
         steps = math.ceil(traffic / (chunk * nc))
         return 5.0 + traffic / bw + steps * _PROTO_STEP_US[proto] + chunk / per_channel
@@ -54,19 +55,21 @@ class ToyEvaluator:
 
     def evaluate(self, workload: Workload, plan: Plan) -> Timing:
         self.evaluations += 1
-        configs = {c.op_id: plan.config_for(workload.signature(c, self.cluster.gpus_per_node)) for c in workload.collectives}
+        configs = {c.op_id: plan.config_for(workload.signature(c, self.cluster.gpus_per_node))
+                   for c in workload.collectives}
         coll_dur = {c.op_id: self.collective_us(workload, c, configs[c.op_id]) for c in workload.collectives}
         deps: dict[int, list[int]] = {}
         for d in workload.dependencies:
             deps.setdefault(d.after, []).append(d.before)
-        ops = sorted([*workload.compute_ops, *workload.collectives], key=lambda o: (o.start_us, o.op_id))
+        ops: list[Op] = sorted([*workload.compute_ops, *workload.collectives], key=lambda o: (o.start_us, o.op_id))
         coll_spans: list[tuple[float, float, int]] = []
         timing: dict[int, OpTiming] = {}
         for _ in range(3):  # fixed point: compute slowdown depends on where collectives landed
             free: dict[int, float] = {}
             timing = {}
             for op in ops:
-                start = max([free.get(op.stream, 0.0)] + [timing[b].end_us for b in deps.get(op.op_id, []) if b in timing])
+                start = max([free.get(op.stream, 0.0)]
+                            + [timing[b].end_us for b in deps.get(op.op_id, []) if b in timing])
                 if isinstance(op, CollectiveOp):
                     dur = coll_dur[op.op_id]
                 else:
@@ -101,16 +104,20 @@ def layered_workload(layers: int, sizes: list[int], gemm_us: float = 400.0, tail
     prefetched during this GEMM (compute-bound windows); message sizes cycle through
     ``sizes`` (one signature each); a final, exposed AllReduce of ``tail_bytes``
     (a communication-bound window)."""
-    compute, colls, deps = [], [], []
+    compute: list[ComputeOp] = []
+    colls: list[CollectiveOp] = []
+    deps: list[Dependency] = []
     op_id = 0
-    prev_gemm = None
+    prev_gemm: ComputeOp | None = None
     for layer in range(layers):
         ag_start = 0.0 if layer == 0 else 100.0 + (layer - 1) * gemm_us  # prefetched during the previous GEMM
         op_id += 1
-        ag = CollectiveOp(op_id, "ncclAllGather", CollectiveType.ALLGATHER, sizes[layer % len(sizes)], 2, ag_start, 100.0, "0")
+        ag = CollectiveOp(op_id, "ncclAllGather", CollectiveType.ALLGATHER, sizes[layer % len(sizes)], 2, ag_start,
+                          100.0, "0")
         colls.append(ag)
         op_id += 1
-        gemm = ComputeOp(op_id, "gemm", 1, 100.0 + layer * gemm_us, gemm_us, grid=(512, 1, 1), block=(256, 1, 1), blocks_per_sm=2)
+        gemm = ComputeOp(op_id, "gemm", 1, 100.0 + layer * gemm_us, gemm_us, grid=(512, 1, 1), block=(256, 1, 1),
+                         blocks_per_sm=2)
         compute.append(gemm)
         deps.append(Dependency(ag.op_id, gemm.op_id))
         prev_gemm = gemm
@@ -118,6 +125,7 @@ def layered_workload(layers: int, sizes: list[int], gemm_us: float = 400.0, tail
     op_id += 1
     tail = CollectiveOp(op_id, "ncclAllReduce", CollectiveType.ALLREDUCE, tail_bytes, 2, t + 200.0, 100.0, "0")
     colls.append(tail)
+    assert prev_gemm is not None  # layers >= 1
     deps.append(Dependency(prev_gemm.op_id, tail.op_id))
     return Workload(
         rank=0,

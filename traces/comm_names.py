@@ -35,7 +35,8 @@ from nccl_env.knobs import CollectiveType
 _NCCL_KERNEL_RE = re.compile(r"^(?:void\s+)?nccl\w*?Kernel")
 # The collective token right after the kernel prefix, per naming generation.
 _NEW_NAME_RE = re.compile(r"^(?:void\s+)?nccl(?:Dev)?Kernel_([A-Za-z]+)")
-_OLD_NAME_RE = re.compile(r"^(?:void\s+)?nccl([A-Z][A-Za-z]*?)(?:Ring|Tree|CollNet|Nvls|Pat)?(?:LL128|LL|Simple)?Kernel")
+_OLD_NAME_RE = re.compile(
+    r"^(?:void\s+)?nccl([A-Z][A-Za-z]*?)(?:Ring|Tree|CollNet|Nvls|Pat)?(?:LL128|LL|Simple)?Kernel")
 
 # PyTorch comm calls on the CPU side: record_param_comms, "nccl:all_reduce",
 # "gloo:all_reduce", "c10d::allreduce_" ...

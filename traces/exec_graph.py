@@ -115,7 +115,8 @@ class ExecGraph:
             "median_gap_us": self.median_gap_us,
             "gaps": [[op, g] for op, g in self.gaps.items()],
             "launches": [[op, la.thread, la.call_us, la.latency_us] for op, la in self.launches.items()],
-            "syncs": [[s.thread, s.start_us, s.end_us, list(s.awaited), s.kind, s.own_us, s.return_us] for s in self.syncs],
+            "syncs": [[s.thread, s.start_us, s.end_us, list(s.awaited), s.kind, s.own_us, s.return_us]
+                      for s in self.syncs],
             "stream_waits": [[w.producer, w.consumer, w.source] for w in self.stream_waits],
             "steps": [[s.name, s.thread, s.start_us, s.end_us] for s in self.steps],
             "comm_wait_us": [[op, w] for op, w in self.comm_wait_us.items()],
@@ -142,7 +143,8 @@ class ExecGraph:
             comm_wait_us={int(op): float(w) for op, w in data.get("comm_wait_us", [])},
             wait_basis=str(data.get("wait_basis", WAIT_BASIS_FASTEST)),
             recorded={
-                int(op): RecordedSettings(ch, th, Algorithm[a.upper()] if a else None, Protocol[p.upper()] if p else None)
+                int(op): RecordedSettings(ch, th, Algorithm[a.upper()] if a else None,
+                                          Protocol[p.upper()] if p else None)
                 for op, ch, th, a, p in data["recorded"]
             },
         )

@@ -156,7 +156,8 @@ def _launch_latencies(graph: ExecGraph, ops: dict[int, Op], calls: dict, produce
         graph.launches[op_id] = Launch(thread, call_us, latency)
 
 
-def _heuristic_waits(ops: dict[int, Op], calls: dict, host_calls: list[HostCall], thread_of, origin: float) -> list[StreamWait]:
+def _heuristic_waits(ops: dict[int, Op], calls: dict, host_calls: list[HostCall], thread_of,
+                     origin: float) -> list[StreamWait]:
     """Record/wait pairs, and waits with no recorded event, on each CPU thread (see the module docstring)."""
     timeline: dict[int, list[tuple[float, int, object]]] = {}  # thread -> (time, order, item)
     for op_id, (start, _end, thread) in calls.items():
@@ -189,7 +190,8 @@ def _heuristic_waits(ops: dict[int, Op], calls: dict, host_calls: list[HostCall]
                     add(waiting_on, op_id, "record/wait")
                     waiting_on = None
                 stream = launched[ops[op_id].stream]
-                by_consumer: dict[int, list[float]] = {}  # the waiting stream is this op's: its first op after each wait
+                # the waiting stream is this op's: its first op after each wait
+                by_consumer: dict[int, list[float]] = {}
                 for wait_us in unrecorded:
                     by_consumer.setdefault(stream[bisect_left(stream, (wait_us, -1))][1], []).append(wait_us)
                 for consumer_id, wait_list in by_consumer.items():
@@ -255,7 +257,8 @@ def _host_syncs(ops: dict[int, Op], calls: dict, host_calls: list[HostCall], syn
                 made: list[tuple[Op, GpuOp]], thread_of, origin: float) -> list[HostSync]:
     launched = sorted((c[0], op_id) for op_id, c in calls.items())  # by launch call start
     launch_times = [t for t, _ in launched]
-    sync_stream = {e.correlation: e.stream for e in sync_events if e.correlation is not None and e.kind != "Stream Wait Event"}
+    sync_stream = {e.correlation: e.stream for e in sync_events if e.correlation is not None
+                   and e.kind != "Stream Wait Event"}
     raw: list[tuple[int, float, float, tuple[int, ...], str]] = []
     for call in host_calls:
         name = call.name

@@ -136,7 +136,8 @@ MODELS: dict[str, ModelShape] = {
     "llama3-8b": ModelShape("llama3-8b", 4096, 32, 32, 14336, 128256, kv_heads=8, mlp="swiglu"),
     # mosaicml/mpt-7b: hidden 4096, 32 layers, 32 heads, FFN 16384 (GELU), vocab 50432, tied embeddings
     "mpt-7b": ModelShape("mpt-7b", 4096, 32, 32, 16384, 50432, mlp="gelu", tied_embeddings=True),
-    # deepseek-ai/deepseek-moe-16b-base: hidden 2048, 28 layers, 16 heads, 64 routed (top-6) + 2 shared experts of FFN 1408
+    # deepseek-ai/deepseek-moe-16b-base: hidden 2048, 28 layers, 16 heads,
+    # 64 routed (top-6) + 2 shared experts of FFN 1408
     "deepseek-moe-16b": ModelShape("deepseek-moe-16b", 2048, 28, 16, 1408, 102400, mlp="swiglu",
                                    experts=64, topk=6, shared_experts=2),
     # allenai/OLMoE-1B-7B: hidden 2048, 16 layers, 16 heads, 64 experts (top-8) of FFN 1024, vocab 50304
@@ -196,7 +197,8 @@ class WorkloadSpec:
 def _accepted() -> str:
     names = ", ".join([*MODELS, *ALIASES])
     return ("expected KIND:MODEL[:PARAMS] with KIND fsdp|tp|ep, MODEL one of " + names
-            + " or hidden=..,layers=..,ffn=..,heads=..,vocab=.., PARAMS e.g. gpus=16 | tp=8,dp=2 | ep=8 (+ mb, seq, steps)")
+            + " or hidden=..,layers=..,ffn=..,heads=..,vocab=.., PARAMS e.g. gpus=16 | tp=8,dp=2 | ep=8 (+ mb, seq, "
+              "steps)")
 
 
 def _kv_pairs(text: str, spec: str, allowed: set[str]) -> dict[str, int]:
@@ -205,7 +207,8 @@ def _kv_pairs(text: str, spec: str, allowed: set[str]) -> dict[str, int]:
         key, sep, value = item.partition("=")
         key = key.strip().lower()
         if not sep or key not in allowed:
-            raise LagomError(f"workload spec {spec!r}: unknown parameter {item!r} (accepted: {', '.join(sorted(allowed))})")
+            raise LagomError(f"workload spec {spec!r}: unknown parameter {item!r} (accepted: "
+                             f"{', '.join(sorted(allowed))})")
         if key in out:
             raise LagomError(f"workload spec {spec!r}: {key} is given twice")
         try:
@@ -265,11 +268,13 @@ def parse_spec(spec: str) -> WorkloadSpec:
                            gpus_per_node=per_node)
     else:
         if not model.is_moe:
-            raise LagomError(f"workload spec {spec!r}: ep needs a mixture-of-experts model (deepseek-moe-16b, olmoe-1b-7b, or experts=..)")
+            raise LagomError(f"workload spec {spec!r}: ep needs a mixture-of-experts model (deepseek-moe-16b, "
+                             "olmoe-1b-7b, or experts=..)")
         ep = params.get("ep", 8)
         gpus = params.get("gpus", ep)
         if model.experts % ep or gpus % ep:
-            raise LagomError(f"workload spec {spec!r}: ep={ep} must divide the experts ({model.experts}) and gpus ({gpus})")
+            raise LagomError(f"workload spec {spec!r}: ep={ep} must divide the experts ({model.experts}) and gpus "
+                             f"({gpus})")
         out = WorkloadSpec(kind, model, gpus, ep=ep, dp=gpus, micro_batch=mb, seq=seq, steps=params.get("steps", 1),
                            gpus_per_node=per_node)
     return replace(out, text=text)
@@ -363,8 +368,8 @@ class _Builder:
         flops = float(elements * flops_per_element)
         duration = dram / REF_BYTES_PER_US + KERNEL_GAP_US
         op_id, start = self._place(COMPUTE_STREAM, duration, after)
-        self.compute.append(ComputeOp(op_id, f"vectorized_elementwise_kernel [{label}]", COMPUTE_STREAM, start, duration,
-                                      grid=(max(1, math.ceil(elements / (256 * 8))), 1, 1), block=(256, 1, 1),
+        self.compute.append(ComputeOp(op_id, f"vectorized_elementwise_kernel [{label}]", COMPUTE_STREAM, start,
+                                      duration, grid=(max(1, math.ceil(elements / (256 * 8))), 1, 1), block=(256, 1, 1),
                                       blocks_per_sm=6.0, flops=flops, dram_bytes=dram))
         return op_id
 
@@ -490,8 +495,9 @@ def _fsdp(spec: WorkloadSpec) -> Workload:
         head.append(b.gemm(f"{s} lm-head dgrad", t, m.hidden, m.vocab, _last(head)))
         head.append(b.gemm(f"{s} lm-head wgrad", m.vocab, m.hidden, t, _last(head)))
         # backward: re-gather each layer (BACKWARD_PRE prefetch), ReduceScatter after its gradients
-        agb: dict[int, int] = {m.layers - 1: b.collective(f"{s} L{m.layers - 1} allgather bwd", CollectiveType.ALLGATHER,
-                                                          "0", layer_bytes, (ends[-1],))}
+        agb: dict[int, int] = {
+            m.layers - 1: b.collective(f"{s} L{m.layers - 1} allgather bwd", CollectiveType.ALLGATHER,
+                                       "0", layer_bytes, (ends[-1],))}
         bwd_end: dict[int, int] = {}
         prev = _last(head)
         for li in reversed(range(m.layers)):
@@ -608,7 +614,8 @@ def _ep(spec: WorkloadSpec) -> Workload:
         def fwd_attn(li, h, after, s=s, emb=emb):
             L = layers[h]
             ids = L.attention_fwd(f"{s} L{li} h{h}", after or (emb,))
-            ids.append(b.elementwise(f"{s} L{li} h{h} residual+norm2 fwd", L.tokens * m.hidden, 3 * BF16_BYTES, _last(ids)))
+            ids.append(b.elementwise(f"{s} L{li} h{h} residual+norm2 fwd", L.tokens * m.hidden, 3 * BF16_BYTES,
+                                     _last(ids)))
             ids.append(b.gemm(f"{s} L{li} h{h} router fwd", L.tokens, m.experts, m.hidden, _last(ids)))
             ids.append(b.elementwise(f"{s} L{li} h{h} topk+permute fwd", L.tokens * m.topk * m.hidden,
                                      2 * BF16_BYTES, _last(ids)))

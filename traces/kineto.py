@@ -326,7 +326,8 @@ class _WorkloadBuilder:
         _assign_ids(compute, colls)
         deps = self._dependencies(op_corr)
         steps = sorted((a - o, b - o) for a, b in set(p.steps))
-        graph = build_exec_graph(made, p.launch_calls, p.host_calls, p.sync_events, p.step_marks, deps, o) if made else None
+        graph = (build_exec_graph(made, p.launch_calls, p.host_calls, p.sync_events, p.step_marks, deps, o)
+                 if made else None)
         return Workload(
             rank=p.rank if p.rank is not None else 0,
             world_size=self.world_size,

@@ -43,7 +43,8 @@ class CommInfo:
             self.dtype = dtype
         if self.message_bytes is None:
             size = dtype_bytes(dtype)
-            counts = [n for n in (to_int(args.get("In msg nelems")), to_int(args.get("Out msg nelems"))) if n is not None]
+            counts = [n for n in (to_int(args.get("In msg nelems")), to_int(args.get("Out msg nelems")))
+                      if n is not None]
             if size is not None and counts:
                 self.message_bytes = max(counts) * size
         if self.group is None and isinstance(args.get("Process Group Name"), (str, int)):

@@ -63,7 +63,9 @@ class AutoCCL(SearchMethod):
             final = yield from obj.ask(point)
         except BudgetExhausted:
             final = min(measured, key=lambda m: m.iteration_us)
-        return TuningResult(self.name, space.plan(final.point), final.timing, obj.evaluations, point=final.point, steps=steps)
+        return TuningResult(
+            self.name, space.plan(final.point), final.timing, obj.evaluations, point=final.point, steps=steps
+        )
 
     @staticmethod
     def _combine(space: SearchSpace, obj: Objective, measured: list[Measured]) -> Point:

@@ -107,8 +107,14 @@ class LagomSearch(SearchMethod):
             # A budget of one (with the guard) pays for NCCL's default only: return it.
             if baseline is None:
                 raise LagomError("lagom search: the budget allowed no evaluation") from None
-            return TuningResult(self.name, Plan(), baseline, obj.evaluations, baseline=baseline,
-                                notes=[*space.notes, f"budget {obj.budget}: only NCCL's default was evaluated; kept it"])
+            return TuningResult(
+                self.name,
+                Plan(),
+                baseline,
+                obj.evaluations,
+                baseline=baseline,
+                notes=[*space.notes, f"budget {obj.budget}: only NCCL's default was evaluated; kept it"],
+            )
         walk = _Walk(current, [_UnitState(u, stride=self.initial_stride) for u in space.resource_units])
         try:
             if self.climb:
@@ -147,11 +153,31 @@ class LagomSearch(SearchMethod):
             helping = [p for p in probes if p[1]]
             for z, helped, move, candidate, x_new in probes:
                 if not helped:
-                    walk.steps.append(Step(state.unit.key, _describe(move, current, space), x_new, candidate.compute_us, z, None, "rejected"))
+                    walk.steps.append(
+                        Step(
+                            state.unit.key,
+                            _describe(move, current, space),
+                            x_new,
+                            candidate.compute_us,
+                            z,
+                            None,
+                            "rejected",
+                        )
+                    )
             if helping:
                 z, _, move, candidate, x_new = min(helping, key=lambda p: p[0])
                 state.priority = (candidate.compute_us - current.compute_us) / (x_old - x_new)
-                walk.steps.append(Step(state.unit.key, _describe(move, current, space), x_new, candidate.compute_us, z, state.priority, "accepted"))
+                walk.steps.append(
+                    Step(
+                        state.unit.key,
+                        _describe(move, current, space),
+                        x_new,
+                        candidate.compute_us,
+                        z,
+                        state.priority,
+                        "accepted",
+                    )
+                )
                 walk.current = candidate
                 if obj.unit_exposed_us(candidate, state.unit) < HIDDEN_FRACTION * max(x_new, 1e-9):
                     self._finish(state, "communication hidden", walk, obj)
@@ -238,9 +264,17 @@ class LagomSearch(SearchMethod):
                         sideways = all(d < 0 for d in move.values()) and candidate.iteration_us <= current.iteration_us
                         if better or sideways:
                             label = " + ".join(sorted({keys[u] for u, _ in levels}))
-                            walk.steps.append(Step(label, _describe(levels, current, space), candidate.comm_us_total(),
-                                                   candidate.compute_us, candidate.iteration_us, None,
-                                                   "accepted (polish)" if better else "accepted (polish, fewer resources)"))
+                            walk.steps.append(
+                                Step(
+                                    label,
+                                    _describe(levels, current, space),
+                                    candidate.comm_us_total(),
+                                    candidate.compute_us,
+                                    candidate.iteration_us,
+                                    None,
+                                    "accepted (polish)" if better else "accepted (polish, fewer resources)",
+                                )
+                            )
                             walk.current = candidate
                             improved = True
                             kept = self.repeat_kept_moves
@@ -257,8 +291,9 @@ class LagomSearch(SearchMethod):
                 better = candidate.iteration_us < current.iteration_us * (1 - self.tolerance)
                 label = f"{pair[0].nccl_name}/{pair[1].nccl_name}"
                 x = obj.unit_comm_us(candidate, unit)
-                walk.steps.append(Step(unit.key, f"subspace -> {label}", x, candidate.compute_us, candidate.iteration_us, None,
-                                       "accepted" if better else "rejected"))
+                verdict = "accepted" if better else "rejected"
+                walk.steps.append(Step(unit.key, f"subspace -> {label}", x, candidate.compute_us,
+                                       candidate.iteration_us, None, verdict))
                 if better:
                     walk.current = candidate
 

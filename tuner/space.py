@@ -409,7 +409,8 @@ def build_space(
     notes = []
     for axis in RESOURCE_AXES:
         if axes[axis].scope is not Scope.COLLECTIVE:
-            notes.append(f"{axis} is {axes[axis].scope.value}-wide on NCCL {version}: one value per {axes[axis].scope.value}")
+            notes.append(f"{axis} is {axes[axis].scope.value}-wide on NCCL {version}: one value per "
+                         f"{axes[axis].scope.value}")
     default_cfg = {s: (defaults(cluster, s) if defaults else CommConfig()) for s in signatures}
     return SearchSpace(
         nccl_version=version,

@@ -23,9 +23,9 @@ import sys
 from pathlib import Path
 
 import orjson
-from rich.console import Console
 
 from lagom.analyze_report import rank_report, render
+from lagom.console import stdout_console
 from nccl_env.errors import LagomError
 from traces.kineto import read_trace
 from traces.steps import trim_to_profiler_steps
@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="collectives, overlap and exposed communication in PyTorch profiler traces",
         description=__doc__,
     )
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="trace file (.json, .json.gz) or directory of per-rank traces")
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="trace file (.json, .json.gz) or directory of per-rank traces")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument("--plot", metavar="FILE.png", help="write a PNG timeline of one profiler step (first rank)")
     parser.add_argument(
@@ -49,6 +50,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+SAY_READING_BYTES = 20_000_000  # files this large take seconds to parse: the user hears why it waits
+
+
+def _input_bytes(path: Path) -> int:
+    """Bytes of a trace file, or of the trace files in a folder (0 when neither)."""
+    try:
+        if path.is_dir():
+            return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+        return path.stat().st_size if path.is_file() else 0
+    except OSError:
+        return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise LagomError(f"--top {args.top}: must be 0 or more")
@@ -57,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
     workloads = []
     seen: set[Path] = set()
     for path in args.paths:
+        size_bytes = _input_bytes(Path(path))
+        if size_bytes >= SAY_READING_BYTES:  # seconds of reading: say so, on a terminal or not
+            print(f"reading {path} ({size_bytes / 1e6:,.0f} MB)", file=sys.stderr, flush=True)
         for workload in read_trace(path):
             source = Path(workload.source).resolve()
             if source in seen:
@@ -78,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     else:
         # piped or redirected: rich would assume 80 columns and cut the headers ("exposed…")
-        console = Console() if sys.stdout.isatty() else Console(width=120)
+        console = stdout_console()
         render(reports, console)
         if args.plot:
             console.print(f"timeline written to {args.plot}")

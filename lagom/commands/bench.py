@@ -11,8 +11,10 @@ alone at its best); Lagom's evaluations. Then per cluster the geometric means, t
 headroom (NCCL's time over the lower bound: the most any plan could gain) and the
 fit of evaluations against the number of signatures.
 
-``--quick`` runs one FSDP, one TP and one EP workload on 8 GPUs per cluster (under
-3 minutes); ``--check`` makes the command exit 1 when a target is missed (CI).
+--quick runs the smallest FSDP, TP and EP job per cluster (under 3 minutes). --check
+makes the command exit 1 when Lagom misses what it owes in a cell: never behind NCCL's
+default, within 0.5% of the optimum where exhaustive search runs, not behind Optuna at
+equal budget (each with 0.5% for noise), and with --quick the regression floors.
 """
 
 from __future__ import annotations
@@ -22,25 +24,25 @@ import json
 import sys
 from pathlib import Path
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from lagom import bench_matrix, tuning
 from nccl_env.errors import LagomError
 
-# Targets, checked by --check and by tests/test_bench_quick.py.
-MIN_SPEEDUP_VS_NCCL_ANY_CELL = 1.0  # Lagom never slower than NCCL's default
-MIN_GEOMEAN_VS_NCCL = 1.10
-MIN_GEOMEAN_VS_AUTOCCL = 1.05
-MAX_GAP_TO_EXHAUSTIVE = 0.02
-MIN_GEOMEAN_VS_OPTUNA = 1.0
+# What --check asserts per cell (and tests/test_bench_quick.py): what Lagom owes, each with
+# 0.5% for noise. The geomean targets once set here (x1.10 over NCCL, x1.05 over AutoCCL)
+# lie above the brute-force optimum of the search space on both clusters
+# (bench/optimum_ceiling.py, docs/tuner.md), so no search could meet them.
+MIN_SPEEDUP_VS_NCCL_ANY_CELL = 0.995  # never behind NCCL's default
+MAX_GAP_TO_EXHAUSTIVE = 0.005  # within 0.5% of the optimum wherever exhaustive search runs
+MIN_SPEEDUP_VS_OPTUNA_ANY_CELL = 0.995  # at least Optuna TPE given the same number of evaluations
 
 # Regression floors of the --quick subset in CI (tests/test_bench_quick.py): the geomeans
 # it measured when they were set (2026-11-30, after AllToAll was modelled on NCCL's p2p
 # path: low-bw x1.075 / x1.059, high-bw x1.121 / x1.067 over NCCL / AutoCCL) less about
-# 1%. They guard against regressions; they are not the geomean targets above, which the
-# full matrix misses on both clusters because they lie above the optimum of the search
-# space (bench/optimum_ceiling.py; README "Regression bench", docs/tuner.md).
+# 1%. They guard against regressions of the --quick set, and --check asserts them there.
 QUICK_FLOOR_GEOMEAN_VS_NCCL = {"low-bw": 1.065, "high-bw": 1.11}
 QUICK_FLOOR_GEOMEAN_VS_AUTOCCL = {"low-bw": 1.045, "high-bw": 1.055}
 
@@ -48,7 +50,8 @@ PLOT_SUFFIXES = (".png", ".pdf", ".svg")  # formats matplotlib's Agg backend wri
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("bench", help="regression matrix: tune with the model, judge on the simulator", description=__doc__)
+    parser = sub.add_parser("bench", help="regression matrix: tune with the model, judge on the simulator",
+                            description=__doc__)
     parser.add_argument("--quick", action="store_true", help="the CI subset (3 workloads x 2 clusters)")
     parser.add_argument("--evaluator", choices=tuning.EVALUATORS, default=None,
                         help="what the methods tune with (default: analytic)")
@@ -56,31 +59,38 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="limit to this cluster (repeatable)")
     parser.add_argument("--exhaustive-max-points", type=int, default=None,
                         help="run exhaustive search where the space has at most this many points (default "
-                             + ", ".join(f"{k} {v}" for k, v in bench_matrix.EXHAUSTIVE_MAX_POINTS.items()) + "; 0 = never)")
+                             + ", ".join(f"{k} {v}" for k, v in bench_matrix.EXHAUSTIVE_MAX_POINTS.items())
+                             + "; 0 = never)")
     parser.add_argument("--nccl-version", default=None,
-                        help="tune for this NCCL instead of the preset's (e.g. 2.30.1: every knob but threads per collective)")
+                        help="tune for this NCCL instead of the preset's (e.g. 2.30.1: every knob but threads per "
+                             "collective)")
     parser.add_argument("--json", action="store_true", help="print cells and summary as JSON")
     parser.add_argument("--plot", metavar="FILE.png", default=None, help="bar chart of speedups per cell")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     parser.set_defaults(func=run)
 
 
-def check_targets(summary: dict, results: list[bench_matrix.CellResult]) -> list[str]:
-    """The missed targets, one line each (empty when all hold)."""
+def check_targets(summary: dict, results: list[bench_matrix.CellResult], quick: bool = False) -> list[str]:
+    """What Lagom owes and did not deliver, one line each (empty when all hold); ``quick``
+    adds the regression floors of the --quick set."""
     missed = []
     for r in results:
+        where = f"{r.cluster} {r.workload}"
         if r.speedup_vs_nccl < MIN_SPEEDUP_VS_NCCL_ANY_CELL:
-            missed.append(f"{r.cluster} {r.workload}: slower than NCCL's default (x{r.speedup_vs_nccl:.3f})")
+            missed.append(f"{where}: behind NCCL's default "
+                          f"(x{r.speedup_vs_nccl:.3f} < x{MIN_SPEEDUP_VS_NCCL_ANY_CELL})")
         gap = r.gap_to_exhaustive
         if gap is not None and gap > MAX_GAP_TO_EXHAUSTIVE:
-            missed.append(f"{r.cluster} {r.workload}: {gap:.1%} above the exhaustive optimum")
-    for name, c in summary["clusters"].items():
-        if c["geomean_speedup_vs_nccl"] < MIN_GEOMEAN_VS_NCCL:
-            missed.append(f"{name}: geomean speedup over NCCL x{c['geomean_speedup_vs_nccl']:.3f} < {MIN_GEOMEAN_VS_NCCL}")
-        if c["geomean_speedup_vs_autoccl"] < MIN_GEOMEAN_VS_AUTOCCL:
-            missed.append(f"{name}: geomean speedup over AutoCCL x{c['geomean_speedup_vs_autoccl']:.3f} < {MIN_GEOMEAN_VS_AUTOCCL}")
-        if c["geomean_speedup_vs_optuna"] < MIN_GEOMEAN_VS_OPTUNA:
-            missed.append(f"{name}: not better than Optuna at equal budget (x{c['geomean_speedup_vs_optuna']:.3f})")
+            missed.append(f"{where}: {gap:.2%} above the exhaustive optimum (at most {MAX_GAP_TO_EXHAUSTIVE:.1%})")
+        if r.speedup_vs_optuna < MIN_SPEEDUP_VS_OPTUNA_ANY_CELL:
+            missed.append(f"{where}: behind Optuna at equal budget (x{r.speedup_vs_optuna:.3f})")
+    if quick:
+        for name, c in summary["clusters"].items():
+            for versus, floors in (("nccl", QUICK_FLOOR_GEOMEAN_VS_NCCL), ("autoccl", QUICK_FLOOR_GEOMEAN_VS_AUTOCCL)):
+                value = c[f"geomean_speedup_vs_{versus}"]
+                if name in floors and value < floors[name]:
+                    missed.append(f"{name}: geomean over {versus} x{value:.3f} under the regression floor "
+                                  f"x{floors[name]}")
     return missed
 
 
@@ -108,17 +118,20 @@ def run(args: argparse.Namespace) -> int:
     def on_cell(cell: bench_matrix.CellResult) -> None:
         done[0] += 1
         err.print(f"[{done[0]}/{total}] {cell.cluster} {cell.workload}: x{cell.speedup_vs_nccl:.3f} vs NCCL, "
-                  f"x{cell.speedup_vs_autoccl:.3f} vs AutoCCL, {cell.lagom_evaluations} evaluations", highlight=False)
+                  f"x{cell.speedup_vs_autoccl:.3f} vs AutoCCL, {cell.lagom_evaluations} evaluations", highlight=False,
+                  soft_wrap=True)
 
-    results = bench_matrix.run_matrix(specs, clusters, evaluator, args.exhaustive_max_points, args.nccl_version, on_cell=on_cell,
+    results = bench_matrix.run_matrix(specs, clusters, evaluator, args.exhaustive_max_points, args.nccl_version,
+                                      on_cell=on_cell,
                                       log=lambda m: err.print(m))
     summary = bench_matrix.summarize(results)
-    missed = check_targets(summary, results)
+    missed = check_targets(summary, results, quick=args.quick)
     summary["evaluator"] = evaluator
     summary["nccl_version"] = args.nccl_version or "preset"
     summary["missed_targets"] = missed
     if args.plot:
         _plot(results, args.plot)
+        err.print(f"plot written to {args.plot}", highlight=False, soft_wrap=True)
     if args.json:
         print(json.dumps({"cells": [r.to_dict() for r in results], "summary": summary}, indent=2))
     else:
@@ -127,29 +140,37 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(results: list[bench_matrix.CellResult], summary: dict, evaluator: str) -> None:
-    out = Console() if sys.stdout.isatty() else Console(width=170)
-    table = Table(title=f"lagom bench: tuned with {evaluator}, judged on the simulator (noise 0)")
-    for col in ("cluster", "workload", "sigs", "NCCL us", "Lagom us", "vs NCCL", "vs AutoCCL", "vs Optuna",
-                "vs exhaustive", "above bound", "evals"):
-        table.add_column(col, justify="left" if col in ("cluster", "workload") else "right")
-    for r in results:
-        gap = r.gap_to_exhaustive
-        table.add_row(r.cluster, r.workload, str(r.signatures), f"{r.nccl_us:,.0f}", f"{r.lagom_us:,.0f}",
-                      f"x{r.speedup_vs_nccl:.3f}", f"x{r.speedup_vs_autoccl:.3f}", f"x{r.speedup_vs_optuna:.3f}",
-                      "-" if gap is None else f"{gap:+.1%}", f"{r.gap_to_lower_bound:+.1%}", str(r.lagom_evaluations))
-    out.print(table)
+    out = Console() if sys.stdout.isatty() else Console(width=100)
+    for cluster in dict.fromkeys(r.cluster for r in results):
+        table = Table(title=f"{cluster}: tuned with {evaluator}, judged on the simulator (noise 0)",
+                      box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0), title_justify="left")
+        for col in ("workload", "NCCL ms", "Lagom ms", "/NCCL", "/AutoCCL", "/Optuna", "vs opt", "of room", "evals"):
+            table.add_column(col, justify="left" if col == "workload" else "right", no_wrap=True)
+        for r in (r for r in results if r.cluster == cluster):
+            gap, share = r.gap_to_exhaustive, r.optimum_headroom_captured
+            table.add_row(r.workload, f"{r.nccl_us / 1e3:,.1f}", f"{r.lagom_us / 1e3:,.1f}",
+                          f"x{r.speedup_vs_nccl:.3f}", f"x{r.speedup_vs_autoccl:.3f}", f"x{r.speedup_vs_optuna:.3f}",
+                          "-" if gap is None else f"{gap:+.1%}", "-" if share is None else f"{share:.0%}",
+                          str(r.lagom_evaluations))
+        out.print(table)
+    out.print("/X: Lagom's speedup over X; vs opt: above the exhaustive optimum; of room: the share of NCCL's gap "
+              "to that optimum Lagom closed (--json has signatures and the gap to the lower bound)", highlight=False)
     for name, c in summary["clusters"].items():
-        out.print(f"{name}: geomean x{c['geomean_speedup_vs_nccl']:.3f} vs NCCL, x{c['geomean_speedup_vs_autoccl']:.3f} "
-                  f"vs AutoCCL, x{c['geomean_speedup_vs_optuna']:.3f} vs Optuna; worst cell x{c['min_speedup_vs_nccl']:.3f}; "
-                  f"headroom (NCCL / lower bound) x{c['geomean_headroom_vs_nccl']:.3f}; "
-                  f"per strategy {c['speedup_vs_nccl_range_by_strategy']}", highlight=False)
+        ranges = ", ".join(f"{kind} x{lo:.3f}-x{hi:.3f}"
+                           for kind, (lo, hi) in c["speedup_vs_nccl_range_by_strategy"].items())
+        out.print(f"{name}: geomean x{c['geomean_speedup_vs_nccl']:.3f} vs NCCL, "
+                  f"x{c['geomean_speedup_vs_autoccl']:.3f} vs AutoCCL, "
+                  f"x{c['geomean_speedup_vs_optuna']:.3f} vs Optuna; "
+                  f"worst cell x{c['min_speedup_vs_nccl']:.3f}; "
+                  f"headroom (NCCL / lower bound) x{c['geomean_headroom_vs_nccl']:.3f}; per strategy {ranges}",
+                  highlight=False)
     s = summary["evaluations_slope"]
     if s["slope"] is not None:
         out.print(f"evaluations ~ {s['slope']:.2f} x signatures + {s['intercept']:.1f} ({s['points']} cells)")
     for line in summary["missed_targets"]:
         out.print(f"[red]missed:[/red] {line}")
     if not summary["missed_targets"]:
-        out.print("all targets met")
+        out.print("all checks hold")
 
 
 def _plot(results: list[bench_matrix.CellResult], path: str) -> None:

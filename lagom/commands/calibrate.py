@@ -63,9 +63,9 @@ def _backend(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from costmodel.calibrate import calibrate
+    from lagom.console import StageProgress
 
     out = _output_path("--out", args.out)
     if args.dump_measurements:
@@ -73,14 +73,8 @@ def run(args: argparse.Namespace) -> int:
     backend = _backend(args)
     leader = getattr(backend, "is_leader", True)
     err = Console(stderr=True)
-    with Progress(TextColumn("[bold]calibrate[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err, transient=True, disable=not leader) as bar:
-        task = bar.add_task(backend.name, total=args.budget)
-
-        def progress(done: int, total: int, label: str) -> None:
-            bar.update(task, completed=done, total=total, description=f"{backend.name}: {label}")
-
-        result = calibrate(backend, budget=args.budget, progress=progress, seed=args.seed)
+    with StageProgress(err, f"calibrate {backend.name}", total=args.budget, enabled=leader) as bar:
+        result = calibrate(backend, budget=args.budget, progress=bar.update, seed=args.seed)
     close = getattr(backend, "close", None)
     if close is not None:
         close()
@@ -89,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result.cluster.dump(out)
         if args.dump_measurements:
-            Path(args.dump_measurements).write_text(json.dumps([_measurement_dict(m) for m in result.measurements], indent=1))
+            Path(args.dump_measurements).write_text(json.dumps([_measurement_dict(m) for m in result.measurements],
+                                                               indent=1))
     except OSError as exc:
         raise LagomError(f"cannot write {exc.filename or out}: {exc.strerror or exc}") from None
     report = result.report

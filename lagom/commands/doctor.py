@@ -1,6 +1,7 @@
 """`lagom doctor`: what this machine's NCCL and compiler let Lagom do.
 
-Reports the NCCL library found (torch's, else the nvidia-nccl-cu12 wheel's, else the
+Checks that nccl_env, traces, costmodel and tuner are Lagom's own packages (naming
+a file that shadows one). Reports the NCCL library found (torch's, else the nvidia-nccl-cu12 wheel's, else the
 system's; $LAGOM_LIBNCCL overrides) and its version from ncclGetVersion; which tuner
 plugin symbols that version loads and which knobs it takes per collective; whether
 each env variable Lagom may set is known to that library (its strings); the C
@@ -34,7 +35,8 @@ class Report:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("doctor", help="NCCL library, version, plugin ABI, env names, compiler, plugin build", description=__doc__)
+    parser = sub.add_parser("doctor", help="NCCL library, version, plugin ABI, env names, compiler, plugin build",
+                            description=__doc__)
     parser.add_argument("--json", action="store_true", help="machine-readable report on stdout")
     parser.add_argument("--cc", help="C compiler to check (default: $CC, else cc/gcc/clang)")
     parser.set_defaults(func=run)
@@ -48,6 +50,13 @@ def examine(cc: str | None = None) -> Report:
     from nccl_env.rules import TUNER_SYMBOL_SINCE, per_collective_knobs, tuner_symbols
 
     report = Report()
+    from lagom.package_check import PACKAGES, shadowed
+
+    problems = shadowed()
+    for line in problems:
+        report.problem("packages", line)
+    if not problems:
+        report.ok("packages", f"{', '.join(PACKAGES)} are Lagom's")
     found = candidates()
     report.data["libnccl_candidates"] = [{"path": str(c.path), "source": c.source} for c in found]
     version = None
@@ -126,8 +135,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.data, indent=2))
     else:
-        from rich.console import Console
         from rich.table import Table
+
+        from lagom.console import stdout_console
 
         table = Table(title="lagom doctor", show_lines=False)
         table.add_column("check")
@@ -135,6 +145,6 @@ def run(args: argparse.Namespace) -> int:
         for item, text in report.checks:
             style = "red" if text.startswith("PROBLEM") else None
             table.add_row(item, text, style=style)
-        Console(width=140).print(table)
+        stdout_console().print(table)
         print(f"{len(report.problems)} problem(s)" + (": " + "; ".join(report.problems) if report.problems else ""))
     return 1 if report.problems else 0

@@ -46,25 +46,40 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="run a job (torchrun or python) with a tuned config applied",
         description=__doc__,
     )
-    parser.add_argument("--config", metavar="FILE", help="tuned-config file (lagom.yaml) to apply; with --online: the seed")
+    parser.add_argument(
+        "--config", metavar="FILE", help="tuned-config file (lagom.yaml) to apply; with --online: the seed"
+    )
     parser.add_argument("--audit", metavar="FILE.json", help="write per-signature and per-rank collective counts here")
     parser.add_argument(
         "--workdir",
         metavar="DIR",
-        help="keep the run folder (plugin table, bootstrap, audit parts) here; default: a temporary folder, removed after",
+        help="keep the run folder (plugin table, bootstrap, audit parts) here; default: a temporary folder, removed "
+        "after",
     )
-    parser.add_argument("--no-plugin", action="store_true", help="do not build or load the tuner plugin (env and process-group doors only)")
+    parser.add_argument(
+        "--no-plugin",
+        action="store_true",
+        help="do not build or load the tuner plugin (env and process-group doors only)",
+    )
     online = parser.add_argument_group("online tuning")
     online.add_argument("--online", action="store_true", help="tune inside the running job (NCCL >= 2.21)")
     online.add_argument("--save", metavar="OUT.yaml", help="write the tuned plan here (a tuned-config file)")
-    online.add_argument("--budget-steps", type=int, default=None, metavar="N",
-                        help="at most N steps spent tuning (default 400)")
-    online.add_argument("--nccl-version", metavar="V", help="NCCL version (default: the seed file's, else the installed one)")
-    online.add_argument("--simulate", metavar="WORKLOAD", help="step times from the simulator for this workload (no GPU needed)")
+    online.add_argument(
+        "--budget-steps", type=int, default=None, metavar="N", help="at most N steps spent tuning (default 400)"
+    )
+    online.add_argument(
+        "--nccl-version", metavar="V", help="NCCL version (default: the seed file's, else the installed one)"
+    )
+    online.add_argument(
+        "--simulate", metavar="WORKLOAD", help="step times from the simulator for this workload (no GPU needed)"
+    )
     online.add_argument("--cluster", metavar="C", help="with --simulate: the cluster preset or file simulated")
-    online.add_argument("--noise", type=float, default=None, metavar="F",
-                        help="with --simulate: relative noise per op (e.g. 0.02; default 0)")
-    parser.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the job's command line, after '--'")
+    online.add_argument(
+        "--noise", type=float, default=None, metavar="F",
+        help="with --simulate: relative noise per op (e.g. 0.02; default 0)"
+    )
+    parser.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                        help="the job's command line, after '--'")
     parser.set_defaults(func=run)
 
 
@@ -75,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise LagomError("no command to run: put it after '--', e.g. lagom run --config lagom.yaml -- torchrun train.py")
+        raise LagomError("no command to run: put it after '--', "
+                         "e.g. lagom run --config lagom.yaml -- torchrun train.py")
     online_only = {"--save": args.save, "--budget-steps": args.budget_steps, "--nccl-version": args.nccl_version,
                    "--simulate": args.simulate, "--cluster": args.cluster, "--noise": args.noise}
     if not args.online:
@@ -93,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("--cluster", "--noise"):
         if online_only[flag] is not None and args.simulate is None:
             raise LagomError(f"{flag} goes with --simulate WORKLOAD")
-    request = OnlineRequest(save=args.save, budget_steps=args.budget_steps if args.budget_steps is not None else DEFAULT_BUDGET_STEPS,
-                            nccl_version=args.nccl_version, simulate=args.simulate, cluster=args.cluster,
+    budget_steps = args.budget_steps if args.budget_steps is not None else DEFAULT_BUDGET_STEPS
+    request = OnlineRequest(save=args.save, budget_steps=budget_steps, nccl_version=args.nccl_version,
+                            simulate=args.simulate, cluster=args.cluster,
                             noise=args.noise if args.noise is not None else 0.0)
     return launch(args.config, command, audit_path=args.audit, workdir=args.workdir, online=request)

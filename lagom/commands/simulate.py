@@ -56,7 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--set", dest="set_config", metavar="KNOB=VALUE,...",
                         help="one CommConfig for every collective, e.g. channels=16,chunk=2MiB")
     parser.add_argument("--config", metavar="lagom.yaml", help="apply a tuned-config file")
-    parser.add_argument("--noise", type=float, default=0.01, help="multiplicative noise (std. dev., default 0.01; 0 = exact)")
+    parser.add_argument("--noise", type=float, default=0.01,
+                        help="multiplicative noise (std. dev., default 0.01; 0 = exact)")
     parser.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
     parser.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
     parser.set_defaults(func=run)
@@ -133,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
         from costmodel.replay import fidelity
 
         result["steps"] = [st.to_dict() for st in timing.steps]
-        fid = fidelity(timing if not plan.entries and plan.default == CommConfig() else evaluator.evaluate(workload, Plan()))
+        fid = fidelity(timing if not plan.entries and plan.default == CommConfig()
+                       else evaluator.evaluate(workload, Plan()))
         result["replay"] = fid.to_dict() if fid is not None else None
     if args.json:
         print(json.dumps(result))

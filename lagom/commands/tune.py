@@ -14,11 +14,12 @@ names a preset, or the ``sim`` simulator) for predicted iteration times;
 NCCL's default and AutoCCL are evaluated on the same evaluator for comparison.
 
 The table has one row per collective signature (collective[group] bytes x ranks /
-nodes): NCCL's settings and the tuned ones (algorithm/protocol, channels, threads,
-chunk), the signature's total collective time and the slowdown of the compute it
-overlaps (contended / uncontended), each as NCCL -> tuned, and the order in which
-Lagom's priority search finished the unit that holds the signature's channels, with
-its last priority H (compute time added per communication time saved).
+nodes): NCCL's settings and the tuned ones in one cell (algorithm/protocol, nc
+channels, nt threads, c chunk; nc2>3 means NCCL's 2, tuned 3), the signature's total
+collective time and the slowdown of the compute it overlaps (contended /
+uncontended), each as NCCL>tuned. --json adds, per signature, the order in which
+Lagom's priority search finished the unit that holds its channels, with its last
+priority H (compute time added per communication time saved).
 
 For a trace the evaluator replays the trace (docs/replay.md): the first line printed is
 the replay's fidelity under the trace's own settings ("the model reproduces N steps of
@@ -42,12 +43,14 @@ import sys
 import time
 from pathlib import Path
 
+from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.markup import escape
 from rich.table import Table
 
 from costmodel.replay import fidelity
 from lagom import tuning
+from lagom.console import StageProgress, stdout_console
 from lagom.replay_report import fidelity_line, fidelity_warning, steps_table
 from lagom.trace_context import refuse_to_tune, resolve_cluster
 from lagom.workload_arg import read_workload_arg
@@ -107,12 +110,10 @@ def run(args: argparse.Namespace) -> int:
                                           log=lambda m: err.print(m, highlight=False))
     evaluator = tuning.make_evaluator(evaluator_name, model_cluster)
     started = time.perf_counter()
-    with Progress(TextColumn("[bold]tuning"), BarColumn(), MofNCompleteColumn(), TextColumn("evaluations"),
-                  TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal) as bar:
-        task = bar.add_task("tune", total=args.budget)
+    with StageProgress(err, f"tuning ({args.method}, evaluations)", total=args.budget) as bar:
         outcome = tuning.tune(
             workload, cluster, evaluator, method=args.method, budget=args.budget,
-            with_autoccl=not args.no_autoccl, progress=lambda n: bar.update(task, completed=n),
+            with_autoccl=not args.no_autoccl, progress=bar.update,
         )
     elapsed_s = time.perf_counter() - started
     config = tuning.tuned_config(outcome, cluster, choice.cluster_arg, args.workload, min_gain=args.min_gain)
@@ -151,25 +152,29 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
-    out = Console(width=100)
+    out = stdout_console()
     if fid is not None:
         out.print(fidelity_line(fid), highlight=False)
         untrusted = fidelity_warning(fid)
         if untrusted:
             out.print(untrusted, highlight=False)
     name = Path(args.workload).name if Path(args.workload).exists() else args.workload
-    table = Table(title=f"lagom tune: {name} on {cluster.name} ({evaluator_name}, {args.method})")
-    for col in ("signature", "NCCL", "tuned", "comm us (NCCL->tuned)", "compute slowdown", "order", "H"):
-        table.add_column(col, justify="left" if col in ("signature", "NCCL", "tuned") else "right")
+    table = Table(title=f"lagom tune: {name} on {cluster.name} ({evaluator_name}, {args.method})",
+                  box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0), title_justify="left")
+    for col in ("signature", "setting: NCCL>tuned", "comm ms", "slowdown"):
+        table.add_column(col, justify="left" if col in ("signature", "setting: NCCL>tuned") else "right",
+                         no_wrap=col != "setting: NCCL>tuned")
     for r in rows:
+        s = r.signature
         table.add_row(
-            r.signature.label(), _short(r.old), _short(r.new),
-            f"{r.old_comm_us:,.0f} -> {r.new_comm_us:,.0f}",
-            f"{r.old_compute_slowdown:.3f} -> {r.new_compute_slowdown:.3f}",
-            "-" if r.order is None else str(r.order),
-            "-" if r.priority is None else f"{r.priority:.3g}",
+            escape(f"{s.collective.value}[{s.group}] {_bytes(s.message_bytes)} x{s.ranks}r/{s.nodes}n"),
+            _change(r.old, r.new),
+            f"{r.old_comm_us / 1e3:,.1f}>{r.new_comm_us / 1e3:,.1f}",
+            f"{r.old_compute_slowdown:.3f}>{r.new_compute_slowdown:.3f}",
         )
     out.print(table)
+    out.print("X>Y: NCCL's default > tuned; slowdown: of the compute beside the collective; --json adds the "
+              "search's order and priority per signature", highlight=False)
     if outcome.baseline.steps:
         out.print(steps_table(outcome.baseline.steps, outcome.result.timing.steps))
     per = "per profiler step" if outcome.baseline.steps else "iteration"
@@ -186,17 +191,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _short(cfg: CommConfig) -> str:
+def _parts(cfg: CommConfig) -> list[tuple[str, str]]:
+    """(prefix, value) per knob set: algorithm/protocol, nc channels, nt threads, c chunk."""
     parts = []
     if cfg.algorithm is not None:
-        parts.append(f"{cfg.algorithm.nccl_name}/{cfg.protocol.nccl_name if cfg.protocol is not None else '?'}")
+        parts.append(("", f"{cfg.algorithm.nccl_name}/{cfg.protocol.nccl_name if cfg.protocol is not None else '?'}"))
     if cfg.channels is not None:
-        parts.append(f"nc{cfg.channels}")
+        parts.append(("nc", str(cfg.channels)))
     if cfg.threads is not None:
-        parts.append(f"nt{cfg.threads}")
+        parts.append(("nt", str(cfg.threads)))
     if cfg.chunk_bytes is not None:
-        parts.append(f"c{_bytes(cfg.chunk_bytes)}")
-    return " ".join(parts) or "NCCL decides"
+        parts.append(("c", _bytes(cfg.chunk_bytes)))
+    return parts
+
+
+def _change(old: CommConfig, new: CommConfig) -> str:
+    """NCCL's setting and the tuned one in one cell: "ring/simple nc2>3 nt512>192 c2M>128K"."""
+    before, after = dict(_parts(old)), dict(_parts(new))
+    out = []
+    for prefix in dict.fromkeys([*before, *after]):
+        a, b = before.get(prefix, "NCCL"), after.get(prefix, "NCCL")
+        out.append(f"{prefix}{a}" if a == b else f"{prefix}{a}>{b}")
+    return " ".join(out) or "NCCL decides"
 
 
 def _bytes(n: int) -> str:
@@ -204,4 +220,4 @@ def _bytes(n: int) -> str:
         return f"{n >> 20}M"
     if n >= (1 << 20):
         return f"{n / (1 << 20):.2f}M"
-    return f"{n >> 10}K"
+    return f"{n >> 10}K" if n >= 1024 else f"{n}B"

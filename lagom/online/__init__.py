@@ -11,4 +11,5 @@ See docs/online.md.
 """
 
 DEFAULT_BUDGET_STEPS = 400  # steps from the seed's first to the A/B's last (a few hundred of a long job)
-DEFAULT_TIMEOUT_S = 120.0  # for a peer's measurement or a decision: longer than any step we expect, short enough to end a broken job
+# For a peer's measurement or a decision: longer than any step we expect, short enough to end a broken job.
+DEFAULT_TIMEOUT_S = 120.0

@@ -20,9 +20,10 @@ the search (:class:`tuner.LagomSearch` over :func:`tuner.space.online_space`, th
 tolerance max(noise bound, min_gain); seeded from a tuned file it starts at the file's
 plan and only polishes it, repeating a kept move at once while it keeps helping (a
 seed from another cluster can be several rungs off); seeded with NCCL's defaults it
-runs Lagom's whole search from the lowest rungs, where a far slower probe costs one step); the final A/B: seed and result again, ``ab_rounds`` times each,
-interleaved; the result is kept only if the median of its evaluations beats the
-seed's by ``min_gain``. ``budget_steps`` caps all of it: when too few steps are left
+runs Lagom's whole search from the lowest rungs, where a far slower probe costs one
+step); the final A/B: seed and result again, ``ab_rounds`` times each, interleaved;
+the result is kept only if the median of its evaluations beats the seed's by
+``min_gain``. ``budget_steps`` caps all of it: when too few steps are left
 for another evaluation and the A/B, the search is stopped where it stands.
 """
 
@@ -201,7 +202,9 @@ class OnlineController:
         self.phase = Phase.SEARCH
         try:
             plan = next(search)
-            if _same(plan, self.seed, self.space) and self._seed_timing is not None:  # the start is the seed, just measured
+            if (
+                _same(plan, self.seed, self.space) and self._seed_timing is not None
+            ):  # the start is the seed, just measured
                 plan = search.send(self._seed_timing)
         except StopIteration as stop:
             self._start_ab(stop.value)

@@ -58,7 +58,10 @@ def across_ranks(per_rank: Sequence[Timing]) -> Timing:
 
 
 def timing_to_wire(timing: Timing) -> list:
-    return [[getattr(timing, name) for name in _FIELDS], [[i, o.start_us, o.duration_us] for i, o in timing.ops.items()]]
+    return [
+        [getattr(timing, name) for name in _FIELDS],
+        [[i, o.start_us, o.duration_us] for i, o in timing.ops.items()],
+    ]
 
 
 def timing_from_wire(data: list) -> Timing:

@@ -49,9 +49,17 @@ class PluginView:
         channels = answer.n_channels or None
         chunk = None
         if self.abi >= 6:
-            chunk = ctx.get_chunk_size(signature.collective.nccl_func, signature.message_bytes,
-                                       int(algorithm if algorithm is not None else Algorithm.RING),
-                                       int(protocol if protocol is not None else Protocol.SIMPLE), channels or 1, 0) or None
+            chunk = (
+                ctx.get_chunk_size(
+                    signature.collective.nccl_func,
+                    signature.message_bytes,
+                    int(algorithm if algorithm is not None else Algorithm.RING),
+                    int(protocol if protocol is not None else Protocol.SIMPLE),
+                    channels or 1,
+                    0,
+                )
+                or None
+            )
         return CommConfig(algorithm=algorithm, protocol=protocol, channels=channels, chunk_bytes=chunk)
 
     def plan_in_force(self, decided: Plan, calls: dict[Signature, int]) -> Plan:

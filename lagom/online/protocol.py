@@ -112,8 +112,17 @@ def plan_hash(configs: tuple[CommConfig, ...]) -> str:
 
 
 def encode_decision(decision: Decision) -> str:
-    body = json.dumps({"step": decision.step, "epoch": decision.epoch, "configs": [c.to_dict() for c in decision.configs],
-                       "done": decision.done, "result": decision.result}, sort_keys=True, separators=(",", ":")).encode()
+    body = json.dumps(
+        {
+            "step": decision.step,
+            "epoch": decision.epoch,
+            "configs": [c.to_dict() for c in decision.configs],
+            "done": decision.done,
+            "result": decision.result,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    ).encode()
     return hashlib.sha256(body).hexdigest()[:16] + "\n" + body.decode()
 
 
@@ -124,8 +133,13 @@ def decode_decision(raw: bytes, step: int, epoch: int, signatures: int) -> Decis
         return None
     try:
         data = json.loads(body)
-        decision = Decision(int(data["step"]), int(data["epoch"]), tuple(CommConfig.from_dict(c) for c in data["configs"]),
-                            bool(data["done"]), str(data["result"]))
+        decision = Decision(
+            int(data["step"]),
+            int(data["epoch"]),
+            tuple(CommConfig.from_dict(c) for c in data["configs"]),
+            bool(data["done"]),
+            str(data["result"]),
+        )
     except (ValueError, KeyError, TypeError):
         return None
     if decision.step != step or decision.epoch not in (epoch, epoch + 1) or len(decision.configs) != signatures:

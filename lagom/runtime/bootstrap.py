@@ -102,7 +102,8 @@ class _InstallAfterImport(importlib.abc.MetaPathFinder):
             return spec
         except Exception as exc:  # never break the import of torch
             self.remove()
-            print(f"lagom: warning: hook not installed ({type(exc).__name__}: {exc}); running with NCCL's own choices", file=sys.stderr)
+            print(f"lagom: warning: hook not installed ({type(exc).__name__}: {exc}); running with NCCL's own choices",
+                  file=sys.stderr)
             return None
         finally:
             self._busy = False
@@ -118,7 +119,8 @@ def _install_hook() -> None:
 
         install(lazy=True)
     except Exception as exc:  # never break the import of torch
-        print(f"lagom: warning: hook not installed ({type(exc).__name__}: {exc}); running with NCCL's own choices", file=sys.stderr)
+        print(f"lagom: warning: hook not installed ({type(exc).__name__}: {exc}); running with NCCL's own choices",
+              file=sys.stderr)
 
 
 def _install_online() -> None:

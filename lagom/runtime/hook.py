@@ -303,7 +303,8 @@ class Hook:
         for count, info in list(self.counts.values()):
             if info is not _IGNORED and count:
                 totals[info] = totals.get(info, 0) + count
-        return [audit.SignatureCount(c, g, size, nodes, nbytes, n, entry) for (c, g, size, nodes, nbytes, entry), n in totals.items()]
+        return [audit.SignatureCount(c, g, size, nodes, nbytes, n, entry)
+                for (c, g, size, nodes, nbytes, entry), n in totals.items()]
 
     def summary(self) -> audit.Summary:
         return audit.Summary.of(self.signature_counts())
@@ -325,7 +326,9 @@ class Hook:
                 return  # this process never used torch.distributed (e.g. torchrun's launcher)
             rank = self.rank if self.rank is not None else (_env_rank() or 0)
             if self.run_dir is not None:
-                audit.write_rank_part(self.run_dir, audit.rank_part(rank, counts, decisions, self.warnings, online_part))
+                audit.write_rank_part(
+                    self.run_dir, audit.rank_part(rank, counts, decisions, self.warnings, online_part)
+                )
             if rank == 0:
                 partial = " (partial: the hook stopped after an internal error)" if self.failed else ""
                 self._emit(audit.summary_line("rank 0", audit.Summary.of(counts)) + partial)

@@ -134,7 +134,8 @@ def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[st
     tuned_env = dict(config.env)
     if use_plugin and config.collectives:
         if PLUGIN_ENV in env:
-            setup.messages.append(f"lagom run: your {PLUGIN_ENV}={env[PLUGIN_ENV]} wins; the tuned per-collective table is not used")
+            setup.messages.append(f"lagom run: your {PLUGIN_ENV}={env[PLUGIN_ENV]} wins; the tuned per-collective "
+                                  "table is not used")
         else:
             # A table the plugin cannot take is a bad config (exit 2); a plugin that
             # cannot be built only closes this door.
@@ -162,16 +163,16 @@ def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[st
     env[ENV_CONFIG] = str(run_dir / "lagom.yaml")
     env[ENV_RUN_DIR] = str(run_dir)
     env[ENV_HOME] = LAGOM_HOME
-    doors = [
-        f"{len(config.env)} env knob(s)",
-        f"{len(config.process_groups)} process group(s)",
-        f"{len(config.collectives)} collective entr{'y' if len(config.collectives) == 1 else 'ies'}"
-        + (f" via tuner plugin {setup.plugin_path}" if setup.plugin_path else ""),
-    ]
-    setup.messages.insert(0, f"lagom run: applying {config_path}: {', '.join(doors)}")
+    entries = f"{len(config.collectives)} collective entr{'y' if len(config.collectives) == 1 else 'ies'}"
     if setup.plugin_path and config.nccl_version and not tuner_symbols(NcclVersion.parse(config.nccl_version)):
-        setup.messages.insert(1, f"lagom run: note: the file is for NCCL {config.nccl_version}, which loads no tuner plugin "
-                                 f"(NCCL >= {min(TUNER_SYMBOL_SINCE.values())}); there the env and process groups carry the settings")
+        # the job's own NCCL may be newer than the file's and load the plugin: say both
+        entries += (f" in tuner plugin {setup.plugin_path}, which the file's NCCL {config.nccl_version} does not load "
+                    f"(NCCL >= {min(TUNER_SYMBOL_SINCE.values())}): there the env and process groups carry the "
+                    "settings")
+    elif setup.plugin_path:
+        entries += f" via tuner plugin {setup.plugin_path}"
+    doors = [f"{len(config.env)} env knob(s)", f"{len(config.process_groups)} process group(s)", entries]
+    setup.messages.insert(0, f"lagom run: applying {config_path}: {', '.join(doors)}")
     return setup
 
 
@@ -225,7 +226,8 @@ def launch(
     """The whole of ``lagom run``; returns the child's exit status."""
     stream = stream if stream is not None else sys.stderr
     if not argv:
-        raise LagomError("no command to run: put it after '--', e.g. lagom run --config lagom.yaml -- torchrun train.py")
+        raise LagomError("no command to run: put it after '--', "
+                         "e.g. lagom run --config lagom.yaml -- torchrun train.py")
     if shutil.which(argv[0]) is None:
         raise LagomError(f"command not found (or not executable): {argv[0]}")
     if audit_path is not None and not Path(audit_path).resolve().parent.is_dir():
@@ -318,16 +320,22 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
         raise LagomError(f"--budget-steps {request.budget_steps}: must be at least 1")
     if request.simulate is not None:
         if not request.cluster:
-            raise LagomError("--simulate WORKLOAD needs --cluster C (the cluster whose simulated times the ranks measure)")
+            raise LagomError(
+                "--simulate WORKLOAD needs --cluster C (the cluster whose simulated times the ranks measure)"
+            )
         cluster = tuning.with_nccl_version(load_cluster(request.cluster), str(version))
         tuning.load_workload_arg(request.simulate, cluster)  # a bad spec: exit 2 before anything starts
         if not (isinstance(request.noise, float | int) and 0 <= request.noise < 0.5):
             raise LagomError(f"--noise {request.noise}: a relative noise in [0, 0.5)")
     elif not _has_gpu():
-        raise LagomError("lagom run --online measures the job's steps on a GPU; none here: "
-                         "use --simulate WORKLOAD --cluster C to take step times from the simulator")
+        raise LagomError(
+            "lagom run --online measures the job's steps on a GPU; none here: "
+            "use --simulate WORKLOAD --cluster C to take step times from the simulator"
+        )
     elif seed is None or not seed.workload or not seed.cluster:
-        raise LagomError("lagom run --online on a GPU needs --config SEED.yaml from lagom tune (it names the workload and cluster)")
+        raise LagomError(
+            "lagom run --online on a GPU needs --config SEED.yaml from lagom tune (it names the workload and cluster)"
+        )
     if PLUGIN_ENV in os.environ:
         raise LagomError(f"lagom run --online changes Lagom's tuner plugin's table: unset {PLUGIN_ENV}")
     scratch = Path(tempfile.mkdtemp(prefix="lagom-seed-"))
@@ -355,14 +363,23 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
     if ceilings.kept:
         setup.messages.append(f"lagom run: {ceilings.kept_line()} (online plans may ask for more; NCCL clamps them)")
     settings = OnlineSettingsFile(
-        nccl_version=str(version), plugin=str(setup.plugin_path), result_path=str(setup.run_dir / "online-tuned.yaml"),
-        seed_config=str(setup.run_dir / "lagom.yaml") if seed is not None else None, simulate=request.simulate,
-        cluster=request.cluster, noise=float(request.noise), budget_steps=request.budget_steps, timeout_s=request.timeout_s)
+        nccl_version=str(version),
+        plugin=str(setup.plugin_path),
+        result_path=str(setup.run_dir / "online-tuned.yaml"),
+        seed_config=str(setup.run_dir / "lagom.yaml") if seed is not None else None,
+        simulate=request.simulate,
+        cluster=request.cluster,
+        noise=float(request.noise),
+        budget_steps=request.budget_steps,
+        timeout_s=request.timeout_s,
+    )
     setup.env[ENV_ONLINE] = str(settings.write(setup.run_dir / "online.json"))
     clock = f"simulated {request.simulate} on {request.cluster}" if request.simulate else "CUDA events"
-    setup.messages.append(f"lagom run: online tuning on NCCL {version}: seed "
-                          f"{config_path if seed is not None else 'NCCL defaults'}, at most {request.budget_steps} steps, "
-                          f"clock: {clock}")
+    setup.messages.append(
+        f"lagom run: online tuning on NCCL {version}: seed "
+        f"{config_path if seed is not None else 'NCCL defaults'}, at most {request.budget_steps} steps, "
+        f"clock: {clock}"
+    )
     return setup
 
 
@@ -371,11 +388,19 @@ def _save_online(setup: RunSetup, request: OnlineRequest, status: int, stream) -
         return
     result = setup.run_dir / "online-tuned.yaml"
     if status != 0 or not result.exists():
-        print(f"lagom run: warning: no tuned plan to save to {request.save} "
-              f"({'the job failed' if status != 0 else 'online tuning did not finish within the job'})", file=stream, flush=True)
+        print(
+            f"lagom run: warning: no tuned plan to save to {request.save} "
+            f"({'the job failed' if status != 0 else 'online tuning did not finish within the job'})",
+            file=stream,
+            flush=True,
+        )
         return
     try:
         shutil.copyfile(result, request.save)
     except OSError as exc:
         raise LagomError(f"{request.save}: cannot write the tuned file: {exc.strerror or exc}") from None
-    print(f"lagom run: tuned plan saved to {request.save} (lagom run --config {request.save} starts tuned)", file=stream, flush=True)
+    print(
+        f"lagom run: tuned plan saved to {request.save} (lagom run --config {request.save} starts tuned)",
+        file=stream,
+        flush=True,
+    )

@@ -151,8 +151,15 @@ class Session:
         if self._library is None or self.agent is None or not self.agent.epochs:
             return
         calls = self._library.entry_calls()  # what the plugin itself counted, per line of this epoch's table
-        self.table_counts.append({"epoch": self.agent.epoch, "entries": self._epoch_entries, "generation": calls.generation,
-                                  "coll_info": calls.coll_info, "chunk_size": calls.chunk_size})
+        self.table_counts.append(
+            {
+                "epoch": self.agent.epoch,
+                "entries": self._epoch_entries,
+                "generation": calls.generation,
+                "coll_info": calls.coll_info,
+                "chunk_size": calls.chunk_size,
+            }
+        )
 
     # ------------------------------------------------------------------ boundaries
     def boundary(self) -> None:
@@ -207,7 +214,9 @@ class Session:
         self.finished = True
         rank = self.agent.rank if self.agent is not None else os.environ.get("RANK", "?")
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        self.emit(f"lagom: error (rank {rank}): online tuning failed: {first}; ending this rank (status {FAILED_STATUS})")
+        self.emit(
+            f"lagom: error (rank {rank}): online tuning failed: {first}; ending this rank (status {FAILED_STATUS})"
+        )
         from lagom.runtime import current
 
         hook = current()

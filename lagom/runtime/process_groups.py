@@ -33,7 +33,8 @@ def cta_policy_value(value: int | str) -> int:
         try:
             return CTA_POLICIES[value.strip().lower()]
         except KeyError:
-            raise ValueError(f"unknown cta_policy {value!r} (expected one of {sorted(CTA_POLICIES)} or an int)") from None
+            raise ValueError(f"unknown cta_policy {value!r} (expected one of {', '.join(sorted(CTA_POLICIES))} "
+                             f"or an int)") from None
     number = int(value)
     if number < 0 or number > (CTA_POLICIES["efficiency"] | CTA_POLICIES["zero"]):
         raise ValueError(f"cta_policy {number} is out of range 0..3")
@@ -131,7 +132,8 @@ class GroupOptionsInjector:
         signature = inspect.signature(helper)
         needed = {"group_name", "backend", "backend_options"}
         if not needed <= set(signature.parameters):
-            self.report("this torch's _new_process_group_helper has another signature: per-group NCCL options are not applied")
+            self.report("this torch's _new_process_group_helper has another signature: per-group NCCL options are not "
+                        "applied")
             return False
         original = helper
         injector = self

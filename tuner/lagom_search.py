@@ -57,7 +57,6 @@ class _UnitState:
     priority: float = INITIAL_PRIORITY
     stride: int = 2
     finished: str | None = None
-    served: int = 0
 
 
 @dataclass
@@ -137,7 +136,6 @@ class LagomSearch(SearchMethod):
             if not open_states:
                 return
             state = min(open_states, key=lambda s: (s.priority, s.unit.index))
-            state.served += 1
             current = walk.current
             moves = self._moves(state, current, space)
             if not moves:

@@ -95,7 +95,6 @@ class _Static:
     sig_of: list[int]  # collective -> index into signatures; -1 for kernels
     signatures: list[Signature]  # per collective kind (a signature may appear twice: on the GPU, on the host)
     host_side: list[bool]  # run by the host (gloo in a CPU-only trace): no SMs, L2 or GPU DRAM
-    shape_list: list[ComputeShape]  # by shape id
     all_succs: list[tuple[int, ...]]  # stream successor then dependency successors
     base_us: list[float]  # kernel alone (0 for collectives)
     cta_wait_us: list[float]  # a collective's start delay beside this kernel (0 for collectives)
@@ -294,7 +293,7 @@ class AnalyticEvaluator:
         return _Static(
             n_ops=n, op_ids=op_ids, index=index, is_coll=is_coll, next_on_stream=next_on_stream,
             succs=[tuple(s) for s in succs], n_preds=n_preds, shapes=shapes, shape_id=shape_id, busy=busy,
-            sig_of=sig_of, signatures=signatures, host_side=host_side, shape_list=list(ids),
+            sig_of=sig_of, signatures=signatures, host_side=host_side,
             compute_streams=compute_streams,
             one_compute_stream=len(compute_streams) <= 1 and not (set(compute_streams) & coll_streams),
             rate_cache={},

@@ -29,7 +29,7 @@ by measured time), so one replay is a single pass over arrays.
 from __future__ import annotations
 
 import heapq
-import weakref
+import statistics
 from bisect import bisect_right
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -38,6 +38,7 @@ from itertools import pairwise
 import numpy as np
 
 from costmodel.evaluator import OpTiming, StepTiming, Timing
+from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
 from traces.exec_graph import ExecGraph
 from traces.workload import CollectiveOp, ComputeOp, Op, Workload
@@ -85,22 +86,18 @@ class ReplayStatic:
     step_compute_index: list[np.ndarray]  # per step: its compute kernels
 
 
-_STATICS: dict[int, tuple[weakref.ref, ReplayStatic]] = {}
+def _build_static(workload: Workload) -> ReplayStatic:
+    if workload.exec_graph is None:
+        raise LagomError(f"{workload.source or 'workload'}: not read from a trace (no execution graph to replay)")
+    return _build(workload, workload.exec_graph)
+
+
+_STATICS: WorkloadCache[ReplayStatic] = WorkloadCache(_build_static, max_workloads=16)
 
 
 def replay_static(workload: Workload) -> ReplayStatic:
     """Built once per workload object (cached while the workload lives)."""
-    hit = _STATICS.get(id(workload))
-    if hit is not None and hit[0]() is workload:
-        return hit[1]
-    if workload.exec_graph is None:
-        raise LagomError(f"{workload.source or 'workload'}: not read from a trace (no execution graph to replay)")
-    st = _build(workload, workload.exec_graph)
-    if len(_STATICS) > 16:
-        for key in [k for k, (ref, _) in _STATICS.items() if ref() is None]:
-            del _STATICS[key]
-    _STATICS[id(workload)] = (weakref.ref(workload), st)
-    return st
+    return _STATICS.get(workload)
 
 
 def _build(w: Workload, g: ExecGraph) -> ReplayStatic:
@@ -387,9 +384,8 @@ def fidelity(timing: Timing) -> ReplayFidelity | None:
     steps = timing.steps
     if not steps:
         return None
-    errors = sorted(abs(s.iteration_us - s.measured_iteration_us) / s.measured_iteration_us * 100.0
-                    for s in steps if s.measured_iteration_us > 0)
-    median = errors[len(errors) // 2] if len(errors) % 2 else sum(errors[len(errors) // 2 - 1:len(errors) // 2 + 1]) / 2
+    errors = [abs(s.iteration_us - s.measured_iteration_us) / s.measured_iteration_us * 100.0
+              for s in steps if s.measured_iteration_us > 0]
 
     def signed_pct(replayed: float, measured: float) -> float:
         return (replayed - measured) / measured * 100.0 if measured > 0 else (0.0 if replayed == 0 else 100.0)
@@ -403,7 +399,8 @@ def fidelity(timing: Timing) -> ReplayFidelity | None:
     parts = {"communication": abs(exposed - exposed_m), "compute": abs(compute_diff),
              "idle": abs(step_diff - (exposed - exposed_m) - compute_diff)}
     return ReplayFidelity(
-        steps=len(steps), median_step_error_pct=median if errors else 0.0, max_step_error_pct=max(errors, default=0.0),
+        steps=len(steps), median_step_error_pct=statistics.median(errors) if errors else 0.0,
+        max_step_error_pct=max(errors, default=0.0),
         comm_error_pct=signed_pct(comm, comm_m), exposed_error_pct=signed_pct(exposed, exposed_m),
         exposed_error_us_per_step=(exposed - exposed_m) / len(steps), worst_part=max(parts, key=lambda k: parts[k]),
     )

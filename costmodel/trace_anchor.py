@@ -27,13 +27,13 @@ The mechanism is anything with ``collective_time_us(signature, config)`` and
 from __future__ import annotations
 
 import bisect
-import weakref
 from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
 
 from costmodel.evaluator import Timing
 from costmodel.replay import replay, replay_static
+from costmodel.workload_cache import WorkloadCache
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
 from traces.workload import CollectiveOp, ComputeOp, Op, Workload
@@ -73,14 +73,19 @@ class _Anchor:
     overlapped: list[tuple[int, int, float, ComputeOp]]  # (op index, signature index, fraction, op)
 
 
-_ANCHORS: dict[tuple[int, int], tuple[weakref.ref, _Anchor]] = {}
+# per workload, its anchor per cluster node size (a signature's scope depends on it)
+_ANCHORS: WorkloadCache[dict[int | None, _Anchor]] = WorkloadCache(lambda _workload: {}, max_workloads=16)
 
 
 def _anchor(workload: Workload, gpus_per_node: int | None) -> _Anchor:
-    key = (id(workload), gpus_per_node or 0)
-    hit = _ANCHORS.get(key)
-    if hit is not None and hit[0]() is workload:
-        return hit[1]
+    per_node_size = _ANCHORS.get(workload)
+    anchor = per_node_size.get(gpus_per_node)
+    if anchor is None:
+        anchor = per_node_size[gpus_per_node] = _build_anchor(workload, gpus_per_node)
+    return anchor
+
+
+def _build_anchor(workload: Workload, gpus_per_node: int | None) -> _Anchor:
     st = replay_static(workload)
     graph = workload.exec_graph
     assert graph is not None
@@ -113,10 +118,8 @@ def _anchor(workload: Workload, gpus_per_node: int | None) -> _Anchor:
         if best_sig >= 0:
             overlapped.append((k, best_sig, min(1.0, best / op.duration_us), op))
     signatures = list(sig_index)
-    anchor = _Anchor(list(st.measured_dur), coll_sig, wait, signatures,
-                     [recorded.get(s, CommConfig()) for s in signatures], overlapped)
-    _ANCHORS[key] = (weakref.ref(workload), anchor)
-    return anchor
+    return _Anchor(list(st.measured_dur), coll_sig, wait, signatures,
+                   [recorded.get(s, CommConfig()) for s in signatures], overlapped)
 
 
 def replay_timing(mechanism: ReplayMechanism, workload: Workload, plan: Plan, gpus_per_node: int | None,

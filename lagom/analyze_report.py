@@ -52,7 +52,7 @@ def rank_report(workload: Workload, top_windows: int = 5, trimmed: bool = False)
     ]
     contention = contention_report(workload)
     graph = workload.exec_graph
-    split = [] if graph is None else split_rows(workload, graph.comm_wait_us, graph.wait_basis != "fastest instances")
+    split = [] if graph is None else split_rows(workload, graph.comm_wait_us, graph.wait_basis)
     return {
         "rank": workload.rank,
         "world_size": workload.world_size,

@@ -7,12 +7,9 @@ model, what Lagom is meant to tune with offline) or ``sim`` (the virtual cluster
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib import resources
-from pathlib import Path
 
 from costmodel.analytic import AnalyticEvaluator
 from costmodel.calibrate import calibrate
@@ -24,6 +21,7 @@ from costmodel.sim import Simulator
 from costmodel.trace_anchor import recorded_configs
 from lagom.tuned_config import CollectiveEntry, Match, TunedConfig
 from lagom.workload_arg import load_workload_arg
+from nccl_env.cache import cache_dir
 from nccl_env.delivery import deliver
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
@@ -81,19 +79,10 @@ def space_for(workload: Workload, cluster: ClusterSpec) -> SearchSpace:
 # ---- calibration cache ------------------------------------------------------------------
 
 
-def cache_dir() -> Path:
-    path = Path(os.environ.get("LAGOM_CACHE_DIR") or Path(tempfile.gettempdir()) / "lagom-cache")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise LagomError(f"LAGOM_CACHE_DIR={path}: cannot use it as the cache folder: {exc.strerror or exc}") from None
-    return path
-
-
 def calibrated_cluster(preset: str, budget: int = 300, log: Callable[[str], None] | None = None) -> ClusterSpec:
     """The preset with its analytic-model parameters fitted against ``sim:PRESET``.
 
-    Cached (in $LAGOM_CACHE_DIR, else the temp dir) by the preset's content, the budget
+    Cached (in :func:`nccl_env.cache.cache_dir`) by the preset's content, the budget
     and the cost model's and simulator's source, so a bench run calibrates each cluster
     once and later runs reuse the fit until one of those changes.
     """

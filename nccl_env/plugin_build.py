@@ -1,9 +1,9 @@
 """Compile Lagom's tuner plugin (nccl_env/plugin/*.c) into a shared library, cached by source hash.
 
-The cache lives under ``$LAGOM_CACHE_DIR``, else ``$XDG_CACHE_HOME/lagom``, else
-``~/.cache/lagom``; the file name carries a hash of the sources and the compile
-command, so an edited source or another compiler gives a new build and an
-unchanged one is reused. No NCCL headers or libnccl are needed.
+The cache is Lagom's one cache folder (:func:`nccl_env.cache.cache_dir`:
+``$LAGOM_CACHE_DIR``, else ``$XDG_CACHE_HOME/lagom``, else ``~/.cache/lagom``); the
+file name carries a hash of the sources and the compile command, so an edited source
+or another compiler gives a new build and an unchanged one is reused. No NCCL headers or libnccl are needed.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from nccl_env.cache import cache_dir
 from nccl_env.errors import LagomError
 
 PLUGIN_DIR = Path(__file__).resolve().parent / "plugin"
@@ -27,15 +28,6 @@ SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "
 
 class PluginBuildError(LagomError):
     """No usable C compiler, or the plugin did not compile (one line)."""
-
-
-def cache_dir() -> Path:
-    """Where built plugins are kept (created on demand)."""
-    if os.environ.get("LAGOM_CACHE_DIR"):
-        return Path(os.environ["LAGOM_CACHE_DIR"]).expanduser()
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "lagom"
-    return Path.home() / ".cache" / "lagom"
 
 
 def plugin_sources() -> list[Path]:

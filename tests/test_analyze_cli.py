@@ -21,8 +21,8 @@ def _json(capsys, *argv) -> dict:
     return orjson.loads(capsys.readouterr().out)
 
 
-def test_readme_quickstart_command_runs_as_a_process():
-    # The README's command, through `python -m lagom` exactly as a user would run it.
+def test_analyze_runs_as_a_process():
+    # `python -m lagom analyze`, exactly as a user would run it.
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.run(
         [sys.executable, "-m", "lagom", "analyze", "traces/examples/a100_w2_allreduce_broadcast.json.gz"],

@@ -8,7 +8,7 @@ import pytest
 from conftest import trace_path
 from kineto_builder import TraceBuilder
 
-from traces.contention import contention_report, uncontended_durations
+from traces.contention import contention_report
 from traces.kineto import read_trace
 
 AR = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
@@ -48,18 +48,6 @@ def test_known_slowdown_per_collective_type(tmp_path):
     # pooled ratios 1.26 .. 1.34 and 1.48 .. 1.52: the middle two are 1.32 and 1.34
     assert report.figure("all").median_slowdown == pytest.approx(1.33)
     assert report.kernel_shapes == 1
-
-
-def test_uncontended_durations_give_the_reference_median(tmp_path):
-    w = _known_slowdown_trace(tmp_path)
-    est = uncontended_durations(w)
-    gemms = [o for o in w.compute_ops if o.name == "gemm" and o.grid == (108, 1, 1)]
-    assert len(gemms) == 19 and all(est[o.op_id] == 100 for o in gemms)
-    other = next(o for o in w.compute_ops if o.grid == (54, 1, 1))
-    assert est[other.op_id] == 80
-    relu = next(o for o in w.compute_ops if o.name == "relu")
-    memcpy = next(o for o in w.compute_ops if o.is_memory_op)
-    assert relu.op_id not in est and memcpy.op_id not in est
 
 
 def test_shared_trace_matches_a_brute_force_count():

@@ -1,4 +1,4 @@
-"""The simulator against published measurements (bench/fidelity.py, costmodel/fidelity.py).
+"""The simulator against published measurements (bench/fidelity.py, costmodel/published_cases.py).
 
 The verdicts below are the simulator's standing against other people's measurements: a
 change to the simulator that breaks one fails here. The cases file is the copy in
@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO_ROOT, shared_traces_dir
 
 from costmodel.cluster import load_cluster
-from costmodel.fidelity import gemm_beside_us, load_cases, parse_cases, run_cases
+from costmodel.published_cases import gemm_beside_us, load_cases, parse_cases, run_cases
 from costmodel.sim import Simulator
 from nccl_env import CollectiveType, CommConfig, Signature
 from nccl_env.errors import LagomError

@@ -62,6 +62,11 @@ def _error_line(capsys) -> str:
          "env NCCL_NTHREADS: expected a single value"),
         (lambda d, c: ["run", "--config", str(d / "negchannels.yaml"), "--", "true"],
          "negchannels.yaml: cannot make a plugin table"),
+        (lambda d, c: ["run", "--config", str(c), "--noise", "0.1", "--", "true"],
+         "--noise is an option of lagom run --online"),
+        (lambda d, c: ["run", "--online", "--noise", "0.1", "--", "true"], "--noise goes with --simulate WORKLOAD"),
+        (lambda d, c: ["run", "--online", "--cluster", "low-bw", "--", "true"],
+         "--cluster goes with --simulate WORKLOAD"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, config_file, capsys, make_args, message):

@@ -1,5 +1,5 @@
 """A trace's own metadata decides the cluster and NCCL version of `lagom tune` and
-`lagom simulate` (issue 11, item 5)."""
+`lagom simulate`."""
 
 from __future__ import annotations
 

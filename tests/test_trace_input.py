@@ -1,5 +1,5 @@
 """Input that real traces bring: mixed jobs, unknown sizes, sizes that vary by step,
-communication kernels that are not NCCL's, one-rank jobs (issue 11, item 7)."""
+communication kernels that are not NCCL's, one-rank jobs."""
 
 from __future__ import annotations
 

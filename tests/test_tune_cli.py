@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import subprocess
+import sys
 
 import pytest
+from conftest import REPO_ROOT
 
 from costmodel.cluster import load_cluster
 from costmodel.sim import Simulator
@@ -156,3 +161,22 @@ def test_tune_says_why_in_numbers_from_its_own_timings(tmp_path, capsys):
                              "--no-autoccl", "-o", str(tmp_path / "b.yaml"))
     assert code == 0, err
     assert "why: communication-bound:" in out
+
+
+def test_readme_setup_command_tunes_the_bundled_trace(tmp_path):
+    # The README's first set-up command ends in a `lagom tune` of a bundled trace: run that
+    # part as the README writes it (as `python -m lagom`), in a scratch folder for lagom.yaml.
+    readme = (REPO_ROOT / "README.md").read_text()
+    setup = re.search(r"```bash\n(pip install [^\n]+)\n", readme)
+    assert setup is not None, "the README's set-up block starts with a pip install line"
+    command = setup.group(1).split("&&", 1)[1].split()
+    assert command[:2] == ["lagom", "tune"]
+    args = [str(REPO_ROOT / a) if (REPO_ROOT / a).exists() else a for a in command[1:]]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "lagom", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("the model reproduces 2 steps of this trace within"), first
+    config = load_tuned_config(tmp_path / "lagom.yaml")
+    assert config.nccl_version == "2.17.1"  # the trace's own NCCL, not the preset's 2.18.3

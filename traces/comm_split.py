@@ -46,7 +46,7 @@ class CommSplitRow:
     wait_us: float  # summed over the instances
     transfer_us: float  # summed over the instances
     transfer_per_call_us: float  # the key's estimated transfer time of one instance
-    basis: str  # "fastest instances" or "ranks' launch times"
+    basis: str  # traces.exec_graph.WAIT_BASIS_FASTEST or WAIT_BASIS_RANKS
 
     def to_dict(self) -> dict:
         return {
@@ -86,7 +86,7 @@ def split_waits(workloads: list[Workload]) -> dict[int, dict[int, float]]:
     return out
 
 
-def split_rows(workload: Workload, waits: dict[int, float], multi_rank: bool) -> list[CommSplitRow]:
+def split_rows(workload: Workload, waits: dict[int, float], basis: str) -> list[CommSplitRow]:
     """One row per collective key of ``workload``, largest total time first."""
     groups: dict[CommKey, list[CollectiveOp]] = {}
     for c in workload.collectives:
@@ -97,7 +97,6 @@ def split_rows(workload: Workload, waits: dict[int, float], multi_rank: bool) ->
         wait = sum(waits[o.op_id] for o in ops)
         total = sum(o.duration_us for o in ops)
         per_call = statistics.median(o.duration_us - waits[o.op_id] for o in ops)
-        rows.append(CommSplitRow(group, coll, size, len(ops), total, wait, total - wait, per_call,
-                                 "ranks' launch times" if multi_rank else "fastest instances"))
+        rows.append(CommSplitRow(group, coll, size, len(ops), total, wait, total - wait, per_call, basis))
     rows.sort(key=lambda r: (-r.total_us, r.collective.value, -1 if r.message_bytes is None else r.message_bytes))
     return rows

@@ -7,10 +7,6 @@ collective (the reference) and overlapped, each overlapped run's slowdown is its
 duration divided by the median reference duration. The report gives, per collective
 type (the type that overlapped the kernel longest), the median slowdown and the
 number of (overlapped kernel, reference) pairs behind it; ``"all"`` pools them.
-
-:func:`uncontended_durations` gives each kernel with a reference its estimated
-uncontended duration (the reference median), which lets a simulation start from a
-trace's kernels without the slowdown they already suffered.
 """
 
 from __future__ import annotations
@@ -88,10 +84,3 @@ def contention_report(workload: Workload) -> ContentionReport:
         figures.append(ContentionFigure(ctype, statistics.median(ratios[ctype]), len(ratios[ctype])))
     return ContentionReport(workload.rank, figures, len(shapes))
 
-
-def uncontended_durations(workload: Workload) -> dict[int, float]:
-    """Compute op id -> median duration (us) of same name+grid+block kernels that ran with no
-    overlapping collective; only for ops whose shape has such a reference."""
-    reference, _ = _classify(workload)
-    medians = {k: statistics.median(v) for k, v in reference.items()}
-    return {op.op_id: medians[_key(op)] for op in workload.compute_ops if not op.is_memory_op and _key(op) in medians}

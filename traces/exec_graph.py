@@ -34,6 +34,10 @@ from dataclasses import dataclass, field, replace
 
 from nccl_env.knobs import Algorithm, Protocol
 
+# How traces.comm_split estimated the waits for peers of a graph's NCCL kernels
+WAIT_BASIS_FASTEST = "fastest instances"  # one rank: a key's fastest instances are its transfer
+WAIT_BASIS_RANKS = "ranks' launch times"  # several ranks: the last rank's launch ends the wait
+
 
 @dataclass(frozen=True, slots=True)
 class Launch:
@@ -94,7 +98,7 @@ class ExecGraph:
     steps: list[StepSpan] = field(default_factory=list)  # sorted by start
     recorded: dict[int, RecordedSettings] = field(default_factory=dict)  # collective op id -> settings
     comm_wait_us: dict[int, float] = field(default_factory=dict)  # collective op id -> wait for peers (comm_split)
-    wait_basis: str = "fastest instances"  # or "ranks' launch times" (traces.comm_split)
+    wait_basis: str = WAIT_BASIS_FASTEST  # or WAIT_BASIS_RANKS
     median_latency_us: float = 0.0
     median_gap_us: float = 0.0
 
@@ -137,7 +141,7 @@ class ExecGraph:
             stream_waits=[StreamWait(int(p), int(c), str(s)) for p, c, s in data["stream_waits"]],
             steps=[StepSpan(str(n), int(t), float(a), float(b)) for n, t, a, b in data["steps"]],
             comm_wait_us={int(op): float(w) for op, w in data.get("comm_wait_us", [])},
-            wait_basis=str(data.get("wait_basis", "fastest instances")),
+            wait_basis=str(data.get("wait_basis", WAIT_BASIS_FASTEST)),
             recorded={
                 int(op): RecordedSettings(ch, th, Algorithm[a.upper()] if a else None,
                                           Protocol[p.upper()] if p else None)

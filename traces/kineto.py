@@ -58,6 +58,7 @@ from pathlib import Path
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CollectiveType
 from traces.comm_names import collective_from_kernel_name, is_nccl_kernel
+from traces.exec_graph import WAIT_BASIS_FASTEST, WAIT_BASIS_RANKS
 from traces.exec_graph_build import build_exec_graph
 from traces.kineto_comm import CommInfo, collective_from_call, parse_ranks
 from traces.kineto_events import CommCall, EventReader, GpuOp, HostCall, StepMark, SyncEvent, to_int
@@ -120,7 +121,7 @@ def _attach_comm_waits(workloads: list[Workload]) -> None:
     for w in workloads:
         if w.exec_graph is not None:
             w.exec_graph.comm_wait_us = waits.get(w.rank, {})
-            w.exec_graph.wait_basis = "ranks' launch times" if len(workloads) > 1 else "fastest instances"
+            w.exec_graph.wait_basis = WAIT_BASIS_RANKS if len(workloads) > 1 else WAIT_BASIS_FASTEST
 
 
 def _is_trace_name(name: str) -> bool:

@@ -97,8 +97,6 @@ class SyncEvent:
     kind: str
     correlation: int | None  # of the runtime call that caused it
     stream: int | None  # the waiting stream (Stream Wait Event) or the synchronised one
-    wait_on_stream: int | None
-    record_correlation: int | None  # of the cudaEventRecord awaited, when Kineto knows it
 
 
 @dataclass(slots=True)
@@ -216,7 +214,7 @@ class EventReader:
                 if (wait_on is not None and wait_on >= 0 and record_corr is not None and stream is not None
                         and corr is not None):
                     self.stream_waits.append((stream, wait_on, record_corr, corr))
-                self.sync_events.append(SyncEvent(name, corr, stream, wait_on, record_corr))
+                self.sync_events.append(SyncEvent(name, corr, stream))
         self.min_ts = min_ts
 
     def launches(self) -> tuple[dict[int, float], dict[int, tuple[float, float, tuple]]]:

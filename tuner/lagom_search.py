@@ -57,7 +57,6 @@ class _UnitState:
     priority: float = INITIAL_PRIORITY
     stride: int = 2
     finished: str | None = None
-    served: int = 0
 
 
 @dataclass
@@ -137,7 +136,6 @@ class LagomSearch(SearchMethod):
             if not open_states:
                 return
             state = min(open_states, key=lambda s: (s.priority, s.unit.index))
-            state.served += 1
             current = walk.current
             moves = self._moves(state, current, space)
             if not moves:
@@ -151,33 +149,13 @@ class LagomSearch(SearchMethod):
                 helped = x_new < x_old * (1 - tol) and candidate.iteration_us < current.iteration_us
                 probes.append((candidate.iteration_us, helped, move, candidate, x_new))
             helping = [p for p in probes if p[1]]
-            for z, helped, move, candidate, x_new in probes:
+            for _, helped, move, candidate, x_new in probes:
                 if not helped:
-                    walk.steps.append(
-                        Step(
-                            state.unit.key,
-                            _describe(move, current, space),
-                            x_new,
-                            candidate.compute_us,
-                            z,
-                            None,
-                            "rejected",
-                        )
-                    )
+                    walk.steps.append(_probe_step(state, move, current, candidate, x_new, space, "rejected"))
             if helping:
-                z, _, move, candidate, x_new = min(helping, key=lambda p: p[0])
+                _, _, move, candidate, x_new = min(helping, key=lambda p: p[0])
                 state.priority = (candidate.compute_us - current.compute_us) / (x_old - x_new)
-                walk.steps.append(
-                    Step(
-                        state.unit.key,
-                        _describe(move, current, space),
-                        x_new,
-                        candidate.compute_us,
-                        z,
-                        state.priority,
-                        "accepted",
-                    )
-                )
+                walk.steps.append(_probe_step(state, move, current, candidate, x_new, space, "accepted"))
                 walk.current = candidate
                 if obj.unit_exposed_us(candidate, state.unit) < HIDDEN_FRACTION * max(x_new, 1e-9):
                     self._finish(state, "communication hidden", walk, obj)
@@ -296,6 +274,14 @@ class LagomSearch(SearchMethod):
                                        candidate.iteration_us, None, verdict))
                 if better:
                     walk.current = candidate
+
+
+def _probe_step(state: _UnitState, move: dict, current: Measured, candidate: Measured, x_new: float,
+                space: SearchSpace, outcome: str) -> Step:
+    """A climb probe as the walk records it (H only on an accepted one: the unit's new priority)."""
+    priority = state.priority if outcome == "accepted" else None
+    return Step(state.unit.key, _describe(move, current, space), x_new, candidate.compute_us,
+                candidate.iteration_us, priority, outcome)
 
 
 def _describe(move: dict, current: Measured, space: SearchSpace) -> str:

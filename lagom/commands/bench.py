@@ -3,7 +3,7 @@
 The paper's eight workloads (FSDP, TP, EP) on 8 and 16 GPUs of the ``low-bw`` and
 ``high-bw`` presets. Every method tunes with ``--evaluator`` (default: the analytic
 model, calibrated once per cluster against the simulator and cached by preset
-content in $LAGOM_CACHE_DIR or the temp dir), and every plan is judged on the
+content in Lagom's cache folder, $LAGOM_CACHE_DIR), and every plan is judged on the
 simulator with noise off. Per cell: Lagom's speedup over NCCL's default, AutoCCL and
 Optuna TPE given Lagom's evaluation count; the gap to exhaustive search where the
 space is small enough; the gap to the lower bound max(compute alone, communication

@@ -57,7 +57,9 @@ def run(args: argparse.Namespace) -> int:
 
         path = Path(args.table)
         try:
-            text = path.read_bytes().decode("utf-8", errors="replace")
+            text = path.read_bytes().decode("utf-8", errors="replace")  # the C parser reads bytes too
+        except FileNotFoundError:
+            raise LagomError(f"{path}: no such file") from None
         except OSError as exc:
             raise LagomError(f"{path}: cannot read: {exc.strerror or exc}") from None
         entries, warnings = parse_table(text)

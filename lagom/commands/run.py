@@ -75,7 +75,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     online.add_argument("--cluster", metavar="C", help="with --simulate: the cluster preset or file simulated")
     online.add_argument(
-        "--noise", type=float, default=0.0, metavar="F", help="with --simulate: relative noise per op (e.g. 0.02)"
+        "--noise", type=float, default=None, metavar="F",
+        help="with --simulate: relative noise per op (e.g. 0.02; default 0)"
     )
     parser.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                         help="the job's command line, after '--'")
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         raise LagomError("no command to run: put it after '--', "
                          "e.g. lagom run --config lagom.yaml -- torchrun train.py")
     online_only = {"--save": args.save, "--budget-steps": args.budget_steps, "--nccl-version": args.nccl_version,
-                   "--simulate": args.simulate, "--cluster": args.cluster}
+                   "--simulate": args.simulate, "--cluster": args.cluster, "--noise": args.noise}
     if not args.online:
         given = [flag for flag, value in online_only.items() if value is not None]
         if given:
@@ -105,9 +106,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.no_plugin:
         raise LagomError("lagom run --online works through the tuner plugin: drop --no-plugin")
-    if args.cluster is not None and args.simulate is None:
-        raise LagomError("--cluster goes with --simulate WORKLOAD")
+    for flag in ("--cluster", "--noise"):
+        if online_only[flag] is not None and args.simulate is None:
+            raise LagomError(f"{flag} goes with --simulate WORKLOAD")
     budget_steps = args.budget_steps if args.budget_steps is not None else DEFAULT_BUDGET_STEPS
     request = OnlineRequest(save=args.save, budget_steps=budget_steps, nccl_version=args.nccl_version,
-                            simulate=args.simulate, cluster=args.cluster, noise=args.noise)
+                            simulate=args.simulate, cluster=args.cluster,
+                            noise=args.noise if args.noise is not None else 0.0)
     return launch(args.config, command, audit_path=args.audit, workdir=args.workdir, online=request)

@@ -16,7 +16,7 @@ Every plan is judged on the measuring cluster's simulator without noise. Printed
 run: speedup over NCCL, its ratio to the measuring cluster's offline plan's speedup,
 evaluations (measured plans) per signature, steps spent, kept/reverted; the summary:
 the worst ratios (goal >= 0.98), the worst seeded evaluations per signature (goal <= 8;
-the paper's AutoCCL figure is 16.5), and how many results are slower than their seed
+the Lagom paper's 33 iterations for two collectives are 16.5 each), and how many results are slower than their seed
 (goal 0).
 
     python3 bench/online_vs_offline.py [--full] [--ranks 4] [--noise 0.02] [--json]

@@ -94,6 +94,7 @@ collectives:
 """
 
 
+@pytest.mark.slow
 def test_plugin_table_from_tuned_config(tmp_path):
     cfg_path = tmp_path / "lagom.yaml"
     cfg_path.write_text(CONFIG)

@@ -163,6 +163,7 @@ def test_tune_says_why_in_numbers_from_its_own_timings(tmp_path, capsys):
     assert "why: communication-bound:" in out
 
 
+@pytest.mark.slow
 def test_readme_setup_command_tunes_the_bundled_trace(tmp_path):
     # The README's first set-up command ends in a `lagom tune` of a bundled trace: run that
     # part as the README writes it (as `python -m lagom`), in a scratch folder for lagom.yaml.

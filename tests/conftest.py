@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -70,6 +72,27 @@ def all_test_traces() -> list[Path]:
     if shared.is_dir():
         names.update({p.name: p for p in sorted(shared.glob("*.json.gz")) if p.name not in names})
     return [names[n] for n in sorted(names)]
+
+
+def run_jobs(commands: dict[str, tuple[list[str], dict[str, str]]],
+             timeout_s: float) -> dict[str, tuple[int, str, float]]:
+    """Start every (command, env) at once; name -> (exit status, stderr, seconds since the start).
+
+    A job still running after ``timeout_s`` is killed, and its stderr ends in "<timed out>".
+    """
+    started = time.monotonic()
+    procs = {name: subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name, (cmd, env) in commands.items()}
+    results = {}
+    for name, proc in procs.items():
+        try:
+            _, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            err += "\n<timed out>"
+        results[name] = (proc.returncode, err, time.monotonic() - started)
+    return results
 
 
 @pytest.fixture(scope="module")

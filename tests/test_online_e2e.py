@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import time
 
 import pytest
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, run_jobs
 
 from costmodel.cluster import load_cluster
 from lagom import tuning
@@ -86,18 +84,7 @@ def runs(tmp_path_factory):
         "online": _online(tmp, "online", seed) + _torchrun(tmp / "online"),
         "killed": _online(tmp, "killed", seed) + _torchrun(tmp / "killed", "--die-at", "1:40"),
     }
-    started = time.monotonic()
-    procs = {name: subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name, cmd in plans.items()}
-    results = {}
-    for name, proc in procs.items():
-        try:
-            _, err = proc.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-            err += "\n<timed out>"
-        results[name] = (proc.returncode, err, time.monotonic() - started)
+    results = run_jobs({name: (cmd, env) for name, cmd in plans.items()}, timeout_s=300)
     return tmp, seed, results
 
 

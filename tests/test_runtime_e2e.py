@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, run_jobs
 
 from lagom.plugin_export import plugin_entries_from_config, render_plugin_table
 from lagom.runtime import audit
@@ -98,19 +97,8 @@ def runs(tmp_path_factory):
         ),
         "corrupt": (_torchrun(tmp / "corrupt", "--steps", "1", "--install", str(corrupt)), {}),
     }
-    procs = {
-        name: subprocess.Popen(cmd, env={**base_env, **extra}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
-        for name, (cmd, extra) in plans.items()
-    }
-    results = {}
-    for name, proc in procs.items():
-        try:
-            _, err = proc.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-        results[name] = (proc.returncode, err, tmp / name)
+    jobs = run_jobs({name: (cmd, {**base_env, **extra}) for name, (cmd, extra) in plans.items()}, timeout_s=240)
+    results: dict = {name: (status, err, tmp / name) for name, (status, err, _) in jobs.items()}
     results["config"] = good
     results["corrupt_file"] = corrupt
     results["audit"] = tmp / "audit.json"

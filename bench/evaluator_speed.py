@@ -25,10 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from costmodel.accuracy import random_config, signatures_of  # noqa: E402
-from costmodel.analytic import AnalyticEvaluator  # noqa: E402
+from costmodel.analytic.evaluator import AnalyticEvaluator  # noqa: E402
+from costmodel.calibration.accuracy import random_config, signatures_of  # noqa: E402
 from costmodel.cluster import load_cluster  # noqa: E402
-from costmodel.sim import Simulator  # noqa: E402
+from costmodel.sim.simulator import Simulator  # noqa: E402
 from nccl_env.plan import Plan  # noqa: E402
 from traces.generate import generate_workload  # noqa: E402
 

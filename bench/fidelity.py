@@ -4,7 +4,7 @@
 
 CASES.json is a ``lagom.published-cases`` file (``../shared/fidelity/published.json``;
 schema in docs/simulator.md). Each case's quantity is asked of the simulator with noise
-off (``costmodel.published_cases``) and printed beside the measurement: one row per case, one per
+off (``costmodel.sim.published_cases``) and printed beside the measurement: one row per case, one per
 point of a channel sweep. ``--json`` prints ``{"cases": [{"id", "kind", "holds", "model",
 "measured", "detail"}]}``.
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from costmodel.published_cases import CaseResult, load_cases, run_cases  # noqa: E402
+from costmodel.sim.published_cases import CaseResult, load_cases, run_cases  # noqa: E402
 from nccl_env.errors import LagomError  # noqa: E402
 
 _HEADER = ("holds", "model", "measured", "tolerance", "case")

@@ -29,13 +29,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from costmodel import accuracy  # noqa: E402
-from costmodel.analytic import AnalyticEvaluator  # noqa: E402
-from costmodel.calibrate import calibrate  # noqa: E402
-from costmodel.calibration_backend import SimBackend  # noqa: E402
+from costmodel.analytic.evaluator import AnalyticEvaluator  # noqa: E402
+from costmodel.analytic.params import default_params, param_spec  # noqa: E402
+from costmodel.calibration import accuracy  # noqa: E402
+from costmodel.calibration.backend import SimBackend  # noqa: E402
+from costmodel.calibration.calibrate import calibrate  # noqa: E402
 from costmodel.cluster import load_cluster  # noqa: E402
-from costmodel.model_params import default_params, param_spec  # noqa: E402
-from costmodel.sim import Simulator  # noqa: E402
+from costmodel.sim.simulator import Simulator  # noqa: E402
 from nccl_env.plan import Plan  # noqa: E402
 from traces.generate import generate_workload  # noqa: E402
 

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel.cluster import load_cluster  # noqa: E402
-from costmodel.replay import fidelity, replay, replay_static  # noqa: E402
+from costmodel.replay.schedule import fidelity, replay, replay_static  # noqa: E402
 from nccl_env.errors import LagomError  # noqa: E402
 from traces.kineto import read_trace  # noqa: E402
 from traces.workload import CollectiveOp, ComputeOp, Workload  # noqa: E402

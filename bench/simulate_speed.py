@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel.cluster import load_cluster  # noqa: E402
-from costmodel.sim import Simulator  # noqa: E402
+from costmodel.sim.simulator import Simulator  # noqa: E402
 from nccl_env import CommConfig, Plan  # noqa: E402
 from traces.generate import PAPER_WORKLOADS, generate_workload  # noqa: E402
 

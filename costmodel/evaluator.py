@@ -17,7 +17,7 @@ from nccl_env.plan import Plan
 from traces.workload import Workload
 from traces.workload_io import workload_problem
 
-# The algorithms the evaluators model (costmodel.collective_model, costmodel.sim_collective);
+# The algorithms the evaluators model (costmodel.analytic.collective_model, costmodel.sim.collective);
 # NVLS and CollNet need switch hardware no cluster description has, and PAT is not modelled.
 MODELLED_ALGORITHMS = (Algorithm.RING, Algorithm.TREE)
 

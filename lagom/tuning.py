@@ -10,15 +10,16 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib import resources
+from pathlib import Path
 
-from costmodel.analytic import AnalyticEvaluator
-from costmodel.calibrate import calibrate
-from costmodel.calibration_backend import backend_from_spec
+from costmodel.analytic.evaluator import AnalyticEvaluator
+from costmodel.calibration.backend import backend_from_spec
+from costmodel.calibration.calibrate import calibrate
 from costmodel.cluster import ClusterSpec, load_cluster, preset_names
 from costmodel.evaluator import Evaluator, Timing
 from costmodel.nccl_defaults import algo_estimates, nccl_default_config
-from costmodel.sim import Simulator
-from costmodel.trace_anchor import recorded_configs
+from costmodel.replay.anchor import recorded_configs
+from costmodel.sim.simulator import Simulator
 from lagom.tuned_config import CollectiveEntry, Match, TunedConfig
 from lagom.workload_arg import load_workload_arg
 from nccl_env.cache import cache_dir
@@ -88,9 +89,10 @@ def calibrated_cluster(preset: str, budget: int = 300, log: Callable[[str], None
     """
     text = (resources.files("costmodel") / "presets" / f"{preset}.yaml").read_text()
     digest = hashlib.sha256(f"{text}\nbudget={budget}".encode())
-    for source in sorted((resources.files("costmodel")).iterdir(), key=lambda p: p.name):
-        if source.name.endswith(".py"):  # a changed model or simulator invalidates the fit
-            digest.update(source.read_bytes())
+    root = Path(str(resources.files("costmodel")))
+    for source in sorted(root.rglob("*.py")):  # a changed model or simulator invalidates the fit
+        digest.update(source.relative_to(root).as_posix().encode())
+        digest.update(source.read_bytes())
     key = digest.hexdigest()[:16]
     path = cache_dir() / f"calibrated-{preset}-{key}.yaml"
     if path.exists():

@@ -3,7 +3,7 @@
 Shared by ``lagom simulate`` and ``lagom tune``. A trace keeps its measured times: the
 evaluators replay its execution graph (costmodel.replay) and only scale those times
 by the ratio their mechanism gives between a plan and the trace's recorded settings
-(costmodel.trace_anchor). The simulator decides nothing about a trace.
+(costmodel.replay.anchor). The simulator decides nothing about a trace.
 """
 
 from __future__ import annotations

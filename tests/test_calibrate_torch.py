@@ -17,8 +17,8 @@ import sys
 import pytest
 from conftest import REPO_ROOT
 
+from costmodel.analytic.params import params_for
 from costmodel.cluster import load_cluster
-from costmodel.model_params import params_for
 
 
 @pytest.mark.slow  # a two-process gloo job measuring 24 items
@@ -57,7 +57,7 @@ def test_each_setting_exports_what_nccl_reads_for_that_collective_and_nothing_le
     """The GPU path's env (a fresh communicator per setting): an AllToAll's step goes to
     NCCL_P2P_*_CHUNKSIZE (NCCL reads no NTHREADS, ALGO or BUFFSIZE-as-chunk for p2p), and one
     setting's knobs never leak into the next: the user's own value comes back instead."""
-    from costmodel.calibration_torch import MANAGED_ENV, apply_env, nccl_env_for
+    from costmodel.calibration.torch_backend import MANAGED_ENV, apply_env, nccl_env_for
     from nccl_env import Algorithm, CollectiveType, CommConfig, Signature
     from nccl_env.rules import NcclVersion
 

@@ -7,12 +7,12 @@ from dataclasses import replace
 
 import pytest
 
-from costmodel.analytic import AnalyticEvaluator
-from costmodel.calibrate import gemm_op
+from costmodel.analytic.collective_model import collective_estimate
+from costmodel.analytic.evaluator import AnalyticEvaluator
+from costmodel.analytic.params import PARAM_NAMES, default_params, param_spec, params_for
+from costmodel.calibration.calibrate import gemm_op
 from costmodel.cluster import load_cluster
-from costmodel.collective_model import collective_estimate
 from costmodel.evaluator import Evaluator
-from costmodel.model_params import PARAM_NAMES, default_params, param_spec, params_for
 from nccl_env import Algorithm, CollectiveType, CommConfig, LagomError, Plan, Protocol, Signature
 from traces import CollectiveOp, Dependency, ProcessGroup, Stream, StreamKind, Workload
 
@@ -115,8 +115,8 @@ def test_alone_compute_is_exact_and_timing_sums_are_consistent(low_bw):
 def test_fast_timelines_agree_with_the_general_one(low_bw, spec):
     """The jump timeline (two streams) and the one-compute-stream loop are optimisations of the
     general phase timeline: same starts and ends for every op, same busy and exposed times."""
-    from costmodel.accuracy import random_plan
-    from costmodel.analytic_jump import jump_timeline
+    from costmodel.analytic.jump import jump_timeline
+    from costmodel.calibration.accuracy import random_plan
     from traces.generate import generate_workload
 
     w = generate_workload(spec)
@@ -190,7 +190,7 @@ class _ModelTruth:
 
 @pytest.mark.slow  # a full least-squares fit
 def test_fit_recovers_hidden_parameters_through_noise(low_bw):
-    from costmodel.calibrate import calibrate
+    from costmodel.calibration.calibrate import calibrate
 
     truth = default_params(low_bw)
     rng = random.Random(3)

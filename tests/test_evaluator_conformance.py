@@ -14,13 +14,13 @@ from dataclasses import replace
 
 import pytest
 
-from costmodel.accuracy import random_plan
-from costmodel.analytic import AnalyticEvaluator
-from costmodel.calibrate import gemm_op
+from costmodel.analytic.evaluator import AnalyticEvaluator
+from costmodel.calibration.accuracy import random_plan
+from costmodel.calibration.calibrate import gemm_op
 from costmodel.cluster import ClusterSpec, load_cluster
 from costmodel.evaluator import Evaluator, Timing
 from costmodel.nccl_defaults import nccl_default_config
-from costmodel.sim import Simulator
+from costmodel.sim.simulator import Simulator
 from nccl_env import Algorithm, CollectiveType, CommConfig, LagomError, Plan, Protocol
 from traces import CollectiveOp, Dependency, ProcessGroup, Stream, StreamKind, Workload
 from traces.generate import generate_workload

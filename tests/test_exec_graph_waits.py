@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kineto_builder import TraceBuilder
 
-from costmodel.replay import replay, replay_static
+from costmodel.replay.schedule import replay, replay_static
 from traces.kineto import read_trace
 from traces.workload import Workload
 

@@ -18,8 +18,8 @@ import pytest
 from conftest import REPO_ROOT, shared_traces_dir
 
 from costmodel.cluster import load_cluster
-from costmodel.published_cases import gemm_beside_us, load_cases, parse_cases, run_cases
-from costmodel.sim import Simulator
+from costmodel.sim.published_cases import gemm_beside_us, load_cases, parse_cases, run_cases
+from costmodel.sim.simulator import Simulator
 from nccl_env import CollectiveType, CommConfig, Signature
 from nccl_env.errors import LagomError
 from traces.gemm_names import GemmDtype

@@ -15,7 +15,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = ["nccl_env", "traces", "costmodel", "tuner", "lagom"]
-SIMULATOR_MODULES = ("costmodel.sim",)  # costmodel.sim, costmodel.sim_collective, ...
+SIMULATOR_MODULES = ("costmodel.sim",)  # costmodel.sim, costmodel.sim.collective, ...
 
 
 def _module_name(path: Path, root: Path = REPO_ROOT) -> str:

@@ -15,7 +15,9 @@ import time
 
 import pytest
 
-from costmodel.accuracy import (
+from costmodel.analytic.evaluator import AnalyticEvaluator
+from costmodel.analytic.params import default_params, param_spec
+from costmodel.calibration.accuracy import (
     candidate_configs,
     compare_timings,
     compute_bound_windows,
@@ -24,12 +26,10 @@ from costmodel.accuracy import (
     signatures_of,
     window_workload,
 )
-from costmodel.analytic import AnalyticEvaluator
-from costmodel.calibrate import calibrate
-from costmodel.calibration_backend import SimBackend
+from costmodel.calibration.backend import SimBackend
+from costmodel.calibration.calibrate import calibrate
 from costmodel.cluster import load_cluster
-from costmodel.model_params import default_params, param_spec
-from costmodel.sim import Simulator
+from costmodel.sim.simulator import Simulator
 from lagom.cli import main as lagom_main
 from nccl_env.plan import Plan
 from traces.generate import generate_workload

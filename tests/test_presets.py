@@ -107,7 +107,7 @@ def test_overrides_and_resolve():
 def test_bad_cluster_numbers_are_one_line_errors(tmp_path, old, new, message):
     """These used to be truncated (84.5 SMs -> 84, true -> 1 SM), simulated with NaN/inf bandwidth,
     kept as an unparseable NCCL version, or crashed the simulator (efficiency 0: ZeroDivisionError)."""
-    from costmodel.sim import Simulator
+    from costmodel.sim.simulator import Simulator
 
     text = (resources.files("costmodel") / "presets" / "low-bw.yaml").read_text()
     assert old in text

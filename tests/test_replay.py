@@ -9,11 +9,11 @@ from dataclasses import replace
 import pytest
 from conftest import trace_dir
 
-from costmodel.analytic import AnalyticEvaluator
+from costmodel.analytic.evaluator import AnalyticEvaluator
 from costmodel.cluster import load_cluster
-from costmodel.replay import fidelity, replay, replay_static
-from costmodel.sim import Simulator
-from costmodel.trace_anchor import recorded_configs
+from costmodel.replay.anchor import recorded_configs
+from costmodel.replay.schedule import fidelity, replay, replay_static
+from costmodel.sim.simulator import Simulator
 from lagom.cli import main
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan

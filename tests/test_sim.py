@@ -6,7 +6,7 @@ import pytest
 
 from costmodel.cluster import load_cluster
 from costmodel.evaluator import Evaluator
-from costmodel.sim import Simulator, tiny_overlap_workload
+from costmodel.sim.simulator import Simulator, tiny_overlap_workload
 from nccl_env import CollectiveType, CommConfig, LagomError, Plan, Signature
 from traces.generate import generate_workload
 from traces.workload import ComputeOp
@@ -118,7 +118,7 @@ def test_kernel_time_grows_with_channels_and_chunk(name):
 def test_alltoall_follows_nccls_p2p_path_in_both_evaluators():
     """NCCL runs point-to-point with its own thread count (NCCL_NTHREADS is not read) and a
     default step of 128 KiB over PCIe or the network, 512 KiB inside an NVSwitch node."""
-    from costmodel.analytic import AnalyticEvaluator
+    from costmodel.analytic.evaluator import AnalyticEvaluator
     from costmodel.nccl_defaults import nccl_default_config
 
     a2a = Signature("ep", CollectiveType.ALLTOALL, 64 << 20, 8, 1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from costmodel.cluster import load_cluster
-from costmodel.sim import Simulator
+from costmodel.sim.simulator import Simulator
 from nccl_env import CollectiveType, CommConfig, Plan, Signature
 from traces.generate import generate_workload
 from traces.workload import CollectiveOp, ComputeOp, ProcessGroup, Stream, StreamKind, Workload

@@ -12,7 +12,7 @@ from conftest import trace_dir
 from kineto_builder import TraceBuilder
 
 from costmodel.cluster import load_cluster
-from costmodel.sim import Simulator
+from costmodel.sim.simulator import Simulator
 from lagom import tuning
 from lagom.cli import main
 from lagom.tuned_config import load_tuned_config

@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO_ROOT
 
 from costmodel.cluster import load_cluster
-from costmodel.sim import Simulator
+from costmodel.sim.simulator import Simulator
 from lagom.cli import main
 from lagom.tuned_config import load_tuned_config
 from nccl_env.plan import Plan

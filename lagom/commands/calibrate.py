@@ -52,11 +52,11 @@ def _backend(args: argparse.Namespace):
     if not 0.0 <= args.noise < 0.5:
         raise LagomError(f"--noise {args.noise}: must be in [0, 0.5)")
     if args.backend == "torch":
-        from costmodel.calibration_torch import TorchBackend
+        from costmodel.calibration.torch_backend import TorchBackend
         from costmodel.cluster import load_cluster
 
         return TorchBackend(load_cluster(args.cluster or "low-bw"))
-    from costmodel.calibration_backend import backend_from_spec
+    from costmodel.calibration.backend import backend_from_spec
 
     return backend_from_spec(args.backend, noise=args.noise, seed=args.seed)
 
@@ -64,7 +64,7 @@ def _backend(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from costmodel.calibrate import calibrate
+    from costmodel.calibration.calibrate import calibrate
     from lagom.console import StageProgress
 
     out = _output_path("--out", args.out)

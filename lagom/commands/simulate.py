@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     }
     fid = None
     if timing.steps:
-        from costmodel.replay import fidelity
+        from costmodel.replay.schedule import fidelity
 
         result["steps"] = [st.to_dict() for st in timing.steps]
         fid = fidelity(timing if not plan.entries and plan.default == CommConfig()

@@ -24,7 +24,7 @@ from typing import Protocol
 
 from costmodel.cluster import ClusterSpec
 from costmodel.evaluator import Timing
-from costmodel.sim import Simulator
+from costmodel.sim.simulator import Simulator
 from lagom.online.work_timing import WorkDurations, op_timings
 from nccl_env.plan import Plan, Signature
 from traces.workload import Workload

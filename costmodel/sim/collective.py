@@ -21,7 +21,7 @@ The chunk pipeline makes time fall with C (fewer syncs) until the fill step domi
 (unimodal), and saturate in NC once the link is the limit. The FIFO data in flight,
 ``fifo_resident_chunks x NC x C`` bytes, sits in L2; what does not fit spills to DRAM and
 costs extra DRAM traffic per payload byte. That footprint is what the compute model loses
-from its L2 (see :mod:`costmodel.sim_compute`).
+from its L2 (see :mod:`costmodel.sim.compute`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 
 from costmodel.cluster import ClusterSpec
-from costmodel.sim_params import SimParams
+from costmodel.sim.params import SimParams
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Signature
 

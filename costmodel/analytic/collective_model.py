@@ -1,7 +1,7 @@
 """Closed-form time of one collective from its NCCL settings, alone or beside compute.
 
 A pure function over plain numbers (the adapter that feeds it is
-:mod:`costmodel.analytic`); the parameters ``p`` are :mod:`costmodel.model_params`.
+:mod:`costmodel.analytic`); the parameters ``p`` are :mod:`costmodel.analytic.params`.
 
 A ring-family collective on ``n`` ranks moves, per rank, ``W`` payload bytes (the
 nccl-tests bus factor x message: 2(n-1)/n for AllReduce, (n-1)/n for AllGather,

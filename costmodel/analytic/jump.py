@@ -20,7 +20,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from costmodel.collective_model import CollectiveEstimate
+from costmodel.analytic.collective_model import CollectiveEstimate
 from nccl_env.errors import LagomError
 
 

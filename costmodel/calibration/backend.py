@@ -12,7 +12,7 @@ A backend times three things on a cluster, each in microseconds:
 
 Backends: ``sim:PRESET`` (:class:`SimBackend`, the simulator on tiny workloads with
 its default ~1% measurement noise) here; ``torch`` (real collectives under torchrun)
-in ``costmodel.calibration_torch``, the one module that imports torch.
+in ``costmodel.calibration.torch_backend``, the one module that imports torch.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class SimBackend:
     """The simulator as the cluster to calibrate against (``sim:PRESET``)."""
 
     def __init__(self, cluster: ClusterSpec, noise: float = 0.01, seed: int = 0, label: str | None = None) -> None:
-        from costmodel.sim import Simulator
+        from costmodel.sim.simulator import Simulator
 
         self.cluster = cluster
         self.name = label or f"sim:{cluster.name}"

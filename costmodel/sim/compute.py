@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 
 from costmodel.cluster import GpuSpec
-from costmodel.sim_params import SimParams
+from costmodel.sim.params import SimParams
 from nccl_env.errors import LagomError
 from traces.gemm_names import gemm_dtype
 from traces.gemm_names import gemm_tile as gemm_tile_from_name

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from costmodel.evaluator import Timing
-from costmodel.replay import replay, replay_static
+from costmodel.replay.schedule import replay, replay_static
 from costmodel.workload_cache import WorkloadCache
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature

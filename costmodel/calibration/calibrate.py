@@ -7,8 +7,8 @@
    threads (a random design plus one-knob sweeps around NCCL's default), a few
    compute shapes alone, and the same shapes under concurrent collectives with
    channels and chunks varied.
-2. The backend measures each item (:mod:`costmodel.calibration_backend`).
-3. ``scipy.optimize.least_squares`` fits the parameters of :data:`costmodel.model_params.PARAMS`
+2. The backend measures each item (:mod:`costmodel.calibration.backend`).
+3. ``scipy.optimize.least_squares`` fits the parameters of :data:`costmodel.analytic.params.PARAMS`
    on log-ratio residuals (model / measured) with a soft-L1 loss, so a few noisy or
    unmodellable points do not drag the fit: first the collective terms on the
    collectives alone, then the contention terms on the overlap measurements, then
@@ -27,10 +27,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy.optimize import least_squares
 
-from costmodel.analytic import AnalyticEvaluator
-from costmodel.calibration_backend import CalibrationBackend
+from costmodel.analytic.evaluator import AnalyticEvaluator
+from costmodel.analytic.params import PARAMS, default_params, model_section, params_for
+from costmodel.calibration.backend import CalibrationBackend
 from costmodel.cluster import ClusterSpec
-from costmodel.model_params import PARAMS, default_params, model_section, params_for
 from costmodel.nccl_defaults import cluster_max_channels, nccl_default_config
 from nccl_env.errors import LagomError
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol

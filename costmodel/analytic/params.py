@@ -15,7 +15,7 @@ tuner also works on an uncalibrated preset. Schema (all floats, units in the nam
 Unknown keys are rejected (one line naming the key), missing keys take their
 default, so a file written by an older Lagom still loads. What each parameter
 means is in :data:`PARAMS`; how they enter the equations is in
-:mod:`costmodel.collective_model` and :mod:`costmodel.contention_model`.
+:mod:`costmodel.analytic.collective_model` and :mod:`costmodel.analytic.contention_model`.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.collective_model import CollectiveEstimate
+from costmodel.analytic.collective_model import CollectiveEstimate
 from nccl_env.errors import LagomError
 from traces.gemm_names import gemm_dtype, gemm_tile
 

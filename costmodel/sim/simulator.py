@@ -9,14 +9,14 @@ the resources the others leave it:
 
 * a running collective holds ``NC`` SMs (one CTA per channel) for its whole duration;
   compute kernels run their thread-block waves on the SMs left
-  (:mod:`costmodel.sim_compute`);
+  (:mod:`costmodel.sim.compute`);
 * a collective's in-flight FIFO data (``NC x chunk``) takes that much L2 from the
   compute kernels; what does not fit spills to DRAM;
 * DRAM bandwidth is shared max-min fairly between the compute kernels' and the
   collectives' demands; two collectives on the same link class share the link;
 * a collective launched while a kernel fills the GPU waits for SMs until the kernel's
   current wave of blocks retires (half a wave on average);
-* each collective's own pace is its chunk pipeline (:mod:`costmodel.sim_collective`).
+* each collective's own pace is its chunk pipeline (:mod:`costmodel.sim.collective`).
 
 A collective's CommConfig is ``plan.config_for(signature)`` resolved over NCCL's modelled
 default (:func:`costmodel.nccl_defaults.resolve_config`). Each op's duration carries a
@@ -40,10 +40,10 @@ import numpy as np
 from costmodel.cluster import ClusterSpec
 from costmodel.evaluator import OpTiming, Timing, check_plan
 from costmodel.nccl_defaults import resolve_config
-from costmodel.sim_collective import CollectiveModel
-from costmodel.sim_compute import ComputeModel, gemm_tile_from_name
-from costmodel.sim_params import sim_params
-from costmodel.trace_anchor import replay_timing
+from costmodel.replay.anchor import replay_timing
+from costmodel.sim.collective import CollectiveModel
+from costmodel.sim.compute import ComputeModel, gemm_tile_from_name
+from costmodel.sim.params import sim_params
 from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig

@@ -6,12 +6,12 @@ Three closed-form pieces (docs/costmodel.md has the equations):
 
 1. each collective's time from its settings: a chunk pipeline over channels, limited
    by the link, the protocol, threads and per-step latency
-   (:mod:`costmodel.collective_model`);
+   (:mod:`costmodel.analytic.collective_model`);
 2. each compute kernel's time beside the running collectives, by waves of thread
    blocks on the SMs they leave, the L2 they leave and the DRAM bandwidth they leave
-   (the paper's Eq. 4-6, :mod:`costmodel.contention_model`), and each collective's
+   (the paper's Eq. 4-6, :mod:`costmodel.analytic.contention_model`), and each collective's
    time on the DRAM bandwidth and L2 the kernel leaves it;
-A workload read from a trace is replayed instead (:mod:`costmodel.trace_anchor`): its
+A workload read from a trace is replayed instead (:mod:`costmodel.replay.anchor`): its
 execution graph scheduled with the measured times, scaled by (1) and (2) as ratios.
 
 3. stream order and dependencies: an op starts when its stream's previous op and
@@ -20,7 +20,7 @@ execution graph scheduled with the measured times, scaled by (1) and (2) as rati
    end to the next. A change of settings shifts every later overlap (the cascade).
 
 Parameters come from the cluster file's ``model:`` section (fitted by ``lagom
-calibrate``), else from the hardware numbers (:func:`costmodel.model_params.default_params`).
+calibrate``), else from the hardware numbers (:func:`costmodel.analytic.params.default_params`).
 
 Speed: the workload's static data (stream order, dependencies, kernel shapes) is built
 once per workload object; collective estimates are cached per (signature, setting)
@@ -33,10 +33,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
-from costmodel.analytic_jump import JumpStatic, build_jump_static, jump_timeline
-from costmodel.cluster import ClusterSpec
-from costmodel.collective_model import CollectiveEstimate, collective_estimate
-from costmodel.contention_model import (
+from costmodel.analytic.collective_model import CollectiveEstimate, collective_estimate
+from costmodel.analytic.contention_model import (
     ComputeShape,
     GpuNumbers,
     compute_shape,
@@ -47,9 +45,11 @@ from costmodel.contention_model import (
     running_set_times,
     shape_arrays,
 )
+from costmodel.analytic.jump import JumpStatic, build_jump_static, jump_timeline
+from costmodel.analytic.params import params_for
+from costmodel.cluster import ClusterSpec
 from costmodel.evaluator import OpTiming, Timing, check_plan
-from costmodel.model_params import params_for
-from costmodel.trace_anchor import replay_timing
+from costmodel.replay.anchor import replay_timing
 from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig

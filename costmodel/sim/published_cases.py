@@ -31,7 +31,7 @@ from typing import Any
 
 from costmodel.cluster import ClusterSpec, load_cluster, preset_names
 from costmodel.evaluator import MODELLED_ALGORITHMS
-from costmodel.sim import Simulator, tiny_overlap_workload
+from costmodel.sim.simulator import Simulator, tiny_overlap_workload
 from nccl_env.errors import LagomError
 from nccl_env.files import read_text
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol

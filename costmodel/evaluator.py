@@ -45,6 +45,9 @@ class StepTiming:
     measured_exposed_comm_us: float
     compute_us: float = 0.0  # merged compute kernel time of the step's ops
     measured_compute_us: float = 0.0
+    critical_comm_us: float = 0.0  # collective time on the critical path: the most faster collectives can save
+    measured_critical_comm_us: float = 0.0
+    unexplained_idle_us: float = 0.0  # GPU idle in the trace that the graph shows no cause for (docs/replay.md)
 
     def to_dict(self) -> dict:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()}

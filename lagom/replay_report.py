@@ -8,7 +8,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from costmodel.evaluator import StepTiming
-from costmodel.replay.schedule import ReplayFidelity
+from costmodel.replay.fidelity import ReplayFidelity
 
 UNTRUSTED_STEP_ERROR_PCT = 10.0  # past this median step error a prediction is not worth acting on
 

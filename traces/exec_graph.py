@@ -17,14 +17,19 @@ the GPU ops with their measured times; this graph adds why each op started when 
 - **host synchronisation**: CPU calls that return only when GPU ops have finished
   (stream, device and event synchronisation, blocking copies): the thread's later
   calls move with those ops' ends;
+- **hand-overs** between CPU threads: ``loss.backward()`` hands the backward pass to
+  the autograd engine's thread and blocks until it is done, so the autograd thread's
+  burst starts after the calling thread's last call before it, and the calling
+  thread's next call comes after the burst's last (:mod:`traces.exec_graph_build`);
 - the **profiler steps** with their names and threads, so a replay can report steps;
 - the **recorded settings** of each NCCL kernel: channels (its grid) and threads per
   channel (its block), algorithm and protocol when the kernel name is reliable;
 - each NCCL kernel's **wait** for its slowest peer (:mod:`traces.comm_split`): the rest
   of its measured time is the transfer, the only part NCCL settings change.
 
-The CPU's own time between calls is kept as measured: a replay shifts a thread's later
-calls by how much later (or earlier) a synchronisation returned, nothing else.
+A CPU thread is a chain: the CPU's own time between its calls is kept as measured, and
+a replay shifts a thread's later calls by how much later (or earlier) the thread's last
+wait ended (a host synchronisation returned, or a hand-over let it go on).
 Graphs are plain data keyed by op id; generated workloads have none.
 """
 
@@ -62,6 +67,19 @@ class HostSync:
 
 
 @dataclass(frozen=True, slots=True)
+class HandOver:
+    """``thread`` waited from ``start_us`` (None: since before the trace) and went on at
+    ``resume_us`` because ``cause_thread`` reached its call at ``cause_us``."""
+
+    thread: int
+    start_us: float | None
+    resume_us: float
+    cause_thread: int
+    cause_us: float
+    kind: str  # "wake": the autograd thread starts a backward pass; "return": backward() returns
+
+
+@dataclass(frozen=True, slots=True)
 class StreamWait:
     """``consumer`` starts after ``producer`` ends (an event recorded on one stream, awaited on another)."""
 
@@ -94,6 +112,7 @@ class ExecGraph:
     launches: dict[int, Launch] = field(default_factory=dict)  # op id -> its launch
     gaps: dict[int, float] = field(default_factory=dict)  # op id -> start minus when stream and producers were done
     syncs: list[HostSync] = field(default_factory=list)  # sorted by start
+    hand_overs: list[HandOver] = field(default_factory=list)  # sorted by resume
     stream_waits: list[StreamWait] = field(default_factory=list)
     steps: list[StepSpan] = field(default_factory=list)  # sorted by start
     recorded: dict[int, RecordedSettings] = field(default_factory=dict)  # collective op id -> settings
@@ -117,6 +136,8 @@ class ExecGraph:
             "launches": [[op, la.thread, la.call_us, la.latency_us] for op, la in self.launches.items()],
             "syncs": [[s.thread, s.start_us, s.end_us, list(s.awaited), s.kind, s.own_us, s.return_us]
                       for s in self.syncs],
+            "hand_overs": [[h.thread, h.start_us, h.resume_us, h.cause_thread, h.cause_us, h.kind]
+                           for h in self.hand_overs],
             "stream_waits": [[w.producer, w.consumer, w.source] for w in self.stream_waits],
             "steps": [[s.name, s.thread, s.start_us, s.end_us] for s in self.steps],
             "comm_wait_us": [[op, w] for op, w in self.comm_wait_us.items()],
@@ -138,6 +159,8 @@ class ExecGraph:
             launches={int(op): Launch(int(t), float(c), float(lat)) for op, t, c, lat in data["launches"]},
             syncs=[HostSync(int(t), float(a), float(b), tuple(int(x) for x in aw), str(k), float(own), float(r))
                    for t, a, b, aw, k, own, r in data["syncs"]],
+            hand_overs=[HandOver(int(t), None if a is None else float(a), float(r), int(ct), float(cu), str(k))
+                        for t, a, r, ct, cu, k in data.get("hand_overs", [])],
             stream_waits=[StreamWait(int(p), int(c), str(s)) for p, c, s in data["stream_waits"]],
             steps=[StepSpan(str(n), int(t), float(a), float(b)) for n, t, a, b in data["steps"]],
             comm_wait_us={int(op): float(w) for op, w in data.get("comm_wait_us", [])},

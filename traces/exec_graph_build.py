@@ -32,6 +32,21 @@ Rules (each one what the trace shows, or a documented guess where it shows less)
   second producer would be a guess a what-if could wrongly bind). An op with no launch
   call in the trace (launched before the profiler started) counts as launched with its
   stream's previous op.
+- **Hand-overs between CPU threads.** ``loss.backward()`` on the thread that calls it
+  (the main thread: the one holding the profiler steps, else the busiest) hands the
+  backward pass to the autograd engine's thread and blocks until it is done; nothing
+  in a trace marks either hand-over, but the autograd thread's work is
+  ``autograd::engine::evaluate_function: ...`` and the main thread is silent meanwhile
+  (apart from the engine's own work for CPU tensors, which runs on the calling thread
+  as ``autograd::``/``torch::autograd::`` ops and is not the main thread's own). So a
+  *burst* is a maximal run of another thread's CPU events with no event of the main
+  thread's own starting between them; a burst holding an ``evaluate_function`` is a
+  backward pass: it starts (``wake``) after the main thread's last own event before
+  it, with the measured delay, and the main thread's next own event comes (``return``)
+  after the burst's last event ends, with the measured delay. A return the trace
+  contradicts (the main thread went on before the burst's last event ended) is
+  dropped; a burst with no main event before it (the backward began before the trace)
+  gets no wake.
 - **Host synchronisation.** ``cudaStreamSynchronize`` / ``cudaEventSynchronize``: the
   op they waited for is, when a ``cuda_sync`` event names the stream, the last op
   launched on it before the call; otherwise the op launched before the call whose end
@@ -48,18 +63,19 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 
 from nccl_env.knobs import Algorithm, Protocol
 from traces.exec_graph import (
     ExecGraph,
+    HandOver,
     HostSync,
     Launch,
     RecordedSettings,
     StepSpan,
     StreamWait,
 )
-from traces.kineto_events import GpuOp, HostCall, StepMark, SyncEvent
+from traces.kineto_events import CPU_AUTOGRAD_EVAL, CPU_PLAIN, GpuOp, HostCall, StepMark, SyncEvent, ThreadEvents
 from traces.workload import CollectiveOp, ComputeOp, Dependency
 
 SYNC_TOLERANCE_US = 2.0  # CPU and GPU clocks of one trace agree to about a microsecond
@@ -78,8 +94,10 @@ def build_exec_graph(
     step_marks: list[StepMark],
     dependencies: list[Dependency],
     origin: float,
+    thread_events: dict[tuple, ThreadEvents] | None = None,
 ) -> ExecGraph:
-    """The graph of one rank: ``made`` pairs each Workload op with the GPU op it came from."""
+    """The graph of one rank: ``made`` pairs each Workload op with the GPU op it came from;
+    ``thread_events`` (every CPU event per thread) gives the hand-overs between threads."""
     graph = ExecGraph()
     thread_index: dict[tuple, int] = {}
 
@@ -109,7 +127,81 @@ def build_exec_graph(
     _launch_latencies(graph, ops, calls, producers)
     graph.syncs = _host_syncs(ops, calls, host_calls, sync_events, made, thread_of, origin)
     graph.steps = _steps(step_marks, thread_of, origin)
+    if thread_events:
+        graph.hand_overs = _hand_overs(thread_events, step_marks, launch_calls, thread_of, origin)
     return graph
+
+
+def _main_thread(thread_events: dict[tuple, ThreadEvents], step_marks: list[StepMark],
+                 launch_calls: dict[int, tuple[float, float, tuple]]) -> tuple | None:
+    """The thread that calls ``backward()``: the one holding the most profiler steps, else the
+    one that launched the most GPU ops."""
+    count: dict[tuple, int] = {}
+    for m in step_marks:
+        count[m.thread] = count.get(m.thread, 0) + 1
+    if not count:
+        for _start, _end, thread in launch_calls.values():
+            count[thread] = count.get(thread, 0) + 1
+    candidates = [t for t in count if t in thread_events]
+    return max(candidates, key=lambda t: (count[t], str(t))) if candidates else None
+
+
+def _own_starts(events: ThreadEvents) -> list[float]:
+    """Starts of a thread's own events: plain ones not nested in the autograd engine's work."""
+    engine: list[tuple[float, float]] = []  # merged spans of autograd events on this thread
+    for a, b, k in zip(events.starts, events.ends, events.kinds):
+        if k != CPU_PLAIN:
+            if engine and a <= engine[-1][1]:
+                engine[-1] = (engine[-1][0], max(engine[-1][1], b))
+            else:
+                engine.append((a, b))
+    if not engine:
+        return [a for a, k in zip(events.starts, events.kinds) if k == CPU_PLAIN]
+    ends = [b for _, b in engine]
+    out = []
+    for a, k in zip(events.starts, events.kinds):
+        if k != CPU_PLAIN:
+            continue
+        i = bisect_left(ends, a)  # the first engine span ending at or after a
+        if i < len(engine) and engine[i][0] <= a:
+            continue  # nested in the engine's work
+        out.append(a)
+    return out
+
+
+def _hand_overs(thread_events: dict[tuple, ThreadEvents], step_marks: list[StepMark],
+                launch_calls: dict[int, tuple[float, float, tuple]], thread_of, origin: float) -> list[HandOver]:
+    """Backward-pass bursts on autograd threads and their wake/return edges (module docstring)."""
+    main = _main_thread(thread_events, step_marks, launch_calls)
+    if main is None:
+        return []
+    own = _own_starts(thread_events[main])
+    out: list[HandOver] = []
+    for key, ev in thread_events.items():
+        if key == main or CPU_AUTOGRAD_EVAL not in ev.kinds:
+            continue
+        starts, ends, kinds = ev.starts, ev.ends, ev.kinds
+        n = len(starts)
+        idle_since: float | None = None  # the latest end of this thread's events so far
+        i = 0
+        while i < n:
+            j = bisect_right(own, starts[i])  # own[j - 1]: the main thread's last own event at or before
+            limit = own[j] if j < len(own) else math.inf
+            k, last_end = i, ends[i]
+            while k + 1 < n and starts[k + 1] < limit:
+                k += 1
+                last_end = max(last_end, ends[k])
+            if j > 0 and CPU_AUTOGRAD_EVAL in kinds[i:k + 1]:
+                before = own[j - 1]
+                out.append(HandOver(thread_of(key), None if idle_since is None else min(idle_since, starts[i]) - origin,
+                                    starts[i] - origin, thread_of(main), before - origin, "wake"))
+                if limit != math.inf and last_end <= limit:
+                    out.append(HandOver(thread_of(main), before - origin, limit - origin, thread_of(key),
+                                        last_end - origin, "return"))
+            idle_since = last_end if idle_since is None else max(idle_since, last_end)
+            i = k + 1
+    out.sort(key=lambda h: (h.resume_us, h.thread))
+    return out
 
 
 def _recorded(g: GpuOp) -> RecordedSettings:
@@ -253,38 +345,67 @@ def _last_launched_per_stream(ops: dict[int, Op], launched: dict[int, list[tuple
     return out
 
 
+class _MaxFenwick:
+    """Inserted ranks 0..n-1; ``largest_at_most(r)``: the largest inserted rank <= r (-1: none)."""
+
+    def __init__(self, n: int) -> None:
+        self._tree = [-1] * (n + 1)
+
+    def insert(self, rank: int) -> None:
+        i = rank + 1
+        while i < len(self._tree):
+            if self._tree[i] < rank:
+                self._tree[i] = rank
+            i += i & -i
+
+    def largest_at_most(self, rank: int) -> int:
+        best, i = -1, rank + 1
+        while i > 0:
+            if self._tree[i] > best:
+                best = self._tree[i]
+            i -= i & -i
+        return best
+
+
 def _host_syncs(ops: dict[int, Op], calls: dict, host_calls: list[HostCall], sync_events: list[SyncEvent],
                 made: list[tuple[Op, GpuOp]], thread_of, origin: float) -> list[HostSync]:
+    """One sweep over launches and host calls in time order (module docstring for the rules)."""
     launched = sorted((c[0], op_id) for op_id, c in calls.items())  # by launch call start
-    launch_times = [t for t, _ in launched]
+    by_end = sorted(launched, key=lambda x: (ops[x[1]].end_us, x[1]))
+    end_rank = {op_id: r for r, (_, op_id) in enumerate(by_end)}
+    end_times = [ops[op_id].end_us for _, op_id in by_end]
+    inserted = _MaxFenwick(len(by_end))
+    last_on_stream: dict[int, int] = {}  # stream -> the latest-ending op launched on it so far
     sync_stream = {e.correlation: e.stream for e in sync_events if e.correlation is not None
                    and e.kind != "Stream Wait Event"}
+    wanted = [c for c in host_calls if c.name.endswith(_STREAM_SYNCS) or c.name.endswith(_DEVICE_SYNCS)
+              or c.name.endswith("Memcpy")]
+    wanted.sort(key=lambda c: c.ts)
     raw: list[tuple[int, float, float, tuple[int, ...], str]] = []
-    for call in host_calls:
+    k = 0
+    for call in wanted:
         name = call.name
-        if not (name.endswith(_STREAM_SYNCS) or name.endswith(_DEVICE_SYNCS) or name.endswith("Memcpy")):
-            continue
         start, end = call.ts - origin, call.end - origin
-        before = [op_id for _, op_id in launched[:bisect_left(launch_times, start)]]
-        if not before:
+        while k < len(launched) and launched[k][0] < start:
+            op_id = launched[k][1]
+            inserted.insert(end_rank[op_id])
+            s = ops[op_id].stream
+            if s not in last_on_stream or ops[op_id].end_us > ops[last_on_stream[s]].end_us:
+                last_on_stream[s] = op_id
+            k += 1
+        if k == 0:
             continue
         if name.endswith(_DEVICE_SYNCS):
-            last: dict[int, int] = {}
-            for op_id in before:
-                s = ops[op_id].stream
-                if s not in last or ops[op_id].end_us > ops[last[s]].end_us:
-                    last[s] = op_id
-            awaited = tuple(sorted(last.values()))
+            awaited = tuple(sorted(last_on_stream.values()))
         else:
             stream = sync_stream.get(call.correlation) if call.correlation is not None else None
-            if stream is not None and stream >= 0 and any(ops[o].stream == stream for o in before):
-                cands = [o for o in before if ops[o].stream == stream]
-                awaited = (max(cands, key=lambda o: ops[o].end_us),)
+            if stream is not None and stream >= 0 and stream in last_on_stream:
+                awaited = (last_on_stream[stream],)
             else:
-                cands = [o for o in before if ops[o].end_us <= end + SYNC_TOLERANCE_US]
-                if not cands:
+                r = inserted.largest_at_most(bisect_right(end_times, end + SYNC_TOLERANCE_US) - 1)
+                if r < 0:
                     continue
-                awaited = (max(cands, key=lambda o: ops[o].end_us),)
+                awaited = (by_end[r][1],)
         raw.append((thread_of(call.thread), start, end, awaited, name))
     for op, _g in made:  # blocking copies: the launch call returned after its copy ended
         c = calls.get(op.op_id)

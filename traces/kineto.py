@@ -61,7 +61,16 @@ from traces.comm_names import collective_from_kernel_name, is_nccl_kernel
 from traces.exec_graph import WAIT_BASIS_FASTEST, WAIT_BASIS_RANKS
 from traces.exec_graph_build import build_exec_graph
 from traces.kineto_comm import CommInfo, collective_from_call, parse_ranks
-from traces.kineto_events import CommCall, EventReader, GpuOp, HostCall, StepMark, SyncEvent, to_int
+from traces.kineto_events import (
+    CommCall,
+    EventReader,
+    GpuOp,
+    HostCall,
+    StepMark,
+    SyncEvent,
+    ThreadEvents,
+    to_int,
+)
 from traces.kineto_json import read_events
 from traces.workload import (
     CollectiveOp,
@@ -154,6 +163,7 @@ class _ParsedTrace:
     host_calls: list[HostCall] = field(default_factory=list)
     sync_events: list[SyncEvent] = field(default_factory=list)
     step_marks: list[StepMark] = field(default_factory=list)
+    thread_events: dict[tuple, ThreadEvents] = field(default_factory=dict)
 
     def build(self, origin: int, world_size: int, world_size_known: bool) -> Workload:
         return _WorkloadBuilder(self, origin, world_size, world_size_known).build()
@@ -175,6 +185,7 @@ def _parse_file(path: Path) -> _ParsedTrace:
     parsed.host_calls = events.host_calls
     parsed.sync_events = events.sync_events
     parsed.step_marks = events.step_marks
+    parsed.thread_events = events.thread_events()
     if not parsed.gpu_ops and not any(collective_from_call(c) for c in parsed.comm_calls):
         raise LagomError(f"{path}: trace has neither GPU kernels nor collectives (nothing to analyse)")
     return parsed
@@ -326,8 +337,8 @@ class _WorkloadBuilder:
         _assign_ids(compute, colls)
         deps = self._dependencies(op_corr)
         steps = sorted((a - o, b - o) for a, b in set(p.steps))
-        graph = (build_exec_graph(made, p.launch_calls, p.host_calls, p.sync_events, p.step_marks, deps, o)
-                 if made else None)
+        graph = (build_exec_graph(made, p.launch_calls, p.host_calls, p.sync_events, p.step_marks, deps, o,
+                                  p.thread_events) if made else None)
         return Workload(
             rank=p.rank if p.rank is not None else 0,
             world_size=self.world_size,

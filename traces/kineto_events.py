@@ -99,6 +99,22 @@ class SyncEvent:
     stream: int | None  # the waiting stream (Stream Wait Event) or the synchronised one
 
 
+# CPU events the hand-over rule (traces.exec_graph_build) reads by name: the autograd engine's
+# work, on its own thread (one per device) or, for CPU tensors, on the thread that called backward().
+AUTOGRAD_PREFIXES = ("autograd::engine::evaluate_function", "torch::autograd::")
+CPU_PLAIN, CPU_AUTOGRAD_EVAL, CPU_AUTOGRAD_OTHER = 0, 1, 2  # ThreadEvents.kind
+
+
+@dataclass(slots=True)
+class ThreadEvents:
+    """Every CPU event of one thread (cpu_op, user_annotation, runtime call), in trace order:
+    start, end and kind (CPU_PLAIN, CPU_AUTOGRAD_EVAL, CPU_AUTOGRAD_OTHER)."""
+
+    starts: array
+    ends: array
+    kinds: array
+
+
 @dataclass(slots=True)
 class StepMark:
     """A ``ProfilerStep#N`` annotation on its CPU thread."""
@@ -130,12 +146,18 @@ class EventReader:
         self._rt_thread = array("l")
         self._threads: dict[tuple, int] = {}
         self._names: dict[str, str] = {}  # one string object per distinct kernel name
+        # Every CPU event, flat: start, end, thread index, kind (the execution graph's thread chains).
+        self._cpu_ts = array("d")
+        self._cpu_end = array("d")
+        self._cpu_thread = array("l")
+        self._cpu_kind = array("b")
 
     def feed(self, events: list) -> None:
         category = CATEGORY
         gpu_ops = self.gpu_ops
         names = self._names
         rt_corr, rt_ts, rt_end, rt_thread = self._rt_corr, self._rt_ts, self._rt_end, self._rt_thread
+        cpu_ts, cpu_end, cpu_thread, cpu_kind = self._cpu_ts, self._cpu_end, self._cpu_thread, self._cpu_kind
         threads = self._threads
         min_ts = self.min_ts
         for e in events:
@@ -193,10 +215,27 @@ class EventReader:
                     rt_ts.append(ts)
                     rt_end.append(ts + dur)
                     rt_thread.append(index)
+                    cpu_ts.append(ts)
+                    cpu_end.append(ts + dur)
+                    cpu_thread.append(index)
+                    cpu_kind.append(CPU_PLAIN)
                     if name in HOST_CALL_NAMES:
                         self.host_calls.append(HostCall(ts, ts + dur, name, corr, thread))
             elif kind == CPU:
+                thread = thread_key(e)
+                index = threads.get(thread)
+                if index is None:
+                    index = threads.setdefault(thread, len(threads))
+                cpu_ts.append(ts)
+                cpu_end.append(ts + dur)
+                cpu_thread.append(index)
                 first = name[:1]
+                if first == "a" and name.startswith(AUTOGRAD_PREFIXES[0]):
+                    cpu_kind.append(CPU_AUTOGRAD_EVAL)
+                elif first == "t" and name.startswith(AUTOGRAD_PREFIXES[1]):
+                    cpu_kind.append(CPU_AUTOGRAD_OTHER)
+                else:
+                    cpu_kind.append(CPU_PLAIN)
                 if first == "P" and name.startswith("ProfilerStep"):
                     self.steps.append((ts, ts + dur))
                     self.step_marks.append(StepMark(name, ts, ts + dur, thread_key(e)))
@@ -249,6 +288,22 @@ class EventReader:
                 prev = out.get(corr)
                 if prev is None or rt_ts[i] < prev[0]:
                     out[corr] = (rt_ts[i], rt_end[i], threads[rt_thread[i]])
+        return out
+
+
+    def thread_events(self) -> dict[tuple, ThreadEvents]:
+        """Thread key -> its CPU events sorted by start (runtime calls with a correlation id,
+        cpu_ops and user annotations)."""
+        per: dict[int, list[int]] = {}
+        for i, t in enumerate(self._cpu_thread):
+            per.setdefault(t, []).append(i)
+        keys = {i: t for t, i in self._threads.items()}
+        out: dict[tuple, ThreadEvents] = {}
+        ts, end, kind = self._cpu_ts, self._cpu_end, self._cpu_kind
+        for t, idx in per.items():
+            idx.sort(key=ts.__getitem__)
+            out[keys[t]] = ThreadEvents(array("d", (ts[i] for i in idx)), array("d", (end[i] for i in idx)),
+                                        array("b", (kind[i] for i in idx)))
         return out
 
 

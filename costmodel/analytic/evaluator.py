@@ -49,7 +49,7 @@ from costmodel.analytic.jump import JumpStatic, build_jump_static, jump_timeline
 from costmodel.analytic.params import params_for
 from costmodel.cluster import ClusterSpec
 from costmodel.evaluator import OpTiming, Timing, check_plan
-from costmodel.replay.anchor import replay_timing
+from costmodel.replay.anchor import DurationScale, check_scale, replay_timing
 from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
@@ -151,12 +151,14 @@ class AnalyticEvaluator:
         self._replay_cache: dict = {}
 
     # ---- public ------------------------------------------------------------------------------
-    def evaluate(self, workload: Workload, plan: Plan) -> Timing:
+    def evaluate(self, workload: Workload, plan: Plan, scale: DurationScale | None = None) -> Timing:
+        """``scale``: for a trace, its measured collective/compute times scaled first (a what-if)."""
         check_plan(plan)
         if workload.exec_graph is not None:  # a trace: replay it, anchored at its measured times
-            timing = replay_timing(self, workload, plan, self.cluster.gpus_per_node, self._replay_cache)
+            timing = replay_timing(self, workload, plan, self.cluster.gpus_per_node, self._replay_cache, scale)
             self.evaluations += 1
             return timing
+        check_scale(workload, scale)
         st = self._statics.get(workload)
         self.evaluations += 1
         ests = [self.estimate(sig, plan.config_for(sig)) for sig in st.signatures]

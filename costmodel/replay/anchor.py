@@ -22,21 +22,48 @@ mechanism never replaces a measured time, it scales it:
 
 The mechanism is anything with ``collective_time_us(signature, config)`` and
 ``slowdown_beside(op, signature, config)`` (both evaluators have them).
+
+A :class:`DurationScale` asks a plain what-if first: every collective's measured time
+(wait and transfer) times ``comm``, every compute kernel's (not memcpy/memset) times
+``compute``; the plan's ratios then apply to the scaled times, and the schedule follows.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from costmodel.evaluator import Timing
-from costmodel.replay.schedule import replay, replay_static
+from costmodel.replay.schedule import ReplayStatic, replay, replay_static
 from costmodel.workload_cache import WorkloadCache
+from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
 from traces.workload import CollectiveOp, ComputeOp, Op, Workload
+
+
+@dataclass(frozen=True)
+class DurationScale:
+    """What if every collective (``comm``) or compute kernel (``compute``) took F times as long."""
+
+    comm: float = 1.0
+    compute: float = 1.0
+
+    @property
+    def is_identity(self) -> bool:
+        return self.comm == 1.0 and self.compute == 1.0
+
+
+def check_scale(workload: Workload, scale: DurationScale | None) -> None:
+    """A what-if scale applies to a trace's measured times: LagomError for any other workload."""
+    if scale is not None and not scale.is_identity and workload.exec_graph is None:
+        raise LagomError(f"{workload.source or 'workload'}: a duration scale applies to a trace's measured times; "
+                         f"this workload is not a trace")
+    if scale is not None and not (0 < scale.comm < 1e6 and 0 < scale.compute < 1e6):
+        raise LagomError(f"duration scale comm={scale.comm:g}, compute={scale.compute:g}: each factor must be > 0")
 
 
 class ReplayMechanism(Protocol):
@@ -73,6 +100,20 @@ class _Anchor:
     overlapped: list[tuple[int, int, float, ComputeOp]]  # (op index, signature index, fraction, op)
 
 
+def _scaled(a: _Anchor, st: ReplayStatic, scale: DurationScale) -> _Anchor:
+    """The anchor of a what-if: measured collective and compute times scaled (every on-GPU
+    collective, tunable or not; compute kernels, not memory ops)."""
+    durations = list(a.durations)
+    wait = list(a.wait)
+    for k in range(len(durations)):
+        if st.is_coll[k]:
+            durations[k] *= scale.comm
+            wait[k] *= scale.comm
+        elif st.is_compute[k]:
+            durations[k] *= scale.compute
+    return replace(a, durations=durations, wait=wait)
+
+
 # per workload, its anchor per cluster node size (a signature's scope depends on it)
 _ANCHORS: WorkloadCache[dict[int | None, _Anchor]] = WorkloadCache(lambda _workload: {}, max_workloads=16)
 
@@ -105,16 +146,22 @@ def _build_anchor(workload: Workload, gpus_per_node: int | None) -> _Anchor:
             spans.append((op.start_us, op.end_us, coll_sig[k]))
     spans.sort()
     starts = [s for s, _, _ in spans]
+    # reach[i]: the latest end among spans[:i + 1], so a backward scan from the first span
+    # starting after an op stops as soon as no earlier span can reach the op
+    reach = list(itertools.accumulate((e for _, e, _ in spans), max))
     overlapped = []
     for k, op_id in enumerate(st.op_ids):
         op = ops[op_id]
         if not isinstance(op, ComputeOp) or op.is_memory_op or op.duration_us <= 0:
             continue
         best, best_sig = 0.0, -1
-        for s, e, j in spans[:bisect.bisect_left(starts, op.end_us)]:
+        i = bisect.bisect_left(starts, op.end_us) - 1
+        while i >= 0 and reach[i] > op.start_us:
+            s, e, j = spans[i]
             amount = min(e, op.end_us) - max(s, op.start_us)
             if amount > best:
                 best, best_sig = amount, j
+            i -= 1
         if best_sig >= 0:
             overlapped.append((k, best_sig, min(1.0, best / op.duration_us), op))
     signatures = list(sig_index)
@@ -123,9 +170,13 @@ def _build_anchor(workload: Workload, gpus_per_node: int | None) -> _Anchor:
 
 
 def replay_timing(mechanism: ReplayMechanism, workload: Workload, plan: Plan, gpus_per_node: int | None,
-                  cache: dict) -> Timing:
-    """The workload's replay under ``plan``, durations from ``mechanism`` anchored at the trace."""
+                  cache: dict, scale: DurationScale | None = None) -> Timing:
+    """The workload's replay under ``plan`` (and ``scale``), durations from ``mechanism``
+    anchored at the trace."""
+    check_scale(workload, scale)
     a = _anchor(workload, gpus_per_node)
+    if scale is not None and not scale.is_identity:
+        a = _scaled(a, replay_static(workload), scale)
     configs = [plan.config_for(s).merged_over(r) for s, r in zip(a.signatures, a.recorded)]
     ratio = []
     for sig, new, rec in zip(a.signatures, configs, a.recorded):

@@ -1,39 +1,43 @@
 """Replaying a trace's execution graph: the scheduler both evaluators share.
 
 :func:`replay` takes a Workload read from a trace (it carries a
-:class:`~traces.exec_graph.ExecGraph`) and one duration per op, and schedules:
+:class:`~traces.exec_graph.ExecGraph`) and one duration per op, and schedules the
+graph as the world runs it (docs/replay.md):
 
+- a CPU thread is a chain: the CPU's own time between its calls is kept as measured,
+  and a call moves with the thread's last *wait* before it. A wait is a host
+  synchronisation (it returns at ``max(start' + own, latest awaited end' + return)``)
+  or a hand-over between threads (``backward()`` wakes the autograd thread, which
+  starts at ``max(idle since', main's call' + delay)``; the main thread goes on at
+  ``max(its call', the burst's last end' + delay)``). Every time is relative to a
+  cause; only a thread's calls before its first wait keep their measured times;
 - a GPU op starts at ``max(call' + latency, ready' + gap)``: ``call'`` its launching
-  call moved by its CPU thread's shift, ``ready'`` when its stream predecessor and its
-  producers (EVENT dependencies, inferred stream waits) ended; latency and gap are the
-  trace's own (:mod:`traces.exec_graph_build`); an op with no launch call has only the
-  second term, and an op with neither keeps its measured start;
-- a CPU thread is a chain of segments kept as measured; only a host synchronisation
-  moves it: the call returns at ``max(start' + own, latest awaited end' + return)``
-  and everything the thread does after it shifts by ``return' - return``;
-- a profiler step starts where its ``ProfilerStep#N`` annotation starts, shifted with
-  its thread; its time runs to the next step's start (the unfinished last step only
-  closes the one before it), and no earlier than its ops' last end allows: GPU work
-  that ends later than measured, by more than the idle slack the trace left before
-  the next step, delays the next step by the excess. (A GPU that gets faster shortens
-  a step only through the host synchronisations: a trace without them was CPU-bound.)
-  Its ops are those launched inside it (HTA's rule, as ``lagom analyze`` counts steps):
-  communication = merged time of its on-GPU collectives, exposed = the part of that no
-  compute kernel overlaps. A trace without steps is one pseudo-step, ``whole trace``,
-  from its first launch to its last op end.
+  call on its moved thread, ``ready'`` when its stream predecessor and its producers
+  (EVENT dependencies, inferred stream waits) ended; latency and gap are the trace's
+  own (:mod:`traces.exec_graph_build`), so GPU idle the graph cannot explain stays a
+  delay after what the op waited for, not an absolute time; an op with no launch
+  call has only the second term, and an op with neither keeps its measured start;
+- a profiler step is the GPU's period: step N runs from the start of the first GPU op
+  launched inside ``ProfilerStep#N`` to the start of the first one launched inside
+  ``ProfilerStep#N+1`` (the unfinished last step only closes the one before). Its ops
+  are those launched inside it (HTA's rule): communication = merged time of its
+  on-GPU collectives, exposed = the part of that no compute kernel overlaps, critical
+  = its collectives' time on the critical path to the step's end (the most that
+  faster communication can save). A trace without steps is one pseudo-step, ``whole
+  trace``, from its first op start to its last op end.
 
-The order of evaluation is fixed once per workload (a topological order of the graph
-by measured time), so one replay is a single pass over arrays.
+The measured figures are the same definitions read off the trace's own times, never
+the replay's. The order of evaluation is fixed once per workload (a topological order
+of the graph by measured time), so one replay is a single pass over arrays.
 """
 
 from __future__ import annotations
 
 import heapq
-import statistics
+import math
 from bisect import bisect_right
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from itertools import pairwise
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -44,46 +48,53 @@ from traces.exec_graph import ExecGraph
 from traces.workload import CollectiveOp, ComputeOp, Op, Workload
 
 WHOLE_TRACE = "whole trace"
+UNEXPLAINED_US = 100.0  # an op that started this much later than its causes allow waited on something unrecorded
+_NO = -1
 
 
 @dataclass
 class _Step:
     name: str
     thread: int  # -1: the pseudo-step of a trace without steps
-    start_us: float
-    next_start_us: float | None  # None: ends at the last op end (pseudo-step)
+    start_us: float  # its annotation's start
     op_index: list[int]  # ops launched inside it
+    first: int  # the first op launched inside it (-1: none)
 
 
 @dataclass
 class ReplayStatic:
-    """What one workload's replays share."""
+    """What one workload's replays share (op k: ``order`` node k; wait j: node ``n + j``)."""
 
     op_ids: list[int]
     measured_start: list[float]
     measured_dur: list[float]
     is_coll: list[bool]  # an on-GPU collective
     is_compute: list[bool]  # a kernel that counts as compute (not memcpy/memset)
-    order: list[tuple[int, int]]  # (0, op index) or (1, sync index), a topological order
+    order: list[int]  # a topological order of the nodes
     preds: list[tuple[int, ...]]  # op index -> stream predecessor and producers
     launch_ready: list[float | None]  # call + latency (measured), None without a launch call
-    launch_sync: list[int]  # op index -> sync whose shift moves its call (-1: none)
+    launch_wait: list[int]  # op index -> the last wait on its launching thread before the call (-1: none)
     gap: list[float]
-    sync_prev: list[int]  # sync -> previous sync on its thread (-1: none)
-    sync_start: list[float]
-    sync_end: list[float]
-    sync_own: list[float]
-    sync_return: list[float]
-    sync_awaited: list[tuple[int, ...]]  # op indexes
+    wait_prev: list[int]  # wait -> the last wait on its thread before it began (-1: none)
+    wait_begin: list[float]  # when the thread began waiting (nan: since before the trace)
+    wait_own: list[float]  # the call's own time when it did not wait
+    wait_end: list[float]  # when it went on (measured)
+    wait_return: list[float]  # from its cause's end to its end
+    wait_awaited: list[tuple[int, ...]]  # GPU ops it waited for (op indexes)
+    wait_cause: list[int]  # a hand-over: the cause thread's last wait before the cause (-1: none)
+    wait_cause_us: list[float]  # a hand-over: the cause's measured time (nan: a host sync)
     steps: list[_Step]
-    step_sync: list[int]  # step -> sync whose shift moves its start
-    step_end_sync: list[int]  # step -> sync whose shift moves the next step's start
-    measured_steps: list[tuple[float, float, float, float]]  # (iteration, comm, exposed, compute) per step
-    measured_tails: list[float]  # per step: the last end of its ops
+    step_close: list[int]  # step -> the op whose start ends it (-1: the last op end, or its annotation)
+    step_close_wait: list[int]  # step -> the wait that moves its closing annotation (no op to close it)
+    step_close_us: list[float]  # step -> that annotation's start
+    step_open_wait: list[int]  # step -> the wait that moves its annotation (no op to open it)
     compute_index: np.ndarray  # ops that count as compute
-    step_index: list[np.ndarray]  # per step: its ops
     step_coll_index: list[np.ndarray]  # per step: its on-GPU collectives
     step_compute_index: list[np.ndarray]  # per step: its compute kernels
+    measured_steps: list[tuple[float, float, float, float, float]] = field(default_factory=list)
+    # (iteration, comm, exposed, compute, critical comm) per step, from the trace's own times
+    unexplained: dict[int, float] = field(default_factory=dict)  # op index -> idle its causes do not explain
+    step_unexplained_us: list[float] = field(default_factory=list)  # per step: that idle, summed
 
 
 def _build_static(workload: Workload) -> ReplayStatic:
@@ -98,6 +109,48 @@ _STATICS: WorkloadCache[ReplayStatic] = WorkloadCache(_build_static, max_workloa
 def replay_static(workload: Workload) -> ReplayStatic:
     """Built once per workload object (cached while the workload lives)."""
     return _STATICS.get(workload)
+
+
+@dataclass
+class _Wait:
+    thread: int
+    begin_us: float  # nan: none
+    own_us: float
+    end_us: float
+    return_us: float
+    awaited: tuple[int, ...]  # op ids
+    cause_thread: int  # -1: a host sync
+    cause_us: float
+
+
+def _waits(g: ExecGraph) -> list[_Wait]:
+    out = [_Wait(s.thread, s.start_us, s.own_us, s.end_us, s.return_us, s.awaited, _NO, math.nan) for s in g.syncs]
+    for h in g.hand_overs:
+        out.append(_Wait(h.thread, math.nan if h.start_us is None else h.start_us, 0.0, h.resume_us,
+                         max(0.0, h.resume_us - h.cause_us), (), h.cause_thread, h.cause_us))
+    out.sort(key=lambda w: (w.end_us, w.thread))
+    return out
+
+
+class _ThreadWaits:
+    """Per thread, its waits by end: which one a call at time t moves with."""
+
+    def __init__(self, waits: list[_Wait]) -> None:
+        self.index: dict[int, list[int]] = {}
+        for j, w in enumerate(waits):
+            self.index.setdefault(w.thread, []).append(j)
+        self.ends = {t: [waits[j].end_us for j in js] for t, js in self.index.items()}
+
+    def before(self, thread: int, t: float, exclude: int = _NO) -> int:
+        """The last wait on ``thread`` that ended at or before ``t`` (-1: none)."""
+        ends = self.ends.get(thread)
+        if not ends or math.isnan(t):
+            return _NO
+        i = bisect_right(ends, t) - 1
+        js = self.index[thread]
+        while i >= 0 and js[i] == exclude:
+            i -= 1
+        return js[i] if i >= 0 else _NO
 
 
 def _build(w: Workload, g: ExecGraph) -> ReplayStatic:
@@ -115,116 +168,188 @@ def _build(w: Workload, g: ExecGraph) -> ReplayStatic:
     for before, after in ([(d.before, d.after) for d in w.dependencies]
                           + [(s.producer, s.consumer) for s in g.stream_waits]):
         a, b = index.get(before), index.get(after)
-        if a is not None and b is not None and a != b:
+        if a is not None and b is not None and a != b and a not in preds[b]:
             preds[b].append(a)
-    syncs = sorted(g.syncs, key=lambda s: (s.start_us, s.thread))
-    by_thread: dict[int, list[int]] = {}
-    for j, s in enumerate(syncs):
-        by_thread.setdefault(s.thread, []).append(j)
-    sync_prev = [-1] * len(syncs)
-    thread_ends: dict[int, list[float]] = {}
-    for t, js in by_thread.items():
-        for a, b in pairwise(js):
-            sync_prev[b] = a
-        thread_ends[t] = [syncs[j].end_us for j in js]
-
-    def sync_before(thread: int, t: float) -> int:
-        """The last sync on ``thread`` that returned at or before ``t`` (-1: none)."""
-        ends = thread_ends.get(thread)
-        if not ends:
-            return -1
-        i = bisect_right(ends, t) - 1
-        return by_thread[thread][i] if i >= 0 else -1
-
+    waits = _waits(g)
+    by_thread = _ThreadWaits(waits)
+    wait_prev = [by_thread.before(wt.thread, wt.begin_us, exclude=j) for j, wt in enumerate(waits)]
+    wait_cause = [by_thread.before(wt.cause_thread, wt.cause_us) if wt.cause_thread >= 0 else _NO for wt in waits]
     launch_ready: list[float | None] = [None] * n
-    launch_sync = [-1] * n
+    launch_wait = [_NO] * n
     gap = [0.0] * n
     for k, o in enumerate(ops):
         la = g.launches.get(o.op_id)
         if la is not None:
             launch_ready[k] = la.call_us + la.latency_us
-            launch_sync[k] = sync_before(la.thread, la.call_us)
+            launch_wait[k] = by_thread.before(la.thread, la.call_us)
         gap[k] = g.gaps.get(o.op_id, 0.0)
-    awaited = [tuple(index[a] for a in s.awaited if a in index) for s in syncs]
-    order = _topological(ops, preds, launch_sync, syncs, sync_prev, awaited)
-    steps = _steps(w, g, ops)
-    step_sync = [sync_before(s.thread, s.start_us) if s.thread >= 0 else -1 for s in steps]
-    step_end_sync = [sync_before(s.thread, s.next_start_us) if s.next_start_us is not None else -1 for s in steps]
+    awaited = [tuple(index[a] for a in wt.awaited if a in index) for wt in waits]
+    order = _topological(ops, waits, preds, launch_wait, wait_prev, awaited, wait_cause)
+    windows = _steps(g, ops)  # every annotated step; the last, unfinished, only closes the one before
+    steps = windows[:-1] if len(windows) >= 2 else windows
+    step_close = [windows[i + 1].first if i + 1 < len(windows) else _NO for i in range(len(steps))]
+    step_close_us = [windows[i + 1].start_us if i + 1 < len(windows) else math.nan for i in range(len(steps))]
+    step_close_wait = [by_thread.before(windows[i + 1].thread, windows[i + 1].start_us) if i + 1 < len(windows)
+                       else _NO for i in range(len(steps))]
+    step_open_wait = [by_thread.before(s.thread, s.start_us) if s.thread >= 0 else _NO for s in steps]
     st = ReplayStatic(
         op_ids=[o.op_id for o in ops], measured_start=[o.start_us for o in ops],
         measured_dur=[o.duration_us for o in ops],
         is_coll=[isinstance(o, CollectiveOp) and o.on_gpu for o in ops],
         is_compute=[isinstance(o, ComputeOp) and not o.is_memory_op for o in ops],
-        order=order, preds=[tuple(p) for p in preds], launch_ready=launch_ready, launch_sync=launch_sync, gap=gap,
-        sync_prev=sync_prev, sync_start=[s.start_us for s in syncs], sync_end=[s.end_us for s in syncs],
-        sync_own=[s.own_us for s in syncs], sync_return=[s.return_us for s in syncs], sync_awaited=awaited,
-        steps=steps, step_sync=step_sync, step_end_sync=step_end_sync, measured_steps=[],
-        measured_tails=[], compute_index=np.array([], dtype=np.int64), step_index=[], step_coll_index=[],
+        order=order, preds=[tuple(p) for p in preds], launch_ready=launch_ready, launch_wait=launch_wait, gap=gap,
+        wait_prev=wait_prev, wait_begin=[wt.begin_us for wt in waits], wait_own=[wt.own_us for wt in waits],
+        wait_end=[wt.end_us for wt in waits], wait_return=[wt.return_us for wt in waits], wait_awaited=awaited,
+        wait_cause=wait_cause, wait_cause_us=[wt.cause_us for wt in waits],
+        steps=steps, step_close=step_close, step_close_wait=step_close_wait, step_close_us=step_close_us,
+        step_open_wait=step_open_wait, compute_index=np.array([], dtype=np.int64), step_coll_index=[],
         step_compute_index=[],
     )
     st.compute_index = np.array([k for k in range(n) if st.is_compute[k]], dtype=np.int64)
     for step in steps:
-        st.step_index.append(np.array(step.op_index, dtype=np.int64))
         st.step_coll_index.append(np.array([k for k in step.op_index if st.is_coll[k]], dtype=np.int64))
         st.step_compute_index.append(np.array([k for k in step.op_index if st.is_compute[k]], dtype=np.int64))
     ends = [o.start_us + o.duration_us for o in ops]
-    figures = _step_figures(st, st.measured_start, ends, [0.0] * len(syncs))
-    st.measured_steps = [f[:4] for f in figures]
-    st.measured_tails = [f[4] for f in figures]
+    _, _, _, bind = _schedule(st, st.measured_dur)
+    no_shift = [0.0] * len(waits)
+    st.measured_steps = _step_figures(st, st.measured_start, ends, no_shift, bind)
+    st.unexplained = _unexplained(st, g, ops)
+    late_a = np.array([ops[k].start_us - late for k, late in st.unexplained.items()])
+    late_b = np.array([ops[k].start_us for k in st.unexplained])
+    # wall time inside each step's measured period, not a sum: ops on several streams can wait
+    # on the same unrecorded cause, and an op launched in one step can wait in the next
+    st.step_unexplained_us = []
+    for i, step in enumerate(steps):
+        begin = st.measured_start[step.first] if step.first >= 0 else step.start_us
+        end = begin + st.measured_steps[i][0]
+        st.step_unexplained_us.append(_union_length(np.clip(late_a, begin, end), np.clip(late_b, begin, end)))
     return st
 
 
-def _topological(ops: list[Op], preds, launch_sync, syncs, sync_prev, awaited) -> list[tuple[int, int]]:
-    """Kahn's order over ops and syncs, ties broken by measured time (ops at their start,
-    syncs at their return)."""
-    n, m = len(ops), len(syncs)
-    succ: list[list[int]] = [[] for _ in range(n + m)]  # node: op k -> k, sync j -> n + j
+def _unexplained(st: ReplayStatic, g: ExecGraph, ops: list[Op]) -> dict[int, float]:
+    """Op index -> how much later than ``max(call + median latency, ready + median gap)`` it
+    started, where that exceeds UNEXPLAINED_US: GPU idle the graph shows no cause for."""
+    out: dict[int, float] = {}
+    ends = [o.start_us + o.duration_us for o in ops]
+    for k, o in enumerate(ops):
+        bounds = [max(ends[p] for p in st.preds[k]) + g.median_gap_us] if st.preds[k] else []
+        la = g.launches.get(o.op_id)
+        if la is not None:
+            bounds.append(la.call_us + g.median_latency_us)
+        if bounds and o.start_us - max(bounds) > UNEXPLAINED_US:
+            out[k] = o.start_us - max(bounds)
+    return out
+
+
+def _topological(ops: list[Op], waits: list[_Wait], preds, launch_wait, wait_prev, awaited,
+                 wait_cause) -> list[int]:
+    """Kahn's order over ops (node k) and waits (node n + j), ties broken by measured time
+    (ops at their start, waits at their end)."""
+    n, m = len(ops), len(waits)
+    succ: list[list[int]] = [[] for _ in range(n + m)]
     indeg = [0] * (n + m)
+
+    def edge(a: int, b: int) -> None:
+        succ[a].append(b)
+        indeg[b] += 1
+
     for k in range(n):
         for p in preds[k]:
-            succ[p].append(k)
-            indeg[k] += 1
-        if launch_sync[k] >= 0:
-            succ[n + launch_sync[k]].append(k)
-            indeg[k] += 1
+            edge(p, k)
+        if launch_wait[k] >= 0:
+            edge(n + launch_wait[k], k)
     for j in range(m):
         for a in awaited[j]:
-            succ[a].append(n + j)
-            indeg[n + j] += 1
-        if sync_prev[j] >= 0:
-            succ[n + sync_prev[j]].append(n + j)
-            indeg[n + j] += 1
-
-    def key(node: int) -> tuple[float, int]:
-        return (ops[node].start_us, node) if node < n else (syncs[node - n].end_us, node)
-
-    heap = [key(v) for v in range(n + m) if indeg[v] == 0]
+            edge(a, n + j)
+        if wait_prev[j] >= 0:
+            edge(n + wait_prev[j], n + j)
+        if wait_cause[j] >= 0:
+            edge(n + wait_cause[j], n + j)
+    keys = [ops[v].start_us for v in range(n)] + [waits[j].end_us for j in range(m)]
+    heap = [(keys[v], v) for v in range(n + m) if indeg[v] == 0]
     heapq.heapify(heap)
-    order: list[tuple[int, int]] = []
+    order: list[int] = []
     while heap:
         _, v = heapq.heappop(heap)
-        order.append((0, v) if v < n else (1, v - n))
+        order.append(v)
         for s in succ[v]:
             indeg[s] -= 1
             if indeg[s] == 0:
-                heapq.heappush(heap, key(s))
+                heapq.heappush(heap, (keys[s], s))
     if len(order) != n + m:
         raise LagomError("trace: its execution graph has a cycle (dependencies contradict the measured times)")
     return order
 
 
-def _steps(w: Workload, g: ExecGraph, ops: list[Op]) -> list[_Step]:
-    launched = [(g.launches[o.op_id].call_us if o.op_id in g.launches else o.start_us, k) for k, o in enumerate(ops)]
-    launched.sort()
-    times = [t for t, _ in launched]
+def _steps(g: ExecGraph, ops: list[Op]) -> list[_Step]:
+    launched = sorted((g.launches[o.op_id].call_us if o.op_id in g.launches else o.start_us, o.start_us, k)
+                      for k, o in enumerate(ops))
+    times = [t for t, _, _ in launched]
     if len(g.steps) >= 2:
         out = []
-        for a, b in zip(g.steps, g.steps[1:]):  # the last step is unfinished: it only closes the one before
-            lo, hi = bisect_right(times, a.start_us - 1e-9), bisect_right(times, b.start_us - 1e-9)
-            out.append(_Step(a.name, a.thread, a.start_us, b.start_us, [k for _, k in launched[lo:hi]]))
+        bounds = [s.start_us for s in g.steps] + [math.inf]
+        for i, a in enumerate(g.steps):
+            lo, hi = bisect_right(times, a.start_us - 1e-9), bisect_right(times, bounds[i + 1] - 1e-9)
+            members = [k for _, _, k in launched[lo:hi]]
+            with_call = [k for _, _, k in launched[lo:hi] if ops[k].op_id in g.launches]
+            first = (with_call or members or [_NO])[0]
+            out.append(_Step(a.name, a.thread, a.start_us, members, first))
         return out
-    start = min(times) if times else 0.0
-    return [_Step(WHOLE_TRACE, -1, start, None, list(range(len(ops))))]
+    first = min(range(len(ops)), key=lambda k: (ops[k].start_us, k)) if ops else _NO
+    return [_Step(WHOLE_TRACE, -1, ops[first].start_us if ops else 0.0, list(range(len(ops))), first)]
+
+
+def _schedule(st: ReplayStatic, durations: list[float]) -> tuple[list[float], list[float], list[float], list[int]]:
+    """One pass: (starts, ends, shift per wait, binding node per node: what its time waited for, -1: nothing)."""
+    n = len(st.op_ids)
+    m = len(st.wait_end)
+    starts = [0.0] * n
+    ends = [0.0] * n
+    shift = [0.0] * m
+    bind = [_NO] * (n + m)
+    preds, launch_ready, launch_wait, gap = st.preds, st.launch_ready, st.launch_wait, st.gap
+    for v in st.order:
+        if v < n:
+            ready, by = -math.inf, _NO
+            for p in preds[v]:
+                if ends[p] > ready:
+                    ready, by = ends[p], p
+            lr = launch_ready[v]
+            if lr is not None:
+                j = launch_wait[v]
+                t = lr + (shift[j] if j >= 0 else 0.0)
+                b = n + j if j >= 0 else _NO
+                if by >= 0 and ready + gap[v] > t:
+                    t, b = ready + gap[v], by
+            elif by >= 0:
+                t, b = ready + gap[v], by
+            else:
+                t, b = st.measured_start[v], _NO
+            starts[v] = t
+            ends[v] = t + durations[v]
+            bind[v] = b
+        else:
+            j = v - n
+            finish, b = -math.inf, _NO
+            begin = st.wait_begin[j]
+            if not math.isnan(begin):
+                prev = st.wait_prev[j]
+                finish = begin + (shift[prev] if prev >= 0 else 0.0) + st.wait_own[j]
+                b = n + prev if prev >= 0 else _NO
+            for a in st.wait_awaited[j]:
+                if ends[a] + st.wait_return[j] > finish:
+                    finish, b = ends[a] + st.wait_return[j], a
+            cause_us = st.wait_cause_us[j]
+            if not math.isnan(cause_us):
+                c = st.wait_cause[j]
+                t = cause_us + (shift[c] if c >= 0 else 0.0) + st.wait_return[j]
+                if t > finish:
+                    finish, b = t, (n + c if c >= 0 else _NO)
+            if finish == -math.inf:
+                finish = st.wait_end[j]
+            shift[j] = finish - st.wait_end[j]
+            bind[v] = b
+    return starts, ends, shift, bind
 
 
 def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
@@ -241,35 +366,78 @@ def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
     return float(np.sum(e[last] - s[first]))
 
 
-def _step_figures(st: ReplayStatic, starts: list[float], ends: list[float], sync_shift: list[float],
-                  measured_tails: list[float] | None = None) -> list[tuple[float, float, float, float, float]]:
-    """(step time, communication, exposed communication, compute, last op end) per step.
-    Exposed = |collectives U compute| - |compute|, compute being every kernel of the trace."""
+def _node_time(st: ReplayStatic, starts: list[float], shift: list[float], node: int) -> float:
+    n = len(starts)
+    return starts[node] if node < n else st.wait_end[node - n] + shift[node - n]
+
+
+def _critical_comm(st: ReplayStatic, starts: list[float], ends: list[float], shift: list[float], bind: list[int],
+                   begin_node: int, end_node: int, horizon_us: float) -> float:
+    """Collective time on the critical path to ``end_node`` (the chain of binding causes) after
+    it meets the path to ``begin_node``: the most that faster collectives can shorten the step
+    (the step's end moves at most by it; its begin moves with the shared part). Paths are
+    followed back to ``horizon_us`` at most."""
+    n = len(starts)
+    shared: set[int] = set()
+    node = begin_node
+    while node >= 0 and _node_time(st, starts, shift, node) >= horizon_us:
+        shared.add(node)
+        node = bind[node]
+    total = 0.0
+    node = bind[end_node]
+    while node >= 0 and node not in shared and _node_time(st, starts, shift, node) >= horizon_us:
+        if node < n and st.is_coll[node]:
+            total += ends[node] - starts[node]
+        node = bind[node]
+    return total
+
+
+def _step_figures(st: ReplayStatic, starts: list[float], ends: list[float], shift: list[float],
+                  bind: list[int]) -> list[tuple[float, float, float, float, float]]:
+    """(step time, communication, exposed communication, compute, critical communication) per step.
+    Exposed = |collectives U compute| - |compute|, compute being every compute kernel of the
+    trace that overlaps the step's collectives."""
     s_arr, e_arr = np.asarray(starts, dtype=float), np.asarray(ends, dtype=float)
     ks, ke = s_arr[st.compute_index], e_arr[st.compute_index]
-    compute_all = _union_length(ks, ke)
+    by_start = np.argsort(ks, kind="stable")
+    ks, ke = ks[by_start], ke[by_start]
+    longest = float(np.max(ke - ks)) if ks.size else 0.0
+    last_end = float(e_arr.max()) if e_arr.size else 0.0
     out = []
+    begins: list[float] = []
     for i, step in enumerate(st.steps):
-        shift = sync_shift[st.step_sync[i]] if st.step_sync[i] >= 0 else 0.0
-        begin = step.start_us + shift
-        index = st.step_index[i]
-        tail = float(e_arr[index].max()) if index.size else begin
-        if step.next_start_us is None:
-            finish = tail
+        if step.first >= 0:
+            begin, begin_node = starts[step.first], step.first
         else:
-            nxt = st.step_end_sync[i]
-            finish = step.next_start_us + (sync_shift[nxt] if nxt >= 0 else 0.0)
-            # GPU work that ends later than measured, past its slack, delays the next step
-            if measured_tails is not None:
-                slack = max(0.0, step.next_start_us - measured_tails[i])
-                finish = max(finish, step.next_start_us + tail - measured_tails[i] - slack)
+            j = st.step_open_wait[i]
+            begin, begin_node = step.start_us + (shift[j] if j >= 0 else 0.0), (len(starts) + j if j >= 0 else _NO)
+        begins.append(begin)
+        close = st.step_close[i]
+        if close >= 0:
+            finish, end_node = starts[close], close
+        elif not math.isnan(st.step_close_us[i]):
+            j = st.step_close_wait[i]
+            finish, end_node = st.step_close_us[i] + (shift[j] if j >= 0 else 0.0), (len(starts) + j if j >= 0
+                                                                                      else _NO)
+        else:
+            finish, end_node = last_end, _NO
         ci = st.step_coll_index[i]
-        comm = _union_length(s_arr[ci], e_arr[ci])
-        exposed = _union_length(np.concatenate([s_arr[ci], ks]),
-                                np.concatenate([e_arr[ci], ke])) - compute_all if ci.size else 0.0
+        comm = exposed = 0.0
+        if ci.size:
+            cs, ce = s_arr[ci], e_arr[ci]
+            comm = _union_length(cs, ce)
+            lo, hi = float(cs.min()), float(ce.max())
+            a, b = np.searchsorted(ks, lo - longest, side="left"), np.searchsorted(ks, hi, side="left")
+            near = slice(a, b)
+            keep = ke[near] > lo
+            ws, we = ks[near][keep], ke[near][keep]
+            exposed = _union_length(np.concatenate([cs, ws]), np.concatenate([ce, we])) - _union_length(ws, we)
         pi = st.step_compute_index[i]
         compute = _union_length(s_arr[pi], e_arr[pi])
-        out.append((finish - begin, comm, max(0.0, exposed), compute, tail))
+        horizon = begins[i - 1] if i else -math.inf  # the path back to the step before is enough
+        critical = _critical_comm(st, starts, ends, shift, bind, begin_node, end_node, horizon) \
+            if end_node >= 0 else 0.0
+        out.append((finish - begin, comm, max(0.0, exposed), compute, critical))
     return out
 
 
@@ -304,42 +472,14 @@ def replay(workload: Workload, durations: list[float], uncontended: list[float] 
     ``uncontended``: the same ops' durations with no collective beside them."""
     st = replay_static(workload)
     n = len(st.op_ids)
-    starts = [0.0] * n
-    ends = [0.0] * n
-    shift = [0.0] * len(st.sync_start)
-    preds, launch_ready, launch_sync, gap = st.preds, st.launch_ready, st.launch_sync, st.gap
-    for kind, v in st.order:
-        if kind == 0:
-            ready = None
-            for p in preds[v]:
-                e = ends[p]
-                if ready is None or e > ready:
-                    ready = e
-            lr = launch_ready[v]
-            if lr is not None:
-                j = launch_sync[v]
-                t = lr + (shift[j] if j >= 0 else 0.0)
-                if ready is not None and ready + gap[v] > t:
-                    t = ready + gap[v]
-            elif ready is not None:
-                t = ready + gap[v]
-            else:
-                t = st.measured_start[v]
-            starts[v] = t
-            ends[v] = t + durations[v]
-        else:
-            prev = st.sync_prev[v]
-            begin = st.sync_start[v] + (shift[prev] if prev >= 0 else 0.0)
-            finish = begin + st.sync_own[v]
-            awaited = st.sync_awaited[v]
-            if awaited:
-                finish = max(finish, max(ends[a] for a in awaited) + st.sync_return[v])
-            shift[v] = finish - st.sync_end[v]
-    figures = _step_figures(st, starts, ends, shift, st.measured_tails)
+    starts, ends, shift, bind = _schedule(st, durations)
+    figures = _step_figures(st, starts, ends, shift, bind)
     steps = []
-    for step, (it, comm, exp, compute, _), measured in zip(st.steps, figures, st.measured_steps):
-        m_it, m_comm, m_exp, m_compute = measured
-        steps.append(StepTiming(step.name, it, comm, exp, m_it, m_comm, m_exp, compute, m_compute))
+    for i, (step, (it, comm, exp, compute, critical), measured) in enumerate(zip(st.steps, figures,
+                                                                                  st.measured_steps)):
+        m_it, m_comm, m_exp, m_compute, m_critical = measured
+        steps.append(StepTiming(step.name, it, comm, exp, m_it, m_comm, m_exp, compute, m_compute, critical,
+                                m_critical, st.step_unexplained_us[i]))
     count = len(steps)
     compute_busy = sum(s.compute_us for s in steps) / count
     unc = compute_busy
@@ -355,52 +495,4 @@ def replay(workload: Workload, durations: list[float], uncontended: list[float] 
         compute_uncontended_us=min(unc, compute_busy),
         ops=_LazyOps(st.op_ids, starts, ends),
         steps=steps,
-    )
-
-
-@dataclass(frozen=True)
-class ReplayFidelity:
-    """How closely a replay under the trace's own settings reproduces what the trace measured."""
-
-    steps: int
-    median_step_error_pct: float  # median over steps of |replayed - measured| / measured step time
-    max_step_error_pct: float
-    comm_error_pct: float  # total collective time over all steps, signed
-    exposed_error_pct: float  # total exposed communication, signed
-    exposed_error_us_per_step: float
-    worst_part: str  # "compute", "communication" (exposed) or "idle" (the rest): where step time differs most
-
-    def to_dict(self) -> dict:
-        return {
-            "steps": self.steps, "median_step_error_pct": round(self.median_step_error_pct, 3),
-            "max_step_error_pct": round(self.max_step_error_pct, 3), "comm_error_pct": round(self.comm_error_pct, 3),
-            "exposed_error_pct": round(self.exposed_error_pct, 3),
-            "exposed_error_us_per_step": round(self.exposed_error_us_per_step, 3), "worst_part": self.worst_part,
-        }
-
-
-def fidelity(timing: Timing) -> ReplayFidelity | None:
-    """Replayed against measured, from a replay's steps (None when the timing has no steps)."""
-    steps = timing.steps
-    if not steps:
-        return None
-    errors = [abs(s.iteration_us - s.measured_iteration_us) / s.measured_iteration_us * 100.0
-              for s in steps if s.measured_iteration_us > 0]
-
-    def signed_pct(replayed: float, measured: float) -> float:
-        return (replayed - measured) / measured * 100.0 if measured > 0 else (0.0 if replayed == 0 else 100.0)
-
-    comm = sum(s.comm_us for s in steps)
-    comm_m = sum(s.measured_comm_us for s in steps)
-    exposed = sum(s.exposed_comm_us for s in steps)
-    exposed_m = sum(s.measured_exposed_comm_us for s in steps)
-    step_diff = sum(s.iteration_us - s.measured_iteration_us for s in steps)
-    compute_diff = sum(s.compute_us - s.measured_compute_us for s in steps)
-    parts = {"communication": abs(exposed - exposed_m), "compute": abs(compute_diff),
-             "idle": abs(step_diff - (exposed - exposed_m) - compute_diff)}
-    return ReplayFidelity(
-        steps=len(steps), median_step_error_pct=statistics.median(errors) if errors else 0.0,
-        max_step_error_pct=max(errors, default=0.0),
-        comm_error_pct=signed_pct(comm, comm_m), exposed_error_pct=signed_pct(exposed, exposed_m),
-        exposed_error_us_per_step=(exposed - exposed_m) / len(steps), worst_part=max(parts, key=lambda k: parts[k]),
     )

@@ -40,7 +40,7 @@ import numpy as np
 from costmodel.cluster import ClusterSpec
 from costmodel.evaluator import OpTiming, Timing, check_plan
 from costmodel.nccl_defaults import resolve_config
-from costmodel.replay.anchor import replay_timing
+from costmodel.replay.anchor import DurationScale, check_scale, replay_timing
 from costmodel.sim.collective import CollectiveModel
 from costmodel.sim.compute import ComputeModel, gemm_tile_from_name
 from costmodel.sim.params import sim_params
@@ -181,12 +181,14 @@ class Simulator:
         return timing.ops[wl.compute_ops[0].op_id].duration_us, timing.ops[wl.collectives[0].op_id].duration_us
 
     # ---- the evaluator -------------------------------------------------------------------------
-    def evaluate(self, workload: Workload, plan: Plan) -> Timing:
+    def evaluate(self, workload: Workload, plan: Plan, scale: DurationScale | None = None) -> Timing:
+        """``scale``: for a trace, its measured collective/compute times scaled first (a what-if)."""
         check_plan(plan)
         if workload.exec_graph is not None:  # a trace: replay it, anchored at its measured times (no noise)
-            timing = replay_timing(self, workload, plan, self.cluster.gpus_per_node, self._replay_cache)
+            timing = replay_timing(self, workload, plan, self.cluster.gpus_per_node, self._replay_cache, scale)
             self.evaluations += 1
             return timing
+        check_scale(workload, scale)
         st = self._statics.get(workload)
         self.evaluations += 1
         if not st.ops:

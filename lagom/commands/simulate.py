@@ -15,6 +15,11 @@ profiler step (the mean over the trace's complete steps) and every step is liste
 ``"replay": {"median_step_error_pct", "comm_error_pct", "exposed_error_pct", ...}`` (the
 replay under the recorded settings against the trace).
 
+``--scale comm=F`` / ``--scale compute=F`` (a trace only; both in one flag as
+``comm=F,compute=G``) asks a what-if first: every collective's (every compute
+kernel's) measured time times F, and the replay's schedule follows; the plan, if any,
+applies on top. ``replay`` stays the fidelity under the trace's own times.
+
 For other workloads every collective runs with NCCL's modelled default choice, unless ``--set`` gives one
 CommConfig for all of them (``--set channels=16,chunk=2MiB``; keys channels, threads,
 chunk, algorithm, protocol; sizes take B/KB/KiB/MB/MiB, binary; values must be valid on
@@ -35,6 +40,7 @@ import math
 import sys
 
 from costmodel.evaluator import check_config
+from costmodel.replay.anchor import DurationScale
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan
@@ -56,11 +62,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--set", dest="set_config", metavar="KNOB=VALUE,...",
                         help="one CommConfig for every collective, e.g. channels=16,chunk=2MiB")
     parser.add_argument("--config", metavar="lagom.yaml", help="apply a tuned-config file")
+    parser.add_argument("--scale", action="append", metavar="comm=F|compute=F",
+                        help="a trace's what-if: every collective's (compute kernel's) measured time times F")
     parser.add_argument("--noise", type=float, default=0.01,
                         help="multiplicative noise (std. dev., default 0.01; 0 = exact)")
     parser.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
     parser.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
     parser.set_defaults(func=run)
+
+
+def parse_scale(items: list[str]) -> DurationScale:
+    """``comm=F``, ``compute=F`` or both (comma-separated, or the flag repeated) -> DurationScale."""
+    factors: dict[str, float] = {}
+    for item in items:
+        for part in item.split(","):
+            key, eq, value = part.strip().partition("=")
+            if key not in ("comm", "compute") or not eq:
+                raise LagomError(f"--scale {item}: expected comm=F or compute=F (e.g. --scale comm=0.5)")
+            try:
+                factor = float(value)
+            except ValueError:
+                raise LagomError(f"--scale {item}: {value!r} is not a number") from None
+            if not (math.isfinite(factor) and 0 < factor <= 1000):
+                raise LagomError(f"--scale {item}: the factor must be > 0 and at most 1000")
+            if key in factors:
+                raise LagomError(f"--scale: {key} given twice")
+            factors[key] = factor
+    return DurationScale(**factors)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -113,8 +141,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     from lagom.tuning import make_evaluator
 
+    scale = parse_scale(args.scale) if args.scale else None
+    if scale is not None and not from_trace:
+        raise LagomError("--scale: applies to a trace's measured times (WORKLOAD is not a trace)")
     evaluator = make_evaluator(args.evaluator, cluster, args.noise, args.seed)
-    timing = evaluator.evaluate(workload, plan)
+    timing = evaluator.evaluate(workload, plan, scale) if scale is not None else evaluator.evaluate(workload, plan)
     result = {
         "iteration_us": round(timing.iteration_us, 3),
         "compute_us": round(timing.compute_us, 3),
@@ -131,10 +162,10 @@ def run(args: argparse.Namespace) -> int:
     }
     fid = None
     if timing.steps:
-        from costmodel.replay.schedule import fidelity
+        from costmodel.replay.fidelity import fidelity
 
         result["steps"] = [st.to_dict() for st in timing.steps]
-        fid = fidelity(timing if not plan.entries and plan.default == CommConfig()
+        fid = fidelity(timing if not plan.entries and plan.default == CommConfig() and scale is None
                        else evaluator.evaluate(workload, Plan()))
         result["replay"] = fid.to_dict() if fid is not None else None
     if args.json:

@@ -48,7 +48,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from costmodel.replay.schedule import fidelity
+from costmodel.replay.fidelity import fidelity
 from lagom import tuning
 from lagom.console import StageProgress, stdout_console
 from lagom.replay_report import fidelity_line, fidelity_warning, steps_table

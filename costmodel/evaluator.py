@@ -92,6 +92,28 @@ class Evaluator(Protocol):
     def evaluate(self, workload: Workload, plan: Plan) -> Timing: ...
 
 
+@dataclass(frozen=True)
+class DurationScale:
+    """A what-if on a trace's measured times (costmodel.replay): every collective (``comm``) or
+    compute kernel (``compute``) takes F times as long, or the CPU's own time between calls
+    (``cpu``) is F times as long."""
+
+    comm: float = 1.0
+    compute: float = 1.0
+    cpu: float = 1.0
+
+    @property
+    def is_identity(self) -> bool:
+        return self.comm == 1.0 and self.compute == 1.0 and self.cpu == 1.0
+
+
+@runtime_checkable
+class TraceEvaluator(Evaluator, Protocol):
+    """An Evaluator that also replays a trace under a what-if scale (both of Lagom's do)."""
+
+    def evaluate(self, workload: Workload, plan: Plan, scale: DurationScale | None = None) -> Timing: ...
+
+
 def check_workload(workload: Workload) -> None:
     """Raise LagomError (one line) for a workload no evaluator can time: duplicate op ids,
     a dependency on a missing op, a dependency cycle, ... (``traces.workload_io.workload_problem``)."""

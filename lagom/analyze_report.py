@@ -10,6 +10,7 @@ from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
+from lagom.replay_report import measured_steps_table
 from traces.breakdown import comm_comp_overlap_pct, temporal_breakdown
 from traces.collectives_table import collectives_table
 from traces.comm_split import split_rows
@@ -118,6 +119,9 @@ def render(reports: list[dict], console: Console) -> None:
             f"non-compute {_pct(r['non_compute_pct'])} %{basis}",
         )
         console.print(summary)
+
+        if r.get("steps"):
+            console.print(measured_steps_table(r["steps"]))
 
         if r["collectives"]:
             t = Table(title="collectives", title_justify="left")

@@ -9,6 +9,9 @@ from rich.table import Table
 
 from costmodel.evaluator import StepTiming
 from costmodel.replay.fidelity import ReplayFidelity
+from costmodel.replay.schedule import replay_static
+from nccl_env.errors import LagomError
+from traces.workload import Workload
 
 UNTRUSTED_STEP_ERROR_PCT = 10.0  # past this median step error a prediction is not worth acting on
 
@@ -28,17 +31,47 @@ def fidelity_warning(fid: ReplayFidelity) -> str | None:
             f"(mostly {fid.worst_part}): do not trust these predictions")
 
 
+def measured_steps(workload: Workload) -> list[dict]:
+    """Per complete profiler step, the trace's own figures (us): the GPU's period, collectives,
+    exposed, collective time on the critical path (the most faster collectives can save) and
+    GPU idle the graph shows no cause for (docs/replay.md). Empty for a workload it cannot replay."""
+    if workload.exec_graph is None:
+        return []
+    try:
+        st = replay_static(workload)
+    except LagomError:
+        return []
+    return [{"name": step.name, "iteration_us": round(m[0], 3), "comm_us": round(m[1], 3),
+             "exposed_comm_us": round(m[2], 3), "critical_comm_us": round(m[4], 3),
+             "unexplained_idle_us": round(idle, 3)}
+            for step, m, idle in zip(st.steps, st.measured_steps, st.step_unexplained_us)]
+
+
+def measured_steps_table(rows: list[dict]) -> Table:
+    """:func:`measured_steps` as a table (ms)."""
+    table = Table(title="profiler steps, the GPU's period (ms): critical = collective time on the critical path, "
+                        "the most faster collectives can save", title_justify="left")
+    for col in ("step", "step", "coll.", "exposed", "critical", "unexpl. idle"):
+        table.add_column(col, justify="left" if col == "step" and not table.columns else "right", no_wrap=True)
+    for r in rows:
+        table.add_row(r["name"], *(f"{r[k] / 1e3:,.2f}" for k in ("iteration_us", "comm_us", "exposed_comm_us",
+                                                                    "critical_comm_us", "unexplained_idle_us")))
+    return table
+
+
 def steps_table(steps: list[StepTiming], tuned: list[StepTiming] | None = None) -> Table:
-    """One row per step: measured, replayed (and tuned) step time, collectives and exposed time, ms."""
+    """One row per step: measured, replayed (and tuned) step time, collectives and exposed time, and
+    the trace's collective time on the critical path (the most faster collectives can save), ms."""
     table = Table(title="profiler steps (ms)")
     for col in ("step", "measured", "replayed", *(("tuned",) if tuned else ()), "coll.", "coll. repl.",
-                "exposed", "exp. repl."):
+                "exposed", "exp. repl.", "critical"):
         table.add_column(col, justify="left" if col == "step" else "right", no_wrap=True)
     for i, s in enumerate(steps):
         row = [s.name, f"{s.measured_iteration_us / 1e3:,.2f}", f"{s.iteration_us / 1e3:,.2f}"]
         if tuned:
             row.append(f"{tuned[i].iteration_us / 1e3:,.2f}")
         row += [f"{s.measured_comm_us / 1e3:,.2f}", f"{s.comm_us / 1e3:,.2f}",
-                f"{s.measured_exposed_comm_us / 1e3:,.2f}", f"{s.exposed_comm_us / 1e3:,.2f}"]
+                f"{s.measured_exposed_comm_us / 1e3:,.2f}", f"{s.exposed_comm_us / 1e3:,.2f}",
+                f"{s.measured_critical_comm_us / 1e3:,.2f}"]
         table.add_row(*row)
     return table

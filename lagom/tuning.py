@@ -16,7 +16,7 @@ from costmodel.analytic.evaluator import AnalyticEvaluator
 from costmodel.calibration.backend import backend_from_spec
 from costmodel.calibration.calibrate import calibrate
 from costmodel.cluster import ClusterSpec, load_cluster, preset_names
-from costmodel.evaluator import Evaluator, Timing
+from costmodel.evaluator import Evaluator, Timing, TraceEvaluator
 from costmodel.nccl_defaults import algo_estimates, nccl_default_config
 from costmodel.replay.anchor import recorded_configs
 from costmodel.sim.simulator import Simulator
@@ -40,7 +40,7 @@ MIN_GAIN = 0.01  # below a 1% predicted gain, process-wide changes are not worth
 __all__ = ["load_workload_arg"]  # re-exported: the commands and the bench read WORKLOAD arguments through here
 
 
-def make_evaluator(name: str, cluster: ClusterSpec, noise: float = 0.0, seed: int = 0) -> Evaluator:
+def make_evaluator(name: str, cluster: ClusterSpec, noise: float = 0.0, seed: int = 0) -> TraceEvaluator:
     """``sim``: the simulator (noise-free unless asked); ``analytic``: the cost model."""
     if name == "sim":
         return Simulator(cluster, noise=noise, seed=seed)

@@ -48,8 +48,8 @@ from costmodel.analytic.contention_model import (
 from costmodel.analytic.jump import JumpStatic, build_jump_static, jump_timeline
 from costmodel.analytic.params import params_for
 from costmodel.cluster import ClusterSpec
-from costmodel.evaluator import OpTiming, Timing, check_plan
-from costmodel.replay.anchor import DurationScale, check_scale, replay_timing
+from costmodel.evaluator import DurationScale, OpTiming, Timing, check_plan
+from costmodel.replay.anchor import check_scale, replay_timing
 from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig

@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from costmodel.evaluator import Timing
+from costmodel.evaluator import DurationScale, Timing
 from costmodel.replay.schedule import ReplayStatic, replay, replay_static
 from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
@@ -45,25 +45,14 @@ from nccl_env.plan import Plan, Signature
 from traces.workload import CollectiveOp, ComputeOp, Op, Workload
 
 
-@dataclass(frozen=True)
-class DurationScale:
-    """What if every collective (``comm``) or compute kernel (``compute``) took F times as long."""
-
-    comm: float = 1.0
-    compute: float = 1.0
-
-    @property
-    def is_identity(self) -> bool:
-        return self.comm == 1.0 and self.compute == 1.0
-
-
 def check_scale(workload: Workload, scale: DurationScale | None) -> None:
     """A what-if scale applies to a trace's measured times: LagomError for any other workload."""
     if scale is not None and not scale.is_identity and workload.exec_graph is None:
         raise LagomError(f"{workload.source or 'workload'}: a duration scale applies to a trace's measured times; "
                          f"this workload is not a trace")
-    if scale is not None and not (0 < scale.comm < 1e6 and 0 < scale.compute < 1e6):
-        raise LagomError(f"duration scale comm={scale.comm:g}, compute={scale.compute:g}: each factor must be > 0")
+    if scale is not None and not (0 < scale.comm < 1e6 and 0 < scale.compute < 1e6 and 0 < scale.cpu < 1e6):
+        raise LagomError(f"duration scale comm={scale.comm:g}, compute={scale.compute:g}, cpu={scale.cpu:g}: "
+                         f"each factor must be > 0")
 
 
 class ReplayMechanism(Protocol):
@@ -211,4 +200,4 @@ def replay_timing(mechanism: ReplayMechanism, workload: Workload, plan: Plan, gp
         uncontended[k] = durations[k] * (1.0 - f + f / s_new) if s_new > 0 else durations[k]
     if len(cache) > 200_000:
         cache.clear()
-    return replay(workload, durations, uncontended)
+    return replay(workload, durations, uncontended, scale.cpu if scale is not None else 1.0)

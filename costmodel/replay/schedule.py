@@ -72,15 +72,19 @@ class ReplayStatic:
     is_compute: list[bool]  # a kernel that counts as compute (not memcpy/memset)
     order: list[int]  # a topological order of the nodes
     preds: list[tuple[int, ...]]  # op index -> stream predecessor and producers
-    launch_ready: list[float | None]  # call + latency (measured), None without a launch call
+    launch_call: list[float]  # measured call time (nan without a launch call)
+    launch_latency: list[float]
+    launch_thread: list[int]  # -1 without a launch call
     launch_wait: list[int]  # op index -> the last wait on its launching thread before the call (-1: none)
     gap: list[float]
+    wait_thread: list[int]
     wait_prev: list[int]  # wait -> the last wait on its thread before it began (-1: none)
     wait_begin: list[float]  # when the thread began waiting (nan: since before the trace)
     wait_own: list[float]  # the call's own time when it did not wait
     wait_end: list[float]  # when it went on (measured)
     wait_return: list[float]  # from its cause's end to its end
     wait_awaited: list[tuple[int, ...]]  # GPU ops it waited for (op indexes)
+    wait_cause_thread: list[int]  # a hand-over: the thread whose call let it go on (-1: a host sync)
     wait_cause: list[int]  # a hand-over: the cause thread's last wait before the cause (-1: none)
     wait_cause_us: list[float]  # a hand-over: the cause's measured time (nan: a host sync)
     steps: list[_Step]
@@ -88,6 +92,8 @@ class ReplayStatic:
     step_close_wait: list[int]  # step -> the wait that moves its closing annotation (no op to close it)
     step_close_us: list[float]  # step -> that annotation's start
     step_open_wait: list[int]  # step -> the wait that moves its annotation (no op to open it)
+    step_close_thread: list[int]  # step -> the thread of that closing annotation
+    thread_anchor: dict[int, float]  # thread -> its first call in the graph: CPU time scales from there
     compute_index: np.ndarray  # ops that count as compute
     step_coll_index: list[np.ndarray]  # per step: its on-GPU collectives
     step_compute_index: list[np.ndarray]  # per step: its compute kernels
@@ -174,15 +180,21 @@ def _build(w: Workload, g: ExecGraph) -> ReplayStatic:
     by_thread = _ThreadWaits(waits)
     wait_prev = [by_thread.before(wt.thread, wt.begin_us, exclude=j) for j, wt in enumerate(waits)]
     wait_cause = [by_thread.before(wt.cause_thread, wt.cause_us) if wt.cause_thread >= 0 else _NO for wt in waits]
-    launch_ready: list[float | None] = [None] * n
-    launch_wait = [_NO] * n
+    launch_call, launch_latency = [math.nan] * n, [0.0] * n
+    launch_thread, launch_wait = [_NO] * n, [_NO] * n
     gap = [0.0] * n
+    anchor: dict[int, float] = {}
     for k, o in enumerate(ops):
         la = g.launches.get(o.op_id)
         if la is not None:
-            launch_ready[k] = la.call_us + la.latency_us
+            launch_call[k], launch_latency[k], launch_thread[k] = la.call_us, la.latency_us, la.thread
             launch_wait[k] = by_thread.before(la.thread, la.call_us)
+            anchor[la.thread] = min(anchor.get(la.thread, math.inf), la.call_us)
         gap[k] = g.gaps.get(o.op_id, 0.0)
+    for wt in waits:
+        for thread, t in ((wt.thread, wt.begin_us), (wt.thread, wt.end_us), (wt.cause_thread, wt.cause_us)):
+            if thread >= 0 and not math.isnan(t):
+                anchor[thread] = min(anchor.get(thread, math.inf), t)
     awaited = [tuple(index[a] for a in wt.awaited if a in index) for wt in waits]
     order = _topological(ops, waits, preds, launch_wait, wait_prev, awaited, wait_cause)
     windows = _steps(g, ops)  # every annotated step; the last, unfinished, only closes the one before
@@ -192,17 +204,25 @@ def _build(w: Workload, g: ExecGraph) -> ReplayStatic:
     step_close_wait = [by_thread.before(windows[i + 1].thread, windows[i + 1].start_us) if i + 1 < len(windows)
                        else _NO for i in range(len(steps))]
     step_open_wait = [by_thread.before(s.thread, s.start_us) if s.thread >= 0 else _NO for s in steps]
+    step_close_thread = [windows[i + 1].thread if i + 1 < len(windows) else _NO for i in range(len(steps))]
+    for s in windows:
+        if s.thread >= 0:
+            anchor[s.thread] = min(anchor.get(s.thread, math.inf), s.start_us)
     st = ReplayStatic(
         op_ids=[o.op_id for o in ops], measured_start=[o.start_us for o in ops],
         measured_dur=[o.duration_us for o in ops],
         is_coll=[isinstance(o, CollectiveOp) and o.on_gpu for o in ops],
         is_compute=[isinstance(o, ComputeOp) and not o.is_memory_op for o in ops],
-        order=order, preds=[tuple(p) for p in preds], launch_ready=launch_ready, launch_wait=launch_wait, gap=gap,
-        wait_prev=wait_prev, wait_begin=[wt.begin_us for wt in waits], wait_own=[wt.own_us for wt in waits],
+        order=order, preds=[tuple(p) for p in preds], launch_call=launch_call, launch_latency=launch_latency,
+        launch_thread=launch_thread, launch_wait=launch_wait, gap=gap,
+        wait_thread=[wt.thread for wt in waits], wait_prev=wait_prev, wait_begin=[wt.begin_us for wt in waits],
+        wait_own=[wt.own_us for wt in waits],
         wait_end=[wt.end_us for wt in waits], wait_return=[wt.return_us for wt in waits], wait_awaited=awaited,
-        wait_cause=wait_cause, wait_cause_us=[wt.cause_us for wt in waits],
+        wait_cause_thread=[wt.cause_thread for wt in waits], wait_cause=wait_cause,
+        wait_cause_us=[wt.cause_us for wt in waits],
         steps=steps, step_close=step_close, step_close_wait=step_close_wait, step_close_us=step_close_us,
-        step_open_wait=step_open_wait, compute_index=np.array([], dtype=np.int64), step_coll_index=[],
+        step_open_wait=step_open_wait, step_close_thread=step_close_thread, thread_anchor=anchor,
+        compute_index=np.array([], dtype=np.int64), step_coll_index=[],
         step_compute_index=[],
     )
     st.compute_index = np.array([k for k in range(n) if st.is_compute[k]], dtype=np.int64)
@@ -210,9 +230,8 @@ def _build(w: Workload, g: ExecGraph) -> ReplayStatic:
         st.step_coll_index.append(np.array([k for k in step.op_index if st.is_coll[k]], dtype=np.int64))
         st.step_compute_index.append(np.array([k for k in step.op_index if st.is_compute[k]], dtype=np.int64))
     ends = [o.start_us + o.duration_us for o in ops]
-    _, _, _, bind = _schedule(st, st.measured_dur)
-    no_shift = [0.0] * len(waits)
-    st.measured_steps = _step_figures(st, st.measured_start, ends, no_shift, bind)
+    _, _, clock, bind = _schedule(st, st.measured_dur)
+    st.measured_steps = _step_figures(st, st.measured_start, ends, clock, bind)
     st.unexplained = _unexplained(st, g, ops)
     late_a = np.array([ops[k].start_us - late for k, late in st.unexplained.items()])
     late_b = np.array([ops[k].start_us for k in st.unexplained])
@@ -299,25 +318,45 @@ def _steps(g: ExecGraph, ops: list[Op]) -> list[_Step]:
     return [_Step(WHOLE_TRACE, -1, ops[first].start_us if ops else 0.0, list(range(len(ops))), first)]
 
 
-def _schedule(st: ReplayStatic, durations: list[float]) -> tuple[list[float], list[float], list[float], list[int]]:
-    """One pass: (starts, ends, shift per wait, binding node per node: what its time waited for, -1: nothing)."""
+class _CpuClock:
+    """Where a thread's call at measured time t lands: after its last wait j (which ended at
+    ``end_j`` and now ends at ``end_j'``) at ``end_j' + cpu x (t - end_j)``; before any wait,
+    ``cpu x`` its distance from the thread's first call. ``cpu`` scales the CPU's own time."""
+
+    def __init__(self, st: ReplayStatic, new_end: list[float], cpu: float) -> None:
+        self.st, self.new_end, self.cpu = st, new_end, cpu
+
+    def at(self, thread: int, j: int, t: float) -> float:
+        if j >= 0:
+            return self.new_end[j] + self.cpu * (t - self.st.wait_end[j])
+        if self.cpu == 1.0:
+            return t
+        a = self.st.thread_anchor.get(thread, t)
+        return a + self.cpu * (t - a)
+
+
+def _schedule(st: ReplayStatic, durations: list[float],
+              cpu: float = 1.0) -> tuple[list[float], list[float], _CpuClock, list[int]]:
+    """One pass: (starts, ends, the CPU's clock, binding node per node: what its time waited for, -1: nothing)."""
     n = len(st.op_ids)
     m = len(st.wait_end)
     starts = [0.0] * n
     ends = [0.0] * n
-    shift = [0.0] * m
+    new_end = list(st.wait_end)
+    clock = _CpuClock(st, new_end, cpu)
+    at = clock.at
     bind = [_NO] * (n + m)
-    preds, launch_ready, launch_wait, gap = st.preds, st.launch_ready, st.launch_wait, st.gap
+    preds, launch_call, launch_wait, gap = st.preds, st.launch_call, st.launch_wait, st.gap
     for v in st.order:
         if v < n:
             ready, by = -math.inf, _NO
             for p in preds[v]:
                 if ends[p] > ready:
                     ready, by = ends[p], p
-            lr = launch_ready[v]
-            if lr is not None:
+            call = launch_call[v]
+            if call == call:  # a launch call (not nan)
                 j = launch_wait[v]
-                t = lr + (shift[j] if j >= 0 else 0.0)
+                t = at(st.launch_thread[v], j, call) + st.launch_latency[v]
                 b = n + j if j >= 0 else _NO
                 if by >= 0 and ready + gap[v] > t:
                     t, b = ready + gap[v], by
@@ -332,24 +371,22 @@ def _schedule(st: ReplayStatic, durations: list[float]) -> tuple[list[float], li
             j = v - n
             finish, b = -math.inf, _NO
             begin = st.wait_begin[j]
-            if not math.isnan(begin):
+            if begin == begin:
                 prev = st.wait_prev[j]
-                finish = begin + (shift[prev] if prev >= 0 else 0.0) + st.wait_own[j]
+                finish = at(st.wait_thread[j], prev, begin) + cpu * st.wait_own[j]
                 b = n + prev if prev >= 0 else _NO
             for a in st.wait_awaited[j]:
                 if ends[a] + st.wait_return[j] > finish:
                     finish, b = ends[a] + st.wait_return[j], a
             cause_us = st.wait_cause_us[j]
-            if not math.isnan(cause_us):
+            if cause_us == cause_us:
                 c = st.wait_cause[j]
-                t = cause_us + (shift[c] if c >= 0 else 0.0) + st.wait_return[j]
+                t = at(st.wait_cause_thread[j], c, cause_us) + st.wait_return[j]
                 if t > finish:
                     finish, b = t, (n + c if c >= 0 else _NO)
-            if finish == -math.inf:
-                finish = st.wait_end[j]
-            shift[j] = finish - st.wait_end[j]
+            new_end[j] = finish if finish != -math.inf else st.wait_end[j]
             bind[v] = b
-    return starts, ends, shift, bind
+    return starts, ends, clock, bind
 
 
 def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
@@ -366,12 +403,12 @@ def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
     return float(np.sum(e[last] - s[first]))
 
 
-def _node_time(st: ReplayStatic, starts: list[float], shift: list[float], node: int) -> float:
+def _node_time(starts: list[float], clock: _CpuClock, node: int) -> float:
     n = len(starts)
-    return starts[node] if node < n else st.wait_end[node - n] + shift[node - n]
+    return starts[node] if node < n else clock.new_end[node - n]
 
 
-def _critical_comm(st: ReplayStatic, starts: list[float], ends: list[float], shift: list[float], bind: list[int],
+def _critical_comm(st: ReplayStatic, starts: list[float], ends: list[float], clock: _CpuClock, bind: list[int],
                    begin_node: int, end_node: int, horizon_us: float) -> float:
     """Collective time on the critical path to ``end_node`` (the chain of binding causes) after
     it meets the path to ``begin_node``: the most that faster collectives can shorten the step
@@ -380,19 +417,19 @@ def _critical_comm(st: ReplayStatic, starts: list[float], ends: list[float], shi
     n = len(starts)
     shared: set[int] = set()
     node = begin_node
-    while node >= 0 and _node_time(st, starts, shift, node) >= horizon_us:
+    while node >= 0 and _node_time(starts, clock, node) >= horizon_us:
         shared.add(node)
         node = bind[node]
     total = 0.0
     node = bind[end_node]
-    while node >= 0 and node not in shared and _node_time(st, starts, shift, node) >= horizon_us:
+    while node >= 0 and node not in shared and _node_time(starts, clock, node) >= horizon_us:
         if node < n and st.is_coll[node]:
             total += ends[node] - starts[node]
         node = bind[node]
     return total
 
 
-def _step_figures(st: ReplayStatic, starts: list[float], ends: list[float], shift: list[float],
+def _step_figures(st: ReplayStatic, starts: list[float], ends: list[float], clock: _CpuClock,
                   bind: list[int]) -> list[tuple[float, float, float, float, float]]:
     """(step time, communication, exposed communication, compute, critical communication) per step.
     Exposed = |collectives U compute| - |compute|, compute being every compute kernel of the
@@ -410,15 +447,15 @@ def _step_figures(st: ReplayStatic, starts: list[float], ends: list[float], shif
             begin, begin_node = starts[step.first], step.first
         else:
             j = st.step_open_wait[i]
-            begin, begin_node = step.start_us + (shift[j] if j >= 0 else 0.0), (len(starts) + j if j >= 0 else _NO)
+            begin, begin_node = clock.at(step.thread, j, step.start_us), (len(starts) + j if j >= 0 else _NO)
         begins.append(begin)
         close = st.step_close[i]
         if close >= 0:
             finish, end_node = starts[close], close
         elif not math.isnan(st.step_close_us[i]):
             j = st.step_close_wait[i]
-            finish, end_node = st.step_close_us[i] + (shift[j] if j >= 0 else 0.0), (len(starts) + j if j >= 0
-                                                                                      else _NO)
+            finish = clock.at(st.step_close_thread[i], j, st.step_close_us[i])
+            end_node = len(starts) + j if j >= 0 else _NO
         else:
             finish, end_node = last_end, _NO
         ci = st.step_coll_index[i]
@@ -435,7 +472,7 @@ def _step_figures(st: ReplayStatic, starts: list[float], ends: list[float], shif
         pi = st.step_compute_index[i]
         compute = _union_length(s_arr[pi], e_arr[pi])
         horizon = begins[i - 1] if i else -math.inf  # the path back to the step before is enough
-        critical = _critical_comm(st, starts, ends, shift, bind, begin_node, end_node, horizon) \
+        critical = _critical_comm(st, starts, ends, clock, bind, begin_node, end_node, horizon) \
             if end_node >= 0 else 0.0
         out.append((finish - begin, comm, max(0.0, exposed), compute, critical))
     return out
@@ -466,14 +503,16 @@ class _LazyOps(Mapping):
         return op_id in self._all()
 
 
-def replay(workload: Workload, durations: list[float], uncontended: list[float] | None = None) -> Timing:
+def replay(workload: Workload, durations: list[float], uncontended: list[float] | None = None,
+           cpu: float = 1.0) -> Timing:
     """Schedule the workload's execution graph with ``durations`` (one per op, in the
     order of :attr:`ReplayStatic.op_ids`); per-step figures against the trace's own.
-    ``uncontended``: the same ops' durations with no collective beside them."""
+    ``uncontended``: the same ops' durations with no collective beside them; ``cpu``: the
+    CPU's own time between calls scaled (1: as measured)."""
     st = replay_static(workload)
     n = len(st.op_ids)
-    starts, ends, shift, bind = _schedule(st, durations)
-    figures = _step_figures(st, starts, ends, shift, bind)
+    starts, ends, clock, bind = _schedule(st, durations, cpu)
+    figures = _step_figures(st, starts, ends, clock, bind)
     steps = []
     for i, (step, (it, comm, exp, compute, critical), measured) in enumerate(zip(st.steps, figures,
                                                                                   st.measured_steps)):
@@ -496,3 +535,29 @@ def replay(workload: Workload, durations: list[float], uncontended: list[float] 
         ops=_LazyOps(st.op_ids, starts, ends),
         steps=steps,
     )
+
+
+@dataclass
+class MovedTimes:
+    """Where a replay put everything: each op's start and end (by op id) and, for any CPU
+    call of the trace, its moved time (it moves with its thread's last wait before it)."""
+
+    starts: dict[int, float]
+    ends: dict[int, float]
+    _waits: _ThreadWaits
+    _clock: _CpuClock
+
+    def cpu_us(self, thread: int, t: float) -> float:
+        """The replayed time of a call made at ``t`` on graph thread ``thread``."""
+        return self._clock.at(thread, self._waits.before(thread, t), t)
+
+
+def moved_times(workload: Workload, timing: Timing, cpu: float = 1.0) -> MovedTimes:
+    """The schedule behind ``timing`` (a replay of ``workload`` with the CPU's time scaled by
+    ``cpu``), with the CPU's moves."""
+    st = replay_static(workload)
+    graph = workload.exec_graph
+    assert graph is not None  # replay_static refused a workload without one
+    durations = [timing.ops[i].duration_us for i in st.op_ids]
+    starts, ends, clock, _ = _schedule(st, durations, cpu)
+    return MovedTimes(dict(zip(st.op_ids, starts)), dict(zip(st.op_ids, ends)), _ThreadWaits(_waits(graph)), clock)

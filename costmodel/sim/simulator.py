@@ -38,9 +38,9 @@ import math
 import numpy as np
 
 from costmodel.cluster import ClusterSpec
-from costmodel.evaluator import OpTiming, Timing, check_plan
+from costmodel.evaluator import DurationScale, OpTiming, Timing, check_plan
 from costmodel.nccl_defaults import resolve_config
-from costmodel.replay.anchor import DurationScale, check_scale, replay_timing
+from costmodel.replay.anchor import check_scale, replay_timing
 from costmodel.sim.collective import CollectiveModel
 from costmodel.sim.compute import ComputeModel, gemm_tile_from_name
 from costmodel.sim.params import sim_params

@@ -11,7 +11,11 @@ settings), and the largest overlap windows.
 
 Overlap % and the breakdown follow Holistic Trace Analysis 0.5: by default the trace
 is trimmed to whole profiler steps (the last, usually unfinished, step is dropped);
---include-last-step keeps it. All figures are over that analysed span.
+--include-last-step keeps it. All figures are over that analysed span. Per complete
+profiler step (``steps`` in --json) it also prints the replay's reading of the trace
+(docs/replay.md): the step as the GPU's period, its collectives, exposed time, the
+collective time on its critical path (the most that faster collectives can save) and
+GPU idle the execution graph shows no cause for.
 --json prints one object {"ranks": [...]}; --plot writes a PNG timeline of one
 profiler step of the first rank.
 """
@@ -26,6 +30,7 @@ import orjson
 
 from lagom.analyze_report import rank_report, render
 from lagom.console import stdout_console
+from lagom.replay_report import measured_steps
 from nccl_env.errors import LagomError
 from traces.kineto import read_trace
 from traces.steps import trim_to_profiler_steps
@@ -84,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     views = [trim_to_profiler_steps(w, include_last_step=args.include_last_step) for w in workloads]
     reports = [
         rank_report(v, top_windows=args.top, trimmed=len(v.profiler_steps) < len(w.profiler_steps))
+        | {"steps": measured_steps(w)}
         for v, w in zip(views, workloads)
     ]
     if args.plot:

@@ -15,10 +15,12 @@ profiler step (the mean over the trace's complete steps) and every step is liste
 ``"replay": {"median_step_error_pct", "comm_error_pct", "exposed_error_pct", ...}`` (the
 replay under the recorded settings against the trace).
 
-``--scale comm=F`` / ``--scale compute=F`` (a trace only; both in one flag as
+``--scale comm=F`` / ``compute=F`` / ``cpu=F`` (a trace only; several in one flag as
 ``comm=F,compute=G``) asks a what-if first: every collective's (every compute
-kernel's) measured time times F, and the replay's schedule follows; the plan, if any,
-applies on top. ``replay`` stays the fidelity under the trace's own times.
+kernel's; the CPU's own time between calls) measured time times F, and the replay's
+schedule follows; the plan, if any, applies on top. ``replay`` stays the fidelity under the trace's own times.
+``--export-trace OUT.json.gz`` writes the prediction as a Kineto trace with the
+original's layout and names (lagom/trace_export.py), to open beside the measured one.
 
 For other workloads every collective runs with NCCL's modelled default choice, unless ``--set`` gives one
 CommConfig for all of them (``--set channels=16,chunk=2MiB``; keys channels, threads,
@@ -39,8 +41,8 @@ import json
 import math
 import sys
 
-from costmodel.evaluator import check_config
-from costmodel.replay.anchor import DurationScale
+from costmodel.evaluator import DurationScale, check_config
+from lagom.trace_export import check_export_path, export_trace
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan
@@ -62,11 +64,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--set", dest="set_config", metavar="KNOB=VALUE,...",
                         help="one CommConfig for every collective, e.g. channels=16,chunk=2MiB")
     parser.add_argument("--config", metavar="lagom.yaml", help="apply a tuned-config file")
-    parser.add_argument("--scale", action="append", metavar="comm=F|compute=F",
-                        help="a trace's what-if: every collective's (compute kernel's) measured time times F")
+    parser.add_argument("--scale", action="append", metavar="comm=F|compute=F|cpu=F",
+                        help="a trace's what-if: each collective's (compute kernel's, CPU gap's) measured time times F")
     parser.add_argument("--noise", type=float, default=0.01,
                         help="multiplicative noise (std. dev., default 0.01; 0 = exact)")
     parser.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
+    parser.add_argument("--export-trace", metavar="OUT.json.gz",
+                        help="a trace: write the prediction as a Kineto trace (Perfetto, TensorBoard, HTA open it)")
     parser.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
     parser.set_defaults(func=run)
 
@@ -77,8 +81,8 @@ def parse_scale(items: list[str]) -> DurationScale:
     for item in items:
         for part in item.split(","):
             key, eq, value = part.strip().partition("=")
-            if key not in ("comm", "compute") or not eq:
-                raise LagomError(f"--scale {item}: expected comm=F or compute=F (e.g. --scale comm=0.5)")
+            if key not in ("comm", "compute", "cpu") or not eq:
+                raise LagomError(f"--scale {item}: expected comm=F, compute=F or cpu=F (e.g. --scale comm=0.5)")
             try:
                 factor = float(value)
             except ValueError:
@@ -100,7 +104,10 @@ def run(args: argparse.Namespace) -> int:
         raise LagomError(f"--noise must be a finite number >= 0, got {args.noise}")
     if args.seed < 0:
         raise LagomError(f"--seed must be >= 0, got {args.seed}")
+    export = check_export_path(args.export_trace, args.workload) if args.export_trace else None
     workload, from_trace = read_workload_arg(args.workload)
+    if export is not None and not from_trace:
+        raise LagomError("--export-trace: applies to a trace (WORKLOAD is not a trace)")
     choice = resolve_cluster(workload, from_trace, args.cluster)
     cluster = choice.cluster
     # the settings a file or --set gives reach NCCL's collectives of known size only (CollectiveOp.tunable)
@@ -145,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     if scale is not None and not from_trace:
         raise LagomError("--scale: applies to a trace's measured times (WORKLOAD is not a trace)")
     evaluator = make_evaluator(args.evaluator, cluster, args.noise, args.seed)
-    timing = evaluator.evaluate(workload, plan, scale) if scale is not None else evaluator.evaluate(workload, plan)
+    timing = evaluator.evaluate(workload, plan, scale)
     result = {
         "iteration_us": round(timing.iteration_us, 3),
         "compute_us": round(timing.compute_us, 3),
@@ -168,6 +175,13 @@ def run(args: argparse.Namespace) -> int:
         fid = fidelity(timing if not plan.entries and plan.default == CommConfig() and scale is None
                        else evaluator.evaluate(workload, Plan()))
         result["replay"] = fid.to_dict() if fid is not None else None
+    if export is not None:
+        what = ", ".join([*([f"--config {args.config}"] if args.config else []),
+                          *([f"--set {args.set_config}"] if args.set_config else []),
+                          *([f"--scale {','.join(args.scale)}"] if args.scale else [])]) or "the recorded settings"
+        export_trace(workload, timing, export, what)
+        result["export_trace"] = str(export)
+        print(f"prediction written to {export} ({what})", file=sys.stderr)
     if args.json:
         print(json.dumps(result))
         return 0

@@ -30,6 +30,9 @@ Process-wide changes (env, process-group CTAs) and per-collective entries are wr
 only when the predicted gain is at least ``--min-gain`` (default 0.01 = 1%); otherwise
 the file keeps NCCL's defaults and its notes say why.
 
+``--export-trace OUT.json.gz`` (a trace) writes the tuned plan's predicted steps as a
+Kineto trace with the original's layout (lagom/trace_export.py).
+
 Writes the tuned-config file (``-o``, default lagom.yaml); ``--json`` prints
 ``{"baseline_us", "tuned_us", "autoccl_us", "speedup_vs_nccl", "speedup_vs_autoccl",
 "evaluations", "replay" (traces), "steps" (traces), ...}`` to stdout instead of the table.
@@ -53,6 +56,7 @@ from lagom import tuning
 from lagom.console import StageProgress, stdout_console
 from lagom.replay_report import fidelity_line, fidelity_warning, steps_table
 from lagom.trace_context import refuse_to_tune, resolve_cluster
+from lagom.trace_export import check_export_path, export_trace
 from lagom.workload_arg import read_workload_arg
 from lagom.workload_fit import fit_warnings, untunable_warnings
 from nccl_env.errors import LagomError
@@ -80,6 +84,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-autoccl", action="store_true", help="skip the AutoCCL comparison")
     parser.add_argument("--min-gain", type=float, default=tuning.MIN_GAIN, metavar="F",
                         help="write changes only for a predicted gain of at least F (default 0.01 = 1%%)")
+    parser.add_argument("--export-trace", metavar="OUT.json.gz",
+                        help="a trace: write the tuned plan's predicted steps as a Kineto trace (Perfetto, HTA)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary instead of the table")
     parser.set_defaults(func=run)
 
@@ -94,7 +100,10 @@ def run(args: argparse.Namespace) -> int:
         raise LagomError(f"-o {args.output}: is a folder, expected a file name")
     if not output.parent.is_dir():
         raise LagomError(f"-o {args.output}: {output.parent} is not an existing folder")
+    export = check_export_path(args.export_trace, args.workload, args.output) if args.export_trace else None
     workload, from_trace = read_workload_arg(args.workload)
+    if export is not None and not from_trace:
+        raise LagomError("--export-trace: applies to a trace (WORKLOAD is not a trace)")
     refusal = refuse_to_tune(workload) if from_trace else None
     if refusal:
         raise LagomError(refusal)
@@ -142,6 +151,9 @@ def run(args: argparse.Namespace) -> int:
         "notes": config.notes,
         "rows": [r.to_dict() for r in rows],
     }
+    if export is not None:
+        export_trace(workload, outcome.result.timing, export, f"the tuned plan ({args.method}), as in {args.output}")
+        summary["export_trace"] = str(export)
     fid = fidelity(outcome.baseline)
     if fid is not None:
         summary["replay"] = fid.to_dict()

@@ -40,6 +40,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 PID, MAIN, AUTOGRAD = 3100, 3100, 3177  # process, main thread, autograd engine's device thread
 COMPUTE, NCCL = 7, 39  # streams
@@ -121,7 +122,7 @@ class WhatIf:
     @property
     def label(self) -> str:
         knob, f = ("comm", self.comm) if self.compute == 1.0 else ("compute", self.compute)
-        return f"{self.scenario} {knob}x{f:g}"
+        return f"{self.scenario} {knob} x{f:g}"
 
     @property
     def scale_arg(self) -> str:
@@ -189,9 +190,12 @@ class GpuWork:
     copy_bytes: int = 0
 
 
+Kind = Literal["cpu", "begin", "end", "launch", "record", "wait", "sync", "signal", "await"]
+
+
 @dataclass
 class Action:
-    kind: str  # cpu | begin | end | launch | record | wait | sync | signal | await
+    kind: Kind
     us: float = 0.0  # cpu: own time; launch/record/wait/sync: the call's own time; await: wake-up
     name: str = ""  # begin: span name; launch: runtime call name; sync: cudaXSynchronize
     cat: str = "cpu_op"  # begin: cpu_op | user_annotation
@@ -392,7 +396,6 @@ class GpuOp:
     work: GpuWork
     stream: int
     call_us: float  # its launch call's start
-    thread: int
     start_us: float
     end_us: float
     bound: str  # which term of the start rule set its start: launch | stream | event
@@ -494,7 +497,7 @@ def simulate(p: Program, comm: float = 1.0, compute: float = 1.0, cpu: float = 1
                 earliest = at + a.latency_us
                 start = max(earliest, tail.get(s, 0.0))
                 bound = "launch" if earliest >= tail.get(s, 0.0) else tail_why[s]
-                op = GpuOp(corr, w, s, at, t, start, start + w.dur_us * factor, bound)
+                op = GpuOp(corr, w, s, at, start, start + w.dur_us * factor, bound)
                 tail[s], tail_why[s] = op.end_us, "stream"
                 out.ops.append(op)
                 call.op = op
@@ -526,9 +529,8 @@ def simulate(p: Program, comm: float = 1.0, compute: float = 1.0, cpu: float = 1
     if any(pc[t] < len(threads[t]) for t in threads):
         raise ValueError(f"{p.name}: a thread waits for a hand-over that never comes")
     _check_queue(out)
-    first_step = out.steps()[0]
-    stop = out.calls[-1]
-    out.window = (first_step.start_us, stop.end_us + 2.0)
+    stop = [c for c in out.calls if c.thread == MAIN][-1]  # the profiler's cudaDeviceSynchronize
+    out.window = (out.steps()[0].start_us, stop.end_us + 2.0)
     return out
 
 
@@ -549,7 +551,7 @@ class StepTruth:
     name: str
     iteration_us: float  # the GPU's period
     comm_us: float  # merged time of the collectives launched in the step
-    exposed_comm_us: float  # the part of it no other GPU op overlaps
+    exposed_comm_us: float  # the part of it no compute kernel overlaps
 
 
 @dataclass(frozen=True)
@@ -589,15 +591,17 @@ def _length(intervals: list[tuple[float, float]]) -> float:
 
 
 def truth(s: Schedule) -> RunTruth:
+    """Per complete profiled step: the GPU's period, and the merged time of the collectives
+    launched in the step with the part of it no compute kernel overlaps."""
     steps = s.steps()
     launched = [[op for op in s.ops if st.start_us <= op.call_us < st.end_us] for st in steps]
     firsts = [min(ops, key=lambda op: op.call_us).start_us for ops in launched]
-    other = merged([(op.start_us, op.end_us) for op in s.ops if not op.is_comm])
+    compute = merged([(op.start_us, op.end_us) for op in s.ops if op.work.kernel is not None and not op.is_comm])
     out = []
     for k in range(len(steps) - 1):
         comm = merged([(op.start_us, op.end_us) for op in launched[k] if op.is_comm])
-        covered = _length(merged(comm + other)) - _length(other)  # comm time outside every other op
-        out.append(StepTruth(steps[k].name, firsts[k + 1] - firsts[k], _length(comm), covered))
+        exposed = _length(merged(comm + compute)) - _length(compute)  # comm time no compute kernel overlaps
+        out.append(StepTruth(steps[k].name, firsts[k + 1] - firsts[k], _length(comm), exposed))
     span = (firsts[0], firsts[-1])
     inside = [(max(op.start_us, span[0]), min(op.end_us, span[1])) for op in s.ops
               if op.end_us > span[0] and op.start_us < span[1]]

@@ -21,7 +21,6 @@ import argparse
 import contextlib
 import io
 import json
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -33,10 +32,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 import kineto_world as kw  # noqa: E402
 
 from lagom.cli import main as lagom_main  # noqa: E402
-
-MAX_MEDIAN_STEP_ERROR = 0.02
-CHANGE_TOLERANCE = 0.15
-NIL_CHANGE = 0.002
 
 
 def simulate(trace: Path, scale: str) -> tuple[list[dict] | None, str]:
@@ -69,13 +64,9 @@ def judge(whatif: kw.WhatIf, folder: Path, seed: int) -> dict:
     if missing:
         row["error"] = f"no step named {missing[0]} in simulate's output"
         return row
-    predicted = [named[t.name]["iteration_us"] for t in truth.second.steps]
-    errors = [abs(p - t.iteration_us) / t.iteration_us for p, t in zip(predicted, truth.second.steps)]
-    change = statistics.mean(predicted) / truth.first.mean_iteration_us - 1.0
-    median = statistics.median(errors)
-    row.update(predicted_change_pct=round(100 * change, 2), median_step_error_pct=round(100 * median, 2),
-               passed=median <= MAX_MEDIAN_STEP_ERROR
-               and abs(change - truth.change) <= max(CHANGE_TOLERANCE * abs(truth.change), NIL_CHANGE))
+    judged = kw.verdict(truth, [named[t.name]["iteration_us"] for t in truth.second.steps])
+    row.update(predicted_change_pct=round(100 * judged.predicted_change, 2),
+               median_step_error_pct=round(100 * judged.median_step_error, 2), passed=judged.passed)
     return row
 
 

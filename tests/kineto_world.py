@@ -26,7 +26,15 @@ no launch-queue back-pressure; a program that would fill the launch queue is ref
 Kineto records CPU events that start and end inside the profiled window and GPU ops
 and sync records that do (its out-of-range rule); a launch call before the window is
 absent, its GPU op present. The window runs from the first profiled ``ProfilerStep``
-to the profiler's stop, which synchronizes the device as ``torch.profiler`` does.
+to the profiler's stop, which synchronizes the device as ``torch.profiler`` does. The
+warm-up steps before it ran with the same factors, so the GPU's backlog at the window's
+start (orphan ops: recorded, launched before the window) differs between the two runs.
+
+Use: ``paired(program, folder, comm=F)`` -> (first trace, second trace, :class:`PairTruth`);
+``simulate`` -> :class:`Schedule`, ``truth(schedule)`` -> :class:`RunTruth`,
+``write_trace(schedule, path)``; ``verdict(pair_truth, predicted_steps_us)`` judges a
+prediction of the second run. ``SCENARIOS`` and ``WHATIF_GRID`` are what
+tests/test_whatif_pairs.py and bench/whatif_accuracy.py run.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import gzip
 import json
 import math
 import random
+import statistics
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -574,6 +583,37 @@ class PairTruth:
     def change(self) -> float:
         """The mean step's relative change, second run against the first."""
         return self.second.mean_iteration_us / self.first.mean_iteration_us - 1.0
+
+
+# What a replay's prediction of the second run must meet (issue 17): the median step within
+# 2%, the mean step's change within 15% of the true change; a true change under 0.2% of the
+# step is nil, and a prediction within 0.2% of the step then counts as nil too.
+MAX_MEDIAN_STEP_ERROR = 0.02
+CHANGE_TOLERANCE = 0.15
+NIL_CHANGE = 0.002
+
+
+@dataclass(frozen=True)
+class Verdict:
+    median_step_error: float
+    predicted_change: float
+    true_change: float
+
+    @property
+    def change_ok(self) -> bool:
+        allowed = max(CHANGE_TOLERANCE * abs(self.true_change), NIL_CHANGE)
+        return abs(self.predicted_change - self.true_change) <= allowed
+
+    @property
+    def passed(self) -> bool:
+        return self.median_step_error <= MAX_MEDIAN_STEP_ERROR and self.change_ok
+
+
+def verdict(truth: PairTruth, predicted_us: list[float]) -> Verdict:
+    """A prediction of the second run's steps (in ``truth.second.steps``' order) judged."""
+    errors = [abs(p - t.iteration_us) / t.iteration_us for p, t in zip(predicted_us, truth.second.steps)]
+    change = sum(predicted_us) / len(predicted_us) / truth.first.mean_iteration_us - 1.0
+    return Verdict(statistics.median(errors), change, truth.change)
 
 
 def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -24,10 +24,6 @@ import pytest
 
 from lagom.cli import main
 
-MAX_MEDIAN_STEP_ERROR = 0.02
-CHANGE_TOLERANCE = 0.15  # of the true change
-NIL_CHANGE = 0.002  # a change this small (of the mean step) is no change
-
 
 def simulate_steps(trace: Path, *extra: str) -> list[dict]:
     """``lagom simulate TRACE --json [extra]``'s per-step list."""
@@ -55,15 +51,14 @@ def test_the_replay_predicts_the_second_run(whatif: kw.WhatIf, tmp_path: Path) -
     first, _, truth = kw.paired(kw.SCENARIOS[whatif.scenario], tmp_path, comm=whatif.comm, compute=whatif.compute)
     steps = by_truth(simulate_steps(first, "--scale", whatif.scale_arg), truth.second)
     true_steps = truth.second.steps
-    errors = [abs(s["iteration_us"] - t.iteration_us) / t.iteration_us for s, t in zip(steps, true_steps)]
-    assert statistics.median(errors) <= MAX_MEDIAN_STEP_ERROR, [round(e, 4) for e in errors]
-    predicted = statistics.mean(s["iteration_us"] for s in steps) / truth.first.mean_iteration_us - 1.0
-    assert abs(predicted - truth.change) <= max(CHANGE_TOLERANCE * abs(truth.change), NIL_CHANGE), \
-        f"mean step change: predicted {predicted:+.2%}, true {truth.change:+.2%}"
+    judged = kw.verdict(truth, [s["iteration_us"] for s in steps])
+    errors = [round(abs(s["iteration_us"] - t.iteration_us) / t.iteration_us, 4) for s, t in zip(steps, true_steps)]
+    assert judged.median_step_error <= kw.MAX_MEDIAN_STEP_ERROR, errors
+    assert judged.change_ok, f"mean step change: predicted {judged.predicted_change:+.2%}, true {truth.change:+.2%}"
     # the step's collective time and its exposed part follow, each within 2% of the step
     for key, attr in (("comm_us", "comm_us"), ("exposed_comm_us", "exposed_comm_us")):
         off = [abs(s[key] - getattr(t, attr)) / t.iteration_us for s, t in zip(steps, true_steps)]
-        assert statistics.median(off) <= MAX_MEDIAN_STEP_ERROR, (key, [round(e, 4) for e in off])
+        assert statistics.median(off) <= kw.MAX_MEDIAN_STEP_ERROR, (key, [round(e, 4) for e in off])
 
 
 @pytest.mark.parametrize("scenario", ["cpu_ahead_nosync", "mixed", "cpu_paced_1thread"])

@@ -106,9 +106,9 @@ def test_every_row_is_consistent():
 
 # ---- traces -----------------------------------------------------------------------------------
 def _nccl(b: TraceBuilder, name: str, ts: float, dur: float, nelems_in: int, nelems_out: int, world: int) -> None:
-    b.kernel(f"ncclDevKernel_{name}_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", 20, ts, dur,
-             **{"Collective name": name.lower(), "dtype": "Float", "In msg nelems": nelems_in,
-                "Out msg nelems": nelems_out, "Process Group Name": "0", "Group size": world})
+    args: dict = {"Collective name": name.lower(), "dtype": "Float", "In msg nelems": nelems_in,
+                  "Out msg nelems": nelems_out, "Process Group Name": "0", "Group size": world}
+    b.kernel(f"ncclDevKernel_{name}_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", 20, ts, dur, **args)
 
 
 def _trace(path: Path, device: str, sms: int | None, mem: int | None, cc: tuple[int, int], world: int = 16,

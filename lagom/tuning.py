@@ -112,10 +112,12 @@ def calibrated_cluster(preset: str, budget: int = 300, log: Callable[[str], None
 def tuning_cluster(cluster: ClusterSpec, cluster_arg: str, evaluator: str,
                    log: Callable[[str], None] | None = None) -> ClusterSpec:
     """The cluster the evaluator should model: for ``analytic`` on a preset without fitted
-    ``model:`` parameters, the preset calibrated against ``sim:PRESET`` (cached)."""
+    ``model:`` parameters, the preset calibrated against ``sim:PRESET`` (cached), with the
+    cluster's NCCL, nodes and GPU (a trace's own GPU numbers: lagom.trace_context)."""
     if evaluator != "analytic" or cluster.model or cluster_arg not in preset_names():
         return cluster
-    return replace(calibrated_cluster(cluster_arg, log=log), nccl_version=cluster.nccl_version, nodes=cluster.nodes)
+    return replace(calibrated_cluster(cluster_arg, log=log), nccl_version=cluster.nccl_version, nodes=cluster.nodes,
+                   gpu=cluster.gpu)
 
 
 @dataclass

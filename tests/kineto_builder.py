@@ -12,11 +12,16 @@ class TraceBuilder:
     """Events are added with explicit times; ``write`` produces a .json or .json.gz file."""
 
     def __init__(self, rank: int | None = 0, world_size: int = 2, categories: dict | None = None,
-                 device: str = "Test GPU", sm_count: int = 108, **distributed) -> None:
-        """``distributed``: more ``distributedInfo`` fields (``nccl_version``, ``pg_config``)."""
+                 device: str = "Test GPU", sm_count: int | None = 108, device_props: dict | None = None,
+                 devices: int = 1, **distributed) -> None:
+        """``distributed``: more ``distributedInfo`` fields (``nccl_version``, ``pg_config``);
+        ``device_props``: more ``deviceProperties`` fields (``totalGlobalMem``, ``computeMajor``), listed
+        for ``devices`` devices (a process that sees its node's 8 GPUs lists 8)."""
         self.events: list[dict] = []
         self.device = device
         self.sm_count = sm_count
+        self.device_props = device_props or {}
+        self.devices = devices
         self.distributed = distributed
         self.metadata: dict = {}  # more top-level fields, e.g. baseTimeNanoseconds
         self.corr = 1000
@@ -53,7 +58,8 @@ class TraceBuilder:
 
     def doc(self) -> dict:
         out: dict = {"schemaVersion": 1, "traceEvents": self.events,
-                     "deviceProperties": [{"id": 0, "name": self.device, "numSms": self.sm_count}], **self.metadata}
+                     "deviceProperties": [{"id": i, "name": self.device, "numSms": self.sm_count, **self.device_props}
+                                          for i in range(self.devices)], **self.metadata}
         if self.rank is not None:
             out["distributedInfo"] = {"backend": "nccl", "rank": self.rank, "world_size": self.world_size,
                                       **self.distributed}

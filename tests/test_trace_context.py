@@ -53,8 +53,9 @@ def test_tune_without_cluster_takes_gpu_and_nccl_from_the_trace(tmp_path, capsys
     assert json.loads(out)["cluster"] == "a100-nvswitch"
     config = load_tuned_config(out_file)
     assert (config.cluster, config.nccl_version) == ("a100-nvswitch", "2.17.1")
-    assert "note: cluster a100-nvswitch: the preset for the trace's GPU (NVIDIA A100-PG509-200); " \
-           "1 node for the job's 2 ranks" in err
+    assert ("note: cluster a100-nvswitch: the preset for the trace's GPU (NVIDIA A100-PG509-200); "
+            "1 node for the job's 2 ranks; its GPU is the table's A100-SXM4-40GB (matched by name A100, 42.3 GB), "
+            "not the preset's A100-SXM4-80GB: memory GB/s 2039 -> 1555") in err
     assert "note: NCCL 2.17.1 from the trace's distributedInfo (a100-nvswitch says 2.18.3)" in err
     assert "warning" not in err
 
@@ -93,22 +94,24 @@ def _trace(tmp_path, device: str, **distributed):
     return b.write(tmp_path / f"{device.replace(' ', '_')}.json")
 
 
-def test_a_v100_trace_asks_for_a_cluster_and_warns_on_an_a100_preset(tmp_path, capsys):
+def test_a_v100_trace_gets_a_derived_cluster_and_warns_on_an_a100_preset(tmp_path, capsys):
     trace = _trace(tmp_path, "Tesla V100-SXM2-32GB", nccl_version="2.18.3")
     code, _, err = run_cli(capsys, "tune", str(trace), "-o", str(tmp_path / "x.yaml"))
-    assert code == 2 and err.count("\n") == 1
-    assert "its GPU, Tesla V100-SXM2-32GB, has no Lagom cluster preset; give --cluster NAME|FILE" in err
+    assert code == 0, err
+    assert "note: cluster derived from the trace (no preset models Tesla V100-SXM2-32GB)" in err
+    assert load_tuned_config(tmp_path / "x.yaml").cluster.endswith(".yaml")  # the derived cluster's file
     code, _, err = run_cli(capsys, "simulate", str(trace), "--cluster", "a100-nvswitch", "--json")
     assert code == 0
     assert err.count("warning:") == 1
     assert "the trace ran on Tesla V100-SXM2-32GB but --cluster a100-nvswitch models A100-SXM4-80GB" in err
 
 
-def test_an_a40_trace_names_both_a40_presets(tmp_path, capsys):
+def test_an_a40_trace_is_derived_and_names_both_a40_presets(tmp_path, capsys):
     trace = _trace(tmp_path, "NVIDIA A40")
     code, _, err = run_cli(capsys, "simulate", str(trace))
-    assert code == 2 and err.count("\n") == 1
-    assert "is modelled by the presets high-bw and low-bw" in err and "give --cluster high-bw or another" in err
+    assert code == 0, err
+    (note,) = [line for line in err.splitlines() if line.startswith("note: cluster")]
+    assert "the presets high-bw and low-bw both model NVIDIA A40" in note and "--cluster picks one" in note
     (w,) = read_trace(trace)
     choice = resolve_cluster(w, True, "low-bw")
     assert (choice.cluster.name, choice.cluster.nccl_version, choice.warnings) == ("low-bw", "2.18.3", [])
@@ -133,10 +136,19 @@ def test_spec_and_workload_file_still_need_a_cluster(command, capsys, tmp_path):
 
 
 @needs_traces
-def test_a_trace_without_device_properties_asks_for_a_cluster(capsys):
-    code, _, err = run_cli(capsys, "simulate", str(TRACES / "w128_sendrecv_rank0.json.gz"))
+def test_a_trace_without_device_properties_is_read_by_its_launch_shapes(capsys):
+    code, out, err = run_cli(capsys, "simulate", str(TRACES / "w128_sendrecv_rank0.json.gz"), "--json")
+    assert code == 0, err
+    assert json.loads(out)["cluster"] == "a100-nvswitch"
+    assert ("note: cluster a100-nvswitch: the preset for the trace's GPU (an A100 by its kernels' launch shapes, "
+            "108 SMs: the trace records no deviceProperties); 16 nodes for the job's 128 ranks") in err
+
+
+@needs_traces
+def test_a_cpu_only_trace_asks_for_a_cluster(capsys):
+    code, _, err = run_cli(capsys, "simulate", str(TRACES / "cpu_only_rank34.json.gz"))
     assert code == 2 and err.count("\n") == 1
-    assert "it records no GPU (no deviceProperties); give --cluster NAME|FILE" in err
+    assert "it records no GPU (no deviceProperties, no GPU kernel launch shapes); give --cluster NAME|FILE" in err
 
 
 @needs_traces
@@ -148,6 +160,8 @@ def test_rccl_trace_is_analysed_and_simulated_but_not_tuned(tmp_path, capsys):
     code, out, err = run_cli(capsys, "simulate", str(MI250), "--cluster", "a100-nvswitch", "--json")
     assert code == 0 and json.loads(out)["ops"] == 16
     assert "the trace ran on AMD Radeon Graphics but --cluster a100-nvswitch models A100-SXM4-80GB" in err
+    code, out, err = run_cli(capsys, "simulate", str(MI250), "--json")  # an MI250 GCD: 104 CUs, 64 GiB
+    assert code == 0 and json.loads(out)["cluster"] == "derived-MI250-GCD", err
     for extra in ([], ["--cluster", "a100-nvswitch"]):
         code, _, err = run_cli(capsys, "tune", str(MI250), *extra, "-o", str(tmp_path / "x.yaml"))
         assert code == 2 and err.count("\n") == 1, err

@@ -137,6 +137,15 @@ def _is_trace_name(name: str) -> bool:
     return name.endswith(".json") or name.endswith(".json.gz")
 
 
+@dataclass(frozen=True)
+class DeviceRecord:
+    """More of ``deviceProperties`` than the name and SMs: memory, compute capability, devices listed."""
+
+    mem_bytes: int | None = None
+    compute_capability: tuple[int, int] | None = None
+    count: int | None = None
+
+
 @dataclass
 class _ParsedTrace:
     """One file's metadata and compact event records, before times are shifted to the origin."""
@@ -147,6 +156,7 @@ class _ParsedTrace:
     device_name: str | None
     sm_count: int | None
     pg_config: list[ProcessGroup]
+    device: DeviceRecord = field(default_factory=lambda: DeviceRecord())
     nccl_version: str | None = None  # distributedInfo.nccl_version, as written
     base_us: int = 0  # baseTimeNanoseconds in whole microseconds (0: times are absolute)
     gpu_ops: list[GpuOp] = field(default_factory=list)
@@ -222,14 +232,19 @@ def _read_metadata(path: Path, doc: dict) -> _ParsedTrace:
                 if world is None and (pg.get("pg_desc") == "default_pg" or str(pg["pg_name"]) == "0"):
                     world = len(ranks) if len(ranks) <= MAX_RANKS else None  # the default group spans the world
     device_name = sm_count = None
+    device = DeviceRecord()
     props = doc.get("deviceProperties")
     if isinstance(props, list) and props and isinstance(props[0], dict):
         device_name = props[0].get("name") if isinstance(props[0].get("name"), str) else None
         sm_count = to_int(props[0].get("numSms"))
+        major, minor = to_int(props[0].get("computeMajor")), to_int(props[0].get("computeMinor"))
+        mem = to_int(props[0].get("totalGlobalMem"))
+        device = DeviceRecord(mem if mem is not None and mem > 0 else None,
+                              (major, minor) if major is not None and minor is not None else None, len(props))
     version = info.get("nccl_version")
     base_ns = to_int(doc.get("baseTimeNanoseconds"))
     base_us = base_ns // 1000 if base_ns is not None and 0 <= base_ns < 1 << 62 else 0
-    return _ParsedTrace(path, rank, world, device_name, sm_count, groups,
+    return _ParsedTrace(path, rank, world, device_name, sm_count, groups, device,
                         version if isinstance(version, str) else None, base_us)
 
 
@@ -350,6 +365,9 @@ class _WorkloadBuilder:
             source=str(p.path),
             device_name=p.device_name,
             sm_count=p.sm_count,
+            device_mem_bytes=p.device.mem_bytes,
+            compute_capability=p.device.compute_capability,
+            device_count=p.device.count,
             profiler_steps=steps,
             nccl_version=p.nccl_version,
             world_size_known=self.world_size_known,

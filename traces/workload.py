@@ -157,6 +157,9 @@ class Workload:
     source: str = ""  # file the workload came from, or the generator spec
     device_name: str | None = None
     sm_count: int | None = None
+    device_mem_bytes: int | None = None  # deviceProperties totalGlobalMem
+    compute_capability: tuple[int, int] | None = None  # deviceProperties computeMajor, computeMinor
+    device_count: int | None = None  # devices the trace's deviceProperties lists (the GPUs its process saw)
     gpus_per_node: int | None = None
     profiler_steps: list[tuple[float, float]] = field(default_factory=list)  # (start_us, end_us) per ProfilerStep
     nccl_version: str | None = None  # the NCCL the job ran, as the trace records it (distributedInfo.nccl_version)
@@ -227,6 +230,9 @@ class Workload:
             "source": self.source,
             "device_name": self.device_name,
             "sm_count": self.sm_count,
+            **({"device_mem_bytes": self.device_mem_bytes} if self.device_mem_bytes is not None else {}),
+            **({"compute_capability": list(self.compute_capability)} if self.compute_capability is not None else {}),
+            **({"device_count": self.device_count} if self.device_count is not None else {}),
             "gpus_per_node": self.gpus_per_node,
             "profiler_steps": [list(s) for s in self.profiler_steps],
             **({"nccl_version": self.nccl_version} if self.nccl_version is not None else {}),
@@ -254,6 +260,9 @@ class Workload:
             source=str(data.get("source", "")),
             device_name=data.get("device_name"),
             sm_count=data.get("sm_count"),
+            device_mem_bytes=data.get("device_mem_bytes"),
+            compute_capability=_major_minor(data.get("compute_capability")),
+            device_count=data.get("device_count"),
             gpus_per_node=data.get("gpus_per_node"),
             profiler_steps=[(float(a), float(b)) for a, b in data.get("profiler_steps", [])],
             nccl_version=data.get("nccl_version"),
@@ -268,6 +277,15 @@ class Workload:
             dependencies=[Dependency(int(a), int(b), DependencyKind(k)) for a, b, k in data["dependencies"]],
             exec_graph=ExecGraph.from_dict(data["exec_graph"]) if data.get("exec_graph") is not None else None,
         )
+
+
+def _major_minor(value: object) -> tuple[int, int] | None:
+    """``[8, 0]`` -> ``(8, 0)``; None stays None."""
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        raise ValueError(f"compute_capability must be [major, minor], got {value!r}")
+    return int(value[0]), int(value[1])
 
 
 def _compute_to_dict(op: ComputeOp) -> dict:

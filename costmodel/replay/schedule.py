@@ -48,6 +48,7 @@ from traces.exec_graph import ExecGraph
 from traces.workload import CollectiveOp, ComputeOp, Op, Workload
 
 WHOLE_TRACE = "whole trace"
+SAME_THREAD_US = 2.0  # a trace's CPU timestamps of one thread agree to about a microsecond (rounding)
 UNEXPLAINED_US = 100.0  # an op that started this much later than its causes allow waited on something unrecorded
 _NO = -1
 
@@ -148,14 +149,16 @@ class _ThreadWaits:
         self.ends = {t: [waits[j].end_us for j in js] for t, js in self.index.items()}
 
     def before(self, thread: int, t: float, exclude: int = _NO) -> int:
-        """The last wait on ``thread`` that ended at or before ``t`` (-1: none)."""
+        """The last wait on ``thread`` that ended at or before ``t`` (-1: none). A thread's calls
+        follow one another, so a wait that ends within the clocks' rounding after ``t`` ended
+        before the call at ``t`` began (SAME_THREAD_US); ``exclude`` and the waits after it never count."""
         ends = self.ends.get(thread)
         if not ends or math.isnan(t):
             return _NO
-        i = bisect_right(ends, t) - 1
+        i = bisect_right(ends, t + SAME_THREAD_US) - 1
         js = self.index[thread]
-        while i >= 0 and js[i] == exclude:
-            i -= 1
+        if exclude >= 0 and exclude in js:
+            i = min(i, js.index(exclude) - 1)
         return js[i] if i >= 0 else _NO
 
 

@@ -20,7 +20,8 @@ Two ways in:
   ``init_process_group``: env and process-group doors plus the audit.
 
 Under ``lagom run --online`` (:mod:`lagom.runtime.online`) every ``optimizer.step()`` is
-a step boundary of online tuning; a job without a torch optimizer calls :func:`step`.
+a step boundary of online tuning, and under ``lagom record`` (:mod:`lagom.runtime.record`)
+of the recorded window; a job without a torch optimizer calls :func:`step`.
 
 The hook also counts every collective call under its signature and whether a tuned
 entry matches it (:mod:`lagom.runtime.hook`); at exit rank 0 prints one summary line
@@ -98,8 +99,9 @@ def current() -> Hook | None:
 
 
 def step() -> None:
-    """Mark the end of a training step for ``lagom run --online`` (jobs without a torch
-    optimizer; with one, torch's optimizer step hook does it). A no-op otherwise."""
-    from lagom.runtime import online
+    """Mark the end of a training step for ``lagom run --online`` and ``lagom record`` (jobs
+    without a torch optimizer; with one, torch's optimizer step hook does it). A no-op otherwise."""
+    from lagom.runtime import online, record
 
     online.step()
+    record.step()

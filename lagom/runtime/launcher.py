@@ -162,13 +162,8 @@ def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[st
     if merged.kept:
         setup.messages.append(f"lagom run: {merged.kept_line()}")
 
-    bootstrap = run_dir / "bootstrap"
-    bootstrap.mkdir(exist_ok=True)
-    (bootstrap / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env["PYTHONPATH"] = os.pathsep.join([str(bootstrap)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    write_bootstrap(run_dir, env)
     env[ENV_CONFIG] = str(run_dir / "lagom.yaml")
-    env[ENV_RUN_DIR] = str(run_dir)
-    env[ENV_HOME] = LAGOM_HOME
     entries = f"{len(config.collectives)} collective entr{'y' if len(config.collectives) == 1 else 'ies'}"
     in_force = nccl_version or (NcclVersion.parse(config.nccl_version) if config.nccl_version else None)
     if setup.plugin_path and in_force is not None and not tuner_symbols(in_force):
@@ -182,6 +177,26 @@ def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[st
     doors = [f"{len(config.env)} env knob(s)", f"{len(config.process_groups)} process group(s)", entries]
     setup.messages.insert(0, f"lagom run: applying {config_path}: {', '.join(doors)}")
     return setup
+
+
+def write_bootstrap(run_dir: Path, env: dict[str, str]) -> None:
+    """The ``sitecustomize.py`` every Python process of the job runs (:mod:`lagom.runtime.bootstrap`), first on
+    the child's ``PYTHONPATH``, and the variables that say where the run folder and this Lagom are
+    (``lagom run`` and ``lagom record``)."""
+    bootstrap = run_dir / "bootstrap"
+    bootstrap.mkdir(exist_ok=True)
+    (bootstrap / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env["PYTHONPATH"] = os.pathsep.join([str(bootstrap)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env[ENV_RUN_DIR] = str(run_dir)
+    env[ENV_HOME] = LAGOM_HOME
+
+
+def check_command(argv: list[str], example: str) -> None:
+    """A command to run after '--' that exists (LagomError otherwise: nothing starts)."""
+    if not argv:
+        raise LagomError(f"no command to run: put it after '--', e.g. {example}")
+    if shutil.which(argv[0]) is None:
+        raise LagomError(f"command not found (or not executable): {argv[0]}")
 
 
 def run_child(argv: list[str], env: dict[str, str]) -> int:
@@ -233,11 +248,7 @@ def launch(
 ) -> int:
     """The whole of ``lagom run``; returns the child's exit status."""
     stream = stream if stream is not None else sys.stderr
-    if not argv:
-        raise LagomError("no command to run: put it after '--', "
-                         "e.g. lagom run --config lagom.yaml -- torchrun train.py")
-    if shutil.which(argv[0]) is None:
-        raise LagomError(f"command not found (or not executable): {argv[0]}")
+    check_command(argv, "lagom run --config lagom.yaml -- torchrun train.py")
     if audit_path is not None and not Path(audit_path).resolve().parent.is_dir():
         raise LagomError(f"{audit_path}: the audit's folder does not exist")
     if audit_path is not None and Path(audit_path).is_dir():

@@ -36,7 +36,7 @@ import atexit
 import contextlib
 import os
 
-from lagom.runtime.env import ENV_CONFIG, ENV_ONLINE, ENV_RUN_DIR
+from lagom.runtime.env import ENV_CONFIG, ENV_RUN_DIR
 from lagom.runtime.hook import Hook
 from nccl_env.errors import LagomError
 
@@ -57,7 +57,7 @@ def install(
     ``path`` defaults to ``$LAGOM_CONFIG``; ``run_dir`` (default ``$LAGOM_RUN_DIR``)
     is where this rank writes its audit part at exit. With ``lazy`` the file is read
     when the first process group is created (the bootstrap uses this, so processes
-    that never create one stay silent). Under ``lagom run --online`` (``$LAGOM_ONLINE``)
+    that never create one stay silent). Under ``lagom run --online --collective-timing``
     the wrappers also hand the collectives' Work handles to the online clock. Never raises for a bad file or an unusable
     torch: the returned hook is then inactive and one warning line says why.
     """
@@ -67,8 +67,10 @@ def install(
         _current = None
     path = path if path is not None else os.environ.get(ENV_CONFIG) or None
     run_dir = run_dir if run_dir is not None else os.environ.get(ENV_RUN_DIR) or None
+    from lagom.runtime.online import collective_timing_requested
+
     hook = Hook(config_path=path, run_dir=run_dir, stream=stream, lazy=lazy,
-                deliver_works=bool(os.environ.get(ENV_ONLINE)))
+                deliver_works=collective_timing_requested())
     if not lazy and hook.ensure_config() is None:
         return hook
     try:

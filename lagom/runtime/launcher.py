@@ -298,6 +298,7 @@ class OnlineRequest:
     cluster: str | None = None
     noise: float = 0.0
     timeout_s: float = DEFAULT_TIMEOUT_S
+    collective_timing: bool = False  # also time each async collective's Work (TORCH_NCCL_ENABLE_TIMING=1)
 
 
 def _online_version(request: OnlineRequest, seed: TunedConfig | None) -> NcclVersion:
@@ -347,15 +348,13 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
         tuning.load_workload_arg(request.simulate, cluster)  # a bad spec: exit 2 before anything starts
         if not (isinstance(request.noise, float | int) and 0 <= request.noise < 0.5):
             raise LagomError(f"--noise {request.noise}: a relative noise in [0, 0.5)")
-    elif not _has_gpu():
-        raise LagomError(
-            "lagom run --online measures the job's steps on a GPU; none here: "
-            "use --simulate WORKLOAD --cluster C to take step times from the simulator"
-        )
     elif seed is None or not seed.workload or not seed.cluster:
         raise LagomError(
-            "lagom run --online on a GPU needs --config SEED.yaml from lagom tune (it names the workload and cluster)"
+            "lagom run --online needs --config SEED.yaml from lagom tune (it names the workload and cluster), "
+            "or --simulate WORKLOAD --cluster C to take step times from the simulator"
         )
+    if request.collective_timing and request.simulate is not None:
+        raise LagomError("--collective-timing reads the job's own collectives: it does not go with --simulate")
     if PLUGIN_ENV in os.environ:
         raise LagomError(f"lagom run --online changes Lagom's tuner plugin's table: unset {PLUGIN_ENV}")
     scratch = Path(tempfile.mkdtemp(prefix="lagom-seed-"))
@@ -382,7 +381,7 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
     ceilings = merge_env(online_ceilings(version, CHUNK_MAX_BYTES, dict(seed.env) if seed else {}), setup.env)
     if ceilings.kept:
         setup.messages.append(f"lagom run: {ceilings.kept_line()} (online plans may ask for more; NCCL clamps them)")
-    if request.simulate is None:  # on a GPU: the collectives' Work handles carry their durations
+    if request.collective_timing:  # opt-in: the collectives' Work handles carry their durations, at a cost
         timing = merge_env({TIMING_ENV: "1"}, setup.env)
         if timing.kept:
             setup.messages.append(f"lagom run: {timing.kept_line()} "
@@ -397,9 +396,15 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
         noise=float(request.noise),
         budget_steps=request.budget_steps,
         timeout_s=request.timeout_s,
+        collective_timing=request.collective_timing,
     )
     setup.env[ENV_ONLINE] = str(settings.write(setup.run_dir / "online.json"))
-    clock = f"simulated {request.simulate} on {request.cluster}" if request.simulate else "CUDA events"
+    if request.simulate:
+        clock = f"simulated {request.simulate} on {request.cluster}"
+    else:
+        clock = "step time from CUDA events on the compute stream" if _has_gpu() else "step time from the host clock"
+        if request.collective_timing:
+            clock += f", and each async collective's Work duration ({TIMING_ENV}=1: it costs overlap, docs/online.md)"
     setup.messages.append(
         f"lagom run: online tuning on NCCL {version}: seed "
         f"{config_path if seed is not None else 'NCCL defaults'}, at most {request.budget_steps} steps, "

@@ -29,7 +29,7 @@ def test_the_window_skips_times_warms_up_then_records_in_that_order():
     w = StepWindow(skip=3, timed=2, warmup=1, active=4)
     phases = [w.phase(s) for s in range(12)]
     assert phases == [Phase.SKIP] * 3 + [Phase.TIMED] * 2 + [Phase.WARMUP] + [Phase.ACTIVE] * 4 + [Phase.DONE] * 2
-    assert (w.first_timed, w.first_active, w.last, w.steps_needed) == (3, 6, 9, 10)
+    assert (w.first_active, w.last, w.steps_needed) == (6, 9, 10)
     assert w.describe() == "steps 3-4 timed without the profiler, steps 6-9 recorded after 1 profiler warm-up step"
     bare = StepWindow(skip=1, timed=0, warmup=0, active=1)
     assert [bare.phase(s) for s in range(3)] == [Phase.SKIP, Phase.ACTIVE, Phase.DONE]
@@ -127,6 +127,17 @@ def test_a_job_that_ends_before_the_window_leaves_no_trace_and_a_process_without
                            lambda line: None)
     idle.write_part()  # torchrun's own launcher imports torch.optim too: it must not write a rank-0 part
     assert not (tmp_path / "idle").exists()
+
+
+@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
+def test_a_window_without_timed_or_warmup_steps_records_and_reports_no_overhead(world, tmp_path):
+    window = StepWindow(skip=1, timed=0, warmup=0, active=2)
+    recorder = _record_in_process(tmp_path, window, steps=window.steps_needed)
+    assert recorder.file is not None and recorder.error is None
+    times = _load(Path(recorder.file))[RECORD_METADATA_KEY]["step_time_us"]
+    assert times["unprofiled"]["host"] == [] and len(times["profiled"]["host"]) == 2
+    (workload,) = read_trace(tmp_path / "out")
+    assert workload.recorded_steps is not None and profiler_overhead([workload.recorded_steps]) is None
 
 
 def _relabel(src: Path, dst: Path, rank: int, world: int, job_id: str) -> None:

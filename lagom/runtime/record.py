@@ -80,10 +80,6 @@ class StepWindow:
         return self
 
     @property
-    def first_timed(self) -> int:
-        return self.skip
-
-    @property
     def first_active(self) -> int:
         return self.skip + self.timed + self.warmup
 
@@ -217,8 +213,9 @@ class Recorder:
             self._fail(exc)
 
     def _boundary(self, b: int) -> None:
-        w = self.window
-        if b < w.skip - 1:
+        """Boundary ``b``: step ``b`` ends, step ``b + 1`` starts."""
+        ending, starting = self.window.phase(b), self.window.phase(b + 1)
+        if starting is Phase.SKIP:
             return
         if self.marks is None:
             import torch
@@ -226,9 +223,9 @@ class Recorder:
             self.marks = StepMarks(cuda=bool(torch.cuda.is_available() and torch.cuda.is_initialized()))
         marks = self.marks
         marks.end(b)
-        if b == w.skip + w.timed - 1:
+        if ending in (Phase.SKIP, Phase.TIMED) and starting in (Phase.WARMUP, Phase.ACTIVE):
             self.profiler = self._start_profiler()
-        elif b == w.last:
+        elif starting is Phase.DONE:
             self._save()
             return
         elif self.profiler is not None:

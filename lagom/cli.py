@@ -17,7 +17,7 @@ from lagom import __version__
 from lagom.package_check import shadowed
 
 # Subcommand modules, in the order `lagom --help` lists them.
-COMMANDS = ["analyze", "simulate", "calibrate", "tune", "run", "bench", "plugin", "doctor"]
+COMMANDS = ["record", "analyze", "simulate", "calibrate", "tune", "run", "bench", "plugin", "doctor"]
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

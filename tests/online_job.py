@@ -3,7 +3,8 @@
 Each step: forward, backward, all-reduce of the gradients (the job's own collectives),
 ``optimizer.step()`` (the step boundary Lagom's global optimizer hook sees). Each rank
 writes ``rank-R.json`` into ``--out`` with its losses as float.hex (bit-exact
-comparison with and without Lagom). ``--die-at RANK:STEP`` makes that rank exit
+comparison with and without Lagom) and the NCCL_* / TORCH_NCCL_* / LAGOM_* environment
+it ran with. ``--die-at RANK:STEP`` makes that rank exit
 abruptly after that many steps (the test that a lost rank ends the job, not hangs it).
 """
 
@@ -52,7 +53,8 @@ def main() -> None:
         losses.append(float(loss.detach()).hex())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "losses": losses}))
+    env = {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "TORCH_NCCL_", "LAGOM_"))}
+    (out / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "losses": losses, "env": env}))
     dist.barrier()
     dist.destroy_process_group()
     # torch 2.13's CPU build aborts at interpreter exit now and then after a gloo job

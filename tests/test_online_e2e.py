@@ -5,8 +5,9 @@ measurements and decisions, the optimizer step hook, the compiled tuner plugin w
 table every rank swaps and reads back, the audit, the saved file. Each rank's step
 times come from the simulator of the *measuring* cluster (high-bw) at 2% noise,
 independent per rank; the seed is the plan tuned offline for the *other* cluster
-(low-bw). Three jobs run together: the same job without Lagom, the online one, and
-one whose rank 1 dies mid-tuning.
+(low-bw). Four jobs run together: the same job without Lagom, the online one, one
+whose rank 1 dies mid-tuning, and one on the real clock (no --simulate: the launcher's
+own environment path, the host clock), whose ranks must not see TORCH_NCCL_ENABLE_TIMING.
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ def _tuned(preset: str, path) -> Plan:
     return outcome.result.plan
 
 
-def _torchrun(out, *job_args: str) -> list[str]:
+def _torchrun(out, *job_args: str, steps: int = STEPS) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(JOB),
-            "--out", str(out), "--steps", str(STEPS), *job_args]
+            "--out", str(out), "--steps", str(steps), *job_args]
 
 
 def _online(tmp, name: str, seed) -> list[str]:
@@ -77,12 +78,14 @@ def runs(tmp_path_factory):
     seed = tmp / "seed-low-bw.yaml"
     _tuned("low-bw", seed)
     build_plugin()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "LAGOM_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "LAGOM_", "TORCH_NCCL_"))}
     env["PYTHONPATH"] = str(REPO_ROOT)
     plans = {
         "plain": _torchrun(tmp / "plain"),
         "online": _online(tmp, "online", seed) + _torchrun(tmp / "online"),
         "killed": _online(tmp, "killed", seed) + _torchrun(tmp / "killed", "--die-at", "1:40"),
+        "clock": [sys.executable, "-m", "lagom", "run", "--online", "--config", str(seed), "--",
+                  *_torchrun(tmp / "clock", steps=6)],
     }
     results = run_jobs({name: (cmd, env) for name, cmd in plans.items()}, timeout_s=300)
     return tmp, seed, results
@@ -150,3 +153,16 @@ def test_a_rank_lost_mid_tuning_ends_the_job_with_an_error_not_a_hang(runs):
     assert status != 0 and "<timed out>" not in err
     assert elapsed < 240
     assert not (tmp / "killed.yaml").exists() and "no tuned plan to save" in err
+
+
+def test_the_default_clock_never_sets_nccl_timing_in_any_rank(runs):
+    """No --simulate, no --collective-timing: the real launcher path; the user set no TORCH_NCCL_ENABLE_TIMING and
+    no rank may see one (opting in sets it: tests/test_online_work_timing.py, on the same launcher env)."""
+    tmp, _, results = runs
+    status, err, _ = results["clock"]
+    assert status == 0, err[-3000:]
+    envs = [json.loads((tmp / "clock" / f"rank-{r}.json").read_text())["env"] for r in range(2)]
+    assert all(env.get("LAGOM_ONLINE") for env in envs)  # the online run reached every rank
+    assert all("TORCH_NCCL_ENABLE_TIMING" not in env for env in envs), envs
+    assert "clock: step time from the host clock" in err
+    assert "lagom: rank 0: online tuning ended (unfinished)" in err  # the session ran its boundaries on that clock

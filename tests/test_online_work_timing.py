@@ -1,6 +1,7 @@
-"""Per-collective timing for the online clock: the hook hands the Work handles of async
-calls to :class:`lagom.online.work_timing.WorkDurations` on a real 1-rank gloo group
-(gloo cannot time them: the one fallback line), and the launcher's settings for it."""
+"""Per-collective timing for the online clock, opt-in (``--collective-timing``): the hook hands the
+Work handles of async calls to :class:`lagom.online.work_timing.WorkDurations` on a real 1-rank
+gloo group (gloo cannot time them: the one fallback line); by default it does not, and the
+launcher leaves ``TORCH_NCCL_ENABLE_TIMING`` as the user set it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from lagom import tuning
 from lagom.online.work_timing import WorkDurations, op_ids_of_call, op_timings
 from lagom.runtime import launcher
 from lagom.runtime.env import ENV_ONLINE
+from lagom.runtime.online import OnlineSettingsFile
+from nccl_env.errors import LagomError
 
 SPEC = "tp:phi2:tp=8,dp=1"
 SEED = {"format": "lagom.tuned-config", "version": 1, "cluster": "low-bw", "nccl_version": "2.18.3",
@@ -30,9 +33,11 @@ def seed_file(tmp_path):
     return path
 
 
-def _install(seed_file, tmp_path, monkeypatch, online: bool):
-    if online:
-        monkeypatch.setenv(ENV_ONLINE, str(tmp_path / "online.json"))  # read by install only: no session here
+def _install(seed_file, tmp_path, monkeypatch, online: bool, collective_timing: bool = True):
+    if online:  # the settings are read by install only: no session here
+        settings = OnlineSettingsFile(nccl_version="2.30.1", plugin="", result_path="",
+                                      collective_timing=collective_timing)
+        monkeypatch.setenv(ENV_ONLINE, str(settings.write(tmp_path / "online.json")))
     else:
         monkeypatch.delenv(ENV_ONLINE, raising=False)
     return runtime.install(seed_file, run_dir=tmp_path / "run", stream=io.StringIO())
@@ -64,8 +69,9 @@ def test_the_hook_hands_async_works_keyed_by_signature_and_gloo_falls_back_once(
     assert hook.counts and not hook.failed
 
 
-def test_without_an_online_run_the_hook_keeps_its_plain_wrappers(world, seed_file, tmp_path, monkeypatch):
-    hook = _install(seed_file, tmp_path, monkeypatch, online=False)
+@pytest.mark.parametrize("online", [False, True])
+def test_without_collective_timing_the_hook_keeps_its_plain_wrappers(world, seed_file, tmp_path, monkeypatch, online):
+    hook = _install(seed_file, tmp_path, monkeypatch, online=online, collective_timing=False)
     durations = WorkDurations(lambda line: None)
     hook.work_sink = durations.record
     try:
@@ -86,22 +92,37 @@ def test_a_call_maps_to_its_workload_signature_and_its_time_is_spread_over_its_o
     assert set(ops) == set(ids) and {o.duration_us for o in ops.values()} == {300.0}
 
 
-def test_the_launcher_turns_on_nccl_timing_on_a_gpu_unless_the_user_set_it(seed_file, tmp_path, monkeypatch):
-    monkeypatch.setattr(launcher, "_has_gpu", lambda: True)  # the GPU path's settings, on a machine without one
+@pytest.mark.parametrize("gpu", [False, True])
+def test_the_launcher_leaves_nccl_timing_alone_unless_collective_timing_is_asked(seed_file, tmp_path, monkeypatch,
+                                                                                  gpu):
+    monkeypatch.setattr(launcher, "_has_gpu", lambda: gpu)  # the GPU path's settings, on a machine without one
     monkeypatch.delenv(launcher.TIMING_ENV, raising=False)
-    request = launcher.OnlineRequest(nccl_version="2.30.1")
-    setup = launcher.prepare_online(request, seed_file, tmp_path / "a")
-    assert setup.env[launcher.TIMING_ENV] == "1"
-    # a 2.18 seed run on 2.30.1: the note follows the NCCL in force, which loads the plugin
-    assert any(" via tuner plugin " in m for m in setup.messages)
-    assert not any("does not load" in m for m in setup.messages)
+    default = launcher.prepare_online(launcher.OnlineRequest(nccl_version="2.30.1"), seed_file, tmp_path / "a")
+    assert launcher.TIMING_ENV not in default.env
+    assert not OnlineSettingsFile.read(default.env[ENV_ONLINE]).collective_timing
+    assert any(("CUDA events" if gpu else "host clock") in m for m in default.messages)
+    # a value the user set stays exactly as it is, and nothing is said about it
     monkeypatch.setenv(launcher.TIMING_ENV, "0")
-    setup = launcher.prepare_online(request, seed_file, tmp_path / "b")
-    assert setup.env[launcher.TIMING_ENV] == "0" and any(launcher.TIMING_ENV in m for m in setup.messages)
+    kept = launcher.prepare_online(launcher.OnlineRequest(nccl_version="2.30.1"), seed_file, tmp_path / "b")
+    assert kept.env[launcher.TIMING_ENV] == "0" and not any(launcher.TIMING_ENV in m for m in kept.messages)
+    monkeypatch.delenv(launcher.TIMING_ENV)
+    request = launcher.OnlineRequest(nccl_version="2.30.1", collective_timing=True)
+    asked = launcher.prepare_online(request, seed_file, tmp_path / "c")
+    assert asked.env[launcher.TIMING_ENV] == "1" and OnlineSettingsFile.read(asked.env[ENV_ONLINE]).collective_timing
+    assert any("costs overlap" in m for m in asked.messages)
+    # a 2.18 seed run on 2.30.1: the note follows the NCCL in force, which loads the plugin
+    assert any(" via tuner plugin " in m for m in asked.messages)
+    assert not any("does not load" in m for m in asked.messages)
+    monkeypatch.setenv(launcher.TIMING_ENV, "0")  # asked, but the user's own value still wins, and one line says so
+    mine = launcher.prepare_online(request, seed_file, tmp_path / "d")
+    assert mine.env[launcher.TIMING_ENV] == "0" and any(launcher.TIMING_ENV in m for m in mine.messages)
     monkeypatch.delenv(launcher.TIMING_ENV)
     simulated = launcher.prepare_online(launcher.OnlineRequest(nccl_version="2.30.1", simulate=SPEC, cluster="low-bw"),
-                                        seed_file, tmp_path / "c")
+                                        seed_file, tmp_path / "e")
     assert launcher.TIMING_ENV not in simulated.env  # the simulator's clock reads no Work
+    with pytest.raises(LagomError, match="does not go with --simulate"):
+        launcher.prepare_online(launcher.OnlineRequest(nccl_version="2.30.1", simulate=SPEC, cluster="low-bw",
+                                                       collective_timing=True), seed_file, tmp_path / "f")
 
 
 def test_the_plugin_note_names_the_nccl_in_force(seed_file, tmp_path):

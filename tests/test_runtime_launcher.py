@@ -190,15 +190,19 @@ def test_workers_load_the_launchers_lagom_even_when_another_comes_first(tmp_path
     (decoy / "lagom" / "runtime" / "__init__.py").write_text("")
     (decoy / "lagom" / "runtime" / "bootstrap.py").write_text(
         f"def activate():\n    open({str(marker)!r}, 'w').write('decoy')\n")
-    (decoy / "nccl_env").mkdir()
-    (decoy / "nccl_env" / "__init__.py").write_text("")
+    for package in ("nccl_env", "traces", "costmodel", "tuner"):
+        (decoy / package).mkdir()
+        (decoy / package / "__init__.py").write_text("")
     monkeypatch.setenv("PYTHONPATH", str(decoy))
+    monkeypatch.chdir(tmp_path)  # not the checkout: the child's sys.path[0] (its cwd) would find the real packages
     dump = tmp_path / "modules.json"
-    child = ("import json, sys; json.dump({k: sys.modules[k].__file__ for k in ('lagom', 'nccl_env') "
-             f"if k in sys.modules}}, open({str(dump)!r}, 'w'))")
+    # traces, costmodel, tuner: imported later in a worker (the recorder, the online session)
+    child = ("import json, sys, traces, costmodel, tuner; json.dump({k: sys.modules[k].__file__ for k in "
+             f"('lagom', 'nccl_env', 'traces', 'costmodel', 'tuner') if k in sys.modules}}, open({str(dump)!r}, 'w'))")
     assert main(["run", "--config", str(config_file), "--no-plugin", "--", sys.executable, "-c", child]) == 0
     loaded = json.loads(dump.read_text())
     assert not marker.exists()
     assert Path(loaded["lagom"]).resolve() == (REPO_ROOT / "lagom" / "__init__.py").resolve()
-    assert Path(loaded["nccl_env"]).resolve() == (REPO_ROOT / "nccl_env" / "__init__.py").resolve()
+    for package in ("nccl_env", "traces", "costmodel", "tuner"):
+        assert Path(loaded[package]).resolve() == (REPO_ROOT / package / "__init__.py").resolve()
     assert "warning" not in capsys.readouterr().err

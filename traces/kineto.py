@@ -38,8 +38,14 @@ all files read together, so the ranks of one directory share a clock (a file's
 added first, to the whole microsecond).
 
 The files of one directory must be one job's ranks: two files with different
-``distributedInfo.world_size``, ``nccl_version`` or device names, or recorded more
-than a minute apart, are a LagomError naming both, as two files of the same rank are.
+``distributedInfo.world_size``, ``nccl_version``, device names or ``lagom record`` job
+ids, or recorded more than a minute apart, are a LagomError naming both, as two files
+of the same rank are.
+
+A trace written by ``lagom record`` carries a ``lagomRecord`` metadata object
+(docs/record.md): its job id, the NCCL version (read when ``distributedInfo`` has
+none: torch writes it only for a default group whose backend is exactly ``nccl``) and
+the step times measured with and without the profiler (``Workload.recorded_steps``).
 The world size comes from ``distributedInfo.world_size``, else from the default
 process group of ``pg_config``; with neither, it counts the ranks read and the
 Workload says so (``world_size_known=False``).
@@ -73,11 +79,13 @@ from traces.kineto_events import (
 )
 from traces.kineto_json import read_events
 from traces.workload import (
+    RECORD_METADATA_KEY,
     CollectiveOp,
     ComputeOp,
     Dependency,
     DependencyKind,
     ProcessGroup,
+    RecordedSteps,
     Stream,
     StreamKind,
     Workload,
@@ -159,6 +167,8 @@ class _ParsedTrace:
     device: DeviceRecord = field(default_factory=lambda: DeviceRecord())
     nccl_version: str | None = None  # distributedInfo.nccl_version, as written
     base_us: int = 0  # baseTimeNanoseconds in whole microseconds (0: times are absolute)
+    job_id: str | None = None  # lagomRecord.job_id: the same in every rank of one recorded job
+    recorded_steps: RecordedSteps | None = None  # lagomRecord.step_time_us
     gpu_ops: list[GpuOp] = field(default_factory=list)
     launch_ts: dict[int, float] = field(default_factory=dict)
     launch_thread: dict[int, tuple[float, float, tuple]] = field(default_factory=dict)
@@ -241,11 +251,37 @@ def _read_metadata(path: Path, doc: dict) -> _ParsedTrace:
         mem = to_int(props[0].get("totalGlobalMem"))
         device = DeviceRecord(mem if mem is not None and mem > 0 else None,
                               (major, minor) if major is not None and minor is not None else None, len(props))
+    record = doc.get(RECORD_METADATA_KEY)
+    record = record if isinstance(record, dict) else {}
     version = info.get("nccl_version")
+    if not isinstance(version, str):
+        version = record.get("nccl_version")
     base_ns = to_int(doc.get("baseTimeNanoseconds"))
     base_us = base_ns // 1000 if base_ns is not None and 0 <= base_ns < 1 << 62 else 0
+    job = record.get("job_id")
     return _ParsedTrace(path, rank, world, device_name, sm_count, groups, device,
-                        version if isinstance(version, str) else None, base_us)
+                        version if isinstance(version, str) else None, base_us,
+                        job if isinstance(job, str) else None, recorded_steps_of(record))
+
+
+def recorded_steps_of(record: dict) -> RecordedSteps | None:
+    """A ``lagomRecord`` object's step times as RecordedSteps; None when absent or not numbers."""
+    times = record.get("step_time_us")
+    if not isinstance(times, dict) or not isinstance(record.get("clock"), str):
+        return None
+
+    def series(phase: str, clock: str) -> tuple[float, ...] | None:
+        values = (times.get(phase) or {}).get(clock) if isinstance(times.get(phase), dict) else None
+        if not isinstance(values, list) or not all(isinstance(v, int | float) and v >= 0 for v in values):
+            return None
+        return tuple(float(v) for v in values)
+
+    clock = "device" if record["clock"] == "cuda_events" else "host"
+    unprofiled, profiled = series("unprofiled", clock), series("profiled", clock)
+    if unprofiled is None or profiled is None:
+        return None
+    return RecordedSteps(record["clock"], unprofiled, profiled,
+                         series("unprofiled", "host") or (), series("profiled", "host") or ())
 
 
 def _assign_ranks(parsed: list[_ParsedTrace], path: Path) -> None:
@@ -267,7 +303,7 @@ def _check_one_job(parsed: list[_ParsedTrace], path: Path) -> None:
         if p is ref:
             continue
         for what, a, b in (("world size", ref.world_size, p.world_size), ("NCCL", ref.nccl_version, p.nccl_version),
-                           ("device", ref.device_name, p.device_name)):
+                           ("device", ref.device_name, p.device_name), ("lagom record job", ref.job_id, p.job_id)):
             if a is not None and b is not None and a != b:
                 raise LagomError(f"{path}: {ref.path.name} and {p.path.name} are traces of different jobs "
                                  f"({what} {a} and {b})")
@@ -372,6 +408,7 @@ class _WorkloadBuilder:
             nccl_version=p.nccl_version,
             world_size_known=self.world_size_known,
             exec_graph=graph,
+            recorded_steps=p.recorded_steps,
         )
 
     def _comm_info(self, g: GpuOp) -> CommInfo:

@@ -24,8 +24,8 @@ from traces.exec_graph import ExecGraph
 WORKLOAD_FORMAT_VERSION = 1
 
 # the data model's public names (``traces`` re-exports them)
-__all__ = ["CollectiveOp", "ComputeOp", "Dependency", "DependencyKind", "ProcessGroup", "Stream", "StreamKind",
-           "Workload"]
+__all__ = ["CollectiveOp", "ComputeOp", "Dependency", "DependencyKind", "ProcessGroup", "RecordedSteps", "Stream",
+           "StreamKind", "Workload"]
 
 
 class StreamKind(enum.Enum):
@@ -139,6 +139,24 @@ class Dependency:
 Op = ComputeOp | CollectiveOp
 
 
+RECORD_METADATA_KEY = "lagomRecord"  # the top-level trace metadata `lagom record` writes (docs/record.md)
+
+
+@dataclass(frozen=True)
+class RecordedSteps:
+    """The step times ``lagom record`` wrote into a trace's ``lagomRecord`` metadata
+    (docs/record.md): the steps timed just before the profiled window without the
+    profiler, and the profiled steps, on the same clock (``"cuda_events"``: the GPU
+    timeline of the compute stream; ``"host"``: the CPU's wall clock), microseconds,
+    one value per step. ``*_host_us`` are the host's times in both cases."""
+
+    clock: str
+    unprofiled_us: tuple[float, ...]
+    profiled_us: tuple[float, ...]
+    unprofiled_host_us: tuple[float, ...] = ()
+    profiled_host_us: tuple[float, ...] = ()
+
+
 @dataclass
 class Workload:
     """One rank's iteration (or trace span): streams, ops, groups and dependencies.
@@ -165,6 +183,7 @@ class Workload:
     nccl_version: str | None = None  # the NCCL the job ran, as the trace records it (distributedInfo.nccl_version)
     world_size_known: bool = True  # False: the trace records no world size; world_size counts the ranks read
     exec_graph: ExecGraph | None = None  # traces only: what a replay schedules (traces.exec_graph)
+    recorded_steps: RecordedSteps | None = None  # traces from `lagom record` only (not in the workload JSON)
 
     # ---- lookups -----------------------------------------------------------------
     def op(self, op_id: int) -> Op:

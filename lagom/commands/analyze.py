@@ -17,7 +17,8 @@ profiler step (``steps`` in --json) it also prints the replay's reading of the t
 collective time on its critical path (the most that faster collectives can save) and
 GPU idle the execution graph shows no cause for.
 --json prints one object {"ranks": [...]}; --plot writes a PNG timeline of one
-profiler step of the first rank.
+profiler step of the first rank. Traces from ``lagom record`` add one line, the
+profiler's overhead (profiled against unprofiled mean step; --json: "profiler_overhead").
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import orjson
 
 from lagom.analyze_report import rank_report, render
 from lagom.console import stdout_console
+from lagom.record_overhead import overhead_line, profiler_overhead
 from lagom.replay_report import measured_steps
 from nccl_env.errors import LagomError
 from traces.kineto import read_trace
@@ -96,13 +98,17 @@ def run(args: argparse.Namespace) -> int:
         from lagom.plot_timeline import plot_step  # matplotlib only when asked
 
         plot_step(views[0], args.plot)
+    overhead = profiler_overhead([w.recorded_steps for w in workloads])
     if args.json:
-        sys.stdout.buffer.write(orjson.dumps({"ranks": reports}, option=orjson.OPT_INDENT_2) + b"\n")
+        document = {"ranks": reports, **({"profiler_overhead": overhead.to_dict()} if overhead else {})}
+        sys.stdout.buffer.write(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
         sys.stdout.flush()
     else:
         # piped or redirected: rich would assume 80 columns and cut the headers ("exposed…")
         console = stdout_console()
         render(reports, console)
+        if overhead is not None:
+            console.print(overhead_line(overhead), highlight=False)
         if args.plot:
             console.print(f"timeline written to {args.plot}")
     return 0

@@ -3,7 +3,8 @@
     lagom run --config lagom.yaml [--audit audit.json] [--workdir DIR] -- torchrun --nproc_per_node 8 train.py
     lagom run --config lagom.yaml -- python train.py
     lagom run --online [--config SEED.yaml] [--save OUT.yaml] [--budget-steps N] [--nccl-version V]
-              [--simulate WORKLOAD --cluster C [--noise F]] [--audit A.json] -- torchrun ... train.py
+              [--collective-timing] [--simulate WORKLOAD --cluster C [--noise F]] [--audit A.json]
+              -- torchrun ... train.py
 
 The job runs unchanged. Three doors carry the tuned file into it:
 
@@ -29,8 +30,13 @@ switches to the same plan at the same step, through the tuner plugin's table. On
 per-collective knobs change (channels, algorithm/protocol; chunk from NCCL 2.30);
 threads and the buffer stay at the seed's values (--config, else NCCL's defaults).
 A final A/B keeps the result only if it beats the seed; --save writes it as a tuned
-file for the next run. Without a GPU, --simulate WORKLOAD --cluster C takes each
-rank's step times from the simulator (all else real). See docs/online.md.
+file for the next run. The clock is the step time (CUDA events on the compute stream;
+the host clock without CUDA); TORCH_NCCL_ENABLE_TIMING stays as you set it.
+--collective-timing also times each async collective through its Work handle, which
+sets TORCH_NCCL_ENABLE_TIMING=1: its timing events break the overlap of NCCL with
+compute, costing up to about 30% on small and mid-sized collectives. --simulate
+WORKLOAD --cluster C takes each rank's step times from the simulator (all else real).
+See docs/online.md.
 """
 
 from __future__ import annotations
@@ -71,6 +77,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--nccl-version", metavar="V", help="NCCL version (default: the seed file's, else the installed one)"
     )
     online.add_argument(
+        "--collective-timing", action="store_true",
+        help="also time each async collective (sets TORCH_NCCL_ENABLE_TIMING=1, which costs overlap: docs/online.md)"
+    )
+    online.add_argument(
         "--simulate", metavar="WORKLOAD", help="step times from the simulator for this workload (no GPU needed)"
     )
     online.add_argument("--cluster", metavar="C", help="with --simulate: the cluster preset or file simulated")
@@ -93,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
         raise LagomError("no command to run: put it after '--', "
                          "e.g. lagom run --config lagom.yaml -- torchrun train.py")
     online_only = {"--save": args.save, "--budget-steps": args.budget_steps, "--nccl-version": args.nccl_version,
-                   "--simulate": args.simulate, "--cluster": args.cluster, "--noise": args.noise}
+                   "--simulate": args.simulate, "--cluster": args.cluster, "--noise": args.noise,
+                   "--collective-timing": args.collective_timing or None}
     if not args.online:
         given = [flag for flag, value in online_only.items() if value is not None]
         if given:
@@ -112,5 +123,6 @@ def run(args: argparse.Namespace) -> int:
     budget_steps = args.budget_steps if args.budget_steps is not None else DEFAULT_BUDGET_STEPS
     request = OnlineRequest(save=args.save, budget_steps=budget_steps, nccl_version=args.nccl_version,
                             simulate=args.simulate, cluster=args.cluster,
-                            noise=args.noise if args.noise is not None else 0.0)
+                            noise=args.noise if args.noise is not None else 0.0,
+                            collective_timing=args.collective_timing)
     return launch(args.config, command, audit_path=args.audit, workdir=args.workdir, online=request)

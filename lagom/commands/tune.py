@@ -24,7 +24,11 @@ priority H (compute time added per communication time saved).
 For a trace the evaluator replays the trace (docs/replay.md): the first line printed is
 the replay's fidelity under the trace's own settings ("the model reproduces N steps of
 this trace within X%"), with a warning past 10% naming the part that differs; times are
-per profiler step (the mean over the complete steps) and every step is listed.
+per profiler step (the mean over the complete steps) and every step is listed. A trace
+from ``lagom record`` adds the profiler's overhead (one line; --json "profiler_overhead").
+A trace whose collectives all ran on the CPU (gloo) has no NCCL kernel to replay: with
+--cluster the figures are the model's for its collectives on that cluster, and one
+warning line says so.
 
 Process-wide changes (env, process-group CTAs) and per-collective entries are written
 only when the predicted gain is at least ``--min-gain`` (default 0.01 = 1%); otherwise
@@ -54,6 +58,7 @@ from rich.table import Table
 from costmodel.replay.fidelity import fidelity
 from lagom import tuning
 from lagom.console import StageProgress, stdout_console
+from lagom.record_overhead import overhead_line, profiler_overhead
 from lagom.replay_report import fidelity_line, fidelity_warning, steps_table
 from lagom.trace_context import refuse_to_tune, resolve_cluster
 from lagom.trace_export import check_export_path, export_trace
@@ -107,12 +112,21 @@ def run(args: argparse.Namespace) -> int:
     refusal = refuse_to_tune(workload) if from_trace else None
     if refusal:
         raise LagomError(refusal)
+    cpu_only = bool(from_trace and workload.collectives and not any(c.on_gpu for c in workload.collectives))
+    if cpu_only and args.cluster is None:
+        raise LagomError(f"{workload.source}: its collectives ran on the CPU (a gloo job: no GPU, no NCCL kernels); "
+                         "give --cluster NAME|FILE to tune them for that cluster's NCCL (the model's figures, not "
+                         "this job's)")
     choice = resolve_cluster(workload, from_trace, args.cluster, args.nccl_version)
     cluster = choice.cluster
     evaluator_name = args.evaluator or tuning.DEFAULT_EVALUATOR
     err = Console(stderr=True)
     for note in choice.notes:
         err.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+    if cpu_only:
+        choice.warnings.append(f"{workload.source}: its collectives ran on the CPU (no NCCL kernels: a gloo job), so "
+                               f"there is no measured NCCL step to replay; the figures are the model's for these "
+                               f"collectives on {cluster.name}, not a prediction for this job")
     for warning in choice.warnings + fit_warnings(workload, cluster) + untunable_warnings(workload):
         err.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
     model_cluster = tuning.tuning_cluster(cluster, choice.cluster_arg, evaluator_name,
@@ -154,6 +168,9 @@ def run(args: argparse.Namespace) -> int:
     if export is not None:
         export_trace(workload, outcome.result.timing, export, f"the tuned plan ({args.method}), as in {args.output}")
         summary["export_trace"] = str(export)
+    overhead = profiler_overhead([workload.recorded_steps]) if from_trace else None
+    if overhead is not None:
+        summary["profiler_overhead"] = overhead.to_dict()
     fid = fidelity(outcome.baseline)
     if fid is not None:
         summary["replay"] = fid.to_dict()
@@ -170,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
         untrusted = fidelity_warning(fid)
         if untrusted:
             out.print(untrusted, highlight=False)
+    if overhead is not None:
+        out.print(overhead_line(overhead), highlight=False)
     name = Path(args.workload).name if Path(args.workload).exists() else args.workload
     table = Table(title=f"lagom tune: {name} on {cluster.name} ({evaluator_name}, {args.method})",
                   box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0), title_justify="left")

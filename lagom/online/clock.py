@@ -1,4 +1,4 @@
-"""Where a rank's step measurements come from: one small interface, two sources.
+"""Where a rank's step measurements come from: one small interface, three sources.
 
 A :class:`StepClock` is told when a new plan takes effect (``switched``) and asked, at
 each step boundary, for the Timing of the step that just ended (``step_ended``):
@@ -8,17 +8,24 @@ implementing the same two methods.
 
 - :class:`SimulatedClock`: the simulator (``costmodel.sim``) runs the workload under
   the plan in force; noise per rank and epoch is independent (seeded from both).
-- :class:`CudaClock`: on a GPU, CUDA events recorded at step boundaries give the step
-  time (the boundary waits for the step's end event: a bubble per tuning step), and
-  with ``TORCH_NCCL_ENABLE_TIMING=1`` the durations of the Work handles the job's
-  async collectives returned, which the hook hands over
-  (:mod:`lagom.online.work_timing`), give per-signature collective times. A
-  collective the job issued synchronously has no Work to time: its signature has no
-  op times, and the search judges it by step time. Not exercised here (no GPU in CI).
+- :class:`CudaClock`, the default on a GPU: CUDA events recorded on the current (compute)
+  stream at each step boundary give the step time; the boundary waits for the step's
+  end event (during tuning only). Nothing is recorded on NCCL's streams, and
+  ``TORCH_NCCL_ENABLE_TIMING`` is left as the user set it. Only with
+  ``lagom run --online --collective-timing`` does it also read the durations of the Work
+  handles the job's async collectives returned, which the hook hands over
+  (:mod:`lagom.online.work_timing`), as per-signature collective times; a collective
+  issued synchronously has no Work to time, and the search judges it by step time.
+  Not exercised here (no GPU in CI).
+- :class:`HostClock`: without CUDA (a gloo job on CPUs), the host's monotonic clock
+  at the boundaries.
+
+What each source costs the job: docs/online.md, "Clocks".
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -66,13 +73,15 @@ class SimulatedClock:
 
 
 class CudaClock:
-    """Step time from CUDA events, collective times from the hook's Work handles (see the module doc).
+    """Step time from CUDA events; collective times from the hook's Work handles only when
+    ``durations`` is given (``--collective-timing``; see the module doc).
 
     ``durations`` is fed by the hook (:class:`lagom.online.work_timing.WorkDurations`);
     ``collective_ids`` maps the workload's signatures to their op ids.
     """
 
-    def __init__(self, collective_ids: Mapping[Signature, tuple[int, ...]], durations: WorkDurations) -> None:
+    def __init__(self, collective_ids: Mapping[Signature, tuple[int, ...]],
+                 durations: WorkDurations | None = None) -> None:
         import torch
 
         self.torch = torch
@@ -97,7 +106,29 @@ class CudaClock:
         start, end = self._events[-2], self._events[-1]
         end.synchronize()
         step_us = start.elapsed_time(end) * 1000.0
-        ops = op_timings(self.durations.collect(), self.collective_ids, self._op_ids)
         self._events = self._events[-1:]
+        if self.durations is None:
+            return step_timing(step_us)
+        ops = op_timings(self.durations.collect(), self.collective_ids, self._op_ids)
         comm_us = sum(o.duration_us for o in ops.values())
         return Timing(step_us, step_us, comm_us, 0.0, step_us, ops)
+
+
+class HostClock:
+    """Step time from the host's monotonic clock at the boundaries (a job without CUDA)."""
+
+    def __init__(self) -> None:
+        self._last_ns = time.perf_counter_ns()
+
+    def switched(self, plan: Plan, epoch: int) -> None:
+        pass
+
+    def step_ended(self) -> Timing:
+        now_ns = time.perf_counter_ns()
+        step_us, self._last_ns = (now_ns - self._last_ns) / 1e3, now_ns
+        return step_timing(step_us)
+
+
+def step_timing(step_us: float) -> Timing:
+    """A step known only by its time: no op times (the search judges every signature by step time)."""
+    return Timing(step_us, step_us, 0.0, 0.0, step_us, {})

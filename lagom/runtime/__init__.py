@@ -20,7 +20,8 @@ Two ways in:
   ``init_process_group``: env and process-group doors plus the audit.
 
 Under ``lagom run --online`` (:mod:`lagom.runtime.online`) every ``optimizer.step()`` is
-a step boundary of online tuning; a job without a torch optimizer calls :func:`step`.
+a step boundary of online tuning, and under ``lagom record`` (:mod:`lagom.runtime.record`)
+of the recorded window; a job without a torch optimizer calls :func:`step`.
 
 The hook also counts every collective call under its signature and whether a tuned
 entry matches it (:mod:`lagom.runtime.hook`); at exit rank 0 prints one summary line
@@ -35,7 +36,7 @@ import atexit
 import contextlib
 import os
 
-from lagom.runtime.env import ENV_CONFIG, ENV_ONLINE, ENV_RUN_DIR
+from lagom.runtime.env import ENV_CONFIG, ENV_RUN_DIR
 from lagom.runtime.hook import Hook
 from nccl_env.errors import LagomError
 
@@ -56,7 +57,7 @@ def install(
     ``path`` defaults to ``$LAGOM_CONFIG``; ``run_dir`` (default ``$LAGOM_RUN_DIR``)
     is where this rank writes its audit part at exit. With ``lazy`` the file is read
     when the first process group is created (the bootstrap uses this, so processes
-    that never create one stay silent). Under ``lagom run --online`` (``$LAGOM_ONLINE``)
+    that never create one stay silent). Under ``lagom run --online --collective-timing``
     the wrappers also hand the collectives' Work handles to the online clock. Never raises for a bad file or an unusable
     torch: the returned hook is then inactive and one warning line says why.
     """
@@ -66,8 +67,10 @@ def install(
         _current = None
     path = path if path is not None else os.environ.get(ENV_CONFIG) or None
     run_dir = run_dir if run_dir is not None else os.environ.get(ENV_RUN_DIR) or None
+    from lagom.runtime.online import collective_timing_requested
+
     hook = Hook(config_path=path, run_dir=run_dir, stream=stream, lazy=lazy,
-                deliver_works=bool(os.environ.get(ENV_ONLINE)))
+                deliver_works=collective_timing_requested())
     if not lazy and hook.ensure_config() is None:
         return hook
     try:
@@ -98,8 +101,9 @@ def current() -> Hook | None:
 
 
 def step() -> None:
-    """Mark the end of a training step for ``lagom run --online`` (jobs without a torch
-    optimizer; with one, torch's optimizer step hook does it). A no-op otherwise."""
-    from lagom.runtime import online
+    """Mark the end of a training step for ``lagom run --online`` and ``lagom record`` (jobs
+    without a torch optimizer; with one, torch's optimizer step hook does it). A no-op otherwise."""
+    from lagom.runtime import online, record
 
     online.step()
+    record.step()

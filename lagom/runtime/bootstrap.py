@@ -1,34 +1,39 @@
-"""How ``lagom run`` gets the hook into every worker without touching the script.
+"""How ``lagom run`` and ``lagom record`` get into every worker without touching the script.
 
-The launcher writes :data:`SITECUSTOMIZE` as ``sitecustomize.py`` into a folder it
-puts first on ``PYTHONPATH``. Python imports that module at start-up in every
-process of the job (torchrun's launcher and each rank). It first runs the
-``sitecustomize`` that would have run without Lagom (the next one on ``sys.path``),
+The launcher (:func:`lagom.runtime.launcher.write_bootstrap`, for both commands) writes
+:data:`SITECUSTOMIZE` as ``sitecustomize.py`` into a folder it puts first on
+``PYTHONPATH``. Python imports that module at start-up in every process of the job
+(torchrun's launcher and each rank). It first runs the ``sitecustomize`` that would
+have run without Lagom (the next one on ``sys.path``),
 then imports this module from the Lagom that launched the job (``LAGOM_HOME``, even
 when another ``lagom`` comes first on ``sys.path``) and calls :func:`activate`, which
 waits for ``torch.distributed`` to be imported
 (most processes of a job never import it, and importing torch eagerly would cost
 every Python process a second) and installs the hook right after, before the
-script's own ``from torch.distributed import ...`` lines bind any name.
+script's own ``from torch.distributed import ...`` lines bind any name. Under
+``lagom record`` (``LAGOM_RECORD``) it installs the recorder's step hook
+(:mod:`lagom.runtime.record`) once ``torch.optim.optimizer`` is imported, and no hook.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import os
 import sys
 
-from lagom.runtime.env import ENV_CONFIG, ENV_ONLINE
+from lagom.runtime.env import ENV_CONFIG, ENV_HOME, ENV_ONLINE, ENV_RECORD
 
 TARGET = "torch.distributed"
 OPTIMIZER = "torch.optim.optimizer"
+PACKAGES = ("lagom", "nccl_env", "traces", "costmodel", "tuner")  # Lagom's own top-level packages
 
 # The file the launcher writes. Self-contained: it must chain the user's own
 # sitecustomize even when lagom cannot be imported in this process.
 SITECUSTOMIZE = '''\
-"""Written by `lagom run`: runs the next sitecustomize, then Lagom's bootstrap."""
+"""Written by `lagom run` or `lagom record`: runs the next sitecustomize, then Lagom's bootstrap."""
 import os as _os
 import sys as _sys
 
@@ -113,6 +118,27 @@ class _InstallAfterImport(importlib.abc.MetaPathFinder):
             sys.meta_path.remove(self)
 
 
+class _PinPackages(importlib.abc.MetaPathFinder):
+    """Lagom's top-level packages from ``home`` (the Lagom that launched the job), whatever comes first on
+    ``sys.path``: the bootstrap imported ``lagom`` and ``nccl_env`` from there, and ``traces``,
+    ``costmodel`` and ``tuner``, imported later by the recorder or the online session, must be the same
+    install's. Submodules follow their package's ``__path__``."""
+
+    def __init__(self, home: str) -> None:
+        self.home = home
+
+    def find_spec(self, fullname, path, target=None):
+        if path is not None or fullname not in PACKAGES:
+            return None
+        return importlib.machinery.PathFinder.find_spec(fullname, [self.home])
+
+
+def _pin_packages() -> None:
+    home = os.environ.get(ENV_HOME)
+    if home and not any(isinstance(f, _PinPackages) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PinPackages(home))
+
+
 def _install_hook() -> None:
     try:
         from lagom.runtime import install
@@ -132,6 +158,15 @@ def _install_online() -> None:
         print(f"lagom: warning: online tuning not installed ({type(exc).__name__}: {exc})", file=sys.stderr)
 
 
+def _install_record() -> None:
+    try:
+        from lagom.runtime import record
+
+        record.install(record.emit_stderr)
+    except Exception as exc:  # noqa: BLE001 - never break the import of torch
+        print(f"lagom: warning: recording not installed ({type(exc).__name__}: {exc})", file=sys.stderr)
+
+
 def _when_imported(target: str, callback) -> None:
     if target in sys.modules:
         callback()
@@ -141,7 +176,11 @@ def _when_imported(target: str, callback) -> None:
 
 def activate() -> None:
     """Install the hook now if torch.distributed is loaded, else right after it loads;
-    under ``lagom run --online`` also the step hook, once torch.optim.optimizer is loaded."""
+    under ``lagom run --online`` also the step hook, once torch.optim.optimizer is loaded;
+    under ``lagom record`` only the recorder's step hook."""
+    _pin_packages()
+    if os.environ.get(ENV_RECORD):
+        _when_imported(OPTIMIZER, _install_record)
     if not os.environ.get(ENV_CONFIG):
         return
     _when_imported(TARGET, _install_hook)

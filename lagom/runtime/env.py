@@ -10,6 +10,7 @@ ENV_CONFIG = "LAGOM_CONFIG"  # tuned-config file the hook loads
 ENV_RUN_DIR = "LAGOM_RUN_DIR"  # where ranks write their audit parts
 ENV_HOME = "LAGOM_HOME"  # folder holding the lagom package, for workers that cannot import it
 ENV_ONLINE = "LAGOM_ONLINE"  # under `lagom run --online`: the run's online settings (JSON)
+ENV_RECORD = "LAGOM_RECORD"  # under `lagom record`: the run's record settings (JSON)
 
 
 @dataclass

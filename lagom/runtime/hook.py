@@ -60,9 +60,9 @@ class Hook:
         deliver_works: bool = False,
     ):
         self.config = config
-        # Under `lagom run --online` the wrappers also hand each returned Work handle, with
-        # the call's resolved signature, to ``work_sink`` once the online runtime sets it
-        # (its clock reads the collectives' durations); other runs keep the plain wrappers.
+        # Under `lagom run --online --collective-timing` the wrappers also hand each returned Work
+        # handle, with the call's resolved signature, to ``work_sink`` once the online runtime sets
+        # it (its clock reads the collectives' durations); other runs keep the plain wrappers.
         self.deliver_works = deliver_works
         self.work_sink: Callable[[tuple, object], None] | None = None
         self.lazy = lazy
@@ -250,7 +250,7 @@ class Hook:
                             hook.fail(spec.function, exc)
                 return original(*args, **kwargs)
 
-        if self.deliver_works:  # under `lagom run --online`: the Work a call returns goes to the online clock
+        if self.deliver_works:  # under --online --collective-timing: the Work a call returns goes to the online clock
             counting = wrapper
 
             def delivering(*args, **kwargs):

@@ -162,13 +162,8 @@ def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[st
     if merged.kept:
         setup.messages.append(f"lagom run: {merged.kept_line()}")
 
-    bootstrap = run_dir / "bootstrap"
-    bootstrap.mkdir(exist_ok=True)
-    (bootstrap / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env["PYTHONPATH"] = os.pathsep.join([str(bootstrap)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    write_bootstrap(run_dir, env)
     env[ENV_CONFIG] = str(run_dir / "lagom.yaml")
-    env[ENV_RUN_DIR] = str(run_dir)
-    env[ENV_HOME] = LAGOM_HOME
     entries = f"{len(config.collectives)} collective entr{'y' if len(config.collectives) == 1 else 'ies'}"
     in_force = nccl_version or (NcclVersion.parse(config.nccl_version) if config.nccl_version else None)
     if setup.plugin_path and in_force is not None and not tuner_symbols(in_force):
@@ -182,6 +177,26 @@ def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[st
     doors = [f"{len(config.env)} env knob(s)", f"{len(config.process_groups)} process group(s)", entries]
     setup.messages.insert(0, f"lagom run: applying {config_path}: {', '.join(doors)}")
     return setup
+
+
+def write_bootstrap(run_dir: Path, env: dict[str, str]) -> None:
+    """The ``sitecustomize.py`` every Python process of the job runs (:mod:`lagom.runtime.bootstrap`), first on
+    the child's ``PYTHONPATH``, and the variables that say where the run folder and this Lagom are
+    (``lagom run`` and ``lagom record``)."""
+    bootstrap = run_dir / "bootstrap"
+    bootstrap.mkdir(exist_ok=True)
+    (bootstrap / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env["PYTHONPATH"] = os.pathsep.join([str(bootstrap)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env[ENV_RUN_DIR] = str(run_dir)
+    env[ENV_HOME] = LAGOM_HOME
+
+
+def check_command(argv: list[str], example: str) -> None:
+    """A command to run after '--' that exists (LagomError otherwise: nothing starts)."""
+    if not argv:
+        raise LagomError(f"no command to run: put it after '--', e.g. {example}")
+    if shutil.which(argv[0]) is None:
+        raise LagomError(f"command not found (or not executable): {argv[0]}")
 
 
 def run_child(argv: list[str], env: dict[str, str]) -> int:
@@ -233,11 +248,7 @@ def launch(
 ) -> int:
     """The whole of ``lagom run``; returns the child's exit status."""
     stream = stream if stream is not None else sys.stderr
-    if not argv:
-        raise LagomError("no command to run: put it after '--', "
-                         "e.g. lagom run --config lagom.yaml -- torchrun train.py")
-    if shutil.which(argv[0]) is None:
-        raise LagomError(f"command not found (or not executable): {argv[0]}")
+    check_command(argv, "lagom run --config lagom.yaml -- torchrun train.py")
     if audit_path is not None and not Path(audit_path).resolve().parent.is_dir():
         raise LagomError(f"{audit_path}: the audit's folder does not exist")
     if audit_path is not None and Path(audit_path).is_dir():
@@ -287,6 +298,7 @@ class OnlineRequest:
     cluster: str | None = None
     noise: float = 0.0
     timeout_s: float = DEFAULT_TIMEOUT_S
+    collective_timing: bool = False  # also time each async collective's Work (TORCH_NCCL_ENABLE_TIMING=1)
 
 
 def _online_version(request: OnlineRequest, seed: TunedConfig | None) -> NcclVersion:
@@ -336,15 +348,13 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
         tuning.load_workload_arg(request.simulate, cluster)  # a bad spec: exit 2 before anything starts
         if not (isinstance(request.noise, float | int) and 0 <= request.noise < 0.5):
             raise LagomError(f"--noise {request.noise}: a relative noise in [0, 0.5)")
-    elif not _has_gpu():
-        raise LagomError(
-            "lagom run --online measures the job's steps on a GPU; none here: "
-            "use --simulate WORKLOAD --cluster C to take step times from the simulator"
-        )
     elif seed is None or not seed.workload or not seed.cluster:
         raise LagomError(
-            "lagom run --online on a GPU needs --config SEED.yaml from lagom tune (it names the workload and cluster)"
+            "lagom run --online needs --config SEED.yaml from lagom tune (it names the workload and cluster), "
+            "or --simulate WORKLOAD --cluster C to take step times from the simulator"
         )
+    if request.collective_timing and request.simulate is not None:
+        raise LagomError("--collective-timing reads the job's own collectives: it does not go with --simulate")
     if PLUGIN_ENV in os.environ:
         raise LagomError(f"lagom run --online changes Lagom's tuner plugin's table: unset {PLUGIN_ENV}")
     scratch = Path(tempfile.mkdtemp(prefix="lagom-seed-"))
@@ -371,7 +381,7 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
     ceilings = merge_env(online_ceilings(version, CHUNK_MAX_BYTES, dict(seed.env) if seed else {}), setup.env)
     if ceilings.kept:
         setup.messages.append(f"lagom run: {ceilings.kept_line()} (online plans may ask for more; NCCL clamps them)")
-    if request.simulate is None:  # on a GPU: the collectives' Work handles carry their durations
+    if request.collective_timing:  # opt-in: the collectives' Work handles carry their durations, at a cost
         timing = merge_env({TIMING_ENV: "1"}, setup.env)
         if timing.kept:
             setup.messages.append(f"lagom run: {timing.kept_line()} "
@@ -386,9 +396,15 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
         noise=float(request.noise),
         budget_steps=request.budget_steps,
         timeout_s=request.timeout_s,
+        collective_timing=request.collective_timing,
     )
     setup.env[ENV_ONLINE] = str(settings.write(setup.run_dir / "online.json"))
-    clock = f"simulated {request.simulate} on {request.cluster}" if request.simulate else "CUDA events"
+    if request.simulate:
+        clock = f"simulated {request.simulate} on {request.cluster}"
+    else:
+        clock = "step time from CUDA events on the compute stream" if _has_gpu() else "step time from the host clock"
+        if request.collective_timing:
+            clock += f", and each async collective's Work duration ({TIMING_ENV}=1: it costs overlap, docs/online.md)"
     setup.messages.append(
         f"lagom run: online tuning on NCCL {version}: seed "
         f"{config_path if seed is not None else 'NCCL defaults'}, at most {request.budget_steps} steps, "

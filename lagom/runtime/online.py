@@ -61,6 +61,7 @@ class OnlineSettingsFile:
     noise: float = 0.0
     budget_steps: int = DEFAULT_BUDGET_STEPS
     timeout_s: float = DEFAULT_TIMEOUT_S
+    collective_timing: bool = False  # --collective-timing: also read the Work handles' durations
 
     def write(self, path: Path) -> Path:
         path.write_text(json.dumps(asdict(self), indent=1))
@@ -96,7 +97,7 @@ class Session:
         from costmodel.cluster import load_cluster
         from lagom import tuning
         from lagom.online.agent import RankAgent
-        from lagom.online.clock import CudaClock, SimulatedClock, StepClock
+        from lagom.online.clock import CudaClock, HostClock, SimulatedClock, StepClock
         from lagom.online.controller import OnlineController, OnlineSettings
         from lagom.online.plugin_view import PluginView
         from lagom.online.protocol import MemoryStore, Store
@@ -132,14 +133,21 @@ class Session:
             clock = SimulatedClock(workload, cluster, rank, s.noise, seed=0,
                                    in_force=lambda plan: view.plan_in_force(plan, calls))
         else:
+            import torch
+
             from lagom.online.work_timing import WorkDurations
             from lagom.runtime import current
 
-            durations = WorkDurations(self.emit if rank == 0 else _silent)  # the fallback note: once, by rank 0
-            clock = CudaClock(space.collective_ids, durations)
-            hook = current()
-            if hook is not None:
-                hook.work_sink = durations.record
+            durations = None
+            if s.collective_timing:  # opt-in: the Work handles' durations, with TORCH_NCCL_ENABLE_TIMING's cost
+                durations = WorkDurations(self.emit if rank == 0 else _silent)  # the fallback note: once, by rank 0
+                hook = current()
+                if hook is not None:
+                    hook.work_sink = durations.record
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                clock = CudaClock(space.collective_ids, durations)
+            else:
+                clock = HostClock()  # a job without CUDA (gloo on CPUs): no Work duration to read either
         if rank == 0:
             seed = seed_config.to_plan(space.signatures) if seed_config else None
             self._controller = OnlineController(workload, space, seed, OnlineSettings(budget_steps=s.budget_steps))
@@ -307,3 +315,14 @@ def step() -> None:
 
 def session() -> Session | None:
     return _session
+
+
+def collective_timing_requested() -> bool:
+    """Under ``lagom run --online --collective-timing``: the hook hands the Work handles over."""
+    path = os.environ.get(ENV_ONLINE)
+    if not path:
+        return False
+    try:
+        return OnlineSettingsFile.read(path).collective_timing
+    except (OSError, ValueError, TypeError):
+        return False  # the session reports an unreadable settings file itself

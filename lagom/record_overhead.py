@@ -1,0 +1,65 @@
+"""The profiler's overhead as ``lagom record`` measured it: one line for ``lagom record``, ``analyze`` and ``tune``.
+
+A recorded trace carries the step times of the steps timed just before its window
+without the profiler and of the profiled steps, on one clock
+(:class:`traces.workload.RecordedSteps`). The overhead is the ratio of the two means:
+per rank, then the mean over ranks (the ranks of one job step together).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import fmean
+
+from traces.workload import RecordedSteps
+
+# Past this, the trace's CPU side is visibly paced by the profiler (a judgment, not a measured bound).
+LARGE_OVERHEAD = 0.10
+_CLOCK_NAMES = {"cuda_events": "CUDA events", "host": "host clock"}
+
+
+@dataclass(frozen=True)
+class ProfilerOverhead:
+    profiled_us: float  # mean profiled step
+    unprofiled_us: float  # mean step without the profiler
+    profiled_steps: int
+    unprofiled_steps: int
+    ranks: int
+    clock: str
+
+    @property
+    def fraction(self) -> float:
+        """+0.12: the profiled step is 12% longer."""
+        return self.profiled_us / self.unprofiled_us - 1.0
+
+    def to_dict(self) -> dict:
+        return {"profiled_step_us": round(self.profiled_us, 3), "unprofiled_step_us": round(self.unprofiled_us, 3),
+                "overhead": round(self.fraction, 4), "profiled_steps": self.profiled_steps,
+                "unprofiled_steps": self.unprofiled_steps, "ranks": self.ranks, "clock": self.clock}
+
+
+def profiler_overhead(recorded: Sequence[RecordedSteps | None]) -> ProfilerOverhead | None:
+    """Over the ranks whose trace has both step times on one clock; None when none has."""
+    usable = [r for r in recorded if r is not None and r.profiled_us and r.unprofiled_us and fmean(r.unprofiled_us) > 0]
+    if not usable or len({r.clock for r in usable}) != 1:
+        return None
+    return ProfilerOverhead(
+        profiled_us=fmean(fmean(r.profiled_us) for r in usable),
+        unprofiled_us=fmean(fmean(r.unprofiled_us) for r in usable),
+        profiled_steps=len(usable[0].profiled_us),
+        unprofiled_steps=len(usable[0].unprofiled_us),
+        ranks=len(usable),
+        clock=usable[0].clock,
+    )
+
+
+def overhead_line(overhead: ProfilerOverhead) -> str:
+    o = overhead
+    ranks = f", mean of {o.ranks} ranks" if o.ranks > 1 else ""
+    line = (f"profiler overhead: {o.fraction:+.1%} (profiled step {o.profiled_us / 1e3:,.3f} ms, "
+            f"{o.unprofiled_us / 1e3:,.3f} ms without the profiler; {o.profiled_steps} and {o.unprofiled_steps} "
+            f"steps{ranks}, {_CLOCK_NAMES.get(o.clock, o.clock)})")
+    if o.fraction >= LARGE_OVERHEAD:
+        line += "; the profiler paced this job: its CPU side looks slower in the trace than it runs"
+    return line

@@ -1,0 +1,204 @@
+"""`lagom record`'s parts, each on real inputs: the step window, a recording made in this
+process on a real 1-rank gloo group with torch's profiler (the file, its window, its
+metadata, what the reader makes of it), the output folder's checks, the one-job rule.
+The whole command around torchrun: tests/test_record_e2e.py."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+from pathlib import Path
+from statistics import fmean
+
+import pytest
+
+from lagom.record_overhead import overhead_line, profiler_overhead
+from lagom.runtime import record
+from lagom.runtime.record import Phase, RecordSettings, StepWindow
+from lagom.runtime.record_launch import MARKER, check_out_dir, prepare_record
+from nccl_env.errors import LagomError
+from traces.kineto import read_trace
+from traces.workload import RECORD_METADATA_KEY
+
+torch = pytest.importorskip("torch")
+
+
+def test_the_window_skips_times_warms_up_then_records_in_that_order():
+    w = StepWindow(skip=3, timed=2, warmup=1, active=4)
+    phases = [w.phase(s) for s in range(12)]
+    assert phases == [Phase.SKIP] * 3 + [Phase.TIMED] * 2 + [Phase.WARMUP] + [Phase.ACTIVE] * 4 + [Phase.DONE] * 2
+    assert (w.first_active, w.last, w.steps_needed) == (6, 9, 10)
+    assert w.describe() == "steps 3-4 timed without the profiler, steps 6-9 recorded after 1 profiler warm-up step"
+    bare = StepWindow(skip=1, timed=0, warmup=0, active=1)
+    assert [bare.phase(s) for s in range(3)] == [Phase.SKIP, Phase.ACTIVE, Phase.DONE]
+    assert bare.describe().startswith("no step timed without the profiler, steps 1-1 recorded")
+
+
+@pytest.mark.parametrize("window, message", [
+    (StepWindow(skip=0), "--skip 0: at least 1"),
+    (StepWindow(timed=-1), "--timed -1: must be 0 or more"),
+    (StepWindow(warmup=-2), "--warmup -2: must be 0 or more"),
+    (StepWindow(active=0), "--active 0: at least 1"),
+])
+def test_a_window_that_cannot_be_recorded_is_one_line(window, message):
+    with pytest.raises(LagomError) as info:
+        window.check()
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def _record_in_process(tmp_path: Path, window: StepWindow, steps: int, explicit: bool = False) -> record.Recorder:
+    """Train a small model ``steps`` steps on the 1-rank gloo group, recorded by a Recorder."""
+    import torch.distributed as dist
+
+    out, run = tmp_path / "out", tmp_path / "run"
+    out.mkdir()
+    run.mkdir()
+    settings = RecordSettings(str(out), str(run), "job-a", window.skip, window.timed, window.warmup, window.active)
+    recorder = record.Recorder(settings, lambda line: None)
+    model = torch.nn.Linear(32, 32)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(steps):
+        loss = model(torch.randn(16, 32)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        optimizer.step()
+        recorder.boundary()  # what the optimizer step hook (or lagom.runtime.step()) does
+    return recorder
+
+
+def _load(path: Path) -> dict:
+    with gzip.open(path) as f:
+        return json.load(f)
+
+
+def test_a_recording_holds_the_window_its_step_times_and_the_environment(world, tmp_path, monkeypatch):
+    monkeypatch.setenv("NCCL_ALGO", "Ring")
+    monkeypatch.setenv("TORCH_NCCL_BLOCKING_WAIT", "1")
+    window = StepWindow(skip=2, timed=3, warmup=1, active=4)
+    recorder = _record_in_process(tmp_path, window, steps=window.steps_needed + 3)
+    assert recorder.finished and recorder.error is None
+    assert recorder.step == window.steps_needed  # no boundary is counted once the trace is saved
+    assert os.listdir(tmp_path / "out") == ["rank-0.json.gz"]  # no partial file left behind
+    doc = _load(tmp_path / "out" / "rank-0.json.gz")
+    steps = sorted({e["name"] for e in doc["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")})
+    assert len(steps) == window.active  # the warm-up step is not in the trace
+    assert doc["record_shapes"] == 1 and "with_stack" not in doc  # shapes (collective sizes), no stacks
+    meta = doc[RECORD_METADATA_KEY]
+    assert meta["job_id"] == "job-a" and meta["clock"] == "host"
+    assert meta["window"] == {"skip": 2, "timed": 3, "warmup": 1, "active": 4, "first_profiled_step": 6}
+    times = meta["step_time_us"]
+    assert len(times["unprofiled"]["host"]) == 3 and len(times["profiled"]["host"]) == 4
+    assert all(t > 0 for phase in times.values() for t in phase["host"]) and "device" not in times["profiled"]
+    assert meta["nccl_env"]["NCCL_ALGO"] == "Ring" and meta["nccl_env"]["TORCH_NCCL_BLOCKING_WAIT"] == "1"
+    assert all(k.startswith(("NCCL_", "TORCH_NCCL_")) for k in meta["nccl_env"])
+    assert meta["nccl_version"] is None  # a gloo group runs no NCCL
+    try:
+        torch.profiler._ExperimentalConfig(enable_cuda_sync_events=True)
+        has_sync_events = True
+    except TypeError:
+        has_sync_events = False
+    assert meta["cuda_sync_events"] is has_sync_events
+    (workload,) = read_trace(tmp_path / "out")
+    assert workload.recorded_steps is not None
+    assert workload.recorded_steps.unprofiled_us == tuple(times["unprofiled"]["host"])
+    assert workload.recorded_steps.profiled_us == tuple(times["profiled"]["host"])
+    overhead = profiler_overhead([workload.recorded_steps])
+    assert overhead is not None
+    expected = fmean(times["profiled"]["host"]) / fmean(times["unprofiled"]["host"]) - 1
+    assert overhead.fraction == pytest.approx(expected)
+    assert overhead_line(overhead).startswith(f"profiler overhead: {expected:+.1%} (profiled step ")
+    recorder.write_part()
+    part = json.loads(record.part_path(tmp_path / "run", 0).read_text())
+    assert part["file"] == str(tmp_path / "out" / "rank-0.json.gz") and part["steps"] == window.steps_needed
+
+
+def test_a_job_that_ends_before_the_window_leaves_no_trace_and_a_process_without_steps_no_part(world, tmp_path):
+    window = StepWindow(skip=2, timed=1, warmup=1, active=2)
+    recorder = _record_in_process(tmp_path, window, steps=window.steps_needed - 1)
+    assert not recorder.finished and recorder.file is None
+    assert os.listdir(tmp_path / "out") == []
+    recorder.write_part()
+    assert json.loads(record.part_path(tmp_path / "run", 0).read_text())["steps"] == window.steps_needed - 1
+    idle = record.Recorder(RecordSettings(str(tmp_path / "out"), str(tmp_path / "idle"), "j", 2, 1, 1, 2),
+                           lambda line: None)
+    idle.write_part()  # torchrun's own launcher imports torch.optim too: it must not write a rank-0 part
+    assert not (tmp_path / "idle").exists()
+
+
+@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
+def test_a_window_without_timed_or_warmup_steps_records_and_reports_no_overhead(world, tmp_path):
+    window = StepWindow(skip=1, timed=0, warmup=0, active=2)
+    recorder = _record_in_process(tmp_path, window, steps=window.steps_needed)
+    assert recorder.file is not None and recorder.error is None
+    times = _load(Path(recorder.file))[RECORD_METADATA_KEY]["step_time_us"]
+    assert times["unprofiled"]["host"] == [] and len(times["profiled"]["host"]) == 2
+    (workload,) = read_trace(tmp_path / "out")
+    assert workload.recorded_steps is not None and profiler_overhead([workload.recorded_steps]) is None
+
+
+def _relabel(src: Path, dst: Path, rank: int, world: int, job_id: str) -> None:
+    doc = _load(src)
+    doc["distributedInfo"].update(rank=rank, world_size=world)
+    doc[RECORD_METADATA_KEY]["job_id"] = job_id
+    with gzip.open(dst, "wt") as f:
+        json.dump(doc, f)
+
+
+def test_the_reader_refuses_a_folder_mixing_two_recorded_jobs(world, tmp_path):
+    window = StepWindow(skip=1, timed=1, warmup=1, active=2)
+    _record_in_process(tmp_path, window, steps=window.steps_needed)
+    one = tmp_path / "one"
+    one.mkdir()
+    trace = tmp_path / "out" / "rank-0.json.gz"
+    _relabel(trace, one / "rank-0.json.gz", 0, 2, "job-a")
+    _relabel(trace, one / "rank-1.json.gz", 1, 2, "job-a")
+    assert [w.rank for w in read_trace(one)] == [0, 1]
+    _relabel(trace, one / "rank-1.json.gz", 1, 2, "job-b")
+    with pytest.raises(LagomError, match="traces of different jobs \\(lagom record job job-a and job-b\\)"):
+        read_trace(one)
+
+
+def test_the_output_folder_is_checked_before_the_job_starts(tmp_path):
+    assert check_out_dir(tmp_path / "new" / "deeper") == [] and (tmp_path / "new" / "deeper").is_dir()
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(LagomError, match="is a file, expected a folder"):
+        check_out_dir(a_file)
+    with pytest.raises(LagomError, match="cannot create the folder"):
+        check_out_dir(a_file / "sub")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "rank-0.json.gz").write_text("")  # a trace name, but no lagom record marker: not ours
+    with pytest.raises(LagomError, match=r"holds files lagom record did not write \(rank-0.json.gz\)"):
+        check_out_dir(theirs)
+    if os.geteuid() != 0:  # root writes into a read-only folder anyway
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(LagomError, match="cannot write into the folder"):
+            check_out_dir(locked)
+
+
+def test_an_earlier_recording_is_replaced_and_nothing_else_is_touched(tmp_path):
+    out = tmp_path / "out"
+    setup = prepare_record(out, StepWindow(), ["true"], workdir=tmp_path / "run", base_env={"PATH": os.environ["PATH"]})
+    assert sorted(os.listdir(out)) == [MARKER] and "lagom record" in (out / MARKER).read_text()
+    assert setup.env["LAGOM_RECORD"] and setup.env["PYTHONPATH"].startswith(str(tmp_path / "run" / "bootstrap"))
+    assert RecordSettings.read(setup.env["LAGOM_RECORD"]).out_dir == str(out.resolve())
+    for name in ("rank-0.json.gz", "rank-1.json.gz", ".rank-2.json.gz.partial"):
+        (out / name).write_text("old")
+    again = prepare_record(out, StepWindow(), ["true"], workdir=tmp_path / "run")
+    assert sorted(os.listdir(out)) == [MARKER]
+    assert any("removed the 3 trace(s) of an earlier lagom record" in m for m in again.messages)
+    (out / "rank-0.json.gz").write_text("old")
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(LagomError, match=r"did not write \(notes.txt\)"):
+        prepare_record(out, StepWindow(), ["true"])
+    assert (out / "notes.txt").read_text() == "mine" and (out / "rank-0.json.gz").exists()  # nothing removed
+    shutil.rmtree(out)
+    with pytest.raises(LagomError, match="command not found"):
+        prepare_record(out, StepWindow(), ["no-such-command-lagom"])
+    assert not out.exists()  # refused before the folder was made

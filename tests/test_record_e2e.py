@@ -1,0 +1,123 @@
+"""End to end: `lagom record` around real torchrun jobs (2 ranks, gloo, CPU), then `lagom analyze`
+and `lagom tune` on the folder it wrote, as it is.
+
+Two jobs run together (tests/online_job.py: a small model, SGD, gradients all-reduced): one
+long enough for the window, one that ends before it. gloo traces have no GPU kernels:
+analyze says the overlap is n/a, tune without --cluster says the collectives ran on the
+CPU and asks for one (exit 2), and with --cluster tunes them with one warning line that
+the figures are the model's. Both print the profiler's overhead, which the test computes
+from the metadata itself.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from statistics import fmean
+
+import pytest
+from conftest import REPO_ROOT, run_jobs
+
+from traces.workload import RECORD_METADATA_KEY
+
+pytestmark = pytest.mark.slow  # two two-process torchrun jobs, then analyze and tune (about 25 s)
+
+JOB = REPO_ROOT / "tests" / "online_job.py"
+WINDOW = {"skip": 2, "timed": 3, "warmup": 1, "active": 3}  # the last recorded step is step 8
+STEPS = 10
+
+
+def _record(out, job_out, steps: int) -> list[str]:
+    flags = [x for name, value in WINDOW.items() for x in (f"--{name}", str(value))]
+    return [sys.executable, "-m", "lagom", "record", "-o", str(out), *flags, "--", sys.executable, "-m",
+            "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(JOB), "--out", str(job_out),
+            "--steps", str(steps)]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "LAGOM_", "TORCH_NCCL_"))}
+    return {**env, "PYTHONPATH": str(REPO_ROOT), "NCCL_ALGO": "Ring"}  # a variable the traces must carry
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("record")
+    jobs = {"full": (_record(tmp / "traces", tmp / "job", STEPS), _env()),
+            "short": (_record(tmp / "short", tmp / "short-job", 5), _env())}
+    return tmp, run_jobs(jobs, timeout_s=240)
+
+
+def _lagom(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lagom", *args], capture_output=True, text=True, env=_env(),
+                          timeout=300, check=False)
+
+
+def _metadata(path) -> dict:
+    with gzip.open(path) as f:
+        return json.load(f)[RECORD_METADATA_KEY]
+
+
+def _expected_overhead(metas: list[dict]) -> float:
+    profiled = fmean(fmean(m["step_time_us"]["profiled"]["host"]) for m in metas)
+    unprofiled = fmean(fmean(m["step_time_us"]["unprofiled"]["host"]) for m in metas)
+    return profiled / unprofiled - 1
+
+
+def test_every_rank_writes_one_trace_of_one_job_with_the_window_and_the_environment(runs):
+    tmp, results = runs
+    status, err, _ = results["full"]
+    assert status == 0, err[-3000:]
+    assert sorted(os.listdir(tmp / "traces")) == ["lagom-record.txt", "rank-0.json.gz", "rank-1.json.gz"]
+    metas = [_metadata(tmp / "traces" / f"rank-{r}.json.gz") for r in range(2)]
+    assert metas[0]["job_id"] == metas[1]["job_id"]  # rank 0's id, through the store
+    for meta in metas:
+        assert meta["window"] == {**WINDOW, "first_profiled_step": 6} and meta["clock"] == "host"
+        assert [len(meta["step_time_us"][p]["host"]) for p in ("unprofiled", "profiled")] == [3, 3]
+        assert meta["nccl_env"]["NCCL_ALGO"] == "Ring" and meta["nccl_version"] is None
+    assert "lagom record: 2 rank trace(s) in" in err
+    assert f"lagom record: profiler overhead: {_expected_overhead(metas):+.1%} " in err
+    # the job itself ran to its end unchanged
+    assert all(len(json.loads((tmp / "job" / f"rank-{r}.json").read_text())["losses"]) == STEPS for r in range(2))
+
+
+def test_a_job_shorter_than_the_window_records_nothing_and_says_why_per_rank(runs):
+    tmp, results = runs
+    status, err, _ = results["short"]
+    assert status == 0, err[-3000:]
+    assert os.listdir(tmp / "short") == ["lagom-record.txt"]
+    for rank in (0, 1):
+        assert f"rank {rank} wrote no trace: the job ended after 5 optimizer step(s), before step 8" in err
+
+
+def test_analyze_reads_the_folder_and_says_gloo_has_no_kernels_to_overlap(runs):
+    tmp, results = runs
+    assert results["full"][0] == 0
+    done = _lagom("analyze", str(tmp / "traces"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("n/a (no communication kernels)") == 2  # one per rank, not a crash
+    assert "allreduce (cpu)" in done.stdout
+    metas = [_metadata(tmp / "traces" / f"rank-{r}.json.gz") for r in range(2)]
+    assert f"profiler overhead: {_expected_overhead(metas):+.1%} " in done.stdout
+    report = json.loads(_lagom("analyze", str(tmp / "traces"), "--json").stdout)
+    assert report["profiler_overhead"]["overhead"] == pytest.approx(_expected_overhead(metas), abs=1e-4)
+    assert report["profiler_overhead"]["ranks"] == 2
+
+
+def test_tune_asks_for_a_cluster_then_tunes_the_cpu_collectives_as_the_models_figures(runs, tmp_path):
+    tmp, results = runs
+    assert results["full"][0] == 0
+    refused = _lagom("tune", str(tmp / "traces"), "-o", str(tmp_path / "a.yaml"))
+    assert refused.returncode == 2 and not (tmp_path / "a.yaml").exists()
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "its collectives ran on the CPU" in lines[0] and "give --cluster" in lines[0]
+    done = _lagom("tune", str(tmp / "traces"), "--cluster", "low-bw", "--evaluator", "sim", "--no-autoccl",
+                  "-o", str(tmp_path / "b.yaml"), "--json")
+    assert done.returncode == 0, done.stderr
+    assert "its collectives ran on the CPU (no NCCL kernels: a gloo job)" in done.stderr
+    summary = json.loads(done.stdout)
+    rank0 = _metadata(tmp / "traces" / "rank-0.json.gz")  # tune reads rank 0
+    assert summary["profiler_overhead"]["overhead"] == pytest.approx(_expected_overhead([rank0]), abs=1e-4)
+    assert summary["signatures"] > 0 and (tmp_path / "b.yaml").exists()

@@ -243,6 +243,7 @@ def test_an_mi300x_trace_is_simulated_but_not_tuned(tmp_path, capsys):
 # what `lagom tune` must refuse, in one line, per trace of the suite (the others it tunes)
 REFUSED = {
     "cpu_only_rank34.json.gz": "its collectives ran on the CPU",
+    "no_distributed_info.json.gz": "its collectives ran on the CPU",  # CPU comm calls only, no NCCL kernel
     "mi250_rocm_minitoy.json.gz": "an AMD GPU, whose collectives are RCCL's",
     "a100_alexnet_cuda_sync.json.gz": "no collectives to tune",
     "a100_cuda_sync_multi_stream.json.gz": "no collectives to tune",

@@ -199,7 +199,9 @@ def test_waits_with_no_recorded_event_are_inferred_and_none_contradicts_the_trac
     w = trace(W16)
     g = w.exec_graph
     assert not w.dependencies and g.stream_waits
-    assert {s.source for s in g.stream_waits} == {"unrecorded wait"}
+    # c10d's waits, and a few that only their timing shows (ops the window cut off from their calls)
+    sources = [s.source for s in g.stream_waits]
+    assert set(sources) == {"unrecorded wait", "timing"} and sources.count("timing") < 0.2 * len(sources)
     collective_ids = {c.op_id for c in w.collectives}
     kinds = set()
     for s in g.stream_waits:
@@ -250,7 +252,7 @@ def test_a_faster_collective_moves_the_compute_op_that_waited_for_it():
     moved = 0
     for s in g.stream_waits:
         producer, consumer = w.op(s.producer), w.op(s.consumer)
-        if s.producer not in collective_ids or s.consumer in collective_ids:
+        if s.producer not in collective_ids or s.consumer in collective_ids or s.consumer not in g.launches:
             continue
         cut_us = min(500.0, producer.duration_us / 2)
         free_us = producer.end_us - max(stream_ready[s.consumer], g.launches[s.consumer].call_us)

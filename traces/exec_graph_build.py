@@ -47,6 +47,12 @@ Rules (each one what the trace shows, or a documented guess where it shows less)
   contradicts (the main thread went on before the burst's last event ended) is
   dropped; a burst with no main event before it (the backward began before the trace)
   gets no wake.
+- **Inter-stream, by timing alone** (every trace): an op that started more than 10 us
+  later than its known causes allow (its call + the median launch latency; its stream
+  predecessor's and producers' ends + the median gap; an op launched before the profiler
+  started has no call, and often no recorded wait either) and within 5 us of another
+  stream's op ending waited for that op. This catches the waits of the ops the window
+  cut off from their calls, and waits the rules above missed.
 - **Host synchronisation.** ``cudaStreamSynchronize`` / ``cudaEventSynchronize``: the
   op they waited for is, when a ``cuda_sync`` event names the stream, the last op
   launched on it before the call; otherwise the op launched before the call whose end
@@ -79,6 +85,8 @@ from traces.kineto_events import CPU_AUTOGRAD_EVAL, CPU_PLAIN, GpuOp, HostCall, 
 from traces.workload import CollectiveOp, ComputeOp, Dependency
 
 SYNC_TOLERANCE_US = 2.0  # CPU and GPU clocks of one trace agree to about a microsecond
+LATE_EVIDENCE_US = 10.0  # an op this much later than its known causes allow waited for something
+EVENT_LATENCY_US = 5.0  # a stream released by an event starts within a few microseconds of its producer's end
 _STREAM_SYNCS = ("StreamSynchronize", "EventSynchronize")
 _DEVICE_SYNCS = ("DeviceSynchronize",)
 _ALGO_PROTO_RE = re.compile(r"_(RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|NVLS_TREE|NVLS|PAT)_(LL128|LL|SIMPLE)(?:_|\(|$)")
@@ -116,19 +124,31 @@ def build_exec_graph(
         if isinstance(op, CollectiveOp):
             graph.recorded[op.op_id] = _recorded(g)
     ops = {op.op_id: op for op, _ in made}
+    if thread_events:
+        graph.hand_overs = _hand_overs(thread_events, step_marks, launch_calls, thread_of, origin)
     has_kineto_waits = any(e.kind == "Stream Wait Event" for e in sync_events)
     if not has_kineto_waits:
-        graph.stream_waits = _heuristic_waits(ops, calls, host_calls, thread_of, origin)
+        wakes: dict[int, list[float]] = {}
+        for h in graph.hand_overs:
+            if h.kind == "wake":
+                wakes.setdefault(h.thread, []).append(h.resume_us)
+        graph.stream_waits = _heuristic_waits(ops, calls, host_calls, thread_of, origin,
+                                              {t: sorted(v) for t, v in wakes.items()})
     producers: dict[int, list[int]] = {}
     for d in dependencies:
         producers.setdefault(d.after, []).append(d.before)
     for w in graph.stream_waits:
         producers.setdefault(w.consumer, []).append(w.producer)
     _launch_latencies(graph, ops, calls, producers)
+    timed = _timing_waits(graph, ops, calls, producers)
+    if timed:
+        graph.stream_waits = sorted(graph.stream_waits + timed, key=lambda w: (w.producer, w.consumer))
+        for w in timed:
+            producers.setdefault(w.consumer, []).append(w.producer)
+        graph.launches, graph.gaps = {}, {}
+        _launch_latencies(graph, ops, calls, producers)
     graph.syncs = _host_syncs(ops, calls, host_calls, sync_events, made, thread_of, origin)
     graph.steps = _steps(step_marks, thread_of, origin)
-    if thread_events:
-        graph.hand_overs = _hand_overs(thread_events, step_marks, launch_calls, thread_of, origin)
     return graph
 
 
@@ -249,12 +269,14 @@ def _launch_latencies(graph: ExecGraph, ops: dict[int, Op], calls: dict, produce
 
 
 def _heuristic_waits(ops: dict[int, Op], calls: dict, host_calls: list[HostCall], thread_of,
-                     origin: float) -> list[StreamWait]:
-    """Record/wait pairs, and waits with no recorded event, on each CPU thread (see the module docstring)."""
+                     origin: float, wakes: dict[int, list[float]]) -> list[StreamWait]:
+    """Record/wait pairs, and waits with no recorded event, on each CPU thread (see the module
+    docstring). ``wakes``: per thread, when its bursts of work began (hand-overs)."""
     timeline: dict[int, list[tuple[float, int, object]]] = {}  # thread -> (time, order, item)
     for op_id, (start, _end, thread) in calls.items():
         timeline.setdefault(thread, []).append((start, 1, op_id))
     launched = _launch_order(ops, calls)
+    any_thread = sorted((c[0], op_id) for op_id, c in calls.items())  # every launch, by call time
     wait_times: list[float] = []
     for call in host_calls:
         if call.name.endswith("EventRecord") or call.name.endswith("StreamWaitEvent"):
@@ -269,18 +291,35 @@ def _heuristic_waits(ops: dict[int, Op], calls: dict, host_calls: list[HostCall]
         if producer.stream != consumer.stream and producer.end_us <= consumer.start_us + SYNC_TOLERANCE_US:
             waits.setdefault((producer_id, consumer_id), source)
 
-    for items in timeline.values():
+    def first_elsewhere(after_us: float, producer_id: int) -> int | None:
+        """The first op launched after ``after_us``, by any thread, on another stream than the producer's."""
+        stream = ops[producer_id].stream
+        for _call, op_id in any_thread[bisect_right(any_thread, (after_us, math.inf)):]:
+            if ops[op_id].stream != stream:
+                return op_id
+        return None
+
+    for thread, items in timeline.items():
         items.sort(key=lambda x: (x[0], x[1]))
+        thread_wakes = wakes.get(thread, [])
         last_launched: int | None = None
         recorded: int | None = None
-        waiting_on: int | None = None  # a recorded event the thread's next launch waits for
+        pending: list[tuple[float, int]] = []  # (wait time, producer): waits no launch has consumed yet
         unrecorded: list[float] = []  # times of waits whose event the trace does not show
         for t, _order, item in items:
             if isinstance(item, int):  # a launch
                 op_id = item
-                if waiting_on is not None:
-                    add(waiting_on, op_id, "record/wait")
-                    waiting_on = None
+                keep = []
+                for wait_us, producer_id in pending:
+                    if ops[producer_id].stream == ops[op_id].stream:
+                        keep.append((wait_us, producer_id))  # a stream never waits on its own event
+                    elif bisect_right(thread_wakes, wait_us) != bisect_right(thread_wakes, t):
+                        consumer = first_elsewhere(wait_us, producer_id)  # the thread slept in between
+                        if consumer is not None:
+                            add(producer_id, consumer, "record/wait")
+                    else:
+                        add(producer_id, op_id, "record/wait")
+                pending = keep
                 stream = launched[ops[op_id].stream]
                 # the waiting stream is this op's: its first op after each wait
                 by_consumer: dict[int, list[float]] = {}
@@ -295,10 +334,44 @@ def _heuristic_waits(ops: dict[int, Op], calls: dict, host_calls: list[HostCall]
             elif str(item).endswith("EventRecord"):
                 recorded = last_launched
             elif recorded is not None:
-                waiting_on = recorded
+                pending.append((t, recorded))
             else:
                 unrecorded.append(t)
+        for wait_us, producer_id in pending:  # the thread launched nothing elsewhere after them
+            consumer = first_elsewhere(wait_us, producer_id)
+            if consumer is not None:
+                add(producer_id, consumer, "record/wait")
     return [StreamWait(p, c, source) for (p, c), source in sorted(waits.items())]
+
+
+def _timing_waits(graph: ExecGraph, ops: dict[int, Op], calls: dict,
+                  producers: dict[int, list[int]]) -> list[StreamWait]:
+    """Waits the trace shows only by their timing: an op that started more than
+    LATE_EVIDENCE_US after its known causes allow (its call + the median latency, its stream
+    predecessor's and producers' ends + the median gap; an op launched before the trace has
+    no call) and within EVENT_LATENCY_US of another stream's op ending waited for that op."""
+    by_end = sorted((o.end_us, o.op_id) for o in ops.values())
+    end_times = [e for e, _ in by_end]
+    prev_end: dict[int, float] = {}
+    out: list[StreamWait] = []
+    for op in sorted(ops.values(), key=lambda o: (o.start_us, o.op_id)):
+        bounds = [ops[p].end_us + graph.median_gap_us for p in producers.get(op.op_id, ()) if p in ops]
+        if op.stream in prev_end:
+            bounds.append(prev_end[op.stream] + graph.median_gap_us)
+        prev_end[op.stream] = max(prev_end.get(op.stream, op.end_us), op.end_us)
+        call = calls.get(op.op_id)
+        if call is not None:
+            bounds.append(call[0] + graph.median_latency_us)
+        if bounds and op.start_us - max(bounds) <= LATE_EVIDENCE_US:
+            continue
+        i = bisect_right(end_times, op.start_us + SYNC_TOLERANCE_US) - 1
+        while i >= 0 and end_times[i] >= op.start_us - EVENT_LATENCY_US:
+            producer = ops[by_end[i][1]]
+            if producer.stream != op.stream and producer.start_us < op.start_us:
+                out.append(StreamWait(producer.op_id, op.op_id, "timing"))
+                break
+            i -= 1
+    return out
 
 
 def _unrecorded_producer(ops: dict[int, Op], consumer_id: int, wait_list: list[float],

@@ -304,8 +304,14 @@ def _topological(ops: list[Op], waits: list[_Wait], preds, launch_wait, wait_pre
 
 
 def _steps(g: ExecGraph, ops: list[Op]) -> list[_Step]:
-    launched = sorted((g.launches[o.op_id].call_us if o.op_id in g.launches else o.start_us, o.start_us, k)
-                      for k, o in enumerate(ops))
+    """Every annotated step with the ops launched inside it. An op whose launch call the trace
+    lacks was launched before the profiler started: it belongs to no step (unless no op has a
+    call: then its start stands in for it)."""
+    if g.launches:
+        launched = sorted((g.launches[o.op_id].call_us, o.start_us, k) for k, o in enumerate(ops)
+                          if o.op_id in g.launches)
+    else:
+        launched = sorted((o.start_us, o.start_us, k) for k, o in enumerate(ops))
     times = [t for t, _, _ in launched]
     if len(g.steps) >= 2:
         out = []
@@ -313,8 +319,7 @@ def _steps(g: ExecGraph, ops: list[Op]) -> list[_Step]:
         for i, a in enumerate(g.steps):
             lo, hi = bisect_right(times, a.start_us - 1e-9), bisect_right(times, bounds[i + 1] - 1e-9)
             members = [k for _, _, k in launched[lo:hi]]
-            with_call = [k for _, _, k in launched[lo:hi] if ops[k].op_id in g.launches]
-            first = (with_call or members or [_NO])[0]
+            first = members[0] if members else _NO
             out.append(_Step(a.name, a.thread, a.start_us, members, first))
         return out
     first = min(range(len(ops)), key=lambda k: (ops[k].start_us, k)) if ops else _NO

@@ -12,7 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import fmean
 
-from traces.workload import RecordedSteps
+from costmodel.evaluator import DurationScale, TraceEvaluator
+from nccl_env.errors import LagomError
+from nccl_env.plan import Plan
+from traces.workload import RecordedSteps, Workload
 
 # Past this, the trace's CPU side is visibly paced by the profiler (a judgment, not a measured bound).
 LARGE_OVERHEAD = 0.10
@@ -63,3 +66,62 @@ def overhead_line(overhead: ProfilerOverhead) -> str:
     if o.fraction >= LARGE_OVERHEAD:
         line += "; the profiler paced this job: its CPU side looks slower in the trace than it runs"
     return line
+
+
+@dataclass(frozen=True)
+class UnprofiledCpu:
+    """The CPU scale at which a trace's replay runs at its unprofiled step time."""
+
+    cpu: float  # DurationScale.cpu
+    replayed_us: float  # the replay's mean step at that scale
+    target_us: float  # the mean unprofiled step
+    reached: bool  # False: even the smallest scale leaves the step above the target
+
+
+MIN_CPU_SCALE = 0.05  # below this the CPU's own time is not what the profiler added
+
+
+def check_recorded_steps(workload: Workload, from_trace: bool) -> None:
+    """``--unprofiled-cpu`` needs a trace with the step times lagom record writes: LagomError otherwise."""
+    if not from_trace:
+        raise LagomError("--unprofiled-cpu: applies to a trace recorded by lagom record")
+    if profiler_overhead([workload.recorded_steps]) is None:
+        raise LagomError(f"{workload.source}: --unprofiled-cpu needs the step times lagom record writes "
+                         f"(lagomRecord.step_time_us); this trace has none")
+
+
+def unprofiled_cpu(evaluator: TraceEvaluator, workload: Workload, iterations: int = 14) -> UnprofiledCpu:
+    """``--unprofiled-cpu``: the CPU's time between calls scaled so that the replay under the
+    trace's own settings runs at the mean step ``lagom record`` timed without the profiler
+    (bisection on the scale: a replay is monotone in it). LagomError when the trace carries
+    no recorded step times."""
+    check_recorded_steps(workload, True)
+    overhead = profiler_overhead([workload.recorded_steps])
+    assert overhead is not None  # checked just above
+    target = overhead.unprofiled_us
+
+    def step_us(cpu: float) -> float:
+        return evaluator.evaluate(workload, Plan(), DurationScale(cpu=cpu)).iteration_us
+
+    if step_us(1.0) <= target:
+        return UnprofiledCpu(1.0, step_us(1.0), target, True)
+    low, high = MIN_CPU_SCALE, 1.0
+    at_low = step_us(low)
+    if at_low > target:
+        return UnprofiledCpu(low, at_low, target, False)
+    for _ in range(iterations):
+        mid = (low + high) / 2
+        if step_us(mid) > target:
+            high = mid
+        else:
+            low = mid
+    return UnprofiledCpu(low, step_us(low), target, True)
+
+
+def unprofiled_line(u: UnprofiledCpu) -> str:
+    if not u.reached:
+        return (f"--unprofiled-cpu: even the CPU's time between calls at x{u.cpu:.2f} leaves the replayed step at "
+                f"{u.replayed_us / 1e3:,.3f} ms against {u.target_us / 1e3:,.3f} ms unprofiled: the profiler's "
+                f"overhead is not in the CPU's time alone; replaying at x{u.cpu:.2f}")
+    return (f"--unprofiled-cpu: the CPU's time between calls x{u.cpu:.3f} replays the unprofiled step "
+            f"({u.replayed_us / 1e3:,.3f} ms against {u.target_us / 1e3:,.3f} ms measured without the profiler)")

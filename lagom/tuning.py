@@ -16,7 +16,7 @@ from costmodel.analytic.evaluator import AnalyticEvaluator
 from costmodel.calibration.backend import backend_from_spec
 from costmodel.calibration.calibrate import calibrate
 from costmodel.cluster import ClusterSpec, load_cluster, preset_names
-from costmodel.evaluator import Evaluator, Timing, TraceEvaluator
+from costmodel.evaluator import DurationScale, Evaluator, Timing, TraceEvaluator
 from costmodel.nccl_defaults import algo_estimates, nccl_default_config
 from costmodel.replay.anchor import recorded_configs
 from costmodel.sim.simulator import Simulator
@@ -47,6 +47,25 @@ def make_evaluator(name: str, cluster: ClusterSpec, noise: float = 0.0, seed: in
     if name == "analytic":
         return AnalyticEvaluator(cluster)
     raise LagomError(f"unknown evaluator {name!r} (choose from {', '.join(EVALUATORS)})")
+
+
+class ScaledEvaluator:
+    """An evaluator whose every replay takes one what-if scale (``lagom tune --unprofiled-cpu``):
+    the tuner sees a plain Evaluator."""
+
+    def __init__(self, inner: TraceEvaluator, scale: DurationScale) -> None:
+        self.inner, self.scale = inner, scale
+
+    @property
+    def evaluations(self) -> int:
+        return self.inner.evaluations
+
+    @evaluations.setter
+    def evaluations(self, value: int) -> None:
+        self.inner.evaluations = value
+
+    def evaluate(self, workload: Workload, plan: Plan) -> Timing:
+        return self.inner.evaluate(workload, plan, self.scale)
 
 
 def with_nccl_version(cluster: ClusterSpec, version: str | None) -> ClusterSpec:

@@ -326,9 +326,9 @@ def _heuristic_waits(ops: dict[int, Op], calls: dict, host_calls: list[HostCall]
                 for wait_us in unrecorded:
                     by_consumer.setdefault(stream[bisect_left(stream, (wait_us, -1))][1], []).append(wait_us)
                 for consumer_id, wait_list in by_consumer.items():
-                    producer_id = _unrecorded_producer(ops, consumer_id, wait_list, last_on_stream)
-                    if producer_id is not None:
-                        add(producer_id, consumer_id, "unrecorded wait")
+                    found = _unrecorded_producer(ops, consumer_id, wait_list, last_on_stream)
+                    if found is not None:
+                        add(found, consumer_id, "unrecorded wait")
                 unrecorded = []
                 last_launched = op_id
             elif str(item).endswith("EventRecord"):

@@ -21,6 +21,9 @@ kernel's; the CPU's own time between calls) measured time times F, and the repla
 schedule follows; the plan, if any, applies on top. ``replay`` stays the fidelity under the trace's own times.
 ``--export-trace OUT.json.gz`` writes the prediction as a Kineto trace with the
 original's layout and names (lagom/trace_export.py), to open beside the measured one.
+``--unprofiled-cpu`` (a trace ``lagom record`` wrote, with the steps it timed without
+the profiler) scales the CPU's time between calls so that the replay runs at that
+unprofiled step, before anything else applies (docs/replay.md).
 
 For other workloads every collective runs with NCCL's modelled default choice, unless ``--set`` gives one
 CommConfig for all of them (``--set channels=16,chunk=2MiB``; keys channels, threads,
@@ -40,8 +43,10 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import replace
 
 from costmodel.evaluator import DurationScale, check_config
+from lagom.record_overhead import check_recorded_steps, unprofiled_cpu, unprofiled_line
 from lagom.trace_export import check_export_path, export_trace
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
@@ -66,6 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--config", metavar="lagom.yaml", help="apply a tuned-config file")
     parser.add_argument("--scale", action="append", metavar="comm=F|compute=F|cpu=F",
                         help="a trace's what-if: each collective's (compute kernel's, CPU gap's) measured time times F")
+    parser.add_argument("--unprofiled-cpu", action="store_true",
+                        help="a trace from lagom record: scale the CPU's time to the step measured without the "
+                             "profiler")
     parser.add_argument("--noise", type=float, default=0.01,
                         help="multiplicative noise (std. dev., default 0.01; 0 = exact)")
     parser.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
@@ -108,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
     workload, from_trace = read_workload_arg(args.workload)
     if export is not None and not from_trace:
         raise LagomError("--export-trace: applies to a trace (WORKLOAD is not a trace)")
+    if args.unprofiled_cpu:
+        check_recorded_steps(workload, from_trace)
     choice = resolve_cluster(workload, from_trace, args.cluster)
     cluster = choice.cluster
     # the settings a file or --set gives reach NCCL's collectives of known size only (CollectiveOp.tunable)
@@ -152,6 +162,13 @@ def run(args: argparse.Namespace) -> int:
     if scale is not None and not from_trace:
         raise LagomError("--scale: applies to a trace's measured times (WORKLOAD is not a trace)")
     evaluator = make_evaluator(args.evaluator, cluster, args.noise, args.seed)
+    if args.unprofiled_cpu:
+        if scale is not None and scale.cpu != 1.0:
+            raise LagomError("--unprofiled-cpu chooses the CPU's scale itself: drop cpu= from --scale")
+
+        found = unprofiled_cpu(evaluator, workload)
+        print(unprofiled_line(found), file=sys.stderr)
+        scale = replace(scale or DurationScale(), cpu=found.cpu)
     timing = evaluator.evaluate(workload, plan, scale)
     result = {
         "iteration_us": round(timing.iteration_us, 3),

@@ -34,6 +34,10 @@ Process-wide changes (env, process-group CTAs) and per-collective entries are wr
 only when the predicted gain is at least ``--min-gain`` (default 0.01 = 1%); otherwise
 the file keeps NCCL's defaults and its notes say why.
 
+``--unprofiled-cpu`` (a trace ``lagom record`` wrote) replays every plan with the CPU's
+time between calls scaled so that the trace's own settings run at the step it timed
+without the profiler (docs/replay.md).
+
 ``--export-trace OUT.json.gz`` (a trace) writes the tuned plan's predicted steps as a
 Kineto trace with the original's layout (lagom/trace_export.py).
 
@@ -55,10 +59,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from costmodel.evaluator import DurationScale, Evaluator
 from costmodel.replay.fidelity import fidelity
 from lagom import tuning
 from lagom.console import StageProgress, stdout_console
-from lagom.record_overhead import overhead_line, profiler_overhead
+from lagom.record_overhead import (
+    check_recorded_steps,
+    overhead_line,
+    profiler_overhead,
+    unprofiled_cpu,
+    unprofiled_line,
+)
 from lagom.replay_report import fidelity_line, fidelity_warning, steps_table
 from lagom.trace_context import refuse_to_tune, resolve_cluster
 from lagom.trace_export import check_export_path, export_trace
@@ -89,6 +100,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-autoccl", action="store_true", help="skip the AutoCCL comparison")
     parser.add_argument("--min-gain", type=float, default=tuning.MIN_GAIN, metavar="F",
                         help="write changes only for a predicted gain of at least F (default 0.01 = 1%%)")
+    parser.add_argument("--unprofiled-cpu", action="store_true",
+                        help="a trace from lagom record: replay with the CPU's time scaled to the step measured "
+                             "without the profiler")
     parser.add_argument("--export-trace", metavar="OUT.json.gz",
                         help="a trace: write the tuned plan's predicted steps as a Kineto trace (Perfetto, HTA)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary instead of the table")
@@ -109,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
     workload, from_trace = read_workload_arg(args.workload)
     if export is not None and not from_trace:
         raise LagomError("--export-trace: applies to a trace (WORKLOAD is not a trace)")
+    if args.unprofiled_cpu:
+        check_recorded_steps(workload, from_trace)
     refusal = refuse_to_tune(workload) if from_trace else None
     if refusal:
         raise LagomError(refusal)
@@ -131,7 +147,12 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
     model_cluster = tuning.tuning_cluster(cluster, choice.cluster_arg, evaluator_name,
                                           log=lambda m: err.print(m, highlight=False))
-    evaluator = tuning.make_evaluator(evaluator_name, model_cluster)
+    evaluator: Evaluator = tuning.make_evaluator(evaluator_name, model_cluster)
+    if args.unprofiled_cpu:
+        found = unprofiled_cpu(tuning.make_evaluator(evaluator_name, model_cluster), workload)
+        err.print(unprofiled_line(found), highlight=False, markup=False, soft_wrap=True)
+        evaluator = tuning.ScaledEvaluator(tuning.make_evaluator(evaluator_name, model_cluster),
+                                           DurationScale(cpu=found.cpu))
     started = time.perf_counter()
     with StageProgress(err, f"tuning ({args.method}, evaluations)", total=args.budget) as bar:
         outcome = tuning.tune(

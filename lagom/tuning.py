@@ -139,12 +139,34 @@ def tuning_cluster(cluster: ClusterSpec, cluster_arg: str, evaluator: str,
                    gpu=cluster.gpu)
 
 
+class SharedEvaluations:
+    """One evaluator for every method of a ``lagom tune``: a plan already evaluated for the
+    workload is answered from a cache (AutoCCL's comparison reuses what Lagom's search
+    measured), and ``runs`` counts the evaluations actually run."""
+
+    def __init__(self, inner: Evaluator) -> None:
+        self.inner = inner
+        self.evaluations = 0  # asked for, by every method
+        self.runs = 0  # run by the inner evaluator
+        self._cache: dict[tuple, Timing] = {}
+
+    def evaluate(self, workload: Workload, plan: Plan) -> Timing:
+        self.evaluations += 1
+        key = (id(workload), tuple(sorted(plan.entries.items(), key=lambda kv: kv[0].label())), plan.default)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = self.inner.evaluate(workload, plan)
+            self.runs += 1
+        return hit
+
+
 @dataclass
 class TuneOutcome:
     space: SearchSpace
     result: TuningResult
     baseline: Timing
     autoccl: TuningResult | None
+    evaluations_run: int = 0  # every evaluation tune ran: the method's, the baseline's, AutoCCL's not reused
 
 
 def tune(
@@ -162,12 +184,13 @@ def tune(
     if budget is not None and budget < 1:
         raise LagomError(f"budget {budget}: must be at least 1 evaluation")
     space = space_for(workload, cluster)
-    result = METHODS[method]().tune(workload, evaluator, space, budget=budget, progress=progress)
-    baseline = result.baseline or evaluator.evaluate(workload, Plan())
+    shared = SharedEvaluations(evaluator)
+    result = METHODS[method]().tune(workload, shared, space, budget=budget, progress=progress)
+    baseline = result.baseline or shared.evaluate(workload, Plan())
     autoccl = None
     if with_autoccl:
-        autoccl = result if method == "autoccl" else AutoCCL().tune(workload, evaluator, space)
-    return TuneOutcome(space, result, baseline, autoccl)
+        autoccl = result if method == "autoccl" else AutoCCL().tune(workload, shared, space)
+    return TuneOutcome(space, result, baseline, autoccl, shared.runs)
 
 
 def tuned_config(outcome: TuneOutcome, cluster: ClusterSpec, cluster_arg: str, workload_label: str,

@@ -79,7 +79,7 @@ def test_every_method_runs_from_the_cli(tmp_path, capsys):
         results[method] = json.loads(out)
     assert results["nccl"]["tuned_us"] == pytest.approx(results["nccl"]["baseline_us"])
     assert results["lagom"]["tuned_us"] <= results["nccl"]["tuned_us"]
-    assert all(r["evaluations"] <= 40 for r in results.values())
+    assert all(r["evaluations_by_method"][m] <= 40 for m, r in results.items())  # --budget caps the method
     cluster = load_cluster("low-bw")
     default = Simulator(cluster, noise=0.0).evaluate(generate_workload("ep:olmoe:ep=8"), Plan())
     assert results["nccl"]["baseline_us"] == pytest.approx(default.iteration_us)
@@ -181,3 +181,25 @@ def test_readme_setup_command_tunes_the_bundled_trace(tmp_path):
     assert first.startswith("the model reproduces 2 steps of this trace within"), first
     config = load_tuned_config(tmp_path / "lagom.yaml")
     assert config.nccl_version == "2.17.1"  # the trace's own NCCL, not the preset's 2.18.3
+
+
+def test_evaluations_count_every_evaluation_tune_ran_the_comparison_included(tmp_path, capsys):
+    """The AutoCCL comparison's evaluations count too; a plan Lagom already measured is not run again."""
+    from costmodel.sim import Simulator as Sim
+    from lagom import tuning
+
+    cluster = load_cluster("low-bw")
+    workload = generate_workload("ep:olmoe:ep=8")
+    counted = Sim(cluster, noise=0.0)
+    outcome = tuning.tune(workload, cluster, counted)
+    assert outcome.evaluations_run == counted.evaluations  # every evaluation the evaluator served
+    assert outcome.autoccl is not None
+    lagom_runs, autoccl_runs = outcome.result.evaluations, outcome.autoccl.evaluations
+    assert lagom_runs < outcome.evaluations_run <= lagom_runs + autoccl_runs
+    code, out, err = run_cli(capsys, "tune", "ep:olmoe:ep=8", "--cluster", "low-bw", "--evaluator", "sim",
+                             "-o", str(tmp_path / "x.yaml"), "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["evaluations"] == outcome.evaluations_run
+    assert summary["evaluations_by_method"] == {"lagom": outcome.result.evaluations,
+                                                "autoccl": outcome.autoccl.evaluations}

@@ -43,7 +43,9 @@ Kineto trace with the original's layout (lagom/trace_export.py).
 
 Writes the tuned-config file (``-o``, default lagom.yaml); ``--json`` prints
 ``{"baseline_us", "tuned_us", "autoccl_us", "speedup_vs_nccl", "speedup_vs_autoccl",
-"evaluations", "replay" (traces), "steps" (traces), ...}`` to stdout instead of the table.
+"evaluations" (every evaluation tune ran: the method's, NCCL's default and AutoCCL's
+comparison, which reuses what the method already measured), "evaluations_by_method",
+"replay" (traces), "steps" (traces), ...}`` to stdout instead of the table.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--nccl-version", default=None,
                         help="the NCCL the job will run (default: the trace's, else the cluster file's); "
                              "decides which knobs are per collective")
-    parser.add_argument("--budget", type=int, default=None, help="cap on evaluations (default: the method's own rule)")
+    parser.add_argument("--budget", type=int, default=None, help="cap on the search method's evaluations (default: its own rule)")
     parser.add_argument("-o", "--output", default="lagom.yaml", help="tuned-config file to write (default lagom.yaml)")
     parser.add_argument("--no-autoccl", action="store_true", help="skip the AutoCCL comparison")
     parser.add_argument("--min-gain", type=float, default=tuning.MIN_GAIN, metavar="F",
@@ -178,7 +180,10 @@ def run(args: argparse.Namespace) -> int:
         "autoccl_us": None if auto is None else round(auto, 3),
         "speedup_vs_nccl": round(base / tuned, 4),
         "speedup_vs_autoccl": None if auto is None else round(auto / tuned, 4),
-        "evaluations": outcome.result.evaluations,
+        "evaluations": outcome.evaluations_run,
+        "evaluations_by_method": {args.method: outcome.result.evaluations,
+                                  **({"autoccl": outcome.autoccl.evaluations}
+                                     if outcome.autoccl is not None and args.method != "autoccl" else {})},
         "signatures": len(rows),
         "elapsed_s": round(elapsed_s, 2),
         "output": args.output,
@@ -234,7 +239,11 @@ def run(args: argparse.Namespace) -> int:
               + ("" if auto is None else f"AutoCCL {auto:,.1f} us, ")
               + f"{args.method} {tuned:,.1f} us  (x{base / tuned:.3f} vs NCCL"
               + ("" if auto is None else f", x{auto / tuned:.3f} vs AutoCCL") + ")")
-    out.print(f"{outcome.result.evaluations} evaluations in {elapsed_s:.1f} s; wrote {args.output}")
+    by = summary["evaluations_by_method"]
+    shared = sum(by.values()) - outcome.evaluations_run
+    out.print(f"{outcome.evaluations_run} evaluations in {elapsed_s:.1f} s ({args.method} {outcome.result.evaluations}"
+              + (f", AutoCCL {by['autoccl']}" if "autoccl" in by else "")
+              + (f", {shared} answered from the others'" if shared else "") + f"); wrote {args.output}")
     for line in summary["why"]:
         out.print(f"why: {line}", highlight=False)
     for note in config.notes:

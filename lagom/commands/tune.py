@@ -97,7 +97,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--nccl-version", default=None,
                         help="the NCCL the job will run (default: the trace's, else the cluster file's); "
                              "decides which knobs are per collective")
-    parser.add_argument("--budget", type=int, default=None, help="cap on the search method's evaluations (default: its own rule)")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="cap on the search method's evaluations (default: its own rule)")
     parser.add_argument("-o", "--output", default="lagom.yaml", help="tuned-config file to write (default lagom.yaml)")
     parser.add_argument("--no-autoccl", action="store_true", help="skip the AutoCCL comparison")
     parser.add_argument("--min-gain", type=float, default=tuning.MIN_GAIN, metavar="F",

@@ -104,8 +104,11 @@ class ClusterSpec:
         out.pop("source")
         return out
 
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
     def dump(self, path: str | Path) -> None:
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        Path(path).write_text(self.to_yaml())
 
 
 def preset_names() -> list[str]:

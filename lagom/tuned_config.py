@@ -31,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from lagom.output_paths import write_output
 from nccl_env.env_names import check_env_names
 from nccl_env.errors import LagomError
 from nccl_env.files import read_yaml
@@ -139,8 +140,13 @@ class TunedConfig:
             "notes": list(self.notes),
         }
 
-    def dump(self, path: str | Path) -> None:
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False, width=100))
+    def to_yaml(self) -> str:
+        """The file's text; its first line is ``format: lagom.tuned-config`` (how Lagom knows its own files)."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, width=100)
+
+    def dump(self, path: str | Path, flag: str = "") -> None:
+        """Write the file atomically (:func:`lagom.output_paths.write_output`); LagomError naming ``flag``."""
+        write_output(path, self.to_yaml(), flag)
 
 
 def _match_int(match: dict, key: str, minimum: int) -> int | None:

@@ -57,7 +57,7 @@ def test_a_shadowing_module_is_named_not_a_traceback(tmp_path, name):
 
 
 def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(tmp_path, capsys):
-    assert main(["calibrate", "--backend", "sim:low-bw", "--budget", "40", "--out", str(tmp_path / "c.yaml")]) == 0
+    assert main(["calibrate", "--backend", "sim:low-bw", "--budget", "40", "-o", str(tmp_path / "c.yaml")]) == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("calibrate sim:low-bw: ")]
     assert lines[0] == "calibrate sim:low-bw: started (40 steps)"
     assert lines[-1] == "calibrate sim:low-bw: done (40 steps)"

@@ -56,7 +56,7 @@ def _error_line(capsys) -> str:
         (lambda d, c: ["run", "--config", str(d / "badpolicy.yaml"), "--no-plugin", "--", "true"],
          "unknown cta_policy 'fastest'"),
         (lambda d, c: ["run", "--config", str(c), "--audit", str(d / "nodir" / "a.json"), "--", "true"],
-         "audit's folder does not exist"),
+         "nodir is not an existing folder"),
         (lambda d, c: ["run", "--config", str(c), "--audit", str(d), "--", "true"], "is a folder"),
         (lambda d, c: ["run", "--config", str(d / "envlist.yaml"), "--no-plugin", "--", "true"],
          "env NCCL_NTHREADS: expected a single value"),

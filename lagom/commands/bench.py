@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lagom import bench_matrix, tuning
+from lagom.output_paths import OutputFormat, check_output, save_figure
 from nccl_env.errors import LagomError
 
 # What --check asserts per cell (and tests/test_bench_quick.py): what Lagom owes, each with
@@ -66,6 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "collective)")
     parser.add_argument("--json", action="store_true", help="print cells and summary as JSON")
     parser.add_argument("--plot", metavar="FILE.png", default=None, help="bar chart of speedups per cell")
+    parser.add_argument("--force", action="store_true", help="overwrite --plot even if it is not a plot Lagom wrote")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     parser.set_defaults(func=run)
 
@@ -94,20 +96,16 @@ def check_targets(summary: dict, results: list[bench_matrix.CellResult], quick: 
     return missed
 
 
-def _check_plot_path(value: str) -> None:
+def _check_plot_path(value: str, force: bool) -> None:
     """Refuse a --plot file matplotlib cannot write before the matrix runs, not after."""
-    path = Path(value)
-    if path.is_dir():
-        raise LagomError(f"--plot {value}: is a folder, expected a file name")
-    if not path.parent.is_dir():
-        raise LagomError(f"--plot {value}: {path.parent} is not an existing folder")
-    if path.suffix.lower() not in PLOT_SUFFIXES:
+    if Path(value).suffix.lower() not in PLOT_SUFFIXES:
         raise LagomError(f"--plot {value}: the name must end in one of {', '.join(PLOT_SUFFIXES)}")
+    check_output("--plot", value, OutputFormat.PLOT, force=force)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.plot:
-        _check_plot_path(args.plot)
+        _check_plot_path(args.plot, args.force)
     err = Console(stderr=True)
     evaluator = args.evaluator or tuning.DEFAULT_EVALUATOR
     specs = bench_matrix.matrix_specs(args.quick)
@@ -195,8 +193,6 @@ def _plot(results: list[bench_matrix.CellResult], path: str) -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     try:
-        fig.savefig(path, dpi=120)
-    except OSError as exc:
-        raise LagomError(f"--plot {path}: cannot write: {exc.strerror or exc}") from None
+        save_figure(fig, path, "--plot", dpi=120)
     finally:
         plt.close(fig)

@@ -53,9 +53,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--workdir",
         metavar="DIR",
-        help="keep the run folder (plugin table, bootstrap, audit parts) here; default: a temporary folder, removed "
-        "after",
+        help="keep the run folder (plugin table, bootstrap, audit parts) here: a new or empty folder, or an earlier "
+        "run's; default: a temporary folder, removed after",
     )
+    parser.add_argument("--force", action="store_true",
+                        help="let --audit and --save replace a file that is not one Lagom wrote")
     parser.add_argument(
         "--no-plugin",
         action="store_true",
@@ -100,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
             raise LagomError(f"{given[0]} is an option of lagom run --online")
         if args.config is None:
             raise LagomError("lagom run needs --config FILE (or --online)")
-        return launch(args.config, command, audit_path=args.audit, workdir=args.workdir, use_plugin=not args.no_plugin)
+        return launch(args.config, command, audit_path=args.audit, workdir=args.workdir, use_plugin=not args.no_plugin,
+                      force=args.force)
     from lagom.online import DEFAULT_BUDGET_STEPS
     from lagom.runtime.launcher import OnlineRequest
 
@@ -113,4 +116,4 @@ def run(args: argparse.Namespace) -> int:
     request = OnlineRequest(save=args.save, budget_steps=budget_steps, nccl_version=args.nccl_version,
                             simulate=args.simulate, cluster=args.cluster,
                             noise=args.noise if args.noise is not None else 0.0)
-    return launch(args.config, command, audit_path=args.audit, workdir=args.workdir, online=request)
+    return launch(args.config, command, audit_path=args.audit, workdir=args.workdir, online=request, force=args.force)

@@ -30,7 +30,8 @@ Process-wide changes (env, process-group CTAs) and per-collective entries are wr
 only when the predicted gain is at least ``--min-gain`` (default 0.01 = 1%); otherwise
 the file keeps NCCL's defaults and its notes say why.
 
-Writes the tuned-config file (``-o``, default lagom.yaml); ``--json`` prints
+Writes the tuned-config file (``-o``, default lagom.yaml; an existing file is replaced
+only if Lagom wrote it, else give ``--force``; never the input); ``--json`` prints
 ``{"baseline_us", "tuned_us", "autoccl_us", "speedup_vs_nccl", "speedup_vs_autoccl",
 "evaluations", "replay" (traces), "steps" (traces), ...}`` to stdout instead of the table.
 """
@@ -51,6 +52,7 @@ from rich.table import Table
 from costmodel.replay.schedule import fidelity
 from lagom import tuning
 from lagom.console import StageProgress, stdout_console
+from lagom.output_paths import OutputFormat, check_output
 from lagom.replay_report import fidelity_line, fidelity_warning, steps_table
 from lagom.trace_context import refuse_to_tune, resolve_cluster
 from lagom.workload_arg import read_workload_arg
@@ -77,6 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "decides which knobs are per collective")
     parser.add_argument("--budget", type=int, default=None, help="cap on evaluations (default: the method's own rule)")
     parser.add_argument("-o", "--output", default="lagom.yaml", help="tuned-config file to write (default lagom.yaml)")
+    parser.add_argument("--force", action="store_true", help="overwrite -o even if it is not a file Lagom wrote")
     parser.add_argument("--no-autoccl", action="store_true", help="skip the AutoCCL comparison")
     parser.add_argument("--min-gain", type=float, default=tuning.MIN_GAIN, metavar="F",
                         help="write changes only for a predicted gain of at least F (default 0.01 = 1%%)")
@@ -89,11 +92,8 @@ def run(args: argparse.Namespace) -> int:
         raise LagomError(f"--min-gain {args.min_gain}: must be a fraction >= 0 (0.01 = 1%)")
     if args.budget is not None and args.budget < 1:
         raise LagomError(f"--budget {args.budget}: must be at least 1 evaluation")
-    output = Path(args.output)
-    if output.is_dir():
-        raise LagomError(f"-o {args.output}: is a folder, expected a file name")
-    if not output.parent.is_dir():
-        raise LagomError(f"-o {args.output}: {output.parent} is not an existing folder")
+    check_output("-o", args.output, OutputFormat.TUNED_CONFIG, force=args.force,
+                 inputs=[("WORKLOAD", args.workload), ("--cluster", args.cluster)])
     workload, from_trace = read_workload_arg(args.workload)
     refusal = refuse_to_tune(workload) if from_trace else None
     if refusal:
@@ -117,10 +117,7 @@ def run(args: argparse.Namespace) -> int:
         )
     elapsed_s = time.perf_counter() - started
     config = tuning.tuned_config(outcome, cluster, choice.cluster_arg, args.workload, min_gain=args.min_gain)
-    try:
-        config.dump(args.output)
-    except OSError as exc:
-        raise LagomError(f"-o {args.output}: cannot write: {exc.strerror or exc}") from None
+    config.dump(args.output, "-o")
     rows = tuning.signature_rows(outcome, workload)
     base, tuned = outcome.baseline.iteration_us, outcome.result.iteration_us
     auto = outcome.autoccl.iteration_us if outcome.autoccl is not None else None

@@ -38,12 +38,12 @@ class OutputFormat(enum.Enum):
     plots in their metadata (PNG ``Software``, SVG title: the head; PDF ``Creator``: the tail).
     """
 
-    TUNED_CONFIG = ("tuned config", (b"format: lagom.tuned-config",))
-    AUDIT = ("audit", (b'"format": "lagom.audit"',))
-    PLUGIN_TABLE = ("plugin table", (b"# Lagom tuner plugin table",))
-    CLUSTER = ("cluster file", (b"# Lagom cluster file",))
-    MEASUREMENTS = ("measurements", (b'"format": "lagom.calibration-measurements"',))
-    PLOT = ("plot", (b"lagom-nccl",))
+    TUNED_CONFIG = ("a tuned config", (b"format: lagom.tuned-config",))
+    AUDIT = ("an audit", (b'"format": "lagom.audit"',))
+    PLUGIN_TABLE = ("a plugin table", (b"# Lagom tuner plugin table",))
+    CLUSTER = ("a cluster file", (b"# Lagom cluster file",))
+    MEASUREMENTS = ("a measurements file", (b'"format": "lagom.calibration-measurements"',))
+    PLOT = ("a plot", (b"lagom-nccl",))
 
     def __init__(self, label: str, markers: tuple[bytes, ...]) -> None:
         self.label = label
@@ -91,7 +91,7 @@ def check_output(flag: str, value: str | os.PathLike, fmt: OutputFormat, inputs:
                              "give the output another name")
     _check_writable(flag, text, path.resolve().parent)
     if path.exists() and not force and not fmt.written_by_lagom(path):
-        raise LagomError(f"{flag} {text}: exists and is not a {fmt.label} Lagom wrote; "
+        raise LagomError(f"{flag} {text}: exists and is not {fmt.label} Lagom wrote; "
                          "give --force to overwrite it, or another name")
     return path
 

@@ -14,8 +14,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from nccl_env.errors import LagomError  # noqa: E402
 from lagom.output_paths import save_figure  # noqa: E402
+from nccl_env.errors import LagomError  # noqa: E402
 from traces.breakdown import comm_comp_overlap_pct  # noqa: E402
 from traces.intervals import intersection, union  # noqa: E402
 from traces.workload import StreamKind, Workload  # noqa: E402

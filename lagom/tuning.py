@@ -13,8 +13,6 @@ from importlib import resources
 from pathlib import Path
 
 from costmodel.analytic.evaluator import AnalyticEvaluator
-from costmodel.calibration.backend import backend_from_spec
-from costmodel.calibration.calibrate import calibrate
 from costmodel.cluster import ClusterSpec, load_cluster, preset_names
 from costmodel.evaluator import Evaluator, Timing
 from costmodel.nccl_defaults import algo_estimates, nccl_default_config
@@ -102,6 +100,9 @@ def calibrated_cluster(preset: str, budget: int = 300, log: Callable[[str], None
             path.unlink()
     if log:
         log(f"calibrating the analytic model against sim:{preset} ({budget} measurements)")
+    from costmodel.calibration.backend import backend_from_spec  # scipy: only when a calibration runs
+    from costmodel.calibration.calibrate import calibrate
+
     cluster = calibrate(backend_from_spec(f"sim:{preset}"), budget=budget).cluster
     tmp = path.with_suffix(".tmp")
     cluster.dump(tmp)

@@ -61,7 +61,7 @@ def _error_line(capsys) -> str:
         (lambda d, c: ["run", "--config", str(d / "envlist.yaml"), "--no-plugin", "--", "true"],
          "env NCCL_NTHREADS: expected a single value"),
         (lambda d, c: ["run", "--config", str(d / "negchannels.yaml"), "--", "true"],
-         "negchannels.yaml: cannot make a plugin table"),
+         "negchannels.yaml: collectives[0]: channels=-4 is not valid on NCCL 2.18.3"),
         (lambda d, c: ["run", "--config", str(c), "--noise", "0.1", "--", "true"],
          "--noise is an option of lagom run --online"),
         (lambda d, c: ["run", "--online", "--noise", "0.1", "--", "true"], "--noise goes with --simulate WORKLOAD"),

@@ -63,6 +63,7 @@ from traces.exec_graph_build import build_exec_graph
 from traces.kineto_comm import CommInfo, collective_from_call, parse_ranks
 from traces.kineto_events import CommCall, EventReader, GpuOp, HostCall, StepMark, SyncEvent, to_int
 from traces.kineto_json import read_events
+from traces.limits import TRACE_MEMORY_PER_JSON_BYTE, check_fits_memory
 from traces.workload import (
     CollectiveOp,
     ComputeOp,
@@ -84,6 +85,8 @@ JOB_GAP_US = 60e6
 
 def read_trace(path: str | Path) -> list[Workload]:
     """One Workload per rank from a trace file or a directory of per-rank trace files."""
+    if not str(path).strip():
+        raise LagomError("an empty path: give a trace file or a folder of trace files")
     path = Path(path)
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.is_file() and _is_trace_name(p.name))
@@ -93,6 +96,7 @@ def read_trace(path: str | Path) -> list[Workload]:
         files = [path]
     else:
         raise LagomError(f"{path}: no such file or directory")
+    check_fits_memory(files, path, TRACE_MEMORY_PER_JSON_BYTE)
     # The parse allocates millions of short-lived containers and no reference cycles:
     # the cyclic collector would only rescan them (10-25% of the read time).
     collecting = gc.isenabled()

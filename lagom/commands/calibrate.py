@@ -120,7 +120,8 @@ def _output(args: argparse.Namespace) -> Path:
     if args.output is None:
         raise LagomError("-o/--output FILE is required (the cluster YAML to write)")
     inputs = [("--cluster", args.cluster), ("--backend", args.backend.removeprefix("sim:"))]
-    return check_output("-o", args.output, OutputFormat.CLUSTER, inputs, force=args.force)
+    flag = "--out" if args.deprecated_out is not None else "-o"
+    return check_output(flag, args.output, OutputFormat.CLUSTER, inputs, force=args.force)
 
 
 def _measurement_dict(m) -> dict:

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from nccl_env.errors import LagomError
 
-
 BUILD_DOC = """Compile Lagom's NCCL tuner plugin (nccl_env/plugin/lagom_tuner.c) with the system C
 compiler (--cc, else $CC, else cc/gcc/clang) and cache it in Lagom's cache folder
 ($LAGOM_CACHE_DIR), named by a hash of the sources and the compile command; a cached

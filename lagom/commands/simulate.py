@@ -98,9 +98,9 @@ def run(args: argparse.Namespace) -> int:
     if args.config:
         from lagom.tuned_config import load_tuned_config
 
-        tuned = load_tuned_config(args.config)
+        tuned = load_tuned_config(args.config, version)  # NCCL's rules for the cluster's version
         for i, entry in enumerate(tuned.collectives):
-            check(entry.config, f"{args.config}: collectives[{i}]")
+            check_config(entry.config, f"{args.config}: collectives[{i}]")  # and what the evaluators model
         plan = tuned.to_plan(signatures)
         unmatched = unmatched_config_warning(args.config, len(tuned.collectives), signatures, plan)
         if unmatched:

@@ -29,8 +29,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from costmodel.cluster import load_cluster
 from lagom.online import DEFAULT_BUDGET_STEPS, DEFAULT_TIMEOUT_S
 from lagom.output_paths import RUN_FOLDER_MARKER, OutputFormat, check_output, write_output
@@ -38,7 +36,6 @@ from lagom.plugin_export import write_plugin_table
 from lagom.runtime import audit
 from lagom.runtime.bootstrap import SITECUSTOMIZE
 from lagom.runtime.env import ENV_CONFIG, ENV_HOME, ENV_ONLINE, ENV_RUN_DIR, merge_env
-from lagom.runtime.process_groups import cta_policy_value
 from lagom.tuned_config import TunedConfig, load_tuned_config
 from nccl_env.delivery import online_ceilings, plugin_env
 from nccl_env.errors import LagomError
@@ -71,36 +68,6 @@ class RunSetup:
     messages: list[str] = field(default_factory=list)  # lines for stderr, in order
 
 
-def _check_nccl_version(config: TunedConfig, origin: Path) -> None:
-    """A tuned file's nccl_version, when given, must be a NCCL version."""
-    if not config.nccl_version:
-        return
-    try:
-        NcclVersion.parse(config.nccl_version)
-    except (ValueError, LagomError) as exc:
-        raise LagomError(f"{origin}: nccl_version {config.nccl_version!r} is not a NCCL version ({exc})") from None
-
-
-def _check_process_groups(config: TunedConfig, origin: Path) -> None:
-    """Every per-group setting must be one NCCL accepts (checked here, not at group creation)."""
-    for name, settings in config.process_groups.items():
-        for key, value in settings.items():
-            try:
-                number = cta_policy_value(value) if key == "cta_policy" else int(value)
-            except (TypeError, ValueError) as exc:
-                raise LagomError(f"{origin}: process group {name!r}: {key}: {exc}") from None
-            if number < 0:
-                raise LagomError(f"{origin}: process group {name!r}: {key} must be >= 0, got {number}")
-
-
-def _check_env(config: TunedConfig, origin: Path) -> None:
-    """Env values are single settings: a YAML list or mapping would reach NCCL as text like '[1]'."""
-    raw = yaml.safe_load(origin.read_text()) or {}
-    for name, value in (raw.get("env") or {}).items():
-        if isinstance(value, (list, dict)) or value is None:
-            raise LagomError(f"{origin}: env {name}: expected a single value, got {value!r}")
-
-
 def prepare(
     config_path: str | os.PathLike,
     workdir: str | os.PathLike | None = None,
@@ -112,16 +79,10 @@ def prepare(
 
     ``nccl_version``: the NCCL the job runs (``lagom run --online --nccl-version``);
     default the file's."""
+    config = load_tuned_config(config_path, nccl_version)
     config_path = Path(config_path)
-    config = load_tuned_config(config_path)
-    _check_nccl_version(config, config_path)
-    _check_process_groups(config, config_path)
-    _check_env(config, config_path)
     env = dict(os.environ if base_env is None else base_env)
-    if workdir is not None:
-        run_dir = run_folder(workdir)
-    else:
-        run_dir = Path(tempfile.mkdtemp(prefix=TEMP_RUN_PREFIX)).resolve()
+    run_dir = run_folder(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix=TEMP_RUN_PREFIX)).resolve()
     try:
         return _lay_out(config, config_path, run_dir, env, use_plugin, nccl_version)
     except BaseException:

@@ -34,6 +34,9 @@ from tuner.space import SearchSpace
 EVALUATORS = ("analytic", "sim")
 DEFAULT_EVALUATOR = "analytic"  # the fitted cost model: what Lagom tunes with offline
 MIN_GAIN = 0.01  # below a 1% predicted gain, process-wide changes are not worth their risk
+# Evaluations a --budget may ask for (tune, calibrate): Lagom's search needs tens to hundreds; every
+# method keeps each evaluation it made, so a budget is also memory.
+MAX_BUDGET = 100_000
 
 __all__ = ["load_workload_arg"]  # re-exported: the commands and the bench read WORKLOAD arguments through here
 

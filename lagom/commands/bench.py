@@ -28,6 +28,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from costmodel.cluster import load_cluster
 from lagom import bench_matrix, tuning
 from lagom.output_paths import OutputFormat, check_output, save_figure
 from nccl_env.errors import LagomError
@@ -56,8 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--quick", action="store_true", help="the CI subset (3 workloads x 2 clusters)")
     parser.add_argument("--evaluator", choices=tuning.EVALUATORS, default=None,
                         help="what the methods tune with (default: analytic)")
-    parser.add_argument("--cluster", action="append", choices=bench_matrix.CLUSTERS, default=None,
-                        help="limit to this cluster (repeatable)")
+    parser.add_argument("--cluster", action="append", default=None, metavar="NAME|FILE",
+                        help="preset name or cluster YAML, as everywhere (repeatable; default: "
+                             + " and ".join(bench_matrix.CLUSTERS) + ")")
     parser.add_argument("--exhaustive-max-points", type=int, default=None,
                         help="run exhaustive search where the space has at most this many points (default "
                              + ", ".join(f"{k} {v}" for k, v in bench_matrix.EXHAUSTIVE_MAX_POINTS.items())
@@ -110,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
     evaluator = args.evaluator or tuning.DEFAULT_EVALUATOR
     specs = bench_matrix.matrix_specs(args.quick)
     clusters = tuple(args.cluster) if args.cluster else bench_matrix.CLUSTERS
+    for name in clusters:
+        load_cluster(name)  # a bad name or file: one line before the matrix runs
     total = len(specs) * len(clusters)
     done = [0]
 

@@ -23,11 +23,13 @@ import json
 import sys
 from pathlib import Path
 
+from lagom.knob_args import NOISE_RANGE, check_noise
 from lagom.output_paths import OutputFormat, check_output, write_output
 from nccl_env.errors import LagomError
 
 CLUSTER_HEADER = "# Lagom cluster file"  # the first line of what calibrate writes (OutputFormat.CLUSTER's marker)
 MEASUREMENTS_FORMAT = "lagom.calibration-measurements"
+MIN_MEASUREMENTS = 20  # fewer do not pin the model's parameters down
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--budget", type=int, default=300, metavar="N", help="measurements at most (default 300)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the measurement plan and simulator noise")
     parser.add_argument("--noise", type=float, default=0.01,
-                        help="sim backend: relative measurement noise (default 0.01)")
+                        help=f"sim backend: relative measurement noise in {NOISE_RANGE} (default 0.01)")
     parser.add_argument("--cluster", metavar="NAME|FILE",
                         help="torch backend: the hardware description to start from (default low-bw)")
     parser.add_argument("--dump-measurements", metavar="FILE", help="also write every measurement as JSON")
@@ -53,10 +55,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _backend(args: argparse.Namespace):
-    if args.budget < 20 or args.budget > 100_000:
-        raise LagomError(f"--budget {args.budget}: must be between 20 and 100000")
-    if not 0.0 <= args.noise < 0.5:
-        raise LagomError(f"--noise {args.noise}: must be in [0, 0.5)")
+    from lagom.tuning import MAX_BUDGET
+
+    if args.budget < MIN_MEASUREMENTS or args.budget > MAX_BUDGET:
+        raise LagomError(f"--budget {args.budget}: must be between {MIN_MEASUREMENTS} and {MAX_BUDGET}")
+    check_noise(args.noise)
     if args.backend == "torch":
         from costmodel.calibration.torch_backend import TorchBackend
         from costmodel.cluster import load_cluster

@@ -78,7 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     online.add_argument("--cluster", metavar="C", help="with --simulate: the cluster preset or file simulated")
     online.add_argument(
         "--noise", type=float, default=None, metavar="F",
-        help="with --simulate: relative noise per op (e.g. 0.02; default 0)"
+        help="with --simulate: relative noise per op in [0, 0.5) (e.g. 0.02; default 0)"
     )
     parser.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                         help="the job's command line, after '--'")

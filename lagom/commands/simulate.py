@@ -31,15 +31,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 
 from costmodel.evaluator import check_config
+from lagom.knob_args import NOISE_RANGE, check_noise
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan
 
 EVALUATORS = ("sim", "analytic")
+DEFAULT_NOISE = 0.01  # the simulator's run-to-run spread for a spec or workload file
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,9 +57,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--set", dest="set_config", metavar="KNOB=VALUE,...",
                         help="one CommConfig for every collective, e.g. channels=16,chunk=2MiB")
     parser.add_argument("--config", metavar="lagom.yaml", help="apply a tuned-config file")
-    parser.add_argument("--noise", type=float, default=0.01,
-                        help="multiplicative noise (std. dev., default 0.01; 0 = exact)")
-    parser.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
+    parser.add_argument("--noise", type=float, default=None,
+                        help=f"multiplicative noise in {NOISE_RANGE} (std. dev., default 0.01; 0 = exact); not for a "
+                             "trace, which is replayed from its measured times")
+    parser.add_argument("--seed", type=int, default=None, help="noise seed (default 0)")
     parser.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
     parser.set_defaults(func=run)
 
@@ -68,11 +70,14 @@ def run(args: argparse.Namespace) -> int:
     from lagom.trace_context import resolve_cluster
     from lagom.workload_arg import read_workload_arg
 
-    if not (math.isfinite(args.noise) and args.noise >= 0):
-        raise LagomError(f"--noise must be a finite number >= 0, got {args.noise}")
-    if args.seed < 0:
+    if args.noise is not None:
+        check_noise(args.noise)
+    if args.seed is not None and args.seed < 0:
         raise LagomError(f"--seed must be >= 0, got {args.seed}")
     workload, from_trace = read_workload_arg(args.workload)
+    if from_trace and (args.noise is not None or args.seed is not None):
+        flag = "--noise" if args.noise is not None else "--seed"
+        raise LagomError(f"{flag}: a trace is replayed from its measured times, which no noise changes; drop {flag}")
     choice = resolve_cluster(workload, from_trace, args.cluster)
     cluster = choice.cluster
     # the settings a file or --set gives reach NCCL's collectives of known size only (CollectiveOp.tunable)
@@ -113,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     from lagom.tuning import make_evaluator
 
-    evaluator = make_evaluator(args.evaluator, cluster, args.noise, args.seed)
+    evaluator = make_evaluator(args.evaluator, cluster, DEFAULT_NOISE if args.noise is None else args.noise,
+                               args.seed or 0)
     timing = evaluator.evaluate(workload, plan)
     result = {
         "iteration_us": round(timing.iteration_us, 3),

@@ -90,8 +90,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if not (args.min_gain >= 0 and args.min_gain < 10):
         raise LagomError(f"--min-gain {args.min_gain}: must be a fraction >= 0 (0.01 = 1%)")
-    if args.budget is not None and args.budget < 1:
-        raise LagomError(f"--budget {args.budget}: must be at least 1 evaluation")
+    if args.budget is not None and not 1 <= args.budget <= tuning.MAX_BUDGET:
+        raise LagomError(f"--budget {args.budget}: must be between 1 and {tuning.MAX_BUDGET} evaluations")
     check_output("-o", args.output, OutputFormat.TUNED_CONFIG, force=args.force,
                  inputs=[("WORKLOAD", args.workload), ("--cluster", args.cluster)])
     workload, from_trace = read_workload_arg(args.workload)

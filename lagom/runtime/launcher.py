@@ -30,13 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from costmodel.cluster import load_cluster
-from lagom.online import DEFAULT_BUDGET_STEPS, DEFAULT_TIMEOUT_S
+from lagom.knob_args import check_noise
+from lagom.online import DEFAULT_BUDGET_STEPS, DEFAULT_TIMEOUT_S, MAX_BUDGET_STEPS
 from lagom.output_paths import RUN_FOLDER_MARKER, OutputFormat, check_output, write_output
 from lagom.plugin_export import write_plugin_table
 from lagom.runtime import audit
 from lagom.runtime.bootstrap import SITECUSTOMIZE
 from lagom.runtime.env import ENV_CONFIG, ENV_HOME, ENV_ONLINE, ENV_RUN_DIR, merge_env
 from lagom.tuned_config import TunedConfig, load_tuned_config
+from lagom.workload_arg import read_workload_arg
 from nccl_env.delivery import online_ceilings, plugin_env
 from nccl_env.errors import LagomError
 from nccl_env.plugin_build import PluginBuildError, build_plugin
@@ -352,7 +354,6 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
     seed, or an empty file when there is none) with the plugin always loaded, the
     communicators' ceilings raised (:func:`nccl_env.delivery.online_ceilings`) and
     ``LAGOM_ONLINE`` naming the settings every rank reads."""
-    from lagom import tuning
     from lagom.runtime.online import OnlineSettingsFile
     from tuner.space import CHUNK_MAX_BYTES
 
@@ -361,17 +362,19 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
     if "channels" not in per_collective_knobs(version):
         raise LagomError(f"lagom run --online needs NCCL >= 2.21 (its tuner plugin changes a collective's channels and "
                          f"algorithm per call); NCCL {version} only takes settings at start: use lagom run --config")
-    if request.budget_steps < 1:
-        raise LagomError(f"--budget-steps {request.budget_steps}: must be at least 1")
+    if not 1 <= request.budget_steps <= MAX_BUDGET_STEPS:
+        raise LagomError(f"--budget-steps {request.budget_steps}: must be between 1 and {MAX_BUDGET_STEPS}")
     if request.simulate is not None:
         if not request.cluster:
             raise LagomError(
                 "--simulate WORKLOAD needs --cluster C (the cluster whose simulated times the ranks measure)"
             )
-        cluster = tuning.with_nccl_version(load_cluster(request.cluster), str(version))
-        tuning.load_workload_arg(request.simulate, cluster)  # a bad spec: exit 2 before anything starts
-        if not (isinstance(request.noise, float | int) and 0 <= request.noise < 0.5):
-            raise LagomError(f"--noise {request.noise}: a relative noise in [0, 0.5)")
+        load_cluster(request.cluster)  # a bad cluster: exit 2 before anything starts
+        check_noise(float(request.noise))
+        _, from_trace = read_workload_arg(request.simulate)  # a bad spec: exit 2 before anything starts
+        if from_trace and request.noise:
+            raise LagomError("--noise: a trace is replayed from its measured times, which no noise changes; "
+                             "drop --noise")
     elif not _has_gpu():
         raise LagomError(
             "lagom run --online measures the job's steps on a GPU; none here: "

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from rich import box
@@ -30,6 +29,7 @@ from rich.table import Table
 
 from costmodel.cluster import load_cluster
 from lagom import bench_matrix, tuning
+from lagom.console import stdout_console
 from lagom.output_paths import OutputFormat, check_output, save_figure
 from nccl_env.errors import LagomError
 
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(results: list[bench_matrix.CellResult], summary: dict, evaluator: str) -> None:
-    out = Console() if sys.stdout.isatty() else Console(width=100)
+    out = stdout_console()
     for cluster in dict.fromkeys(r.cluster for r in results):
         table = Table(title=f"{cluster}: tuned with {evaluator}, judged on the simulator (noise 0)",
                       box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0), title_justify="left")

@@ -23,6 +23,7 @@ import json
 import sys
 from pathlib import Path
 
+from lagom.console import stdout_console
 from lagom.knob_args import NOISE_RANGE, check_noise
 from lagom.output_paths import OutputFormat, check_output, write_output
 from nccl_env.errors import LagomError
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
             "params": {name: value for name, value, *_ in report.params},
         }, indent=2))
         return 0
-    _print_report(Console(), result, out)
+    _print_report(stdout_console(), result, out)
     return 0
 
 

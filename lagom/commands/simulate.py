@@ -146,8 +146,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from lagom.console import stdout_console
 
     per = " per step" if timing.steps else ""
     from pathlib import Path
@@ -162,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     table.add_row("compute without contention", f"{timing.compute_uncontended_us / 1e3:,.2f} ms")
     table.add_row("compute slowdown from contention", f"{timing.compute_slowdown:.3f}x")
     table.add_row("ops / collectives", f"{result['ops']} / {result['collectives']}")
-    console = Console(file=sys.stdout, width=100)
+    console = stdout_console()
     console.print(table)
     if timing.steps:
         from lagom.replay_report import fidelity_line, steps_table

@@ -31,8 +31,9 @@ MAX_MESSAGE_BYTES = 1 << 40
 # (76,883 ops) builds and simulates in 6 s and 193 MB, so 10^6 ops is about 2.5 GB and 80 s; the
 # largest shared trace has 7,747 ops.
 MAX_OPS = 1_000_000
-# Thread blocks of one kernel: CUDA's grid limit is (2^31 - 1) x 65535 x 65535.
-MAX_GRID = (2**31 - 1, 65535, 65535)
+# Thread blocks of one kernel per grid axis: CUDA's x limit (y and z stop at 65535 on a GPU; the
+# generator lays a GEMM's rows on y and may pass that for long sequences, so x's limit bounds all three).
+MAX_GRID_AXIS = 2**31 - 1
 
 # Memory to read a trace, per byte of its JSON. Measured: the chunked reader peaks at 3.9x on
 # a100_w16_sendrecv_3streams_rank0 (25.8 MB of JSON) and keeps 0.5-5.7x of the smaller traces.

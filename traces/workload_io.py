@@ -11,7 +11,7 @@ import orjson
 from nccl_env.errors import LagomError
 from traces.limits import (
     MAX_GPUS_PER_NODE,
-    MAX_GRID,
+    MAX_GRID_AXIS,
     MAX_MESSAGE_BYTES,
     MAX_NODES,
     MAX_OPS,
@@ -136,8 +136,8 @@ def out_of_bounds(workload: Workload) -> str | None:
                     f"{MAX_MESSAGE_BYTES:,} (1 TiB)")
     for op in workload.compute_ops:
         grid = op.grid
-        if grid is not None and (len(grid) != 3 or not all(_whole(d, 0, top) for d, top in zip(grid, MAX_GRID))):
-            return f"op {op.op_id}: grid {grid} is not a CUDA grid (three axes, at most {MAX_GRID} blocks)"
+        if grid is not None and (len(grid) != 3 or not all(_whole(d, 0, MAX_GRID_AXIS) for d in grid)):
+            return f"op {op.op_id}: grid {grid} is not a CUDA grid (three axes of 0..{MAX_GRID_AXIS:,} blocks)"
     return None
 
 

@@ -28,7 +28,7 @@ from lagom.analyze_report import rank_report, render
 from lagom.console import stdout_console
 from lagom.output_paths import OutputFormat, check_output
 from nccl_env.errors import LagomError
-from traces.kineto import read_trace
+from traces.kineto import read_trace, trace_files
 from traces.steps import trim_to_profiler_steps
 
 
@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     workloads = []
     seen: set[Path] = set()
     for path in args.paths:
+        trace_files(path)  # an empty, missing or too large input: one line before anything is said or read
         size_bytes = _input_bytes(Path(path))
         if size_bytes >= SAY_READING_BYTES:  # seconds of reading: say so, on a terminal or not
             print(f"reading {path} ({size_bytes / 1e6:,.0f} MB)", file=sys.stderr, flush=True)

@@ -357,8 +357,9 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
     from lagom.runtime.online import OnlineSettingsFile
     from tuner.space import CHUNK_MAX_BYTES
 
-    seed = load_tuned_config(Path(config_path)) if config_path is not None else None
-    version = _online_version(request, seed)
+    forced = _online_version(request, None) if request.nccl_version else None  # the seed is checked against it
+    seed = load_tuned_config(config_path, forced) if config_path is not None else None
+    version = forced or _online_version(request, seed)
     if "channels" not in per_collective_knobs(version):
         raise LagomError(f"lagom run --online needs NCCL >= 2.21 (its tuner plugin changes a collective's channels and "
                          f"algorithm per call); NCCL {version} only takes settings at start: use lagom run --config")

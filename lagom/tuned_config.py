@@ -26,6 +26,7 @@ the file and the problem.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -290,7 +291,8 @@ def _group_problem(settings: dict[str, int | str], version: NcclVersion) -> str 
     return None
 
 
-def load_tuned_config(path: str | Path, nccl_version: NcclVersion | None = None, flag: str = "--config") -> TunedConfig:
+def load_tuned_config(path: str | os.PathLike, nccl_version: NcclVersion | None = None,
+                      flag: str = "--config") -> TunedConfig:
     """Read and validate a tuned file (:func:`parse_tuned_config`); ``flag`` names it when the name is empty."""
     check_not_empty(path, flag)
     path = Path(path)

@@ -18,7 +18,7 @@ import yaml
 from nccl_env.errors import LagomError
 
 
-def check_not_empty(text: str | Path, what: str) -> None:
+def check_not_empty(text: object, what: str) -> None:
     """LagomError for an empty name: ``Path("")`` is the current folder, which no loader means."""
     if isinstance(text, str) and not text.strip():
         raise LagomError(f"{what}: an empty file name")

@@ -130,14 +130,14 @@ def out_of_bounds(workload: Workload) -> str | None:
             return f"process group {g.name!r}: 1..{MAX_RANKS:,} ranks, each in 0..{MAX_RANKS - 1:,}"
         if g.nodes is not None and not _whole(g.nodes, 1, MAX_NODES):
             return f"process group {g.name!r}: nodes must be an integer in 1..{MAX_NODES:,}, got {g.nodes!r}"
-    for op in workload.collectives:
-        if isinstance(op.message_bytes, int) and op.message_bytes > MAX_MESSAGE_BYTES:
-            return (f"op {op.op_id}: message_bytes={op.message_bytes:,} is over Lagom's bound of "
+    for coll in workload.collectives:
+        if isinstance(coll.message_bytes, int) and coll.message_bytes > MAX_MESSAGE_BYTES:
+            return (f"op {coll.op_id}: message_bytes={coll.message_bytes:,} is over Lagom's bound of "
                     f"{MAX_MESSAGE_BYTES:,} (1 TiB)")
-    for op in workload.compute_ops:
-        grid = op.grid
+    for kernel in workload.compute_ops:
+        grid = kernel.grid
         if grid is not None and (len(grid) != 3 or not all(_whole(d, 0, MAX_GRID_AXIS) for d in grid)):
-            return f"op {op.op_id}: grid {grid} is not a CUDA grid (three axes of 0..{MAX_GRID_AXIS:,} blocks)"
+            return f"op {kernel.op_id}: grid {grid} is not a CUDA grid (three axes of 0..{MAX_GRID_AXIS:,} blocks)"
     return None
 
 

@@ -58,9 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="one CommConfig for every collective, e.g. channels=16,chunk=2MiB")
     parser.add_argument("--config", metavar="lagom.yaml", help="apply a tuned-config file")
     parser.add_argument("--noise", type=float, default=None,
-                        help=f"multiplicative noise in {NOISE_RANGE} (std. dev., default 0.01; 0 = exact); not for a "
-                             "trace, which is replayed from its measured times")
-    parser.add_argument("--seed", type=int, default=None, help="noise seed (default 0)")
+                        help=f"multiplicative noise in {NOISE_RANGE} (std. dev., default 0.01; 0 = exact); a trace is "
+                             "replayed from its measured times: no noise")
+    parser.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
     parser.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
     parser.set_defaults(func=run)
 
@@ -72,12 +72,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.noise is not None:
         check_noise(args.noise)
-    if args.seed is not None and args.seed < 0:
+    if args.seed < 0:
         raise LagomError(f"--seed must be >= 0, got {args.seed}")
     workload, from_trace = read_workload_arg(args.workload)
-    if from_trace and (args.noise is not None or args.seed is not None):
-        flag = "--noise" if args.noise is not None else "--seed"
-        raise LagomError(f"{flag}: a trace is replayed from its measured times, which no noise changes; drop {flag}")
+    if from_trace and args.noise:
+        raise LagomError("--noise: a trace is replayed from its measured times, which no noise changes; drop --noise")
     choice = resolve_cluster(workload, from_trace, args.cluster)
     cluster = choice.cluster
     # the settings a file or --set gives reach NCCL's collectives of known size only (CollectiveOp.tunable)
@@ -118,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     from lagom.tuning import make_evaluator
 
-    evaluator = make_evaluator(args.evaluator, cluster, DEFAULT_NOISE if args.noise is None else args.noise,
-                               args.seed or 0)
+    noise = 0.0 if from_trace else DEFAULT_NOISE if args.noise is None else args.noise
+    evaluator = make_evaluator(args.evaluator, cluster, noise, args.seed)
     timing = evaluator.evaluate(workload, plan)
     result = {
         "iteration_us": round(timing.iteration_us, 3),

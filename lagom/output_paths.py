@@ -7,7 +7,8 @@ command does any work (reads a trace, tunes, starts the job) and through
 - refused, one line naming the flag and the file (LagomError, exit 2): an empty name, a
   folder, a folder that does not exist or in which no file can be created (tried, not
   guessed from permission bits), a path that is one of the command's inputs (compared
-  resolved, through symbolic and hard links; a folder input stands for its files);
+  resolved, through symbolic and hard links; a folder input stands for its .json and
+  .json.gz files, the traces it holds);
 - an existing file is replaced only when Lagom wrote it, recognised by its format's
   marker (:class:`OutputFormat`), or when ``--force`` is given;
 - the write goes to a temporary file in the same folder, renamed over the target
@@ -104,8 +105,8 @@ def _same_as_input(output: Path, given: object) -> bool:
         return False
     candidate = Path(text)
     try:
-        if candidate.is_dir():
-            members = [p for p in candidate.iterdir() if p.is_file()]
+        if candidate.is_dir():  # a folder of traces: the files its reader reads
+            members = [p for p in candidate.iterdir() if p.is_file() and p.name.endswith((".json", ".json.gz"))]
         elif candidate.exists():
             members = [candidate]
         else:

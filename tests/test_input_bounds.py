@@ -61,6 +61,9 @@ def test_a_gzip_traces_json_size_comes_from_its_trailer(tmp_path):
     plain = tmp_path / "t.json"
     plain.write_bytes(b"{}" * 1000)
     assert json_bytes(plain) == 2000
+    tiny = tmp_path / "tiny.json.gz"  # compresses less than JSON usually does: still its own size, not 4 GiB more
+    tiny.write_bytes(gzip.compress(b'{"a": 1}'))
+    assert json_bytes(tiny) == 8
 
 
 def test_the_memory_check_compares_the_estimate_with_what_is_available(tmp_path):

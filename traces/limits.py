@@ -44,6 +44,8 @@ WORKLOAD_MEMORY_PER_JSON_BYTE = 16.0
 # Profiler JSON compresses 13-23x with gzip (the shared traces); 5x is a floor no real trace goes under,
 # used to tell a gzip trailer's size modulo 2^32 apart from the true size of a trace over 4 GiB.
 GZIP_RATIO_FLOOR = 5
+# deflate's largest ratio is 1032:1 (zlib FAQ): a gzip file under 4 GiB / 1032 holds less than 4 GiB.
+DEFLATE_MAX_RATIO = 1032
 
 
 def check_bound(what: str, value: int, bound: int, where: str) -> None:
@@ -55,7 +57,8 @@ def check_bound(what: str, value: int, bound: int, where: str) -> None:
 
 def json_bytes(path: Path) -> int:
     """The bytes of JSON in a trace or workload file: its size, or for gzip the size the trailer
-    records (modulo 2^32), raised by 4 GiB steps to at least :data:`GZIP_RATIO_FLOOR` x the file."""
+    records (modulo 2^32), raised by 4 GiB steps to at least :data:`GZIP_RATIO_FLOOR` x the file
+    where the file is large enough for the trailer to have wrapped."""
     size = path.stat().st_size
     try:
         with path.open("rb") as fh:
@@ -65,9 +68,9 @@ def json_bytes(path: Path) -> int:
             (isize,) = struct.unpack("<I", fh.read(4))
     except OSError:
         return size
-    floor = size * GZIP_RATIO_FLOOR
-    while isize < floor:
-        isize += 1 << 32
+    if size * DEFLATE_MAX_RATIO >= 1 << 32:  # large enough to hold 4 GiB of JSON: the trailer may have wrapped
+        while isize < size * GZIP_RATIO_FLOOR:
+            isize += 1 << 32
     return isize
 
 

@@ -72,3 +72,12 @@ def test_the_memory_check_compares_the_estimate_with_what_is_available(tmp_path)
     check_fits_memory([trace], trace, TRACE_MEMORY_PER_JSON_BYTE, available=int(needed) + 1)
     with pytest.raises(LagomError, match=r"needs about 0\.0 GB of memory to read, more than the 0\.0 GB available"):
         check_fits_memory([trace], trace, TRACE_MEMORY_PER_JSON_BYTE, available=int(needed) - 1)
+
+
+@pytest.mark.parametrize("argv", [["bench", "--exhaustive-max-points", "1000000000"],
+                                  ["calibrate", "--backend", "sim:low-bw", "--budget", "1000000", "-o", "c.yaml"]])
+def test_a_budget_of_evaluations_is_bounded(argv, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "100000" in err and not (tmp_path / "c.yaml").exists()

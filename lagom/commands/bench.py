@@ -106,6 +106,9 @@ def _check_plot_path(value: str, force: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    points = args.exhaustive_max_points
+    if points is not None and not 0 <= points <= tuning.MAX_BUDGET:  # every point is an evaluation, kept
+        raise LagomError(f"--exhaustive-max-points {points}: must be between 0 and {tuning.MAX_BUDGET}")
     if args.plot:
         _check_plot_path(args.plot, args.force)
     err = Console(stderr=True)

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 
 from nccl_env.delivery import ENV_ALGO_NAME, ENV_FUNC_NAME, ENV_PROTO_NAME
 from nccl_env.errors import LagomError
-from nccl_env.knobs import Algorithm
 from nccl_env.rules import (
     ALGORITHM_SINCE,
     LL128_THREADS_MAX,
@@ -34,8 +33,7 @@ from nccl_env.rules import (
 _BYTES_ENV = ("NCCL_BUFFSIZE", P2P_NET_CHUNK_ENV, P2P_NVL_CHUNK_ENV, P2P_PCI_CHUNK_ENV)
 MAX_ENV_BYTES = 1 << 40
 _CHANNELS_ENV = ("NCCL_MIN_CTAS", "NCCL_MAX_CTAS", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")
-# "CollNet" is NCCL 2.5-2.13's name for what 2.14 split into CollNetDirect and CollNetChain.
-_ALGO_NAMES = {name.lower(): algo for algo, name in ENV_ALGO_NAME.items()} | {"collnet": Algorithm.COLLNET_DIRECT}
+_ALGO_NAMES = {name.lower(): algo for algo, name in ENV_ALGO_NAME.items()}
 _PROTO_NAMES = {name.lower() for name in ENV_PROTO_NAME.values()}
 _FUNC_NAMES = {name.lower() for name in ENV_FUNC_NAME.values()}
 

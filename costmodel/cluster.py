@@ -48,8 +48,9 @@ from pathlib import Path
 import yaml
 
 from nccl_env.errors import LagomError
-from nccl_env.files import read_yaml
+from nccl_env.files import check_keys, check_not_empty, read_yaml
 from nccl_env.rules import NcclVersion
+from traces.limits import MAX_GPUS_PER_NODE, MAX_NODES, check_bound
 
 INTRA_KINDS = ("pcie", "nvlink", "nvswitch")
 
@@ -104,8 +105,11 @@ class ClusterSpec:
         out.pop("source")
         return out
 
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
     def dump(self, path: str | Path) -> None:
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        Path(path).write_text(self.to_yaml())
 
 
 def preset_names() -> list[str]:
@@ -115,6 +119,7 @@ def preset_names() -> list[str]:
 
 def load_cluster(name_or_path: str | Path) -> ClusterSpec:
     """A preset name (``low-bw``) or a path to a cluster YAML file."""
+    check_not_empty(name_or_path if isinstance(name_or_path, str) else str(name_or_path), "--cluster")
     text_name = str(name_or_path)
     path = Path(text_name)
     if not path.exists() and "/" not in text_name and not text_name.endswith((".yaml", ".yml")):
@@ -126,6 +131,10 @@ def load_cluster(name_or_path: str | Path) -> ClusterSpec:
     spec = parse_cluster(read_yaml(path), str(path))
     spec.source = str(path)
     return spec
+
+
+CLUSTER_KEYS = ("name", "nodes", "gpus_per_node", "nccl_version", "gpu", "intra_node", "inter_node",
+                "nccl_defaults", "nccl_graph", "sim", "model")
 
 
 def parse_cluster(data: object, origin: str) -> ClusterSpec:
@@ -158,6 +167,7 @@ def parse_cluster(data: object, origin: str) -> ClusterSpec:
             raise bad(f"'{sec_name}.{key}' must be > {minimum}, got {value}")
         return value
 
+    check_keys(data, CLUSTER_KEYS, origin)
     gpu = section("gpu")
     intra = section("intra_node")
     inter = section("inter_node")
@@ -174,10 +184,14 @@ def parse_cluster(data: object, origin: str) -> ClusterSpec:
     for key in ("nccl_defaults", "nccl_graph", "sim", "model"):
         if data.get(key) is not None and not isinstance(data.get(key), dict):
             raise bad(f"'{key}' must be a mapping")
+    nodes = int(number(data, "", "nodes", int))
+    gpus_per_node = int(number(data, "", "gpus_per_node", int))
+    check_bound("nodes", nodes, MAX_NODES, origin)
+    check_bound("gpus_per_node", gpus_per_node, MAX_GPUS_PER_NODE, origin)
     return ClusterSpec(
         name=str(data.get("name", origin)),
-        nodes=int(number(data, "", "nodes", int)),
-        gpus_per_node=int(number(data, "", "gpus_per_node", int)),
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
         nccl_version=version,
         gpu=GpuSpec(
             name=str(gpu.get("name", "gpu")),

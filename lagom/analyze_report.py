@@ -101,7 +101,12 @@ def render(reports: list[dict], console: Console) -> None:
     """Rich tables, one block per rank."""
     for r in reports:
         steps = "last (unfinished) step dropped, as HTA does" if r["last_step_dropped"] else "all of the trace"
-        console.rule(f"[bold]rank {r['rank']}[/] of {r['world_size']}  ·  {escape(r['source'])}")
+        title = f"rank {r['rank']} of {r['world_size']}  ·  {r['source']}"
+        if len(title) + 6 <= console.width:  # a rule cuts a long title with "…": such a one is a line of its own
+            console.rule(f"[bold]rank {r['rank']}[/] of {r['world_size']}  ·  {escape(r['source'])}")
+        else:
+            console.print(f"[bold]rank {r['rank']}[/] of {r['world_size']}  ·  {escape(r['source'])}",
+                          highlight=False)
         summary = Table(show_header=False, box=None, pad_edge=False)
         summary.add_column(style="bold")
         summary.add_column()

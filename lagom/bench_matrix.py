@@ -187,10 +187,8 @@ def run_matrix(
     for preset in clusters:
         judge_cluster = tuning.with_nccl_version(load_cluster(preset), nccl_version)
         judge = tuning.make_evaluator("sim", judge_cluster, noise=0.0)
-        if evaluator == "analytic":
-            tune_cluster = tuning.with_nccl_version(tuning.calibrated_cluster(preset, log=log), nccl_version)
-        else:
-            tune_cluster = judge_cluster
+        # analytic on a preset: calibrated against its simulator (cached); a cluster file is taken as it is
+        tune_cluster = tuning.tuning_cluster(judge_cluster, preset, evaluator, log=log)
         for spec in specs:
             cell = run_cell(spec, preset, tune_cluster, partial(tuning.make_evaluator, evaluator, tune_cluster), judge,
                             exhaustive_max_points)

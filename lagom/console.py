@@ -2,17 +2,96 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from typing import Any
 
+from rich import box
 from rich.console import Console
+from rich.padding import Padding
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
 
-PIPE_COLUMNS = 100  # text reports fit this width when stdout is a pipe or a file
+PIPE_COLUMNS = 100  # text reports fit this width when stdout is a pipe or a file and COLUMNS is not set
 
 
 def stdout_console() -> Console:
-    """The terminal's width on a terminal; PIPE_COLUMNS otherwise (rich would use 80)."""
-    return Console() if sys.stdout.isatty() else Console(width=PIPE_COLUMNS)
+    """$COLUMNS when set (as rich reads it on a terminal), else the terminal's width; on a pipe or a file
+    without COLUMNS, PIPE_COLUMNS (rich would use 80). Its tables keep their numbers whole (:class:`ReportConsole`)."""
+    if sys.stdout.isatty():
+        return ReportConsole()
+    columns = os.environ.get("COLUMNS", "")
+    return ReportConsole(width=int(columns) if columns.isdigit() and int(columns) > 0 else PIPE_COLUMNS)
+
+
+class ReportConsole(Console):
+    """A console whose tables narrow by wrapping words, never by cutting a number: each table it prints
+    gets column widths from :func:`fit_columns` first, so a report fits 80 columns with every number in it."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        for table in objects:
+            if isinstance(table, Table):
+                fit_columns(table, self.width)
+        super().print(*objects, **kwargs)
+
+
+_NUMBER_WORD_CHARS = 24  # a word with a digit and at most this long is a number (a path or a hash may fold)
+
+
+def _is_number(word: str) -> bool:
+    return len(word) <= _NUMBER_WORD_CHARS and any(ch.isdigit() for ch in word)
+
+
+def fit_columns(table: Table, width: int) -> Table:
+    """Give ``table``'s columns widths that fit ``width`` with every number whole (a word of at most
+    24 characters with a digit in it: ``1,171.2>1,171.2``, ``x8r/1n``, ``ProfilerStep#4``).
+
+    Left alone when the table fits as it is. Otherwise every column may wrap at spaces; each
+    gets at least its longest word (if that is too wide, the frame goes first: one space
+    between columns; then the longest words fold, numbers never), and the width left goes to
+    the columns in proportion to what they lack: to whole cells first, then to whole headers.
+    Narrower than the numbers alone need (no report here needs 80 columns for them), rich folds them."""
+    columns = table.columns
+    texts = [[_plain(c) for c in (col.header, *col.cells)] for col in columns]
+    longest = [max((len(line) for t in ts for line in t.splitlines()), default=1) for ts in texts]
+    if sum(longest) + _chrome(table) <= width:
+        return table
+    words = [max((len(w) for t in ts for w in t.split()), default=1) for ts in texts]
+    numbers = [max((len(w) for t in ts for w in t.split() if _is_number(w)), default=1) for ts in texts]
+    if sum(words) + _chrome(table) > width:
+        table.box, table.show_edge, table.pad_edge, table.padding = box.SIMPLE_HEAD, False, False, (0, 1)
+    cap = max(words)  # the longest word that stays whole: lowered until the table fits (numbers stay whole)
+    while cap > 1 and sum(max(n, min(w, cap)) for n, w in zip(numbers, words)) + _chrome(table) > width:
+        cap -= 1
+    widths = [max(n, min(w, cap)) for n, w in zip(numbers, words)]
+    cells = [max((len(line) for t in ts[1:] for line in t.splitlines()), default=1) for ts in texts]
+    for target in (cells, longest):  # whole cells first, then whole headers
+        room = width - _chrome(table) - sum(widths)
+        lack = [max(0, top - now) for top, now in zip(target, widths)]
+        if room <= 0 or not sum(lack):
+            continue
+        widths = [now + min(d, room * d // sum(lack)) for now, d in zip(widths, lack)]
+    for col, now in zip(columns, widths):
+        col.width, col.min_width, col.no_wrap, col.overflow = now, None, False, "fold"
+    return table
+
+
+def _chrome(table: Table) -> int:
+    """Columns' padding and the frame's characters: what a table adds to its cells' widths."""
+    n = len(table.columns)
+    _, right, _, left = Padding.unpack(table.padding)
+    pad = n * (left + right) - (0 if table.pad_edge else left + right)
+    frame = 0 if table.box is None else (n - 1) + (2 if table.show_edge else 0)
+    return pad + frame
+
+
+def _plain(cell: object) -> str:
+    if isinstance(cell, Text):
+        return cell.plain
+    if isinstance(cell, str):
+        return Text.from_markup(cell).plain
+    return ""
 
 
 class StageProgress:

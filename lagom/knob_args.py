@@ -1,7 +1,8 @@
-"""Command-line spellings of knob values: sizes (``2MiB``, ``684KB``) and ``--set`` assignments."""
+"""Command-line spellings of knob values: sizes (``2MiB``, ``684KB``), ``--set`` assignments, ``--noise``."""
 
 from __future__ import annotations
 
+import math
 import re
 
 from nccl_env.errors import LagomError
@@ -62,3 +63,17 @@ def parse_set(text: str) -> CommConfig:
                 raise LagomError(f"--set: {key} must be >= 1, got {number}")
             values[field] = number
     return CommConfig(**values)
+
+
+# --noise is a relative standard deviation per op, the same range in every command that takes it
+# (simulate, calibrate, run --online --simulate): the simulator clips each factor N(1, noise) to
+# [0.5, 1.5] (costmodel/sim/simulator.py), so from 0.5 on a third of the draws or more are clipped
+# and the noise is no longer the one asked for.
+MAX_NOISE = 0.5
+NOISE_RANGE = f"[0, {MAX_NOISE})"
+
+
+def check_noise(value: float) -> None:
+    """LagomError ``--noise X: a relative noise in [0, 0.5)`` for anything else (nan and inf too)."""
+    if not (math.isfinite(value) and 0 <= value < MAX_NOISE):
+        raise LagomError(f"--noise {value}: a relative noise in {NOISE_RANGE}")

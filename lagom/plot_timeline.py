@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from lagom.output_paths import save_figure  # noqa: E402
 from nccl_env.errors import LagomError  # noqa: E402
 from traces.breakdown import comm_comp_overlap_pct  # noqa: E402
 from traces.intervals import intersection, union  # noqa: E402
@@ -118,8 +119,6 @@ def plot_step(workload: Workload, path: str) -> None:
         fontsize=9,
     )
     try:
-        fig.savefig(path)
-    except OSError as exc:
-        raise LagomError(f"--plot {path}: cannot write: {exc.strerror or exc}") from None
+        save_figure(fig, path, "--plot")
     finally:
         plt.close(fig)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lagom.output_paths import write_output
 from lagom.tuned_config import TunedConfig
 from nccl_env.delivery import PLUGIN_SETTINGS, PluginRule, plugin_lines
 from nccl_env.errors import LagomError
@@ -88,9 +89,5 @@ def render_plugin_table(cfg: TunedConfig) -> str:
 def write_plugin_table(cfg: TunedConfig, path: str | Path) -> Path:
     """Write the table for ``cfg`` to ``path``; returns the absolute path."""
     path = Path(path).resolve()
-    text = render_plugin_table(cfg)
-    try:
-        path.write_text(text)
-    except OSError as exc:
-        raise LagomError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    write_output(path, render_plugin_table(cfg))
     return path

@@ -28,7 +28,9 @@ is required.
 
 :func:`refuse_to_tune` says when a trace's job is not NCCL's to tune: an AMD GPU runs
 RCCL, whose knobs and tuner plugin are not the ones Lagom sets; a job of one rank
-moves no data between ranks.
+moves no data between ranks; a trace without one GPU collective kernel of known size
+(only CPU-side calls, e.g. a trace without its GPU kernels) has nothing NCCL's knobs
+reach, and a replay of it would predict from calls, not kernels.
 """
 
 from __future__ import annotations
@@ -127,6 +129,12 @@ def refuse_to_tune(workload: Workload) -> str | None:
                 f"(lagom analyze and lagom simulate read it)")
     if workload.world_size_known and workload.world_size == 1:
         return f"{source}: one rank: nothing to tune (the job's collectives move no data between ranks)"
+    if not any(c.on_gpu and c.tunable for c in workload.collectives):
+        cpu = sum(not c.on_gpu for c in workload.collectives)
+        seen = (f"its {cpu} collectives are CPU-side calls without their GPU kernels" if cpu
+                else f"its {len(workload.collectives)} communication kernels have no size or are not NCCL's"
+                if workload.collectives else "it has no collectives")
+        return f"{source}: no GPU collective kernel with a size: nothing to tune ({seen})"
     return None
 
 

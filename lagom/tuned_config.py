@@ -19,27 +19,44 @@ Versioned YAML::
     predictions: {baseline_us: 1000.0, tuned_us: 900.0}
     notes: ["threads are process-wide: 256 chosen for all collectives"]
 
-:func:`load_tuned_config` validates a file and raises LagomError with one line that
-names the file and the problem.
+:func:`load_tuned_config` validates a file (:func:`parse_tuned_config`, the one validator
+every command's tuned file goes through) and raises LagomError with one line that names
+the file and the problem.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from lagom.output_paths import write_output
 from nccl_env.env_names import check_env_names
+from nccl_env.env_values import validate_env
 from nccl_env.errors import LagomError
-from nccl_env.files import read_yaml
+from nccl_env.files import check_keys, check_not_empty, read_yaml
 from nccl_env.knobs import CollectiveType, CommConfig
 from nccl_env.plan import Plan, Signature
+from nccl_env.rules import (
+    ALGORITHM_SINCE,
+    MAXCHANNELS_64_SINCE,
+    TUNER_SYMBOL_SINCE,
+    NcclVersion,
+    max_channels,
+    validate_config,
+)
 
 FORMAT = "lagom.tuned-config"
 VERSION = 1
 
+TOP_KEYS = ("format", "version", "cluster", "nccl_version", "workload", "method", "env", "process_groups",
+            "collectives", "predictions", "notes")
+# Rules for a file that names no NCCL version and is read with none in force: the newest NCCL Lagom
+# knows the rules of (64 channels, every algorithm), so no value a newer NCCL takes is refused.
+NEWEST_RULES = max(*ALGORITHM_SINCE.values(), *TUNER_SYMBOL_SINCE.values(), MAXCHANNELS_64_SINCE)
 _PG_KEYS = {"min_ctas", "max_ctas", "cta_policy"}
 _MATCH_KEYS = {"collective", "group", "min_bytes", "max_bytes", "ranks", "nodes"}
 
@@ -139,8 +156,13 @@ class TunedConfig:
             "notes": list(self.notes),
         }
 
-    def dump(self, path: str | Path) -> None:
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False, width=100))
+    def to_yaml(self) -> str:
+        """The file's text; its first line is ``format: lagom.tuned-config`` (how Lagom knows its own files)."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, width=100)
+
+    def dump(self, path: str | Path, flag: str = "") -> None:
+        """Write the file atomically (:func:`lagom.output_paths.write_output`); LagomError naming ``flag``."""
+        write_output(path, self.to_yaml(), flag)
 
 
 def _match_int(match: dict, key: str, minimum: int) -> int | None:
@@ -153,8 +175,14 @@ def _match_int(match: dict, key: str, minimum: int) -> int | None:
     return value
 
 
-def parse_tuned_config(data: object, origin: str = "<config>") -> TunedConfig:
-    """Validate a loaded YAML document; LagomError names ``origin`` and the problem."""
+def parse_tuned_config(data: object, origin: str = "<config>", nccl_version: NcclVersion | None = None) -> TunedConfig:
+    """Validate a loaded YAML document; LagomError names ``origin`` and the problem.
+
+    This is the one validator of a tuned file, whichever command reads it: its keys (an
+    unknown one gets the closest known name), its env names and values, process-group
+    settings and per-collective settings by NCCL's rules (:mod:`nccl_env.env_values`,
+    :func:`nccl_env.rules.validate_config`) for the NCCL in force: ``nccl_version``
+    (the job's or the cluster's), else the file's own, else :data:`NEWEST_RULES`."""
 
     def bad(msg: str) -> LagomError:
         return LagomError(f"{origin}: {msg}")
@@ -163,17 +191,20 @@ def parse_tuned_config(data: object, origin: str = "<config>") -> TunedConfig:
         raise bad("not a Lagom tuned config (expected a YAML mapping)")
     if data.get("format") != FORMAT:
         raise bad(f"not a Lagom tuned config (expected 'format: {FORMAT}')")
+    check_keys(data, TOP_KEYS, origin)
     try:
         version = int(data.get("version", 0))
     except (TypeError, ValueError):
         raise bad(f"'version' must be an integer, got {data.get('version')!r}") from None
     if version < 1 or version > VERSION:
         raise bad(f"version {version} is not one this Lagom reads (1..{VERSION})")
+    in_force = nccl_version or _file_nccl_version(data.get("nccl_version"), bad) or NEWEST_RULES
     env = data.get("env") or {}
     if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
         raise bad("'env' must map variable names to values")
     try:
         check_env_names(env)
+        validate_env(env, in_force)
     except LagomError as exc:
         raise bad(str(exc)) from None
     pgs = data.get("process_groups") or {}
@@ -184,6 +215,9 @@ def parse_tuned_config(data: object, origin: str = "<config>") -> TunedConfig:
         if not isinstance(settings, dict) or set(settings) - _PG_KEYS:
             raise bad(f"process group {name!r}: settings must use only {', '.join(sorted(_PG_KEYS))}")
         process_groups[str(name)] = {k: v for k, v in settings.items() if v is not None}
+        problem = _group_problem(process_groups[str(name)], in_force)
+        if problem:
+            raise bad(f"process group {name!r}: {problem}")
     raw_entries = data.get("collectives") or []
     if not isinstance(raw_entries, list):
         raise bad("'collectives' must be a list")
@@ -206,7 +240,8 @@ def parse_tuned_config(data: object, origin: str = "<config>") -> TunedConfig:
                 nodes=_match_int(m, "nodes", 1),
             )
             config = CommConfig.from_dict(raw["set"])
-        except (ValueError, KeyError, TypeError) as exc:
+            validate_config(config, in_force)
+        except (ValueError, KeyError, TypeError, LagomError) as exc:
             raise bad(f"collectives[{i}]: {exc}") from None
         entries.append(CollectiveEntry(match, config))
     predictions = data.get("predictions") or {}
@@ -228,6 +263,37 @@ def parse_tuned_config(data: object, origin: str = "<config>") -> TunedConfig:
     )
 
 
-def load_tuned_config(path: str | Path) -> TunedConfig:
+def _file_nccl_version(value: object, bad) -> NcclVersion | None:
+    """The file's ``nccl_version`` (None when absent); a float (YAML reads 2.20 as 2.2) or a non-version is an error."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise bad(f"nccl_version must be a quoted string such as \"2.18.3\", got {value!r}")
+    try:
+        return NcclVersion.parse(value)
+    except LagomError as exc:
+        raise bad(f"nccl_version {value!r} is not a NCCL version ({exc})") from None
+
+
+def _group_problem(settings: dict[str, int | str], version: NcclVersion) -> str | None:
+    """What NCCL ``version`` would not take in one process group's ncclConfig_t settings, or None."""
+    from lagom.runtime.process_groups import cta_policy_value  # the runtime imports this module
+
+    top = max_channels(version)
+    for key, value in settings.items():
+        if key == "cta_policy":
+            try:
+                cta_policy_value(value)
+            except (TypeError, ValueError) as exc:
+                return f"{key}: {exc}"
+        elif isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+            return f"{key}={value!r} is not valid on NCCL {version}: allowed an integer in 1-{top}"
+    return None
+
+
+def load_tuned_config(path: str | os.PathLike, nccl_version: NcclVersion | None = None,
+                      flag: str = "--config") -> TunedConfig:
+    """Read and validate a tuned file (:func:`parse_tuned_config`); ``flag`` names it when the name is empty."""
+    check_not_empty(path, flag)
     path = Path(path)
-    return parse_tuned_config(read_yaml(path), str(path))
+    return parse_tuned_config(read_yaml(path), str(path), nccl_version)

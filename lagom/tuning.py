@@ -13,8 +13,6 @@ from importlib import resources
 from pathlib import Path
 
 from costmodel.analytic.evaluator import AnalyticEvaluator
-from costmodel.calibration.backend import backend_from_spec
-from costmodel.calibration.calibrate import calibrate
 from costmodel.cluster import ClusterSpec, load_cluster, preset_names
 from costmodel.evaluator import DurationScale, Evaluator, Timing, TraceEvaluator
 from costmodel.nccl_defaults import algo_estimates, nccl_default_config
@@ -36,6 +34,9 @@ from tuner.space import SearchSpace
 EVALUATORS = ("analytic", "sim")
 DEFAULT_EVALUATOR = "analytic"  # the fitted cost model: what Lagom tunes with offline
 MIN_GAIN = 0.01  # below a 1% predicted gain, process-wide changes are not worth their risk
+# Evaluations a --budget may ask for (tune, calibrate): Lagom's search needs tens to hundreds; every
+# method keeps each evaluation it made, so a budget is also memory.
+MAX_BUDGET = 100_000
 
 __all__ = ["load_workload_arg"]  # re-exported: the commands and the bench read WORKLOAD arguments through here
 
@@ -121,6 +122,9 @@ def calibrated_cluster(preset: str, budget: int = 300, log: Callable[[str], None
             path.unlink()
     if log:
         log(f"calibrating the analytic model against sim:{preset} ({budget} measurements)")
+    from costmodel.calibration.backend import backend_from_spec  # scipy: only when a calibration runs
+    from costmodel.calibration.calibrate import calibrate
+
     cluster = calibrate(backend_from_spec(f"sim:{preset}"), budget=budget).cluster
     tmp = path.with_suffix(".tmp")
     cluster.dump(tmp)

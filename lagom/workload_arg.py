@@ -25,6 +25,9 @@ def read_workload_arg(text: str) -> tuple[Workload, bool]:
     """(workload, whether it is a trace's). An existing workload JSON -> loaded; another existing
     path -> a Kineto trace (rank 0, else the lowest rank); anything else -> a spec string for
     :func:`traces.generate.generate_workload`."""
+    if not text.strip():
+        raise LagomError("WORKLOAD: an empty name (give a trace, a workload JSON file or a spec such as "
+                         "fsdp:llama3-8b:gpus=16)")
     path = Path(text)
     if path.exists():
         if path.is_file() and is_workload_file(path):

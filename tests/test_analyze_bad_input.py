@@ -75,7 +75,7 @@ def test_bad_plot_target(capsys, tmp_path):
     trace = trace_path("mi250_rocm_minitoy.json.gz")
     target = tmp_path / "missing_dir" / "t.png"
     rc, _, err = _run(capsys, trace, "--plot", target)
-    _assert_one_line_error(rc, err, target, "cannot write")
+    _assert_one_line_error(rc, err, target, "is not an existing folder")
 
 
 # ---- property: no mutation of a real trace gets a traceback ----------------------------------

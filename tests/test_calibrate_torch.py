@@ -29,7 +29,7 @@ def test_torch_backend_calibrates_a_two_process_gloo_job(tmp_path):
     env.pop("CUDA_VISIBLE_DEVICES", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "lagom", "calibrate", "--backend", "torch", "--cluster", "low-bw", "--budget", "24",
-           "--out", str(out), "--dump-measurements", str(dump), "--json"]
+           "-o", str(out), "--dump-measurements", str(dump), "--json"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout[proc.stdout.index("{"):])  # rank 0 alone prints the report
@@ -38,7 +38,7 @@ def test_torch_backend_calibrates_a_two_process_gloo_job(tmp_path):
     cluster = load_cluster(out)  # the file is a cluster every --cluster accepts
     assert cluster.model["fitted_from"] == "torch:gloo"
     assert params_for(cluster)["intra_bw_gb_per_s"] > 0
-    items = json.loads(dump.read_text())
+    items = json.loads(dump.read_text())["measurements"]
     assert len(items) == 24
     assert all(v > 0 for m in items for v in m["measured_us"])
     assert all(m["signature"]["ranks"] == 2 for m in items if "signature" in m)

@@ -4,12 +4,14 @@ shadowed package named rather than a traceback."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
-from conftest import REPO_ROOT
+from conftest import EXAMPLES, REPO_ROOT
 
+from costmodel.cluster import load_cluster
 from lagom import __version__
 from lagom.cli import COMMANDS, main
 from lagom.package_check import shadowed
@@ -57,8 +59,70 @@ def test_a_shadowing_module_is_named_not_a_traceback(tmp_path, name):
 
 
 def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(tmp_path, capsys):
-    assert main(["calibrate", "--backend", "sim:low-bw", "--budget", "40", "--out", str(tmp_path / "c.yaml")]) == 0
+    assert main(["calibrate", "--backend", "sim:low-bw", "--budget", "40", "-o", str(tmp_path / "c.yaml")]) == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("calibrate sim:low-bw: ")]
     assert lines[0] == "calibrate sim:low-bw: started (40 steps)"
     assert lines[-1] == "calibrate sim:low-bw: done (40 steps)"
     assert [line.split(": ")[1].split()[0] for line in lines[1:-1]] == ["10/40", "20/40", "30/40"], lines
+
+
+# ---- every table fits 80 and 100 columns, with every number whole -------------------------------
+_WIDE_TRACE = str(EXAMPLES / "a100_w2_allreduce_broadcast.json.gz")
+_REPORTS = {
+    "analyze": ["analyze", _WIDE_TRACE],
+    "simulate-trace": ["simulate", _WIDE_TRACE],
+    "simulate-spec": ["simulate", "tp:llama3-8b:tp=8,dp=2", "--cluster", "low-bw"],
+    "tune-spec": ["tune", "tp:llama3-8b:tp=8,dp=2", "--cluster", "low-bw", "--evaluator", "sim", "--budget", "6",
+                  "--no-autoccl", "-o", "tune-spec.yaml"],
+    "tune-trace": ["tune", _WIDE_TRACE, "--evaluator", "sim", "--budget", "6", "--no-autoccl", "-o",
+                   "tune-trace.yaml"],
+    "calibrate": ["calibrate", "--backend", "sim:low-bw", "--budget", "20", "-o", "calibrate.yaml"],
+    "doctor": ["doctor"],
+}
+_NUMBER = re.compile(r"(?<![\w.])[-+]?[0-9][0-9,]*(?:\.[0-9]+)?")
+
+
+def _numbers(out: str) -> list[str]:
+    """The numbers a report prints (sorted: a narrower table wraps its cells in another order); a timing
+    ("in 5.1 s") differs from run to run and is left out."""
+    return sorted(_NUMBER.findall(re.sub(r"evaluations in [0-9.]+ s", "", " ".join(out.split()))))
+
+
+@pytest.mark.slow  # seven commands at three widths (the trace's replay and tuning take seconds)
+@pytest.mark.parametrize("name", sorted(_REPORTS))
+def test_every_report_fits_80_and_100_columns_without_cutting_a_number(name, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # output files without digits in their path: every digit printed is a figure
+    outs = {}
+    for columns in (400, 100, 80):
+        monkeypatch.setenv("COLUMNS", str(columns))
+        code = main(_REPORTS[name])
+        outs[columns] = capsys.readouterr().out
+        assert code in (0, 1), (name, code)  # doctor: 1 when it finds a problem on this machine
+        lines = outs[columns].splitlines()
+        assert lines and max(len(line) for line in lines) <= columns, (name, columns, outs[columns])
+        assert "…" not in outs[columns], (name, columns, outs[columns])
+    if name != "doctor":  # its numbers are inside paths, which fold
+        assert _numbers(outs[80]) == _numbers(outs[100]) == _numbers(outs[400]), name
+
+
+@pytest.mark.parametrize("action", ["build", "table", "check"])
+def test_plugin_actions_describe_themselves(action, capsys):
+    with pytest.raises(SystemExit):
+        main(["plugin", action, "--help"])
+    usage, _, rest = capsys.readouterr().out.partition("\n\n")
+    description = rest.split("\n\n")[0]
+    assert usage.startswith(f"usage: lagom plugin {action}")
+    assert len(description.split()) > 20 and not description.startswith(("positional", "options")), description
+
+
+def test_cluster_takes_a_preset_or_a_file_in_every_command(tmp_path):
+    from lagom.cli import build_parser
+
+    cluster_file = tmp_path / "c.yaml"
+    cluster_file.write_text(load_cluster("a100-nvswitch").to_yaml())
+    parser = build_parser()
+    for value in ("a100-nvswitch", str(cluster_file)):
+        for argv in (["bench", "--cluster", value], ["tune", "x", "--cluster", value],
+                     ["simulate", "x", "--cluster", value], ["calibrate", "--backend", "torch", "--cluster", value],
+                     ["run", "--online", "--simulate", "x", "--cluster", value]):
+            assert parser.parse_args(argv).cluster in (value, [value])

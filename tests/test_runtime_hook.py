@@ -30,7 +30,7 @@ from lagom.tuned_config import TunedConfig, parse_tuned_config
 CONFIG = {
     "format": "lagom.tuned-config",
     "version": 1,
-    "env": {"NCCL_LL128_NTHREADS": "7"},
+    "env": {"NCCL_LL128_NTHREADS": "320"},
     "process_groups": {"0": {"min_ctas": 2, "max_ctas": 8}},
     "collectives": [
         {"match": {"collective": "allreduce", "max_bytes": 64}, "set": {"channels": 2}},
@@ -215,13 +215,13 @@ def test_a_corrupt_config_leaves_torch_untouched_with_one_warning(world, tmp_pat
 def test_env_knobs_are_set_but_the_users_own_value_wins(world, config_file):
     runtime.install(config_file, stream=io.StringIO())
     runtime.uninstall()
-    assert os.environ["NCCL_LL128_NTHREADS"] == "7"
+    assert os.environ["NCCL_LL128_NTHREADS"] == "320"
     os.environ["NCCL_LL128_NTHREADS"] = "5"
     stream = io.StringIO()
     runtime.install(config_file, stream=stream)
     runtime.uninstall()
     assert os.environ["NCCL_LL128_NTHREADS"] == "5"
-    assert stream.getvalue() == "lagom: note: your environment wins for NCCL_LL128_NTHREADS=5 (tuned: 7)\n"
+    assert stream.getvalue() == "lagom: note: your environment wins for NCCL_LL128_NTHREADS=5 (tuned: 320)\n"
     env = {"NCCL_A": "1"}
     merged = merge_env({"NCCL_A": "2", "NCCL_B": "3"}, env)
     assert env == {"NCCL_A": "1", "NCCL_B": "3"}

@@ -59,6 +59,7 @@ from dataclasses import dataclass, field, replace
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CollectiveType
 from traces.gemm_names import GemmDtype, gemm_kernel_name
+from traces.limits import MAX_GPUS_PER_NODE, MAX_OPS, MAX_RANKS, check_bound
 from traces.workload import (
     CollectiveOp,
     ComputeOp,
@@ -69,6 +70,7 @@ from traces.workload import (
     StreamKind,
     Workload,
 )
+from traces.workload_io import out_of_bounds
 
 BF16_BYTES = 2
 COMPUTE_STREAM = 7
@@ -155,6 +157,16 @@ PAPER_MICRO_BATCH = {
 FSDP_SAMPLES_PER_GPU = 2  # paper: FSDP global batch = 2 x GPUs
 DEFAULT_SEQ = 2048
 
+# Every number a spec can carry has a bound (traces.limits), checked before anything is built:
+# ranks and ops allocate (process groups list their ranks; ops grow with layers x steps); the
+# model's sizes only feed FLOPs and bytes, bounded far above any published model (Llama 3 405B:
+# hidden 16384, ffn 53248, 126 layers, vocab 128256, 128 heads).
+SPEC_BOUNDS = {"gpus": MAX_RANKS, "tp": MAX_GPUS_PER_NODE, "dp": MAX_RANKS, "ep": MAX_RANKS,
+               "gpus_per_node": MAX_GPUS_PER_NODE, "mb": 1 << 16, "seq": 1 << 24, "steps": MAX_OPS,
+               "hidden": 1 << 20, "layers": MAX_OPS, "ffn": 1 << 22, "heads": 1 << 14, "kv_heads": 1 << 14,
+               "vocab": 1 << 24, "experts": 1 << 14, "topk": 1 << 14, "shared_experts": 1 << 14}
+OPS_PER_LAYER_STEP = 80  # measured: 23 (FSDP), 49 (TP), 54-70 (EP) ops per layer and micro-batch
+
 KINDS = ("fsdp", "tp", "ep")
 _PARAMS = {"fsdp": {"gpus"}, "tp": {"tp", "dp", "gpus"}, "ep": {"ep", "gpus"}}
 _COMMON = {"mb", "seq", "steps", "gpus_per_node"}
@@ -217,6 +229,7 @@ def _kv_pairs(text: str, spec: str, allowed: set[str]) -> dict[str, int]:
             raise LagomError(f"workload spec {spec!r}: {key} must be an integer, got {value!r}") from None
         if number <= 0:
             raise LagomError(f"workload spec {spec!r}: {key} must be positive, got {number}")
+        check_bound(key, number, SPEC_BOUNDS[key], f"workload spec {spec!r}")
         out[key] = number
     return out
 
@@ -277,6 +290,9 @@ def parse_spec(spec: str) -> WorkloadSpec:
                              f"({gpus})")
         out = WorkloadSpec(kind, model, gpus, ep=ep, dp=gpus, micro_batch=mb, seq=seq, steps=params.get("steps", 1),
                            gpus_per_node=per_node)
+    where = f"workload spec {spec!r}"
+    check_bound("gpus", out.gpus, MAX_RANKS, where)
+    check_bound("layers x steps", out.model.layers * out.steps, MAX_OPS // OPS_PER_LAYER_STEP, where)
     return replace(out, text=text)
 
 
@@ -677,4 +693,8 @@ def generate_workload(spec: str | WorkloadSpec) -> Workload:
     """Rank 0's iteration for a spec string (see the module docstring) or a parsed WorkloadSpec."""
     parsed = parse_spec(spec) if isinstance(spec, str) else spec
     builder = {"fsdp": _fsdp, "tp": _tp, "ep": _ep}[parsed.kind]
-    return builder(parsed)
+    workload = builder(parsed)
+    problem = out_of_bounds(workload)  # sizes the model's shape gives (message bytes)
+    if problem is not None:
+        raise LagomError(f"workload spec {parsed.text!r}: {problem}")
+    return workload

@@ -78,6 +78,7 @@ from traces.kineto_events import (
     to_int,
 )
 from traces.kineto_json import read_events
+from traces.limits import TRACE_MEMORY_PER_JSON_BYTE, check_fits_memory
 from traces.workload import (
     RECORD_METADATA_KEY,
     CollectiveOp,
@@ -99,8 +100,12 @@ _RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.IGNORECASE)
 JOB_GAP_US = 60e6
 
 
-def read_trace(path: str | Path) -> list[Workload]:
-    """One Workload per rank from a trace file or a directory of per-rank trace files."""
+def trace_files(path: str | Path) -> list[Path]:
+    """The trace files ``path`` names (itself, or a folder's .json/.json.gz files), checked before
+    reading: LagomError for an empty path, a missing one, a folder without traces, or traces
+    larger than the memory at hand (:func:`traces.limits.check_fits_memory`)."""
+    if not str(path).strip():
+        raise LagomError("an empty path: give a trace file or a folder of trace files")
     path = Path(path)
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.is_file() and _is_trace_name(p.name))
@@ -110,6 +115,14 @@ def read_trace(path: str | Path) -> list[Workload]:
         files = [path]
     else:
         raise LagomError(f"{path}: no such file or directory")
+    check_fits_memory(files, path, TRACE_MEMORY_PER_JSON_BYTE)
+    return files
+
+
+def read_trace(path: str | Path) -> list[Workload]:
+    """One Workload per rank from a trace file or a directory of per-rank trace files."""
+    files = trace_files(path)
+    path = Path(path)
     # The parse allocates millions of short-lived containers and no reference cycles:
     # the cyclic collector would only rescan them (10-25% of the read time).
     collecting = gc.isenabled()

@@ -9,6 +9,16 @@ from pathlib import Path
 import orjson
 
 from nccl_env.errors import LagomError
+from traces.limits import (
+    MAX_GPUS_PER_NODE,
+    MAX_GRID_AXIS,
+    MAX_MESSAGE_BYTES,
+    MAX_NODES,
+    MAX_OPS,
+    MAX_RANKS,
+    WORKLOAD_MEMORY_PER_JSON_BYTE,
+    check_fits_memory,
+)
 from traces.workload import Op, Workload
 
 
@@ -36,6 +46,7 @@ def is_workload_file(path: str | Path) -> bool:
 def load_workload(path: str | Path) -> Workload:
     path = Path(path)
     try:
+        check_fits_memory([path], path, WORKLOAD_MEMORY_PER_JSON_BYTE)
         raw = path.read_bytes()
         if path.suffix == ".gz":
             raw = gzip.decompress(raw)
@@ -64,9 +75,12 @@ def workload_problem(workload: Workload) -> str | None:
     """The first inconsistency that would make an evaluator compute nonsense or crash, or None.
 
     Checks what ``Workload.from_dict`` leaves unchecked: times and sizes are finite
-    numbers >= 0, op ids are unique, every op's stream and every collective's group
-    exist, and dependencies name existing ops.
+    numbers >= 0 and within :mod:`traces.limits`' bounds, op ids are unique, every op's
+    stream and every collective's group exist, and dependencies name existing ops.
     """
+    bounds = out_of_bounds(workload)
+    if bounds is not None:
+        return bounds
     streams = {s.stream_id for s in workload.streams}
     ids: set[int] = set()
     ops: tuple[Op, ...] = (*workload.compute_ops, *workload.collectives)
@@ -94,6 +108,37 @@ def workload_problem(workload: Workload) -> str | None:
         if dep.before not in ids or dep.after not in ids:
             return f"dependency {dep.before} -> {dep.after} names an op that is not in the workload"
     return _cycle(workload)
+
+
+def _whole(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def out_of_bounds(workload: Workload) -> str | None:
+    """The first size over a bound of :mod:`traces.limits`, or None."""
+    ops = len(workload.compute_ops) + len(workload.collectives)
+    if ops > MAX_OPS:
+        return f"{ops:,} ops, over Lagom's bound of {MAX_OPS:,}"
+    if not _whole(workload.world_size, 1, MAX_RANKS):
+        return f"world_size must be an integer in 1..{MAX_RANKS:,}, got {workload.world_size!r}"
+    if not _whole(workload.rank, 0, MAX_RANKS - 1):
+        return f"rank must be an integer in 0..{MAX_RANKS - 1:,}, got {workload.rank!r}"
+    if workload.gpus_per_node is not None and not _whole(workload.gpus_per_node, 1, MAX_GPUS_PER_NODE):
+        return f"gpus_per_node must be an integer in 1..{MAX_GPUS_PER_NODE}, got {workload.gpus_per_node!r}"
+    for g in workload.groups.values():
+        if not 1 <= len(g.ranks) <= MAX_RANKS or not all(_whole(r, 0, MAX_RANKS - 1) for r in g.ranks):
+            return f"process group {g.name!r}: 1..{MAX_RANKS:,} ranks, each in 0..{MAX_RANKS - 1:,}"
+        if g.nodes is not None and not _whole(g.nodes, 1, MAX_NODES):
+            return f"process group {g.name!r}: nodes must be an integer in 1..{MAX_NODES:,}, got {g.nodes!r}"
+    for coll in workload.collectives:
+        if isinstance(coll.message_bytes, int) and coll.message_bytes > MAX_MESSAGE_BYTES:
+            return (f"op {coll.op_id}: message_bytes={coll.message_bytes:,} is over Lagom's bound of "
+                    f"{MAX_MESSAGE_BYTES:,} (1 TiB)")
+    for kernel in workload.compute_ops:
+        grid = kernel.grid
+        if grid is not None and (len(grid) != 3 or not all(_whole(d, 0, MAX_GRID_AXIS) for d in grid)):
+            return f"op {kernel.op_id}: grid {grid} is not a CUDA grid (three axes of 0..{MAX_GRID_AXIS:,} blocks)"
+    return None
 
 
 def _cycle(workload: Workload) -> str | None:

@@ -8,13 +8,16 @@ user would. Default budget: 100 evaluations (the bench gives it Lagom's count).
 
 from __future__ import annotations
 
-import optuna
+from typing import TYPE_CHECKING
 
 from nccl_env.errors import LagomError
 from tuner.method import SearchMethod
 from tuner.objective import BudgetExhausted, Objective
 from tuner.result import TuningResult
 from tuner.space import Point
+
+if TYPE_CHECKING:
+    import optuna
 
 
 class OptunaTPE(SearchMethod):
@@ -28,6 +31,8 @@ class OptunaTPE(SearchMethod):
     def search(self, obj: Objective) -> TuningResult:
         space = obj.space
         budget = self.default_budget if obj.budget is None else obj.budget
+        import optuna  # a second to import: only when this method runs
+
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=self.seed))
         keys = [(u.index, a) for u in space.resource_units for a in u.axes]

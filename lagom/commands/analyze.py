@@ -31,10 +31,11 @@ import orjson
 
 from lagom.analyze_report import rank_report, render
 from lagom.console import stdout_console
+from lagom.output_paths import OutputFormat, check_output
 from lagom.record_overhead import overhead_line, profiler_overhead
 from lagom.replay_report import measured_steps
 from nccl_env.errors import LagomError
-from traces.kineto import read_trace
+from traces.kineto import read_trace, trace_files
 from traces.steps import trim_to_profiler_steps
 
 
@@ -48,6 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="trace file (.json, .json.gz) or directory of per-rank traces")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument("--plot", metavar="FILE.png", help="write a PNG timeline of one profiler step (first rank)")
+    parser.add_argument("--force", action="store_true", help="overwrite --plot even if it is not a plot Lagom wrote")
     parser.add_argument(
         "--include-last-step",
         action="store_true",
@@ -73,11 +75,14 @@ def _input_bytes(path: Path) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise LagomError(f"--top {args.top}: must be 0 or more")
-    if args.plot and not args.plot.lower().endswith(".png"):
-        raise LagomError(f"--plot {args.plot}: the timeline is written as PNG; give a .png file name")
+    if args.plot is not None:
+        if not args.plot.lower().endswith(".png"):
+            raise LagomError(f"--plot {args.plot}: the timeline is written as PNG; give a .png file name")
+        check_output("--plot", args.plot, OutputFormat.PLOT, [("PATH", p) for p in args.paths], force=args.force)
     workloads = []
     seen: set[Path] = set()
     for path in args.paths:
+        trace_files(path)  # an empty, missing or too large input: one line before anything is said or read
         size_bytes = _input_bytes(Path(path))
         if size_bytes >= SAY_READING_BYTES:  # seconds of reading: say so, on a terminal or not
             print(f"reading {path} ({size_bytes / 1e6:,.0f} MB)", file=sys.stderr, flush=True)

@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from costmodel.cluster import load_cluster
 from lagom import bench_matrix, tuning
+from lagom.console import stdout_console
+from lagom.output_paths import OutputFormat, check_output, save_figure
 from nccl_env.errors import LagomError
 
 # What --check asserts per cell (and tests/test_bench_quick.py): what Lagom owes, each with
@@ -55,8 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--quick", action="store_true", help="the CI subset (3 workloads x 2 clusters)")
     parser.add_argument("--evaluator", choices=tuning.EVALUATORS, default=None,
                         help="what the methods tune with (default: analytic)")
-    parser.add_argument("--cluster", action="append", choices=bench_matrix.CLUSTERS, default=None,
-                        help="limit to this cluster (repeatable)")
+    parser.add_argument("--cluster", action="append", default=None, metavar="NAME|FILE",
+                        help="preset name or cluster YAML, as everywhere (repeatable; default: "
+                             + " and ".join(bench_matrix.CLUSTERS) + ")")
     parser.add_argument("--exhaustive-max-points", type=int, default=None,
                         help="run exhaustive search where the space has at most this many points (default "
                              + ", ".join(f"{k} {v}" for k, v in bench_matrix.EXHAUSTIVE_MAX_POINTS.items())
@@ -66,6 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "collective)")
     parser.add_argument("--json", action="store_true", help="print cells and summary as JSON")
     parser.add_argument("--plot", metavar="FILE.png", default=None, help="bar chart of speedups per cell")
+    parser.add_argument("--force", action="store_true", help="overwrite --plot even if it is not a plot Lagom wrote")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     parser.set_defaults(func=run)
 
@@ -94,24 +98,25 @@ def check_targets(summary: dict, results: list[bench_matrix.CellResult], quick: 
     return missed
 
 
-def _check_plot_path(value: str) -> None:
+def _check_plot_path(value: str, force: bool) -> None:
     """Refuse a --plot file matplotlib cannot write before the matrix runs, not after."""
-    path = Path(value)
-    if path.is_dir():
-        raise LagomError(f"--plot {value}: is a folder, expected a file name")
-    if not path.parent.is_dir():
-        raise LagomError(f"--plot {value}: {path.parent} is not an existing folder")
-    if path.suffix.lower() not in PLOT_SUFFIXES:
+    if Path(value).suffix.lower() not in PLOT_SUFFIXES:
         raise LagomError(f"--plot {value}: the name must end in one of {', '.join(PLOT_SUFFIXES)}")
+    check_output("--plot", value, OutputFormat.PLOT, force=force)
 
 
 def run(args: argparse.Namespace) -> int:
+    points = args.exhaustive_max_points
+    if points is not None and not 0 <= points <= tuning.MAX_BUDGET:  # every point is an evaluation, kept
+        raise LagomError(f"--exhaustive-max-points {points}: must be between 0 and {tuning.MAX_BUDGET}")
     if args.plot:
-        _check_plot_path(args.plot)
+        _check_plot_path(args.plot, args.force)
     err = Console(stderr=True)
     evaluator = args.evaluator or tuning.DEFAULT_EVALUATOR
     specs = bench_matrix.matrix_specs(args.quick)
     clusters = tuple(args.cluster) if args.cluster else bench_matrix.CLUSTERS
+    for name in clusters:
+        load_cluster(name)  # a bad name or file: one line before the matrix runs
     total = len(specs) * len(clusters)
     done = [0]
 
@@ -140,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(results: list[bench_matrix.CellResult], summary: dict, evaluator: str) -> None:
-    out = Console() if sys.stdout.isatty() else Console(width=100)
+    out = stdout_console()
     for cluster in dict.fromkeys(r.cluster for r in results):
         table = Table(title=f"{cluster}: tuned with {evaluator}, judged on the simulator (noise 0)",
                       box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0), title_justify="left")
@@ -195,8 +200,6 @@ def _plot(results: list[bench_matrix.CellResult], path: str) -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     try:
-        fig.savefig(path, dpi=120)
-    except OSError as exc:
-        raise LagomError(f"--plot {path}: cannot write: {exc.strerror or exc}") from None
+        save_figure(fig, path, "--plot", dpi=120)
     finally:
         plt.close(fig)

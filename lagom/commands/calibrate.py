@@ -1,7 +1,7 @@
 """`lagom calibrate`: fit the analytic cost model to a cluster from a few hundred measurements.
 
-    lagom calibrate --backend sim:PRESET --out cluster.yaml [--budget N] [--seed S] [--json]
-    torchrun --nproc_per_node 8 -m lagom calibrate --backend torch --cluster PRESET --out cluster.yaml
+    lagom calibrate --backend sim:PRESET -o cluster.yaml [--budget N] [--seed S] [--json]
+    torchrun --nproc_per_node 8 -m lagom calibrate --backend torch --cluster PRESET -o cluster.yaml
 
 The backend times collectives alone (over sizes, algorithms, protocols, channels,
 chunks, threads), a few compute kernels alone and under concurrent collectives;
@@ -23,7 +23,14 @@ import json
 import sys
 from pathlib import Path
 
+from lagom.console import stdout_console
+from lagom.knob_args import NOISE_RANGE, check_noise
+from lagom.output_paths import OutputFormat, check_output, write_output
 from nccl_env.errors import LagomError
+
+CLUSTER_HEADER = "# Lagom cluster file"  # the first line of what calibrate writes (OutputFormat.CLUSTER's marker)
+MEASUREMENTS_FORMAT = "lagom.calibration-measurements"
+MIN_MEASUREMENTS = 20  # fewer do not pin the model's parameters down
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,11 +41,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--backend", required=True, metavar="sim:PRESET|torch",
                         help="what to measure: the simulator of a preset or cluster file, or torch")
-    parser.add_argument("--out", "-o", required=True, metavar="FILE", help="cluster YAML to write")
+    parser.add_argument("-o", "--output", metavar="FILE", help="cluster YAML to write")
+    parser.add_argument("--out", dest="deprecated_out", metavar="FILE", help=argparse.SUPPRESS)  # before -o/--output
+    parser.add_argument("--force", action="store_true", help="overwrite an output even if it is not a file Lagom wrote")
     parser.add_argument("--budget", type=int, default=300, metavar="N", help="measurements at most (default 300)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the measurement plan and simulator noise")
     parser.add_argument("--noise", type=float, default=0.01,
-                        help="sim backend: relative measurement noise (default 0.01)")
+                        help=f"sim backend: relative measurement noise in {NOISE_RANGE} (default 0.01)")
     parser.add_argument("--cluster", metavar="NAME|FILE",
                         help="torch backend: the hardware description to start from (default low-bw)")
     parser.add_argument("--dump-measurements", metavar="FILE", help="also write every measurement as JSON")
@@ -47,10 +56,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _backend(args: argparse.Namespace):
-    if args.budget < 20 or args.budget > 100_000:
-        raise LagomError(f"--budget {args.budget}: must be between 20 and 100000")
-    if not 0.0 <= args.noise < 0.5:
-        raise LagomError(f"--noise {args.noise}: must be in [0, 0.5)")
+    from lagom.tuning import MAX_BUDGET
+
+    if args.budget < MIN_MEASUREMENTS or args.budget > MAX_BUDGET:
+        raise LagomError(f"--budget {args.budget}: must be between {MIN_MEASUREMENTS} and {MAX_BUDGET}")
+    check_noise(args.noise)
     if args.backend == "torch":
         from costmodel.calibration.torch_backend import TorchBackend
         from costmodel.cluster import load_cluster
@@ -67,9 +77,11 @@ def run(args: argparse.Namespace) -> int:
     from costmodel.calibration.calibrate import calibrate
     from lagom.console import StageProgress
 
-    out = _output_path("--out", args.out)
+    out = _output(args)
+    inputs = [("--cluster", args.cluster), ("--backend", args.backend.removeprefix("sim:"))]
     if args.dump_measurements:
-        _output_path("--dump-measurements", args.dump_measurements)
+        check_output("--dump-measurements", args.dump_measurements, OutputFormat.MEASUREMENTS, inputs + [("-o", out)],
+                     force=args.force)
     backend = _backend(args)
     leader = getattr(backend, "is_leader", True)
     err = Console(stderr=True)
@@ -80,17 +92,16 @@ def run(args: argparse.Namespace) -> int:
         close()
     if not leader:
         return 0
-    try:
-        result.cluster.dump(out)
-        if args.dump_measurements:
-            Path(args.dump_measurements).write_text(json.dumps([_measurement_dict(m) for m in result.measurements],
-                                                               indent=1))
-    except OSError as exc:
-        raise LagomError(f"cannot write {exc.filename or out}: {exc.strerror or exc}") from None
+    header = f"{CLUSTER_HEADER} (fitted against {result.report.backend}; --cluster takes it)\n"
+    write_output(out, header + result.cluster.to_yaml(), "-o")
+    if args.dump_measurements:
+        document = {"format": MEASUREMENTS_FORMAT, "version": 1,
+                    "measurements": [_measurement_dict(m) for m in result.measurements]}
+        write_output(args.dump_measurements, json.dumps(document, indent=1), "--dump-measurements")
     report = result.report
     if args.json:
         print(json.dumps({
-            "out": str(out),
+            "output": str(out),
             "backend": report.backend,
             "measurements": report.measurements,
             "mape_pct": report.mape_pct,
@@ -99,18 +110,22 @@ def run(args: argparse.Namespace) -> int:
             "params": {name: value for name, value, *_ in report.params},
         }, indent=2))
         return 0
-    _print_report(Console(), result, out)
+    _print_report(stdout_console(), result, out)
     return 0
 
 
-def _output_path(flag: str, value: str) -> Path:
-    """Refuse an output path that cannot be written before minutes of measuring, not after."""
-    path = Path(value)
-    if path.is_dir():
-        raise LagomError(f"{flag} {value}: is a folder, expected a file name")
-    if not path.parent.is_dir():
-        raise LagomError(f"{flag} {value}: {path.parent} is not an existing folder")
-    return path
+def _output(args: argparse.Namespace) -> Path:
+    """-o/--output (or the deprecated --out, with one line saying so), checked before minutes of measuring."""
+    if args.deprecated_out is not None:
+        if args.output is not None:
+            raise LagomError("--out is the old name of -o/--output: give one of them")
+        print("lagom calibrate: warning: --out is deprecated; use -o/--output", file=sys.stderr)
+        args.output = args.deprecated_out
+    if args.output is None:
+        raise LagomError("-o/--output FILE is required (the cluster YAML to write)")
+    inputs = [("--cluster", args.cluster), ("--backend", args.backend.removeprefix("sim:"))]
+    flag = "--out" if args.deprecated_out is not None else "-o"
+    return check_output(flag, args.output, OutputFormat.CLUSTER, inputs, force=args.force)
 
 
 def _measurement_dict(m) -> dict:

@@ -17,18 +17,38 @@ from pathlib import Path
 
 from nccl_env.errors import LagomError
 
+BUILD_DOC = """Compile Lagom's NCCL tuner plugin (nccl_env/plugin/lagom_tuner.c) with the system C
+compiler (--cc, else $CC, else cc/gcc/clang) and cache it in Lagom's cache folder
+($LAGOM_CACHE_DIR), named by a hash of the sources and the compile command; a cached
+build is reused unless --force. The last line printed is the absolute path of the
+.so, for NCCL_TUNER_PLUGIN. No compiler, or a source that does not compile: one line,
+exit 2."""
+
+TABLE_DOC = """The tuner plugin's table (CSV) for a tuned-config file: one line per collective entry,
+first match wins, with what the file's NCCL version lets the plugin carry; comment
+lines say what the table leaves out and why. Printed to stdout, or written to -o FILE
+(an existing file only if Lagom wrote it, else --force; never the config itself).
+For NCCL_TUNER_CONFIG_FILE; lagom run writes it for you."""
+
+CHECK_DOC = """Parse a plugin table as the C plugin does (same accept/reject rules) and print one
+line per line it would reject, then a count of entries and rejected lines. Exit status
+1 when any line is rejected, 0 when none, 2 when the file cannot be read."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("plugin", help="build the NCCL tuner plugin; write or check its table", description=__doc__)
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
-    build = actions.add_parser("build", help="compile the plugin (cached by source hash); prints the .so path last")
+    build = actions.add_parser("build", help="compile the plugin (cached by source hash); prints the .so path last",
+                               description=BUILD_DOC)
     build.add_argument("--force", action="store_true", help="rebuild even if a cached build exists")
     build.add_argument("--cc", help="C compiler (default: $CC, else cc/gcc/clang on PATH)")
-    table = actions.add_parser("table", help="the plugin table (CSV) for a tuned config")
-    table.add_argument("config", help="tuned config file (lagom.yaml)")
-    table.add_argument("-o", "--output", help="write the table here instead of stdout")
-    check = actions.add_parser("check", help="parse a plugin table; list rejected lines (exit 1 if any)")
-    check.add_argument("table", help="plugin table file (CSV)")
+    table = actions.add_parser("table", help="the plugin table (CSV) for a tuned config", description=TABLE_DOC)
+    table.add_argument("config", metavar="CONFIG", help="tuned config file (lagom.yaml)")
+    table.add_argument("-o", "--output", metavar="FILE", help="write the table here instead of stdout")
+    table.add_argument("--force", action="store_true", help="overwrite -o even if it is not a table Lagom wrote")
+    check = actions.add_parser("check", help="parse a plugin table; list rejected lines (exit 1 if any)",
+                               description=CHECK_DOC)
+    check.add_argument("table", metavar="TABLE", help="plugin table file (CSV)")
     parser.set_defaults(func=run, _parser=parser)
 
 
@@ -39,16 +59,19 @@ def run(args: argparse.Namespace) -> int:
         print(build_plugin(force=args.force, cc=args.cc))
         return 0
     if args.action == "table":
-        from lagom.plugin_export import render_plugin_table, write_plugin_table
+        from lagom.output_paths import OutputFormat, check_output, write_output
+        from lagom.plugin_export import render_plugin_table
         from lagom.tuned_config import load_tuned_config
 
+        if args.output is not None:
+            check_output("-o", args.output, OutputFormat.PLUGIN_TABLE, [("CONFIG", args.config)], force=args.force)
         cfg = load_tuned_config(args.config)
         try:
             text = render_plugin_table(cfg)
         except LagomError as exc:  # an entry the plugin cannot carry: say which file it came from
             raise LagomError(f"{args.config}: {exc}") from None
-        if args.output:
-            print(write_plugin_table(cfg, args.output))
+        if args.output is not None:
+            print(write_output(Path(args.output), text, "-o").resolve())
         else:
             sys.stdout.write(text)
         return 0

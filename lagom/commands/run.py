@@ -59,9 +59,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--workdir",
         metavar="DIR",
-        help="keep the run folder (plugin table, bootstrap, audit parts) here; default: a temporary folder, removed "
-        "after",
+        help="keep the run folder (plugin table, bootstrap, audit parts) here: a new or empty folder, or an earlier "
+        "run's; default: a temporary folder, removed after",
     )
+    parser.add_argument("--force", action="store_true",
+                        help="let --audit and --save replace a file that is not one Lagom wrote")
     parser.add_argument(
         "--no-plugin",
         action="store_true",
@@ -86,7 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     online.add_argument("--cluster", metavar="C", help="with --simulate: the cluster preset or file simulated")
     online.add_argument(
         "--noise", type=float, default=None, metavar="F",
-        help="with --simulate: relative noise per op (e.g. 0.02; default 0)"
+        help="with --simulate: relative noise per op in [0, 0.5) (e.g. 0.02; default 0)"
     )
     parser.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                         help="the job's command line, after '--'")
@@ -111,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
             raise LagomError(f"{given[0]} is an option of lagom run --online")
         if args.config is None:
             raise LagomError("lagom run needs --config FILE (or --online)")
-        return launch(args.config, command, audit_path=args.audit, workdir=args.workdir, use_plugin=not args.no_plugin)
+        return launch(args.config, command, audit_path=args.audit, workdir=args.workdir, use_plugin=not args.no_plugin,
+                      force=args.force)
     from lagom.online import DEFAULT_BUDGET_STEPS
     from lagom.runtime.launcher import OnlineRequest
 
@@ -125,4 +128,4 @@ def run(args: argparse.Namespace) -> int:
                             simulate=args.simulate, cluster=args.cluster,
                             noise=args.noise if args.noise is not None else 0.0,
                             collective_timing=args.collective_timing)
-    return launch(args.config, command, audit_path=args.audit, workdir=args.workdir, online=request)
+    return launch(args.config, command, audit_path=args.audit, workdir=args.workdir, online=request, force=args.force)

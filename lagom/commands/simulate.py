@@ -46,6 +46,7 @@ import sys
 from dataclasses import replace
 
 from costmodel.evaluator import DurationScale, check_config
+from lagom.knob_args import NOISE_RANGE, check_noise
 from lagom.record_overhead import check_recorded_steps, unprofiled_cpu, unprofiled_line
 from lagom.trace_export import check_export_path, export_trace
 from nccl_env.errors import LagomError
@@ -53,6 +54,7 @@ from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan
 
 EVALUATORS = ("sim", "analytic")
+DEFAULT_NOISE = 0.01  # the simulator's run-to-run spread for a spec or workload file
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -74,8 +76,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--unprofiled-cpu", action="store_true",
                         help="a trace from lagom record: scale the CPU's time to the step measured without the "
                              "profiler")
-    parser.add_argument("--noise", type=float, default=0.01,
-                        help="multiplicative noise (std. dev., default 0.01; 0 = exact)")
+    parser.add_argument("--noise", type=float, default=None,
+                        help=f"multiplicative noise in {NOISE_RANGE} (std. dev., default 0.01; 0 = exact); a trace is "
+                             "replayed from its measured times: no noise")
     parser.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
     parser.add_argument("--export-trace", metavar="OUT.json.gz",
                         help="a trace: write the prediction as a Kineto trace (Perfetto, TensorBoard, HTA open it)")
@@ -108,8 +111,8 @@ def run(args: argparse.Namespace) -> int:
     from lagom.trace_context import resolve_cluster
     from lagom.workload_arg import read_workload_arg
 
-    if not (math.isfinite(args.noise) and args.noise >= 0):
-        raise LagomError(f"--noise must be a finite number >= 0, got {args.noise}")
+    if args.noise is not None:
+        check_noise(args.noise)
     if args.seed < 0:
         raise LagomError(f"--seed must be >= 0, got {args.seed}")
     export = check_export_path(args.export_trace, args.workload) if args.export_trace else None
@@ -118,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
         raise LagomError("--export-trace: applies to a trace (WORKLOAD is not a trace)")
     if args.unprofiled_cpu:
         check_recorded_steps(workload, from_trace)
+    if from_trace and args.noise:
+        raise LagomError("--noise: a trace is replayed from its measured times, which no noise changes; drop --noise")
     choice = resolve_cluster(workload, from_trace, args.cluster)
     cluster = choice.cluster
     # the settings a file or --set gives reach NCCL's collectives of known size only (CollectiveOp.tunable)
@@ -143,9 +148,9 @@ def run(args: argparse.Namespace) -> int:
     if args.config:
         from lagom.tuned_config import load_tuned_config
 
-        tuned = load_tuned_config(args.config)
+        tuned = load_tuned_config(args.config, version)  # NCCL's rules for the cluster's version
         for i, entry in enumerate(tuned.collectives):
-            check(entry.config, f"{args.config}: collectives[{i}]")
+            check_config(entry.config, f"{args.config}: collectives[{i}]")  # and what the evaluators model
         plan = tuned.to_plan(signatures)
         unmatched = unmatched_config_warning(args.config, len(tuned.collectives), signatures, plan)
         if unmatched:
@@ -161,11 +166,11 @@ def run(args: argparse.Namespace) -> int:
     scale = parse_scale(args.scale) if args.scale else None
     if scale is not None and not from_trace:
         raise LagomError("--scale: applies to a trace's measured times (WORKLOAD is not a trace)")
-    evaluator = make_evaluator(args.evaluator, cluster, args.noise, args.seed)
+    noise = 0.0 if from_trace else DEFAULT_NOISE if args.noise is None else args.noise
+    evaluator = make_evaluator(args.evaluator, cluster, noise, args.seed)
     if args.unprofiled_cpu:
         if scale is not None and scale.cpu != 1.0:
             raise LagomError("--unprofiled-cpu chooses the CPU's scale itself: drop cpu= from --scale")
-
         found = unprofiled_cpu(evaluator, workload)
         print(unprofiled_line(found), file=sys.stderr)
         scale = replace(scale or DurationScale(), cpu=found.cpu)
@@ -202,8 +207,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from lagom.console import stdout_console
 
     per = " per step" if timing.steps else ""
     from pathlib import Path
@@ -218,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
     table.add_row("compute without contention", f"{timing.compute_uncontended_us / 1e3:,.2f} ms")
     table.add_row("compute slowdown from contention", f"{timing.compute_slowdown:.3f}x")
     table.add_row("ops / collectives", f"{result['ops']} / {result['collectives']}")
-    console = Console(file=sys.stdout, width=100)
+    console = stdout_console()
     console.print(table)
     if timing.steps:
         from lagom.replay_report import fidelity_line, steps_table

@@ -41,7 +41,8 @@ without the profiler (docs/replay.md).
 ``--export-trace OUT.json.gz`` (a trace) writes the tuned plan's predicted steps as a
 Kineto trace with the original's layout (lagom/trace_export.py).
 
-Writes the tuned-config file (``-o``, default lagom.yaml); ``--json`` prints
+Writes the tuned-config file (``-o``, default lagom.yaml; an existing file is replaced
+only if Lagom wrote it, else give ``--force``; never the input); ``--json`` prints
 ``{"baseline_us", "tuned_us", "autoccl_us", "speedup_vs_nccl", "speedup_vs_autoccl",
 "evaluations" (every evaluation tune ran: the method's, NCCL's default and AutoCCL's
 comparison, which reuses what the method already measured), "evaluations_by_method",
@@ -65,6 +66,7 @@ from costmodel.evaluator import DurationScale, Evaluator
 from costmodel.replay.fidelity import fidelity
 from lagom import tuning
 from lagom.console import StageProgress, stdout_console
+from lagom.output_paths import OutputFormat, check_output
 from lagom.record_overhead import (
     check_recorded_steps,
     overhead_line,
@@ -100,6 +102,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--budget", type=int, default=None,
                         help="cap on the search method's evaluations (default: its own rule)")
     parser.add_argument("-o", "--output", default="lagom.yaml", help="tuned-config file to write (default lagom.yaml)")
+    parser.add_argument("--force", action="store_true", help="overwrite -o even if it is not a file Lagom wrote")
     parser.add_argument("--no-autoccl", action="store_true", help="skip the AutoCCL comparison")
     parser.add_argument("--min-gain", type=float, default=tuning.MIN_GAIN, metavar="F",
                         help="write changes only for a predicted gain of at least F (default 0.01 = 1%%)")
@@ -115,13 +118,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if not (args.min_gain >= 0 and args.min_gain < 10):
         raise LagomError(f"--min-gain {args.min_gain}: must be a fraction >= 0 (0.01 = 1%)")
-    if args.budget is not None and args.budget < 1:
-        raise LagomError(f"--budget {args.budget}: must be at least 1 evaluation")
-    output = Path(args.output)
-    if output.is_dir():
-        raise LagomError(f"-o {args.output}: is a folder, expected a file name")
-    if not output.parent.is_dir():
-        raise LagomError(f"-o {args.output}: {output.parent} is not an existing folder")
+    if args.budget is not None and not 1 <= args.budget <= tuning.MAX_BUDGET:
+        raise LagomError(f"--budget {args.budget}: must be between 1 and {tuning.MAX_BUDGET} evaluations")
+    check_output("-o", args.output, OutputFormat.TUNED_CONFIG, force=args.force,
+                 inputs=[("WORKLOAD", args.workload), ("--cluster", args.cluster)])
     export = check_export_path(args.export_trace, args.workload, args.output) if args.export_trace else None
     workload, from_trace = read_workload_arg(args.workload)
     if export is not None and not from_trace:
@@ -164,10 +164,7 @@ def run(args: argparse.Namespace) -> int:
         )
     elapsed_s = time.perf_counter() - started
     config = tuning.tuned_config(outcome, cluster, choice.cluster_arg, args.workload, min_gain=args.min_gain)
-    try:
-        config.dump(args.output)
-    except OSError as exc:
-        raise LagomError(f"-o {args.output}: cannot write: {exc.strerror or exc}") from None
+    config.dump(args.output, "-o")
     rows = tuning.signature_rows(outcome, workload)
     base, tuned = outcome.baseline.iteration_us, outcome.result.iteration_us
     auto = outcome.autoccl.iteration_us if outcome.autoccl is not None else None

@@ -11,5 +11,6 @@ See docs/online.md.
 """
 
 DEFAULT_BUDGET_STEPS = 400  # steps from the seed's first to the A/B's last (a few hundred of a long job)
+MAX_BUDGET_STEPS = 1_000_000  # --budget-steps at most: 2,500 times the default, more than a search here takes
 # For a peer's measurement or a decision: longer than any step we expect, short enough to end a broken job.
 DEFAULT_TIMEOUT_S = 120.0

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 
+from lagom.output_paths import write_output
 from nccl_env.errors import LagomError
 
 FORMAT = "lagom.audit"
@@ -213,10 +214,10 @@ def merge_parts(parts: list[dict], entries_set: list[dict] | None = None, config
 
 
 def write_audit(path: str | os.PathLike, document: dict) -> Path:
+    """Write the merged audit atomically (its first key, ``"format": "lagom.audit"``, marks it as Lagom's)."""
     path = Path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(document, indent=1) + "\n")
-    except OSError as exc:
-        raise LagomError(f"{path}: cannot write the audit: {exc.strerror or exc}") from None
+        write_output(path, json.dumps(document, indent=1) + "\n")
+    except LagomError as exc:
+        raise LagomError(f"{path}: cannot write the audit ({exc})") from None
     return path

@@ -24,19 +24,21 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from costmodel.cluster import load_cluster
-from lagom.online import DEFAULT_BUDGET_STEPS, DEFAULT_TIMEOUT_S
+from lagom.knob_args import check_noise
+from lagom.online import DEFAULT_BUDGET_STEPS, DEFAULT_TIMEOUT_S, MAX_BUDGET_STEPS
+from lagom.output_paths import RUN_FOLDER_MARKER, OutputFormat, check_output, write_output
 from lagom.plugin_export import write_plugin_table
 from lagom.runtime import audit
 from lagom.runtime.bootstrap import SITECUSTOMIZE
 from lagom.runtime.env import ENV_CONFIG, ENV_HOME, ENV_ONLINE, ENV_RUN_DIR, merge_env
-from lagom.runtime.process_groups import cta_policy_value
 from lagom.tuned_config import TunedConfig, load_tuned_config
+from lagom.workload_arg import read_workload_arg
 from nccl_env.delivery import online_ceilings, plugin_env
 from nccl_env.errors import LagomError
 from nccl_env.plugin_build import PluginBuildError, build_plugin
@@ -51,6 +53,8 @@ PLUGIN_ENV = "NCCL_TUNER_PLUGIN"
 TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"  # torch: NCCL Work handles record their durations (ONLINE.md "PyTorch")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 LAGOM_HOME = str(Path(__file__).resolve().parents[2])  # the folder that holds the lagom package
+TEMP_RUN_PREFIX = "lagom-run-"  # a run folder without --workdir: made in the temp folder, removed after the job
+ONLINE_RESULT = "online-tuned.yaml"  # rank 0 writes online tuning's plan here, in the run folder
 
 
 @dataclass
@@ -66,36 +70,6 @@ class RunSetup:
     messages: list[str] = field(default_factory=list)  # lines for stderr, in order
 
 
-def _check_nccl_version(config: TunedConfig, origin: Path) -> None:
-    """A tuned file's nccl_version, when given, must be a NCCL version."""
-    if not config.nccl_version:
-        return
-    try:
-        NcclVersion.parse(config.nccl_version)
-    except (ValueError, LagomError) as exc:
-        raise LagomError(f"{origin}: nccl_version {config.nccl_version!r} is not a NCCL version ({exc})") from None
-
-
-def _check_process_groups(config: TunedConfig, origin: Path) -> None:
-    """Every per-group setting must be one NCCL accepts (checked here, not at group creation)."""
-    for name, settings in config.process_groups.items():
-        for key, value in settings.items():
-            try:
-                number = cta_policy_value(value) if key == "cta_policy" else int(value)
-            except (TypeError, ValueError) as exc:
-                raise LagomError(f"{origin}: process group {name!r}: {key}: {exc}") from None
-            if number < 0:
-                raise LagomError(f"{origin}: process group {name!r}: {key} must be >= 0, got {number}")
-
-
-def _check_env(config: TunedConfig, origin: Path) -> None:
-    """Env values are single settings: a YAML list or mapping would reach NCCL as text like '[1]'."""
-    raw = yaml.safe_load(origin.read_text()) or {}
-    for name, value in (raw.get("env") or {}).items():
-        if isinstance(value, (list, dict)) or value is None:
-            raise LagomError(f"{origin}: env {name}: expected a single value, got {value!r}")
-
-
 def prepare(
     config_path: str | os.PathLike,
     workdir: str | os.PathLike | None = None,
@@ -107,20 +81,10 @@ def prepare(
 
     ``nccl_version``: the NCCL the job runs (``lagom run --online --nccl-version``);
     default the file's."""
+    config = load_tuned_config(config_path, nccl_version)
     config_path = Path(config_path)
-    config = load_tuned_config(config_path)
-    _check_nccl_version(config, config_path)
-    _check_process_groups(config, config_path)
-    _check_env(config, config_path)
     env = dict(os.environ if base_env is None else base_env)
-    if workdir is not None:
-        run_dir = Path(workdir).resolve()
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise LagomError(f"{workdir}: cannot create the run folder: {exc.strerror or exc}") from None
-    else:
-        run_dir = Path(tempfile.mkdtemp(prefix="lagom-run-")).resolve()
+    run_dir = run_folder(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix=TEMP_RUN_PREFIX)).resolve()
     try:
         return _lay_out(config, config_path, run_dir, env, use_plugin, nccl_version)
     except BaseException:
@@ -129,13 +93,48 @@ def prepare(
         raise
 
 
+def check_run_folder(workdir: str | os.PathLike) -> Path:
+    """``--workdir``'s folder, resolved, refused (LagomError) unless it is new, empty or one an earlier
+    ``lagom run`` laid out (:data:`~lagom.output_paths.RUN_FOLDER_MARKER`): the run writes lagom.yaml,
+    tuner_table.csv, bootstrap/, audit/ there, and a file of the user's by those names is never replaced."""
+    text = os.fspath(workdir)
+    if not text.strip():
+        raise LagomError("--workdir: an empty folder name")
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise LagomError(f"--workdir {text}: is a file, expected a folder")
+    if path.is_dir() and not (path / RUN_FOLDER_MARKER).exists():
+        try:
+            names = sorted(p.name for p in path.iterdir())
+        except OSError as exc:
+            raise LagomError(f"--workdir {text}: cannot read the folder: {exc.strerror or exc}") from None
+        if names:
+            shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+            raise LagomError(f"--workdir {text}: holds files an earlier lagom run did not put there ({shown}); "
+                             "give a new or empty folder for the run's files")
+    return path.resolve()
+
+
+def run_folder(workdir: str | os.PathLike) -> Path:
+    """Make (or reuse) ``--workdir``'s folder after :func:`check_run_folder`, marked as a run folder."""
+    run_dir = check_run_folder(workdir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / RUN_FOLDER_MARKER).write_text("a lagom run folder: lagom run --workdir may replace its files\n")
+    except OSError as exc:
+        raise LagomError(f"--workdir {workdir}: cannot create the run folder: {exc.strerror or exc}") from None
+    return run_dir
+
+
 def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[str, str], use_plugin: bool,
              nccl_version: NcclVersion | None) -> RunSetup:
     stale = run_dir / audit.PART_DIR
     if stale.is_dir():
         shutil.rmtree(stale)  # parts of an earlier run in the same --workdir
     setup = RunSetup(config=config, config_path=config_path, run_dir=run_dir, env=env)
-    shutil.copyfile(config_path, run_dir / "lagom.yaml")
+    copy = run_dir / "lagom.yaml"
+    if not (copy.exists() and os.path.samefile(config_path, copy)):  # --config may be an earlier run's copy
+        write_output(copy, config_path.read_bytes())
 
     tuned_env = dict(config.env)
     if use_plugin and config.collectives:
@@ -245,27 +244,69 @@ def launch(
     use_plugin: bool = True,
     stream=None,
     online: OnlineRequest | None = None,
+    force: bool = False,
 ) -> int:
-    """The whole of ``lagom run``; returns the child's exit status."""
+    """The whole of ``lagom run``; returns the child's exit status.
+
+    Every output (``--audit``, ``--save``, ``--workdir``) is checked before the job starts
+    (:mod:`lagom.output_paths`); ``force`` lets --audit and --save replace a file Lagom did not write."""
     stream = stream if stream is not None else sys.stderr
     check_command(argv, "lagom run --config lagom.yaml -- torchrun train.py")
-    if audit_path is not None and not Path(audit_path).resolve().parent.is_dir():
-        raise LagomError(f"{audit_path}: the audit's folder does not exist")
-    if audit_path is not None and Path(audit_path).is_dir():
-        raise LagomError(f"{audit_path}: is a folder; --audit wants a file name")
+    _check_outputs(config_path, audit_path, workdir, online, force)
     if online is not None:
         setup = prepare_online(online, config_path, workdir)
     elif config_path is None:
         raise LagomError("lagom run needs --config FILE (or --online)")
     else:
         setup = prepare(config_path, workdir, use_plugin=use_plugin)
+    keep_run_dir = workdir is not None
     try:
         for line in setup.messages:
             print(line, file=stream, flush=True)
-        status = run_child(argv, setup.env)
-        if online is not None:
-            _save_online(setup, online, status, stream)
-        if audit_path is not None:
+        with _interrupt_deferred():  # a Ctrl-C after the job waits for the files below to be written
+            status = run_child(argv, setup.env)
+            if online is not None:
+                keep_run_dir |= _save_online(setup, online, status, stream, audit_path, not keep_run_dir)
+            return _write_audit(setup, audit_path, status, stream)
+    finally:
+        if not keep_run_dir:
+            shutil.rmtree(setup.run_dir, ignore_errors=True)
+
+
+def _check_outputs(config_path: str | os.PathLike | None, audit_path: str | os.PathLike | None,
+                   workdir: str | os.PathLike | None, online: OnlineRequest | None, force: bool) -> None:
+    """--audit, --save and --workdir, before anything starts."""
+    inputs: list[tuple[str, object]] = [("--config", config_path)]
+    if online is not None:
+        inputs += [("--simulate", online.simulate), ("--cluster", online.cluster)]
+    if audit_path is not None:
+        check_output("--audit", audit_path, OutputFormat.AUDIT, inputs, force=force)
+    if online is not None and online.save is not None:
+        check_output("--save", online.save, OutputFormat.TUNED_CONFIG, inputs, force=force)
+        if audit_path is not None and Path(online.save).resolve() == Path(audit_path).resolve():
+            raise LagomError(f"--save {online.save}: is also --audit's file; give them two names")
+    if workdir is not None:
+        check_run_folder(workdir)
+
+
+@contextlib.contextmanager
+def _interrupt_deferred() -> Iterator[None]:
+    """SIGINT while the block runs is remembered and raised as KeyboardInterrupt when it ends (run_child
+    forwards it to the job meanwhile): what the job produced is saved before ``lagom run`` stops."""
+    caught: list[int] = []
+    main_thread = threading.current_thread() is threading.main_thread()  # elsewhere signals stay as they are
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum)) if main_thread else None
+    try:
+        yield
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
+
+
+def _write_audit(setup: RunSetup, audit_path: str | os.PathLike | None, status: int, stream) -> int:
+    if audit_path is not None:
             try:
                 path, document = merge_audit(setup, audit_path)
             except LagomError as exc:  # the job has run: its exit status stands, the audit is lost
@@ -278,10 +319,7 @@ def launch(
                 file=stream,
                 flush=True,
             )
-        return status
-    finally:
-        if workdir is None:
-            shutil.rmtree(setup.run_dir, ignore_errors=True)
+    return status
 
 
 # ---- lagom run --online ---------------------------------------------------------------------
@@ -328,26 +366,28 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
     seed, or an empty file when there is none) with the plugin always loaded, the
     communicators' ceilings raised (:func:`nccl_env.delivery.online_ceilings`) and
     ``LAGOM_ONLINE`` naming the settings every rank reads."""
-    from lagom import tuning
     from lagom.runtime.online import OnlineSettingsFile
     from tuner.space import CHUNK_MAX_BYTES
 
-    seed = load_tuned_config(Path(config_path)) if config_path is not None else None
-    version = _online_version(request, seed)
+    forced = _online_version(request, None) if request.nccl_version else None  # the seed is checked against it
+    seed = load_tuned_config(config_path, forced) if config_path is not None else None
+    version = forced or _online_version(request, seed)
     if "channels" not in per_collective_knobs(version):
         raise LagomError(f"lagom run --online needs NCCL >= 2.21 (its tuner plugin changes a collective's channels and "
                          f"algorithm per call); NCCL {version} only takes settings at start: use lagom run --config")
-    if request.budget_steps < 1:
-        raise LagomError(f"--budget-steps {request.budget_steps}: must be at least 1")
+    if not 1 <= request.budget_steps <= MAX_BUDGET_STEPS:
+        raise LagomError(f"--budget-steps {request.budget_steps}: must be between 1 and {MAX_BUDGET_STEPS}")
     if request.simulate is not None:
         if not request.cluster:
             raise LagomError(
                 "--simulate WORKLOAD needs --cluster C (the cluster whose simulated times the ranks measure)"
             )
-        cluster = tuning.with_nccl_version(load_cluster(request.cluster), str(version))
-        tuning.load_workload_arg(request.simulate, cluster)  # a bad spec: exit 2 before anything starts
-        if not (isinstance(request.noise, float | int) and 0 <= request.noise < 0.5):
-            raise LagomError(f"--noise {request.noise}: a relative noise in [0, 0.5)")
+        load_cluster(request.cluster)  # a bad cluster: exit 2 before anything starts
+        check_noise(float(request.noise))
+        _, from_trace = read_workload_arg(request.simulate)  # a bad spec: exit 2 before anything starts
+        if from_trace and request.noise:
+            raise LagomError("--noise: a trace is replayed from its measured times, which no noise changes; "
+                             "drop --noise")
     elif seed is None or not seed.workload or not seed.cluster:
         raise LagomError(
             "lagom run --online needs --config SEED.yaml from lagom tune (it names the workload and cluster), "
@@ -389,7 +429,7 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
     settings = OnlineSettingsFile(
         nccl_version=str(version),
         plugin=str(setup.plugin_path),
-        result_path=str(setup.run_dir / "online-tuned.yaml"),
+        result_path=str(setup.run_dir / ONLINE_RESULT),
         seed_config=str(setup.run_dir / "lagom.yaml") if seed is not None else None,
         simulate=request.simulate,
         cluster=request.cluster,
@@ -413,24 +453,44 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
     return setup
 
 
-def _save_online(setup: RunSetup, request: OnlineRequest, status: int, stream) -> None:
+def _save_online(setup: RunSetup, request: OnlineRequest, status: int, stream, audit_path,
+                 temporary: bool) -> bool:
+    """Save the plan online tuning kept, whatever the job's status (a Ctrl-C after tuning ended does not
+    lose it): to --save; where that fails, beside the audit (``AUDIT.online-tuned.yaml``), else in the run
+    folder, which is then kept. Each case says where. True when the run folder must be kept;
+    ``temporary``: the run folder is removed after the job (no --workdir)."""
+
+    def say(line: str) -> None:
+        print(f"lagom run: {line}", file=stream, flush=True)
+
+    result = setup.run_dir / ONLINE_RESULT
+    if not result.exists():
+        if request.save is not None:
+            why = "the job failed" if status != 0 else "online tuning did not finish within the job"
+            say(f"warning: no tuned plan to save to {request.save} ({why})")
+        return False
+    after = "" if status == 0 else f" (tuning had ended; the job then exited with status {status})"
     if request.save is None:
-        return
-    result = setup.run_dir / "online-tuned.yaml"
-    if status != 0 or not result.exists():
-        print(
-            f"lagom run: warning: no tuned plan to save to {request.save} "
-            f"({'the job failed' if status != 0 else 'online tuning did not finish within the job'})",
-            file=stream,
-            flush=True,
-        )
-        return
+        if temporary:
+            say(f"online tuning's plan is not kept: give --save FILE to keep it{after}")
+        return False
+    text = result.read_bytes()
     try:
-        shutil.copyfile(result, request.save)
-    except OSError as exc:
-        raise LagomError(f"{request.save}: cannot write the tuned file: {exc.strerror or exc}") from None
-    print(
-        f"lagom run: tuned plan saved to {request.save} (lagom run --config {request.save} starts tuned)",
-        file=stream,
-        flush=True,
-    )
+        write_output(request.save, text, "--save")
+    except LagomError as exc:
+        say(f"warning: {exc}")
+    else:
+        say(f"tuned plan saved to {request.save}{after} (lagom run --config {request.save} starts tuned)")
+        return False
+    if audit_path is not None:
+        beside = Path(audit_path).with_name(Path(audit_path).stem + "." + ONLINE_RESULT)
+        try:
+            check_output("the tuned plan", beside, OutputFormat.TUNED_CONFIG)
+            write_output(beside, text)
+        except LagomError as exc:
+            say(f"warning: {exc}")
+        else:
+            say(f"tuned plan saved beside the audit instead: {beside}")
+            return False
+    say(f"tuned plan kept in the run folder instead: {result}")
+    return True

@@ -1,0 +1,244 @@
+"""The bad-input matrix of issue 19: one row per case, each (command, exit status, first line of stderr).
+
+Every row is a case the code before it (a7c53da) got wrong: it replaced a user's file,
+started the job before finding its output unwritable, ate the machine's memory, tuned
+CPU-side calls as NCCL collectives, read the current folder for an empty path, or took a
+config value NCCL would ignore. Each is now refused in one line, exit 2, before any work:
+no file of the scene changes and no job starts (its command would create ``ran``).
+
+The scene (:func:`scene`) is a folder of real inputs: a user's own files, a valid tuned
+config and its broken variants, the bundled trace and the same trace with its GPU kernels
+removed, a sparse 1 TB "trace", workload files with sizes over Lagom's bounds.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+import yaml
+from conftest import EXAMPLES, TEST_DATA
+
+from costmodel.cluster import load_cluster
+from lagom.cli import main
+from traces.generate import generate_workload
+from traces.workload_io import save_workload
+
+TRACE = EXAMPLES / "a100_w2_allreduce_broadcast.json.gz"
+CONFIG = {"format": "lagom.tuned-config", "version": 1, "nccl_version": "2.18.3",
+          "env": {"NCCL_NTHREADS": "256"},
+          "collectives": [{"match": {"collective": "allgather"}, "set": {"channels": 2}}]}
+SIMULATED_JOB = ["--simulate", "tp:phi2:tp=8", "--cluster", "low-bw", "--nccl-version", "2.21.5"]
+
+
+def _config(path: Path, **changes) -> None:
+    doc = {**CONFIG, **changes}
+    path.write_text(yaml.safe_dump({k: v for k, v in doc.items() if v is not None}, sort_keys=False))
+
+
+def _workload(path: Path, change) -> None:
+    data = generate_workload("tp:phi2:tp=8,dp=1")
+    save_workload(data, path)
+    doc = orjson.loads(path.read_bytes())
+    change(doc)
+    path.write_bytes(orjson.dumps(doc))
+
+
+@pytest.fixture(scope="module")
+def scene(tmp_path_factory) -> Iterator[Path]:
+    """Made once for the module: every row leaves it as it found it (the test asserts so)."""
+    d = tmp_path_factory.mktemp("scene")
+    (d / "user.txt").write_text("my notes\n")
+    (d / "user.png").write_bytes(b"\x89PNG\r\n\x1a\n not Lagom's")
+    shutil.copyfile(TRACE, d / "mytrace.json.gz")
+    (d / "link.json.gz").symlink_to(d / "mytrace.json.gz")
+    _config(d / "cfg.yaml")
+    (d / "project").mkdir()  # a folder of the user's: their own lagom.yaml and table
+    (d / "project" / "lagom.yaml").write_text("# my own tuned file\n")
+    (d / "project" / "tuner_table.csv").write_text("# my table\n")
+    cfg_doc = {**CONFIG}
+    cfg_doc["colectives"] = cfg_doc.pop("collectives")
+    (d / "colectives.yaml").write_text(yaml.safe_dump(cfg_doc))
+    _config(d / "nthreads_lots.yaml", env={"NCCL_NTHREADS": "lots"})
+    _config(d / "buffsize_neg.yaml", env={"NCCL_BUFFSIZE": "-1"})
+    _config(d / "algo_bogus.yaml", env={"NCCL_ALGO": "ring,warp"})
+    _config(d / "threads_big.yaml", collectives=[{"match": {"collective": "allgather"}, "set": {"threads": 100000}}])
+    _config(d / "ctas_big.yaml", process_groups={"0": {"min_ctas": 999}})
+    (d / "version_float.yaml").write_text(yaml.safe_dump(CONFIG).replace("nccl_version: 2.18.3", "nccl_version: 2.20"))
+    cluster = load_cluster("high-bw").to_dict()
+    (d / "cluster.yaml").write_text(yaml.safe_dump(cluster))
+    (d / "cluster_nodes.yaml").write_text(yaml.safe_dump({**cluster, "nodes": 10**12}))
+    # the bundled trace with its GPU kernels removed: only CPU-side calls remain
+    doc = orjson.loads(gzip.decompress(TRACE.read_bytes()))
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") != "kernel"]
+    (d / "nokernels.json").write_bytes(orjson.dumps(doc))
+    with open(d / "huge.json", "wb") as fh:  # 1 TB, sparse: no disk used
+        fh.truncate(1 << 40)
+
+    def big_message(doc):
+        doc["collectives"][0]["message_bytes"] = 1 << 50
+
+    _workload(d / "w_message.json", big_message)
+    _workload(d / "w_world.json", lambda doc: doc.update(world_size=10**12))
+    readonly = d / "readonly"
+    readonly.mkdir()
+    readonly.chmod(0o555)
+    yield d
+    readonly.chmod(0o755)
+
+
+def _readonly(d: Path) -> Path:
+    """A folder no file can be created in: a read-only one, or /sys for root, which permission bits do not stop."""
+    probe = d / "readonly" / "probe"
+    try:
+        probe.write_text("")
+    except OSError:
+        return d / "readonly"
+    probe.unlink()
+    return Path("/sys")
+
+
+# (id, argv with {d} for the scene folder and {ro} for a read-only folder, exit status, first line of stderr: regex)
+ROWS = [
+    # ---- files a user owns are never lost
+    ("tune -o its own input", ["tune", "{d}/mytrace.json.gz", "-o", "{d}/mytrace.json.gz"], 2,
+     r"^lagom tune: error: -o \S+mytrace.json.gz: is also this command's input \(WORKLOAD "),
+    ("tune -o a link to its input", ["tune", "{d}/mytrace.json.gz", "-o", "{d}/link.json.gz"], 2,
+     r"^lagom tune: error: -o \S+link.json.gz: is also this command's input"),
+    ("run --audit its own --config", ["run", "--config", "{d}/cfg.yaml", "--audit", "{d}/cfg.yaml", "--",
+                                      "touch", "{d}/ran"], 2,
+     r"^lagom run: error: --audit \S+cfg.yaml: is also this command's input \(--config "),
+    ("run --workdir a user's folder", ["run", "--config", "{d}/cfg.yaml", "--workdir", "{d}/project", "--",
+                                       "touch", "{d}/ran"], 2,
+     r"^lagom run: error: --workdir \S+project: holds files an earlier lagom run did not put there "
+     r"\(lagom.yaml, tuner_table.csv\)"),
+    ("tune -o a user's file", ["tune", "tp:phi2:tp=8", "--cluster", "low-bw", "-o", "{d}/user.txt"], 2,
+     r"^lagom tune: error: -o \S+user.txt: exists and is not a tuned config Lagom wrote; give --force"),
+    ("calibrate -o a user's file", ["calibrate", "--backend", "sim:low-bw", "--budget", "20", "-o", "{d}/user.txt"],
+     2, r"^lagom calibrate: error: -o \S+user.txt: exists and is not a cluster file Lagom wrote; give --force"),
+    ("calibrate -o its own --backend file", ["calibrate", "--backend", "sim:{d}/cluster.yaml", "--budget", "20",
+                                             "-o", "{d}/cluster.yaml"], 2,
+     r"^lagom calibrate: error: -o \S+cluster.yaml: is also this command's input \(--backend "),
+    ("plugin table -o a user's file", ["plugin", "table", "{d}/cfg.yaml", "-o", "{d}/user.txt"], 2,
+     r"^lagom plugin: error: -o \S+user.txt: exists and is not a plugin table Lagom wrote; give --force"),
+    ("plugin table -o its own config", ["plugin", "table", "{d}/cfg.yaml", "-o", "{d}/cfg.yaml"], 2,
+     r"^lagom plugin: error: -o \S+cfg.yaml: is also this command's input \(CONFIG "),
+    ("analyze --plot a user's png", ["analyze", "{d}/mytrace.json.gz", "--plot", "{d}/user.png"], 2,
+     r"^lagom analyze: error: --plot \S+user.png: exists and is not a plot Lagom wrote; give --force"),
+    ("run --audit a user's file", ["run", "--config", "{d}/cfg.yaml", "--audit", "{d}/user.txt", "--",
+                                   "touch", "{d}/ran"], 2,
+     r"^lagom run: error: --audit \S+user.txt: exists and is not an audit Lagom wrote; give --force"),
+    ("run --audit in a read-only folder", ["run", "--config", "{d}/cfg.yaml", "--audit", "{ro}/audit.json", "--",
+                                           "touch", "{d}/ran"], 2,
+     r"^lagom run: error: --audit \S+audit.json: cannot write in \S+: "),
+    ("run --online --save in no folder", ["run", "--online", *SIMULATED_JOB, "--save", "{d}/no/such/tuned.yaml",
+                                          "--", "touch", "{d}/ran"], 2,
+     r"^lagom run: error: --save \S+tuned.yaml: \S+/no/such is not an existing folder"),
+    # ---- no input takes the machine down
+    ("simulate 8e11 ranks", ["simulate", "tp:phi2:tp=8,dp=99999999999", "--cluster", "high-bw"], 2,
+     r"^lagom simulate: error: workload spec 'tp:phi2:tp=8,dp=99999999999': dp=99,999,999,999 is over Lagom's "
+     r"bound of 131,072$"),
+    ("simulate 32 million layer steps", ["simulate", "fsdp:phi2:steps=1000000", "--cluster", "high-bw"], 2,
+     r"^lagom simulate: error: workload spec 'fsdp:phi2:steps=1000000': layers x steps=32,000,000 is over "),
+    ("simulate a 26 TB collective", ["simulate", "fsdp:hidden=1048576,layers=4,ffn=4194304,heads=16,vocab=1000:gpus=8",
+                                     "--cluster", "high-bw"], 2,
+     r"^lagom simulate: error: workload spec .*: op \d+: message_bytes=[\d,]+ is over Lagom's bound of "),
+    ("simulate a workload file's 1 PiB collective", ["simulate", "{d}/w_message.json", "--cluster", "high-bw"], 2,
+     r"^lagom simulate: error: \S+w_message.json: not a valid Lagom workload: op \d+: message_bytes="),
+    ("simulate a workload file's 10^12 ranks", ["simulate", "{d}/w_world.json", "--cluster", "high-bw"], 2,
+     r"^lagom simulate: error: \S+w_world.json: not a valid Lagom workload: world_size must be an integer in "
+     r"1\.\.131,072"),
+    ("simulate a cluster of 10^12 nodes", ["simulate", "fsdp:phi2", "--cluster", "{d}/cluster_nodes.yaml"], 2,
+     r"^lagom simulate: error: \S+cluster_nodes.yaml: nodes=1,000,000,000,000 is over Lagom's bound of "),
+    ("analyze a 1 TB trace", ["analyze", "{d}/huge.json"], 2,
+     r"^lagom analyze: error: \S+huge.json: 1,099.5 GB of JSON needs about [\d,.]+ GB of memory to read, more "
+     r"than the [\d,.]+ GB available here$"),
+    ("tune a 1 TB trace", ["tune", "{d}/huge.json", "-o", "{d}/t.yaml"], 2,
+     r"^lagom tune: error: \S+huge.json: 1,099.5 GB of JSON needs about "),
+    ("tune --budget 10^7", ["tune", "tp:phi2:tp=8", "--cluster", "low-bw", "--budget", "10000000", "-o", "{d}/t.yaml"],
+     2, r"^lagom tune: error: --budget 10000000: must be between 1 and 100000 evaluations$"),
+    ("run --online --budget-steps 10^9", ["run", "--online", *SIMULATED_JOB, "--budget-steps", "1000000000", "--",
+                                         "touch", "{d}/ran"], 2,
+     r"^lagom run: error: --budget-steps 1000000000: must be between 1 and 1000000$"),
+    # ---- a trace Lagom cannot tune is said to be one
+    ("tune the trace without its kernels", ["tune", "{d}/nokernels.json", "-o", "{d}/t.yaml"], 2,
+     r"^lagom tune: error: \S+nokernels.json: no GPU collective kernel with a size: nothing to tune \(its 21 "
+     r"collectives are CPU-side calls"),
+    ("tune no_distributed_info", ["tune", str(TEST_DATA / "no_distributed_info.json.gz"), "-o", "{d}/t.yaml"], 2,
+     r"^lagom tune: error: \S+no_distributed_info.json.gz: no GPU collective kernel with a size: nothing to tune"),
+    ("tune ''", ["tune", "", "-o", "{d}/t.yaml"], 2, r"^lagom tune: error: WORKLOAD: an empty name"),
+    ("analyze ''", ["analyze", ""], 2, r"^lagom analyze: error: an empty path"),
+    ("simulate ''", ["simulate", ""], 2, r"^lagom simulate: error: WORKLOAD: an empty name"),
+    # ---- every config value is checked where it is read
+    ("run --config colectives:", ["run", "--config", "{d}/colectives.yaml", "--", "touch", "{d}/ran"], 2,
+     r"^lagom run: error: \S+colectives.yaml: unknown key 'colectives' \(did you mean 'collectives'\?\)$"),
+    ("run --config NCCL_NTHREADS: lots", ["run", "--config", "{d}/nthreads_lots.yaml", "--", "touch", "{d}/ran"], 2,
+     r"^lagom run: error: \S+nthreads_lots.yaml: env NCCL_NTHREADS='lots' is not valid on NCCL 2.18.3: allowed a "
+     r"multiple of 32 in 64-512$"),
+    ("run --config NCCL_BUFFSIZE: -1", ["run", "--config", "{d}/buffsize_neg.yaml", "--", "touch", "{d}/ran"], 2,
+     r"^lagom run: error: \S+buffsize_neg.yaml: env NCCL_BUFFSIZE='-1' is not valid on NCCL 2.18.3"),
+    ("run --config NCCL_ALGO: ring,warp", ["run", "--config", "{d}/algo_bogus.yaml", "--", "touch", "{d}/ran"], 2,
+     r"^lagom run: error: \S+algo_bogus.yaml: env NCCL_ALGO='ring,warp' is not valid on NCCL 2.18.3"),
+    ("run --config threads: 100000", ["run", "--config", "{d}/threads_big.yaml", "--", "touch", "{d}/ran"], 2,
+     r"^lagom run: error: \S+threads_big.yaml: collectives\[0\]: threads=100000 is not valid on NCCL 2.18.3"),
+    ("run --config min_ctas: 999", ["run", "--config", "{d}/ctas_big.yaml", "--", "touch", "{d}/ran"], 2,
+     r"^lagom run: error: \S+ctas_big.yaml: process group '0': min_ctas=999 is not valid on NCCL 2.18.3"),
+    ("run --config nccl_version: 2.20 (a float)", ["run", "--config", "{d}/version_float.yaml", "--", "touch",
+                                                   "{d}/ran"], 2,
+     r"^lagom run: error: \S+version_float.yaml: nccl_version must be a quoted string"),
+    ("run --online seed threads: 100000", ["run", "--online", *SIMULATED_JOB, "--config", "{d}/threads_big.yaml",
+                                           "--", "touch", "{d}/ran"], 2,
+     r"^lagom run: error: \S+threads_big.yaml: collectives\[0\]: threads=100000 is not valid on NCCL 2.21.5"),
+    ("simulate --config colectives:", ["simulate", "fsdp:phi2", "--cluster", "high-bw", "--config",
+                                       "{d}/colectives.yaml"], 2,
+     r"^lagom simulate: error: \S+colectives.yaml: unknown key 'colectives' \(did you mean 'collectives'\?\)$"),
+    ("simulate --config NCCL_NTHREADS: lots", ["simulate", "fsdp:phi2", "--cluster", "high-bw", "--config",
+                                               "{d}/nthreads_lots.yaml"], 2,
+     r"^lagom simulate: error: \S+nthreads_lots.yaml: env NCCL_NTHREADS='lots' is not valid"),
+    ("plugin table colectives:", ["plugin", "table", "{d}/colectives.yaml"], 2,
+     r"^lagom plugin: error: \S+colectives.yaml: unknown key 'colectives'"),
+    ("simulate a trace with --noise", ["simulate", "{d}/mytrace.json.gz", "--noise", "0.02"], 2,
+     r"^lagom simulate: error: --noise: a trace is replayed from its measured times, which no noise changes"),
+    ("simulate --noise 0.7", ["simulate", "fsdp:phi2", "--cluster", "high-bw", "--noise", "0.7"], 2,
+     r"^lagom simulate: error: --noise 0.7: a relative noise in \[0, 0.5\)$"),
+    # ---- manners: --cluster takes the same values everywhere
+    ("bench --cluster a missing file", ["bench", "--cluster", "{d}/no-such-cluster.yaml"], 2,
+     r"^lagom bench: error: \S+no-such-cluster.yaml: no such file$"),
+]
+
+
+def _snapshot(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*"))
+            if p.is_file() and not p.is_symlink() and p.name != "huge.json"}
+
+
+@pytest.mark.parametrize("argv, status, first_line", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_bad_input_is_one_line_before_any_work(scene, capsys, argv, status, first_line):
+    ro = _readonly(scene)
+    before = _snapshot(scene)
+    args = [a.format(d=scene, ro=ro) for a in argv]
+    try:
+        code = main(args)
+    except SystemExit as exc:  # argparse's own refusals
+        code = exc.code
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert code == status, err
+    assert lines and re.search(first_line, lines[0]), err
+    assert len([line for line in lines if "error" in line]) == 1, err
+    assert "Traceback" not in err
+    assert not (scene / "ran").exists(), "the job started"
+    assert _snapshot(scene) == before, "a file of the scene changed"
+    assert not any(scene.glob("t.yaml")) and not (scene / "no").exists()
+
+
+def test_every_issue_19_row_names_a_command_lagom_has():
+    from lagom.cli import COMMANDS
+
+    assert {r[1][0] for r in ROWS} <= set(COMMANDS)
+    assert len({r[0] for r in ROWS}) == len(ROWS)

@@ -1,0 +1,83 @@
+"""No input takes the machine down: the bounds of traces/limits.py hold, and are checked before anything is built.
+
+The refusals themselves (one line, exit 2) are rows of test_bad_input_matrix.py; here:
+the refusal comes before any allocation (in well under a second, in little memory), the
+op estimate a spec is bounded by is an upper bound of what the generator builds, a
+gzip trace's JSON size is read from its trailer, and the memory check compares what a
+file needs with what is given.
+"""
+
+from __future__ import annotations
+
+import gzip
+import time
+import tracemalloc
+
+import pytest
+from conftest import EXAMPLES
+
+from lagom.cli import main
+from nccl_env.errors import LagomError
+from traces.generate import OPS_PER_LAYER_STEP, PAPER_WORKLOADS, generate_workload, parse_spec
+from traces.limits import MAX_OPS, MAX_RANKS, TRACE_MEMORY_PER_JSON_BYTE, check_fits_memory, json_bytes
+
+
+@pytest.mark.parametrize("spec", ["tp:phi2:tp=8,dp=99999999999", f"fsdp:phi2:gpus={MAX_RANKS + 8}",
+                                  "fsdp:phi2:steps=1000000", "ep:olmoe:ep=8,gpus=10000000000",
+                                  "fsdp:hidden=64,layers=99999999,ffn=64,heads=1,vocab=10:gpus=8"])
+def test_an_oversized_spec_is_refused_before_anything_is_built(spec, capsys):
+    main(["simulate", "fsdp:phi2:gpus=8", "--cluster", "high-bw", "--json"])  # imports done: time the check only
+    capsys.readouterr()
+    tracemalloc.start()
+    started = time.perf_counter()
+    code = main(["simulate", spec, "--cluster", "high-bw"])
+    elapsed_s = time.perf_counter() - started
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "over Lagom's bound" in err, err
+    assert elapsed_s < 0.5 and peak < 5e6, (elapsed_s, peak)
+
+
+@pytest.mark.parametrize("spec", [*sorted(set(PAPER_WORKLOADS)), "fsdp:hidden=64,layers=1,ffn=64,heads=1,vocab=10",
+                                  "tp:phi2:tp=8,dp=2,steps=3", "ep:olmoe:ep=8,gpus=16,steps=2"])
+def test_the_op_estimate_bounds_what_the_generator_builds(spec):
+    parsed = parse_spec(spec)
+    workload = generate_workload(spec)
+    ops = len(workload.compute_ops) + len(workload.collectives)
+    assert ops <= OPS_PER_LAYER_STEP * parsed.model.layers * parsed.steps, (spec, ops)
+
+
+def test_the_largest_spec_within_the_bounds_is_accepted():
+    layers_steps = MAX_OPS // OPS_PER_LAYER_STEP
+    parse_spec(f"fsdp:phi2:gpus={MAX_RANKS},steps={layers_steps // 32}")  # phi-2 has 32 layers
+    with pytest.raises(LagomError, match="layers x steps"):
+        parse_spec(f"fsdp:phi2:steps={layers_steps // 32 + 1}")
+
+
+def test_a_gzip_traces_json_size_comes_from_its_trailer(tmp_path):
+    trace = EXAMPLES / "a100_w2_allreduce_broadcast.json.gz"
+    assert json_bytes(trace) == len(gzip.decompress(trace.read_bytes()))
+    plain = tmp_path / "t.json"
+    plain.write_bytes(b"{}" * 1000)
+    assert json_bytes(plain) == 2000
+    tiny = tmp_path / "tiny.json.gz"  # compresses less than JSON usually does: still its own size, not 4 GiB more
+    tiny.write_bytes(gzip.compress(b'{"a": 1}'))
+    assert json_bytes(tiny) == 8
+
+
+def test_the_memory_check_compares_the_estimate_with_what_is_available(tmp_path):
+    trace = EXAMPLES / "a100_w2_allreduce_broadcast.json.gz"
+    needed = json_bytes(trace) * TRACE_MEMORY_PER_JSON_BYTE
+    check_fits_memory([trace], trace, TRACE_MEMORY_PER_JSON_BYTE, available=int(needed) + 1)
+    with pytest.raises(LagomError, match=r"needs about 0\.0 GB of memory to read, more than the 0\.0 GB available"):
+        check_fits_memory([trace], trace, TRACE_MEMORY_PER_JSON_BYTE, available=int(needed) - 1)
+
+
+@pytest.mark.parametrize("argv", [["bench", "--exhaustive-max-points", "1000000000"],
+                                  ["calibrate", "--backend", "sim:low-bw", "--budget", "1000000", "-o", "c.yaml"]])
+def test_a_budget_of_evaluations_is_bounded(argv, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "100000" in err and not (tmp_path / "c.yaml").exists()

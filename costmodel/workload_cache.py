@@ -22,6 +22,26 @@ from traces.workload import Workload
 T = TypeVar("T")
 
 
+_CHECKED: dict[int, tuple[weakref.ref, int]] = {}  # workloads already validated: id -> (ref, size)
+
+
+def _size(workload: Workload) -> int:
+    return len(workload.compute_ops) + len(workload.collectives) + len(workload.dependencies)
+
+
+def _check_once(workload: Workload) -> None:
+    """check_workload, once per workload object (every cache's first build would repeat it)."""
+    key, size = id(workload), _size(workload)
+    hit = _CHECKED.get(key)
+    if hit is not None and hit[0]() is workload and hit[1] == size:
+        return
+    check_workload(workload)
+    if len(_CHECKED) > 256:
+        for k in [k for k, (ref, _) in _CHECKED.items() if ref() is None]:
+            del _CHECKED[k]
+    _CHECKED[key] = (weakref.ref(workload), size)
+
+
 class WorkloadCache(Generic[T]):
     """``build(workload)`` once per workload, for the last ``max_workloads`` workloads."""
 
@@ -32,11 +52,11 @@ class WorkloadCache(Generic[T]):
 
     def get(self, workload: Workload) -> T:
         key = id(workload)
-        size = len(workload.compute_ops) + len(workload.collectives) + len(workload.dependencies)
+        size = _size(workload)
         hit = self._entries.get(key)
         if hit is not None and hit[0]() is workload and hit[1] == size:
             return hit[2]
-        check_workload(workload)
+        _check_once(workload)
         data = self._build(workload)
         if len(self._entries) >= self._max:
             self._entries = {k: v for k, v in self._entries.items() if v[0]() is not None}

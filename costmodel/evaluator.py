@@ -65,6 +65,8 @@ class Timing:
     ops: op_id -> OpTiming for every op of the workload.
     steps: a replayed trace's complete profiler steps (costmodel.replay); then the
     figures above are per step, the mean over them. Empty for other workloads.
+    compute_slowdown = compute_us / compute_uncontended_us: the one definition of the
+    compute slowdown every command prints (docs/tuner.md, "The figures").
     """
 
     iteration_us: float
@@ -74,6 +76,8 @@ class Timing:
     compute_uncontended_us: float
     ops: Mapping[int, OpTiming] = field(default_factory=dict)
     steps: list[StepTiming] = field(default_factory=list)
+    uncontended_us: Mapping[int, float] = field(default_factory=dict)  # op id -> its time with no collective
+    # beside it, where the evaluator says (a replay); an op not in it: its own duration_us is that time
 
     @property
     def compute_slowdown(self) -> float:

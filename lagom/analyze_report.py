@@ -10,6 +10,7 @@ from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
+from lagom.console import mib
 from lagom.replay_report import measured_steps_table
 from traces.breakdown import comm_comp_overlap_pct, temporal_breakdown
 from traces.collectives_table import collectives_table
@@ -80,15 +81,6 @@ def rank_report(workload: Workload, top_windows: int = 5, trimmed: bool = False)
 _GROUP_HEADER = "group ranks"  # both tables: how many ranks the process group has (not its name)
 
 
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "unknown"  # the trace did not record the size
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
 def _ms(us: float) -> str:
     return f"{us / 1000:.3f}"
 
@@ -139,7 +131,7 @@ def render(reports: list[dict], console: Console) -> None:
                 exposed_pct = 100.0 * c["exposed_us"] / c["total_us"] if c["total_us"] > 0 else 0.0
                 kind = (c["collective"] + ("" if c["on_gpu"] else " (cpu)")
                         + ("" if c["nccl_tunable"] else " (not NCCL)"))
-                t.add_row(kind, str(c["group_size"]), _bytes(c["message_bytes"]), str(c["count"]),
+                t.add_row(kind, str(c["group_size"]), mib(c["message_bytes"]), str(c["count"]),
                           _ms(c["total_us"]), _ms(c["exposed_us"]), f"{exposed_pct:.1f}")
             console.print(t)
         else:
@@ -152,15 +144,15 @@ def render(reports: list[dict], console: Console) -> None:
             for col in ("type", _GROUP_HEADER, "message", "count", "total ms", "wait ms", "transfer ms", "per call ms"):
                 t.add_column(col, justify="left" if col == "type" else "right", no_wrap=True)
             for c in r["wait_transfer"]:
-                t.add_row(c["collective"], str(c["group_size"]), _bytes(c["message_bytes"]), str(c["count"]),
+                t.add_row(c["collective"], str(c["group_size"]), mib(c["message_bytes"]), str(c["count"]),
                           _ms(c["total_us"]), _ms(c["wait_us"]), _ms(c["transfer_us"]), _ms(c["transfer_per_call_us"]))
             console.print(t)
 
         if r["contention"]:
-            t = Table(title="compute slowdown under communication (same kernel, same launch shape)",
-                      title_justify="left")
+            t = Table(title="kernels beside a collective: duration over the same kernel's (name, launch shape) "
+                            "median alone", title_justify="left")
             t.add_column("overlapping collective")
-            t.add_column("median slowdown", justify="right")
+            t.add_column("median ratio", justify="right")
             t.add_column("kernel pairs", justify="right")
             for f in r["contention"]:
                 t.add_row(f["collective"], f"{f['median_slowdown']:.3f}x", str(f["pairs"]))

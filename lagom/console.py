@@ -16,6 +16,14 @@ from rich.text import Text
 PIPE_COLUMNS = 100  # text reports fit this width when stdout is a pipe or a file and COLUMNS is not set
 
 
+def mib(n_bytes: int | None, unit: bool = True) -> str:
+    """A size in MiB, the one unit for sizes in every report: ``16 MiB``, ``1.375 MiB``,
+    ``0.0003662 MiB`` (4 significant digits); ``unknown`` where the trace recorded none."""
+    if n_bytes is None:
+        return "unknown"
+    return f"{n_bytes / (1 << 20):.4g}" + (" MiB" if unit else "")
+
+
 def stdout_console() -> Console:
     """$COLUMNS when set (as rich reads it on a terminal), else the terminal's width; on a pipe or a file
     without COLUMNS, PIPE_COLUMNS (rich would use 80). Its tables keep their numbers whole (:class:`ReportConsole`)."""

@@ -60,18 +60,21 @@ def measured_steps_table(rows: list[dict]) -> Table:
 
 
 def steps_table(steps: list[StepTiming], tuned: list[StepTiming] | None = None) -> Table:
-    """One row per step: measured, replayed (and tuned) step time, collectives and exposed time, and
-    the trace's collective time on the critical path (the most faster collectives can save), ms."""
-    table = Table(title="profiler steps (ms)")
-    for col in ("step", "measured", "replayed", *(("tuned",) if tuned else ()), "coll.", "coll. repl.",
-                "exposed", "exp. repl.", "critical"):
+    """One row per step (ms): the step as measured, replayed (and tuned); collectives and exposed
+    time as measured (>tuned); the trace's collective time on the critical path (the most faster
+    collectives can save)."""
+    table = Table(title="profiler steps, the GPU's period (ms)" + ("; X>Y: measured > tuned" if tuned else ""),
+                  title_justify="left")
+    for col in ("step", "measured", "replayed", *(("tuned",) if tuned else ()), "coll.", "exposed", "critical"):
         table.add_column(col, justify="left" if col == "step" else "right", no_wrap=True)
     for i, s in enumerate(steps):
         row = [s.name, f"{s.measured_iteration_us / 1e3:,.2f}", f"{s.iteration_us / 1e3:,.2f}"]
         if tuned:
-            row.append(f"{tuned[i].iteration_us / 1e3:,.2f}")
-        row += [f"{s.measured_comm_us / 1e3:,.2f}", f"{s.comm_us / 1e3:,.2f}",
-                f"{s.measured_exposed_comm_us / 1e3:,.2f}", f"{s.exposed_comm_us / 1e3:,.2f}",
-                f"{s.measured_critical_comm_us / 1e3:,.2f}"]
+            t = tuned[i]
+            row += [f"{t.iteration_us / 1e3:,.2f}", f"{s.measured_comm_us / 1e3:,.2f}>{t.comm_us / 1e3:,.2f}",
+                    f"{s.measured_exposed_comm_us / 1e3:,.2f}>{t.exposed_comm_us / 1e3:,.2f}"]
+        else:
+            row += [f"{s.measured_comm_us / 1e3:,.2f}", f"{s.measured_exposed_comm_us / 1e3:,.2f}"]
+        row.append(f"{s.measured_critical_comm_us / 1e3:,.2f}")
         table.add_row(*row)
     return table

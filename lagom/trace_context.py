@@ -118,8 +118,10 @@ def resolve_cluster(workload: Workload, from_trace: bool, cluster_arg: str | Non
     return choice
 
 
-def refuse_to_tune(workload: Workload) -> str | None:
-    """Why a trace's job is not NCCL's to tune (one line), or None."""
+def refuse_to_tune(workload: Workload, cluster_given: bool = False) -> str | None:
+    """Why a trace's job is not NCCL's to tune (one line), or None. A trace whose collectives
+    all ran on the CPU (a gloo job) is tuned only for a cluster the user names (``cluster_given``):
+    the figures are then the model's for those collectives on it, not a prediction for the job."""
     source = workload.source or "the trace"
     match = match_gpu(device_facts(workload))
     if is_amd(workload.device_name) or (match is not None and match.row.vendor == AMD):
@@ -131,8 +133,11 @@ def refuse_to_tune(workload: Workload) -> str | None:
         return f"{source}: one rank: nothing to tune (the job's collectives move no data between ranks)"
     if not any(c.on_gpu and c.tunable for c in workload.collectives):
         cpu = sum(not c.on_gpu for c in workload.collectives)
-        seen = (f"its {cpu} collectives are CPU-side calls without their GPU kernels" if cpu
-                else f"its {len(workload.collectives)} communication kernels have no size or are not NCCL's"
+        if cpu and cluster_given and any(c.tunable for c in workload.collectives):
+            return None
+        seen = (f"its {cpu} collectives are CPU-side calls without their GPU kernels, as a gloo job's are; give "
+                f"--cluster NAME|FILE to tune them for that cluster's NCCL (the model's figures, not this job's)"
+                if cpu else f"its {len(workload.collectives)} communication kernels have no size or are not NCCL's"
                 if workload.collectives else "it has no collectives")
         return f"{source}: no GPU collective kernel with a size: nothing to tune ({seen})"
     return None

@@ -103,3 +103,12 @@ def world():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield dist.group.WORLD
     dist.destroy_process_group()
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """``lagom ARGV...`` in-process: (exit status, stdout, stderr)."""
+    from lagom.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -8,13 +8,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import all_test_traces
+from conftest import all_test_traces, run_cli
 from kineto_builder import TraceBuilder
 
 from costmodel.cluster import load_cluster
 from costmodel.gpu_specs import AMD, NVIDIA, REACH_NONE, ROWS, DeviceFacts, gpu_spec, match_gpu, row_by_key
 from costmodel.trace_cluster import PCIE_ACHIEVED_GB_PER_S, bus_bandwidths, derive_cluster
-from lagom.cli import main
 from lagom.trace_context import resolve_cluster
 from lagom.tuned_config import load_tuned_config
 from nccl_env.knobs import CollectiveType
@@ -206,12 +205,6 @@ def test_the_traces_sm_count_wins_over_the_tables(tmp_path):
     assert "98 SMs: the trace's (the preset says 108)" in choice.notes[0]
 
 
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_simulate_and_tune_a_b200_trace_end_to_end(tmp_path, capsys):
     trace = _trace(tmp_path / "b200.json", "NVIDIA B200", 148, 191514247168, (10, 0))
     code, out, err = run_cli(capsys, "simulate", str(trace))
@@ -242,11 +235,11 @@ def test_an_mi300x_trace_is_simulated_but_not_tuned(tmp_path, capsys):
 
 # what `lagom tune` must refuse, in one line, per trace of the suite (the others it tunes)
 REFUSED = {
-    "cpu_only_rank34.json.gz": "its collectives ran on the CPU",
-    "no_distributed_info.json.gz": "its collectives ran on the CPU",  # CPU comm calls only, no NCCL kernel
+    "cpu_only_rank34.json.gz": "CPU-side calls without their GPU kernels",
+    "no_distributed_info.json.gz": "CPU-side calls without their GPU kernels",  # CPU comm calls only
     "mi250_rocm_minitoy.json.gz": "an AMD GPU, whose collectives are RCCL's",
-    "a100_alexnet_cuda_sync.json.gz": "no collectives to tune",
-    "a100_cuda_sync_multi_stream.json.gz": "no collectives to tune",
+    "a100_alexnet_cuda_sync.json.gz": "nothing to tune (it has no collectives)",
+    "a100_cuda_sync_multi_stream.json.gz": "nothing to tune (it has no collectives)",
 }
 
 

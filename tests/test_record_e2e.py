@@ -112,7 +112,7 @@ def test_tune_asks_for_a_cluster_then_tunes_the_cpu_collectives_as_the_models_fi
     refused = _lagom("tune", str(tmp / "traces"), "-o", str(tmp_path / "a.yaml"))
     assert refused.returncode == 2 and not (tmp_path / "a.yaml").exists()
     lines = refused.stderr.strip().splitlines()
-    assert len(lines) == 1 and "its collectives ran on the CPU" in lines[0] and "give --cluster" in lines[0]
+    assert len(lines) == 1 and "CPU-side calls without their GPU kernels" in lines[0] and "give --cluster" in lines[0]
     done = _lagom("tune", str(tmp / "traces"), "--cluster", "low-bw", "--evaluator", "sim", "--no-autoccl",
                   "-o", str(tmp_path / "b.yaml"), "--json")
     assert done.returncode == 0, done.stderr

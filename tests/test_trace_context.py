@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import trace_dir
+from conftest import run_cli, trace_dir
 from kineto_builder import TraceBuilder
 
-from lagom.cli import main
 from lagom.trace_context import gpu_model, presets_for_gpu, resolve_cluster
 from lagom.tuned_config import load_tuned_config
 from traces.kineto import read_trace
@@ -19,12 +18,6 @@ needs_traces = pytest.mark.skipif(not (TRACES / "w128_sendrecv_rank0.json.gz").i
                                   reason="a trace of tests/data or traces/examples is missing")
 W2 = TRACES / "a100_w2_allreduce_broadcast.json.gz"  # NVIDIA A100-PG509-200, NCCL 2.17.1, world 2
 MI250 = TRACES / "mi250_rocm_minitoy.json.gz"  # AMD Radeon Graphics (an MI250), ROCm 6.2
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize("name, model", [

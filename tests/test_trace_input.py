@@ -8,13 +8,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import trace_dir
+from conftest import run_cli, trace_dir
 from kineto_builder import TraceBuilder
 
 from costmodel.cluster import load_cluster
 from costmodel.sim.simulator import Simulator
 from lagom import tuning
-from lagom.cli import main
 from lagom.tuned_config import load_tuned_config
 from nccl_env.knobs import CollectiveType, CommConfig
 from nccl_env.plan import Plan
@@ -35,12 +34,6 @@ needs_traces = pytest.mark.skipif(not (TRACES / "w128_sendrecv_rank0.json.gz").i
                                   reason="a trace of tests/data or traces/examples is missing")
 W16 = TRACES / "a100_w16_sendrecv_3streams_rank0.json.gz"
 needs_w16 = pytest.mark.skipif(not W16.is_file(), reason=f"{W16.name} is only in ../shared/traces, absent here")
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # ---- a directory mixing jobs -------------------------------------------------------------

@@ -10,21 +10,14 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, run_cli
 
 from costmodel.cluster import load_cluster
 from costmodel.sim.simulator import Simulator
-from lagom.cli import main
 from lagom.tuned_config import load_tuned_config
 from nccl_env.plan import Plan
 from traces.generate import generate_workload
 from tuner.space import workload_signatures
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_tune_writes_a_file_that_reproduces_its_prediction(tmp_path, capsys):

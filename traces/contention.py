@@ -65,6 +65,22 @@ def _classify(workload: Workload) -> tuple[dict[_Key, list[float]], list[tuple[C
     return reference, overlapped
 
 
+def measured_slowdowns(workload: Workload) -> dict[int, float]:
+    """Compute op id -> the slowdown the trace measured for its kernel shape beside a collective:
+    the median, over the shape's overlapped runs, of their duration over the shape's median run
+    alone (at least 1), for every overlapped kernel whose shape also ran alone; the per-shape
+    figure behind :func:`contention_report`'s medians (the replay's uncontended time divides by it)."""
+    reference, overlapped = _classify(workload)
+    medians = {k: statistics.median(v) for k, v in reference.items()}
+    ratios: dict[_Key, list[float]] = {}
+    for op, _ in overlapped:
+        ref = medians.get(_key(op), 0.0)
+        if ref > 0:
+            ratios.setdefault(_key(op), []).append(op.duration_us / ref)
+    per_shape = {k: max(1.0, statistics.median(v)) for k, v in ratios.items()}
+    return {op.op_id: per_shape[_key(op)] for op, _ in overlapped if _key(op) in per_shape}
+
+
 def contention_report(workload: Workload) -> ContentionReport:
     reference, overlapped = _classify(workload)
     medians = {k: statistics.median(v) for k, v in reference.items()}

@@ -18,7 +18,12 @@ mechanism never replaces a measured time, it scales it:
   slowdown of that kernel beside that collective. The trace's own slowdowns of
   same-shape kernels alone and overlapped (:mod:`traces.contention`) are therefore what
   the model moves from, not what it predicts. Overlap is the trace's: a plan that
-  moves a collective away from a kernel does not (yet) remove the slowdown.
+  moves a collective away from a kernel does not (yet) remove the slowdown. Its time
+  without contention (``Timing.uncontended_us``, the compute slowdown's denominator)
+  takes out the slowdown the trace measured for the same kernel shape, alone against
+  overlapped (:func:`traces.contention.measured_slowdowns`, what ``lagom analyze``
+  reports), moved by ``S(new) / S(recorded)`` under another plan; where the shape never
+  ran alone, the mechanism's slowdown over the overlapped part.
 
 The mechanism is anything with ``collective_time_us(signature, config)`` and
 ``slowdown_beside(op, signature, config)`` (both evaluators have them).
@@ -42,6 +47,7 @@ from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
+from traces.contention import measured_slowdowns
 from traces.workload import CollectiveOp, ComputeOp, Op, Workload
 
 
@@ -87,6 +93,7 @@ class _Anchor:
     signatures: list[Signature]
     recorded: list[CommConfig]
     overlapped: list[tuple[int, int, float, ComputeOp]]  # (op index, signature index, fraction, op)
+    measured_slowdown: list[float]  # op index -> the slowdown the trace measured for its shape (0: none)
 
 
 def _scaled(a: _Anchor, st: ReplayStatic, scale: DurationScale) -> _Anchor:
@@ -154,8 +161,10 @@ def _build_anchor(workload: Workload, gpus_per_node: int | None) -> _Anchor:
         if best_sig >= 0:
             overlapped.append((k, best_sig, min(1.0, best / op.duration_us), op))
     signatures = list(sig_index)
+    measured = measured_slowdowns(workload)
     return _Anchor(list(st.measured_dur), coll_sig, wait, signatures,
-                   [recorded.get(s, CommConfig()) for s in signatures], overlapped)
+                   [recorded.get(s, CommConfig()) for s in signatures], overlapped,
+                   [measured.get(op_id, 0.0) for op_id in st.op_ids])
 
 
 def replay_timing(mechanism: ReplayMechanism, workload: Workload, plan: Plan, gpus_per_node: int | None,
@@ -197,7 +206,11 @@ def replay_timing(mechanism: ReplayMechanism, workload: Workload, plan: Plan, gp
             if s_new is None:
                 s_new = cache[new_key] = max(1.0, mechanism.slowdown_beside(op, sig, new))
             durations[k] = a.durations[k] * (1.0 - f + f * s_new / s_rec)
-        uncontended[k] = durations[k] * (1.0 - f + f / s_new) if s_new > 0 else durations[k]
+        # without contention: the slowdown the trace measured for this kernel shape (alone vs
+        # overlapped) taken out where it has one, under the recorded settings and moved by the
+        # mechanism's ratio under others; else the mechanism's slowdown, out of the overlapped part
+        measured = a.measured_slowdown[k] * s_new / s_rec if a.measured_slowdown[k] > 0 else 0.0
+        uncontended[k] = durations[k] / max(1.0, measured) if measured else durations[k] * (1.0 - f + f / s_new)
     if len(cache) > 200_000:
         cache.clear()
     return replay(workload, durations, uncontended, scale.cpu if scale is not None else 1.0)

@@ -486,6 +486,28 @@ def _step_figures(st: ReplayStatic, starts: list[float], ends: list[float], cloc
     return out
 
 
+class _LazyValues(Mapping):
+    """op id -> value, from two parallel lists, made into a dict on first access."""
+
+    def __init__(self, op_ids: list[int], values: list[float]) -> None:
+        self._op_ids, self._values = op_ids, values
+        self._map: dict[int, float] | None = None
+
+    def _all(self) -> dict[int, float]:
+        if self._map is None:
+            self._map = dict(zip(self._op_ids, self._values))
+        return self._map
+
+    def __getitem__(self, op_id: int) -> float:
+        return self._all()[op_id]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._op_ids)
+
+    def __len__(self) -> int:
+        return len(self._op_ids)
+
+
 class _LazyOps(Mapping):
     """``Timing.ops`` of a replay: OpTiming objects made on first access."""
 
@@ -542,6 +564,7 @@ def replay(workload: Workload, durations: list[float], uncontended: list[float] 
         compute_uncontended_us=min(unc, compute_busy),
         ops=_LazyOps(st.op_ids, starts, ends),
         steps=steps,
+        uncontended_us=_LazyValues(st.op_ids, uncontended) if uncontended is not None else {},
     )
 
 

@@ -65,7 +65,7 @@ from rich.table import Table
 from costmodel.evaluator import DurationScale, Evaluator
 from costmodel.replay.fidelity import fidelity
 from lagom import tuning
-from lagom.console import StageProgress, stdout_console
+from lagom.console import StageProgress, mib, stdout_console
 from lagom.output_paths import OutputFormat, check_output
 from lagom.record_overhead import (
     check_recorded_steps,
@@ -77,6 +77,7 @@ from lagom.record_overhead import (
 from lagom.replay_report import fidelity_line, fidelity_warning, steps_table
 from lagom.trace_context import refuse_to_tune, resolve_cluster
 from lagom.trace_export import check_export_path, export_trace
+from lagom.tune_report import tune_report
 from lagom.workload_arg import read_workload_arg
 from lagom.workload_fit import fit_warnings, untunable_warnings
 from nccl_env.errors import LagomError
@@ -128,14 +129,10 @@ def run(args: argparse.Namespace) -> int:
         raise LagomError("--export-trace: applies to a trace (WORKLOAD is not a trace)")
     if args.unprofiled_cpu:
         check_recorded_steps(workload, from_trace)
-    refusal = refuse_to_tune(workload) if from_trace else None
+    refusal = refuse_to_tune(workload, cluster_given=args.cluster is not None) if from_trace else None
     if refusal:
         raise LagomError(refusal)
     cpu_only = bool(from_trace and workload.collectives and not any(c.on_gpu for c in workload.collectives))
-    if cpu_only and args.cluster is None:
-        raise LagomError(f"{workload.source}: its collectives ran on the CPU (a gloo job: no GPU, no NCCL kernels); "
-                         "give --cluster NAME|FILE to tune them for that cluster's NCCL (the model's figures, not "
-                         "this job's)")
     choice = resolve_cluster(workload, from_trace, args.cluster, args.nccl_version)
     cluster = choice.cluster
     evaluator_name = args.evaluator or tuning.DEFAULT_EVALUATOR
@@ -165,9 +162,9 @@ def run(args: argparse.Namespace) -> int:
     elapsed_s = time.perf_counter() - started
     config = tuning.tuned_config(outcome, cluster, choice.cluster_arg, args.workload, min_gain=args.min_gain)
     config.dump(args.output, "-o")
-    rows = tuning.signature_rows(outcome, workload)
-    base, tuned = outcome.baseline.iteration_us, outcome.result.iteration_us
+    report = tune_report(outcome, workload, args.min_gain)
     auto = outcome.autoccl.iteration_us if outcome.autoccl is not None else None
+    base, tuned = outcome.baseline.iteration_us, outcome.result.iteration_us
     summary = {
         "workload": args.workload,
         "cluster": cluster.name,
@@ -182,12 +179,11 @@ def run(args: argparse.Namespace) -> int:
         "evaluations_by_method": {args.method: outcome.result.evaluations,
                                   **({"autoccl": outcome.autoccl.evaluations}
                                      if outcome.autoccl is not None and args.method != "autoccl" else {})},
-        "signatures": len(rows),
+        "signatures": len(report.rows),
         "elapsed_s": round(elapsed_s, 2),
         "output": args.output,
-        "why": tuning.explain(outcome),
+        **report.to_dict(),
         "notes": config.notes,
-        "rows": [r.to_dict() for r in rows],
     }
     if export is not None:
         export_trace(workload, outcome.result.timing, export, f"the tuned plan ({args.method}), as in {args.output}")
@@ -199,7 +195,8 @@ def run(args: argparse.Namespace) -> int:
     if fid is not None:
         summary["replay"] = fid.to_dict()
         summary["steps"] = [
-            {**b.to_dict(), "tuned_iteration_us": round(t.iteration_us, 3)}
+            {**b.to_dict(), "tuned_iteration_us": round(t.iteration_us, 3), "tuned_comm_us": round(t.comm_us, 3),
+             "tuned_exposed_comm_us": round(t.exposed_comm_us, 3)}
             for b, t in zip(outcome.baseline.steps, outcome.result.timing.steps)
         ]
     if args.json:
@@ -214,38 +211,42 @@ def run(args: argparse.Namespace) -> int:
     if overhead is not None:
         out.print(overhead_line(overhead), highlight=False)
     name = Path(args.workload).name if Path(args.workload).exists() else args.workload
-    table = Table(title=f"lagom tune: {name} on {cluster.name} ({evaluator_name}, {args.method})",
-                  box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0), title_justify="left")
-    for col in ("signature", "setting: NCCL>tuned", "comm ms", "slowdown"):
+    per = "per step" if outcome.baseline.steps else "per iteration"
+    table = Table(title=f"lagom tune: {name} on {cluster.name} ({evaluator_name}, {args.method}); ms {per}",
+                  box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), title_justify="left")
+    for col in ("signature", "setting: NCCL>tuned", "coll. ms", "slowdown"):
         table.add_column(col, justify="left" if col in ("signature", "setting: NCCL>tuned") else "right",
                          no_wrap=col != "setting: NCCL>tuned")
-    for r in rows:
+    for r in report.rows:
         s = r.signature
-        table.add_row(
-            escape(f"{s.collective.value}[{s.group}] {_bytes(s.message_bytes)} x{s.ranks}r/{s.nodes}n"),
-            _change(r.old, r.new),
-            f"{r.old_comm_us / 1e3:,.1f}>{r.new_comm_us / 1e3:,.1f}",
-            f"{r.old_compute_slowdown:.3f}>{r.new_compute_slowdown:.3f}",
-        )
+        label = escape(f"{s.collective.value}[{s.group}] {mib(s.message_bytes)} x{s.ranks}r/{s.nodes}n")
+        if r.kept:
+            table.add_row(label, _change(r.old, r.old) + " (kept)", f"{r.old_ms:,.2f}", f"{r.old_slowdown:.3f}")
+        else:
+            table.add_row(label, _change(r.old, r.new), f"{r.old_ms:,.2f}>{r.new_ms:,.2f}",
+                          f"{r.old_slowdown:.3f}>{r.new_slowdown:.3f}")
     out.print(table)
-    out.print("X>Y: NCCL's default > tuned; slowdown: of the compute beside the collective; --json adds the "
+    out.print("X>Y: NCCL's settings > tuned; c: chunk, MiB; kept: the file keeps NCCL's (gain below --min-gain); "
+              "coll. ms: the signature's collectives; slowdown: of the compute they overlap; --json adds the "
               "search's order and priority per signature", highlight=False)
     if outcome.baseline.steps:
         out.print(steps_table(outcome.baseline.steps, outcome.result.timing.steps))
-    per = "per profiler step" if outcome.baseline.steps else "iteration"
-    out.print(f"predicted {per}: NCCL default {base:,.1f} us, "
-              + ("" if auto is None else f"AutoCCL {auto:,.1f} us, ")
-              + f"{args.method} {tuned:,.1f} us  (x{base / tuned:.3f} vs NCCL"
-              + ("" if auto is None else f", x{auto / tuned:.3f} vs AutoCCL") + ")")
+    w = report.written
+    out.print(f"predicted {per}: NCCL's settings {report.nccl.step_ms:,.2f} ms, "
+              + ("" if report.autoccl is None else f"AutoCCL {report.autoccl.step_ms:,.2f} ms, ")
+              + f"{args.method} {report.tuned.step_ms:,.2f} ms (x{report.nccl.step_ms / report.tuned.step_ms:.3f}"
+              + ("" if report.autoccl is None else f", x{report.autoccl.step_ms / report.tuned.step_ms:.3f} vs AutoCCL")
+              + f"); the file runs {w.step_ms:,.2f} ms", highlight=False)
     by = summary["evaluations_by_method"]
     shared = sum(by.values()) - outcome.evaluations_run
     out.print(f"{outcome.evaluations_run} evaluations in {elapsed_s:.1f} s ({args.method} {outcome.result.evaluations}"
               + (f", AutoCCL {by['autoccl']}" if "autoccl" in by else "")
-              + (f", {shared} answered from the others'" if shared else "") + f"); wrote {args.output}")
-    for line in summary["why"]:
+              + (f", {shared} answered from the others'" if shared else "") + f"); wrote {args.output}",
+              highlight=False)
+    for line in report.why():
         out.print(f"why: {line}", highlight=False)
     for note in config.notes:
-        out.print(f"note: {note}")
+        out.print(f"note: {note}", highlight=False)
     sys.stdout.flush()
     return 0
 
@@ -260,7 +261,7 @@ def _parts(cfg: CommConfig) -> list[tuple[str, str]]:
     if cfg.threads is not None:
         parts.append(("nt", str(cfg.threads)))
     if cfg.chunk_bytes is not None:
-        parts.append(("c", _bytes(cfg.chunk_bytes)))
+        parts.append(("c", mib(cfg.chunk_bytes, unit=False)))
     return parts
 
 
@@ -272,11 +273,3 @@ def _change(old: CommConfig, new: CommConfig) -> str:
         a, b = before.get(prefix, "NCCL"), after.get(prefix, "NCCL")
         out.append(f"{prefix}{a}" if a == b else f"{prefix}{a}>{b}")
     return " ".join(out) or "NCCL decides"
-
-
-def _bytes(n: int) -> str:
-    if n % (1 << 20) == 0:
-        return f"{n >> 20}M"
-    if n >= (1 << 20):
-        return f"{n / (1 << 20):.2f}M"
-    return f"{n >> 10}K" if n >= 1024 else f"{n}B"

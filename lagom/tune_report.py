@@ -1,0 +1,208 @@
+"""What ``lagom tune`` reports: every figure computed once, here, and the words derived from them.
+
+One definition per figure (docs/tuner.md, "The figures"), the same in the tables, the
+reason lines and ``--json``:
+
+- **step** (ms): a trace's profiler step as the GPU's period (docs/replay.md), the mean
+  over its complete steps; a generated workload's iteration;
+- **collectives**, **exposed**, **compute** (ms per step): merged collective time,
+  the part of it no compute kernel overlaps, merged compute time;
+- **GPU idle** (ms per step): the step minus compute minus exposed collectives;
+- **compute slowdown**: compute time over the same compute with no collective beside
+  it (``Timing.compute_slowdown``; for a trace, "alone" is the trace's own run of the
+  same kernel shape where it has one);
+- per signature: its collectives' summed time per step (their union over every
+  signature is the step's collectives), and the compute slowdown of the kernels they
+  overlap, by the same definition.
+
+The bound of a step says what its time goes to under NCCL's settings: *idle* when the
+GPU is idle half of it or more, else *communication* when a quarter or more is exposed
+collectives, else *compute*.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from costmodel.evaluator import Timing
+from costmodel.replay.schedule import replay_static
+from lagom.tuning import TuneOutcome
+from nccl_env.knobs import CommConfig
+from nccl_env.plan import Signature
+from traces.intervals import CoverIndex, union
+from traces.workload import Workload
+
+IDLE_BOUND_FRACTION = 0.5  # the GPU idle half the step or more: the CPU or launches pace it
+COMM_BOUND_FRACTION = 0.25  # a quarter of the step exposed collectives: only faster collectives help
+
+
+class Bound(enum.Enum):
+    IDLE = "idle-bound"
+    COMMUNICATION = "communication-bound"
+    COMPUTE = "compute-bound"
+
+
+@dataclass(frozen=True)
+class PlanFigures:
+    """One plan's figures, ms per step (per iteration for a generated workload)."""
+
+    step_ms: float
+    collectives_ms: float
+    exposed_ms: float
+    compute_ms: float
+    compute_slowdown: float
+    critical_ms: float | None  # the trace's collective time on the critical path (None: not a trace)
+
+    @property
+    def idle_ms(self) -> float:
+        return max(0.0, self.step_ms - self.compute_ms - self.exposed_ms)
+
+    @property
+    def bound(self) -> Bound:
+        if self.step_ms > 0 and self.idle_ms >= IDLE_BOUND_FRACTION * self.step_ms:
+            return Bound.IDLE
+        if self.step_ms > 0 and self.exposed_ms >= COMM_BOUND_FRACTION * self.step_ms:
+            return Bound.COMMUNICATION
+        return Bound.COMPUTE
+
+    def to_dict(self) -> dict:
+        return {"step_ms": round(self.step_ms, 4), "collectives_ms": round(self.collectives_ms, 4),
+                "exposed_ms": round(self.exposed_ms, 4), "compute_ms": round(self.compute_ms, 4),
+                "gpu_idle_ms": round(self.idle_ms, 4), "compute_slowdown": round(self.compute_slowdown, 4),
+                **({"critical_collectives_ms": round(self.critical_ms, 4)} if self.critical_ms is not None else {}),
+                "bound": self.bound.value}
+
+
+def plan_figures(timing: Timing) -> PlanFigures:
+    critical = (sum(s.measured_critical_comm_us for s in timing.steps) / len(timing.steps) / 1e3
+                if timing.steps else None)
+    return PlanFigures(timing.iteration_us / 1e3, timing.comm_us / 1e3, timing.exposed_comm_us / 1e3,
+                       timing.compute_us / 1e3, timing.compute_slowdown, critical)
+
+
+@dataclass(frozen=True)
+class SignatureRow:
+    signature: Signature
+    old: CommConfig  # NCCL's own choice (the trace's recorded settings over the cluster model's)
+    new: CommConfig  # what the search found, over NCCL's choice
+    kept: bool  # the file keeps NCCL's settings (the predicted gain is below --min-gain)
+    old_ms: float  # its collectives' time per step under NCCL's settings
+    new_ms: float  # ... under the tuned plan
+    old_slowdown: float  # compute slowdown of the kernels its collectives overlap
+    new_slowdown: float
+    order: int | None  # position in which Lagom finished the unit holding its channels
+    priority: float | None  # that unit's last H
+
+    def to_dict(self) -> dict:
+        return {"signature": self.signature.label(), "nccl": self.old.to_dict(), "tuned": self.new.to_dict(),
+                "kept": self.kept, "nccl_ms": round(self.old_ms, 4), "tuned_ms": round(self.new_ms, 4),
+                "nccl_compute_slowdown": round(self.old_slowdown, 4),
+                "tuned_compute_slowdown": round(self.new_slowdown, 4), "order": self.order, "priority": self.priority}
+
+
+@dataclass(frozen=True)
+class TuneReport:
+    nccl: PlanFigures
+    tuned: PlanFigures
+    autoccl: PlanFigures | None
+    kept: bool
+    gain: float  # nccl step / tuned step - 1
+    min_gain: float
+    rows: list[SignatureRow]
+
+    @property
+    def written(self) -> PlanFigures:
+        """What the file the command writes runs: the tuned plan, or NCCL's settings when kept."""
+        return self.nccl if self.kept else self.tuned
+
+    def why(self) -> list[str]:
+        """The reason lines, from the figures above and nothing else."""
+        n, t = self.nccl, self.tuned
+        lines = [f"{n.bound.value}: under NCCL's settings a step is {n.step_ms:,.2f} ms: compute "
+                 f"{n.compute_ms:,.2f} ms, exposed collectives {n.exposed_ms:,.2f} ms, GPU idle {n.idle_ms:,.2f} ms"]
+        if n.bound is Bound.IDLE:
+            lines.append("the GPU waits on the CPU or launches most of the step: NCCL's settings move little of it")
+        if n.critical_ms is not None:
+            lines.append(f"faster collectives can shorten a step by {n.critical_ms:,.2f} ms at most "
+                         f"(collective time on its critical path)")
+        change = (f"{t.step_ms:,.2f} ms (x{n.step_ms / t.step_ms:.3f}): exposed collectives {n.exposed_ms:,.2f} -> "
+                  f"{t.exposed_ms:,.2f} ms, compute {n.compute_ms:,.2f} -> {t.compute_ms:,.2f} ms "
+                  f"(slowdown x{n.compute_slowdown:.3f} -> x{t.compute_slowdown:.3f})") if t.step_ms > 0 else ""
+        if self.kept:
+            lines.append(f"kept NCCL's settings: the search's plan would run {change}, a gain of {self.gain:.2%}, "
+                         f"below --min-gain {self.min_gain:.2%}")
+        else:
+            lines.append(f"tuned: {change}")
+        a = self.autoccl
+        if a is not None and a.step_ms > t.step_ms * 1.005:
+            lines.append(f"AutoCCL's plan (each collective at its fastest): {a.step_ms:,.2f} ms, compute slowdown "
+                         f"x{a.compute_slowdown:.3f}")
+        return lines
+
+    def to_dict(self) -> dict:
+        return {"nccl": self.nccl.to_dict(), "tuned": self.tuned.to_dict(),
+                "autoccl": self.autoccl.to_dict() if self.autoccl else None, "kept": self.kept,
+                "gain": round(self.gain, 5), "min_gain": self.min_gain, "why": self.why(), "rows": [r.to_dict() for r in self.rows]}
+
+
+def tune_report(outcome: TuneOutcome, workload: Workload, min_gain: float) -> TuneReport:
+    nccl, tuned = plan_figures(outcome.baseline), plan_figures(outcome.result.timing)
+    gain = nccl.step_ms / tuned.step_ms - 1.0 if tuned.step_ms > 0 else 0.0
+    kept = bool(outcome.result.plan.entries) and gain < min_gain
+    autoccl = plan_figures(outcome.autoccl.timing) if outcome.autoccl is not None else None
+    return TuneReport(nccl, tuned, autoccl, kept, gain, min_gain, _rows(outcome, workload, kept))
+
+
+def _rows(outcome: TuneOutcome, workload: Workload, kept: bool) -> list[SignatureRow]:
+    space, result = outcome.space, outcome.result
+    unit_of: dict[Signature, str] = {}
+    scope_rank = {"collective": 0, "group": 1, "function": 2, "process": 3}
+    for unit in sorted(space.resource_units, key=lambda u: scope_rank[u.scope.value], reverse=True):
+        for sig in unit.signatures:
+            unit_of[sig] = unit.key  # narrowest scope wins (written last)
+    last_h: dict[str, float | None] = {}
+    for step in result.steps:
+        if step.priority is not None:
+            last_h[step.unit] = step.priority
+    counted, per = _counted_ops(workload, outcome.baseline)
+    rows = []
+    for sig in space.signatures:
+        ids = tuple(i for i in space.collective_ids[sig] if counted is None or i in counted)
+        default = space.defaults.get(sig) or CommConfig()
+        key = unit_of.get(sig)
+        rows.append(SignatureRow(
+            signature=sig, old=default, new=result.plan.config_for(sig).merged_over(default), kept=kept,
+            old_ms=_time(outcome.baseline, ids) / per / 1e3, new_ms=_time(result.timing, ids) / per / 1e3,
+            old_slowdown=_slowdown(workload, outcome.baseline, ids),
+            new_slowdown=_slowdown(workload, result.timing, ids),
+            order=(result.order.index(key) + 1) if key in result.order else None,
+            priority=last_h.get(key) if key else None))
+    return rows
+
+
+def _counted_ops(workload: Workload, timing: Timing) -> tuple[set[int] | None, int]:
+    """A trace's ops launched in its complete steps and how many steps; a generated workload: all, once."""
+    if not timing.steps or workload.exec_graph is None:
+        return None, 1
+    st = replay_static(workload)
+    counted = {st.op_ids[k] for step in st.steps for k in step.op_index}
+    return counted, len(st.steps)
+
+
+def _time(timing: Timing, ids: tuple[int, ...]) -> float:
+    return sum(timing.ops[i].duration_us for i in ids if i in timing.ops)
+
+
+def _slowdown(workload: Workload, timing: Timing, ids: tuple[int, ...]) -> float:
+    """The compute slowdown (contended over uncontended time) of the kernels these collectives overlap."""
+    spans = CoverIndex(union((timing.ops[i].start_us, timing.ops[i].end_us) for i in ids if i in timing.ops))
+    contended = uncontended = 0.0
+    for op in workload.compute_ops:
+        t = timing.ops.get(op.op_id)
+        if t is None or op.is_memory_op:
+            continue
+        if spans.covered(t.start_us, t.end_us) > 0:
+            contended += t.duration_us
+            uncontended += timing.uncontended_us.get(op.op_id, op.duration_us)
+    return contended / uncontended if uncontended > 0 else 1.0

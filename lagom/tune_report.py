@@ -143,7 +143,8 @@ class TuneReport:
     def to_dict(self) -> dict:
         return {"nccl": self.nccl.to_dict(), "tuned": self.tuned.to_dict(),
                 "autoccl": self.autoccl.to_dict() if self.autoccl else None, "kept": self.kept,
-                "gain": round(self.gain, 5), "min_gain": self.min_gain, "why": self.why(), "rows": [r.to_dict() for r in self.rows]}
+                "gain": round(self.gain, 5), "min_gain": self.min_gain, "why": self.why(),
+                "rows": [r.to_dict() for r in self.rows]}
 
 
 def tune_report(outcome: TuneOutcome, workload: Workload, min_gain: float) -> TuneReport:

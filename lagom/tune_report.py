@@ -35,6 +35,7 @@ from traces.workload import Workload
 
 IDLE_BOUND_FRACTION = 0.5  # the GPU idle half the step or more: the CPU or launches pace it
 COMM_BOUND_FRACTION = 0.25  # a quarter of the step exposed collectives: only faster collectives help
+NOTHING_TO_GAIN_FRACTION = 0.01  # critical-path collectives under 1% of the step: below --min-gain's default
 
 
 class Bound(enum.Enum):
@@ -120,18 +121,22 @@ class TuneReport:
         """The reason lines, from the figures above and nothing else."""
         n, t = self.nccl, self.tuned
         lines = [f"{n.bound.value}: under NCCL's settings a step is {n.step_ms:,.2f} ms: compute "
-                 f"{n.compute_ms:,.2f} ms, exposed collectives {n.exposed_ms:,.2f} ms, GPU idle {n.idle_ms:,.2f} ms"]
-        if n.bound is Bound.IDLE:
-            lines.append("the GPU waits on the CPU or launches most of the step: NCCL's settings move little of it")
+                 f"{n.compute_ms:,.2f} ms, exposed collectives {n.exposed_ms:,.2f} ms, GPU idle {n.idle_ms:,.2f} ms"
+                 + (" (the GPU waits on the CPU or on launches, which NCCL's settings do not change)"
+                    if n.bound is Bound.IDLE else "")]
         if n.critical_ms is not None:
             lines.append(f"faster collectives can shorten a step by {n.critical_ms:,.2f} ms at most "
-                         f"(collective time on its critical path)")
+                         f"(collective time on its critical path)"
+                         + (": nothing for NCCL's settings to gain here"
+                            if n.critical_ms < NOTHING_TO_GAIN_FRACTION * n.step_ms else ""))
         change = (f"{t.step_ms:,.2f} ms (x{n.step_ms / t.step_ms:.3f}): exposed collectives {n.exposed_ms:,.2f} -> "
                   f"{t.exposed_ms:,.2f} ms, compute {n.compute_ms:,.2f} -> {t.compute_ms:,.2f} ms "
                   f"(slowdown x{n.compute_slowdown:.3f} -> x{t.compute_slowdown:.3f})") if t.step_ms > 0 else ""
         if self.kept:
             lines.append(f"kept NCCL's settings: the search's plan would run {change}, a gain of {self.gain:.2%}, "
                          f"below --min-gain {self.min_gain:.2%}")
+        elif not any(r.new != r.old for r in self.rows):
+            lines.append("kept NCCL's settings: no plan the search tried ran faster")
         else:
             lines.append(f"tuned: {change}")
         a = self.autoccl

@@ -154,13 +154,17 @@ def test_simulate_json_contract(capsys):
 
 
 @pytest.mark.slow
-def test_tune_on_a_trace_says_its_fidelity_first(tmp_path, capsys):
+def test_tune_on_a_trace_says_why_then_its_fidelity(tmp_path, capsys):
     argv = ["tune", str(TRACES / W2), "--cluster", "a100-nvswitch", "--evaluator", "sim", "--no-autoccl",
             "-o", str(tmp_path / "lagom.yaml")]
     assert main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("the model reproduces 2 steps of this trace within 0.0%")
-    assert not lines[1].startswith("warning") and max(len(line) for line in lines) <= 100
+    assert lines[0].startswith("why: idle-bound: under NCCL's settings a step is")
+    fidelity_at = next(i for i, line in enumerate(lines) if line.startswith("the model reproduces"))
+    before = " ".join(lines[:fidelity_at])
+    assert before.count("why: ") == 3 and "lagom tune:" not in before  # the why lines, then the tables
+    assert lines[fidelity_at].startswith("the model reproduces 2 steps of this trace within 0.0%")
+    assert not lines[fidelity_at + 1].startswith("warning") and max(len(line) for line in lines) <= 100
     assert main([*argv, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["replay"]["median_step_error_pct"] < 0.5 and len(summary["steps"]) == 2

@@ -170,10 +170,21 @@ def test_readme_setup_command_tunes_the_bundled_trace(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "lagom", *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    first = proc.stdout.splitlines()[0]
-    assert first.startswith("the model reproduces 2 steps of this trace within"), first
+    lines = proc.stdout.splitlines()
+    # its first line says plainly why this trace has nothing to gain (README: and points at one that has)
+    assert lines[0].startswith("why: idle-bound: under NCCL's settings a step is"), lines[0]
+    flat = " ".join(proc.stdout.split())
+    assert "nothing for NCCL's settings to gain here" in flat
+    assert "the model reproduces 2 steps of this trace within 0.0%" in flat
     config = load_tuned_config(tmp_path / "lagom.yaml")
     assert config.nccl_version == "2.17.1"  # the trace's own NCCL, not the preset's 2.18.3
+    pointer = re.search(r"`lagom tune (traces/examples/\S+)`", readme)
+    assert pointer is not None, "the README points at a bundled trace that has something to gain"
+    proc = subprocess.run([sys.executable, "-m", "lagom", "tune", str(REPO_ROOT / pointer.group(1)), "--json"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["speedup_vs_nccl"] >= 1.05 and not summary["kept"]  # item 6: x1.05 or more on the 2-channel case
 
 
 def test_evaluations_count_every_evaluation_tune_ran_the_comparison_included(tmp_path, capsys):

@@ -203,6 +203,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
         return 0
     out = stdout_console()
+    for line in report.why():
+        out.print(f"why: {line}", highlight=False)
     if fid is not None:
         out.print(fidelity_line(fid), highlight=False)
         untrusted = fidelity_warning(fid)
@@ -243,8 +245,6 @@ def run(args: argparse.Namespace) -> int:
               + (f", AutoCCL {by['autoccl']}" if "autoccl" in by else "")
               + (f", {shared} answered from the others'" if shared else "") + f"); wrote {args.output}",
               highlight=False)
-    for line in report.why():
-        out.print(f"why: {line}", highlight=False)
     for note in config.notes:
         out.print(f"note: {note}", highlight=False)
     sys.stdout.flush()

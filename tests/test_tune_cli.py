@@ -50,7 +50,7 @@ def test_tune_table_names_every_signature(tmp_path, capsys):
     workload = generate_workload("tp:phi2:tp=8,dp=1")
     for sig in workload_signatures(workload, 8):
         assert sig.collective.value in out
-    assert "predicted iteration: NCCL default" in out and "evaluations" in out
+    assert "predicted per iteration: NCCL's settings" in out and "evaluations" in out
 
 
 def test_bad_input_is_one_line(tmp_path, capsys):
@@ -148,8 +148,11 @@ def test_tune_says_why_in_numbers_from_its_own_timings(tmp_path, capsys):
     assert code == 0, err
     summary = json.loads(out)
     why = summary["why"]
-    assert why[0].startswith("compute-bound") and f"x{base.compute_slowdown:.3f} under NCCL's default" in why[0]
-    assert any(line.startswith("AutoCCL's fastest collectives") for line in why)  # AutoCCL loses here
+    assert why[0].startswith("compute-bound") and summary["nccl"]["bound"] == "compute-bound"
+    tuned_line = next(line for line in why if line.startswith("tuned: "))
+    assert f"(slowdown x{base.compute_slowdown:.3f} -> " in tuned_line  # the gain is contention removed
+    assert summary["tuned"]["compute_slowdown"] < base.compute_slowdown
+    assert any(line.startswith("AutoCCL's plan") for line in why)  # AutoCCL loses here
     code, out, err = run_cli(capsys, "tune", "fsdp:llama3-8b:gpus=16", "--cluster", "low-bw", "--evaluator", "sim",
                              "--no-autoccl", "-o", str(tmp_path / "b.yaml"))
     assert code == 0, err

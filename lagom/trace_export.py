@@ -11,7 +11,9 @@ measured trace in the same viewer, and ``lagom analyze OUT`` reads it as a trace
 steps, collectives and exposed time are the replay's). A top-level ``lagom_export``
 object says what was predicted; the rest of the metadata is the original's.
 
-Only the first rank of a folder is replayed, so only its file is exported.
+A gloo job's trace (no GPU op) replays its collectives' CPU calls: each moves with its
+thread and takes its predicted duration. Only the first rank of a folder is replayed, so
+only its file is exported.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from lagom import __version__
 from nccl_env.errors import LagomError
 from traces.kineto_events import CATEGORY, GPU_ANNOTATION, KERNEL, MEMCPY, MEMSET, thread_key, to_int
 from traces.kineto_json import read_bytes
-from traces.workload import Op, Workload
+from traces.workload import CollectiveOp, Op, Workload
 
 EXPORT_KEY = "lagom_export"  # the top-level object that marks a file Lagom wrote
 _MATCH_US = 1e-3  # an op's start and its event's ts agree to float rounding once shifted by the origin
@@ -87,26 +89,20 @@ def export_trace(workload: Workload, timing: Timing, out: Path, what: str) -> in
     moved = moved_times(workload, timing)
     ops: list[Op] = sorted((*workload.compute_ops, *workload.collectives),
                            key=lambda o: (o.start_us, o.stream, o.op_id))
-    gpu = sorted((e for e in events if isinstance(e, dict) and _is_gpu_op(e)),
-                 key=lambda e: (e["ts"], to_int(e["args"]["stream"])))
-    if len(gpu) != len(ops) or not ops:
-        raise LagomError(f"{source}: its GPU ops do not match the replayed workload ({len(gpu)} vs {len(ops)})")
-    offset = ops[0].start_us - gpu[0]["ts"]  # trace time -> workload time
+    matched, offset = _op_events(source, ops, events)
     by_corr: dict[int, float] = {}  # correlation -> predicted kernel start (trace time)
     spans: dict[int, list[tuple[float, float, float]]] = {}  # stream -> (old start, old end, shift), trace time
-    for op, e in zip(ops, gpu):
-        if abs(e["ts"] + offset - op.start_us) > _MATCH_US or e["name"] != op.name:
-            raise LagomError(f"{source}: its GPU ops do not match the replayed workload (at {e['name'][:40]!r})")
+    for op, e in zip(ops, matched):
         new_ts = moved.starts[op.op_id] - offset
         spans.setdefault(op.stream, []).append((e["ts"], e["ts"] + e["dur"], new_ts - e["ts"]))
         e["ts"], e["dur"] = new_ts, moved.ends[op.op_id] - moved.starts[op.op_id]
-        corr = to_int(e["args"].get("correlation"))
+        corr = to_int((e.get("args") or {}).get("correlation"))
         if corr is not None:
             by_corr[corr] = new_ts
     for stream_spans in spans.values():
         stream_spans.sort()
     threads = {name: i for i, name in enumerate(workload.exec_graph.threads)}
-    gpu_ids = {id(e) for e in gpu}
+    gpu_ids = {id(e) for e in matched}
     for e in events:
         if not isinstance(e, dict) or id(e) in gpu_ids or type(e.get("ts")) not in (int, float):
             continue
@@ -135,7 +131,35 @@ def export_trace(workload: Workload, timing: Timing, out: Path, what: str) -> in
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise LagomError(f"--export-trace {out}: cannot write: {exc.strerror or exc}") from None
-    return len(gpu)
+    return len(matched)
+
+
+def _op_events(source: Path, ops: list[Op], events: list) -> tuple[list[dict], float]:
+    """Each replayed op's event, in the ops' order, and the offset from trace time to workload
+    time. GPU ops are the kernels, copies and sets; a trace with none (a gloo job) replays its
+    collectives' outermost CPU calls (traces.kineto), matched by name and time."""
+    gpu = sorted((e for e in events if isinstance(e, dict) and _is_gpu_op(e)),
+                 key=lambda e: (e["ts"], to_int(e["args"]["stream"])))
+    if not gpu and ops and all(isinstance(o, CollectiveOp) and not o.on_gpu for o in ops):
+        by_name: dict[str, list[dict]] = {}
+        for e in events:
+            if isinstance(e, dict) and e.get("ph") == "X" and type(e.get("ts")) in (int, float) \
+                    and isinstance(e.get("dur"), (int, float)):
+                by_name.setdefault(str(e.get("name")), []).append(e)
+        for first in by_name.get(ops[0].name, []):
+            offset = ops[0].start_us - first["ts"]
+            found = [next((e for e in by_name.get(o.name, []) if abs(e["ts"] + offset - o.start_us) <= _MATCH_US
+                           and abs(e["dur"] - o.duration_us) <= _MATCH_US), None) for o in ops]
+            if all(e is not None for e in found):
+                return [e for e in found if e is not None], offset
+        raise LagomError(f"{source}: its CPU collectives do not match the replayed workload")
+    if len(gpu) != len(ops) or not ops:
+        raise LagomError(f"{source}: its GPU ops do not match the replayed workload ({len(gpu)} vs {len(ops)})")
+    offset = ops[0].start_us - gpu[0]["ts"]  # trace time -> workload time
+    for op, e in zip(ops, gpu):
+        if abs(e["ts"] + offset - op.start_us) > _MATCH_US or e["name"] != op.name:
+            raise LagomError(f"{source}: its GPU ops do not match the replayed workload (at {e['name'][:40]!r})")
+    return gpu, offset
 
 
 def _annotation_shift(stream_spans: list[tuple[float, float, float]], event: dict) -> float:

@@ -121,3 +121,30 @@ def test_tune_asks_for_a_cluster_then_tunes_the_cpu_collectives_as_the_models_fi
     rank0 = _metadata(tmp / "traces" / "rank-0.json.gz")  # tune reads rank 0
     assert summary["profiler_overhead"]["overhead"] == pytest.approx(_expected_overhead([rank0]), abs=1e-4)
     assert summary["signatures"] > 0 and (tmp_path / "b.yaml").exists()
+
+
+def test_record_tune_run_export_a_gloo_job_with_the_readmes_commands(runs, tmp_path):
+    """The loop from the user's cluster back: what was recorded is tuned (for a named cluster: a gloo
+    job ran no NCCL), the job runs with the tuned file, and the tuned plan's prediction is exported
+    as a trace that lagom analyze reads back step for step."""
+    tmp, results = runs
+    assert results["full"][0] == 0
+    tuned = tmp_path / "lagom.yaml"
+    done = _lagom("tune", str(tmp / "traces"), "--cluster", "low-bw", "--no-autoccl", "-o", str(tuned), "--json")
+    assert done.returncode == 0, done.stderr
+    ran = subprocess.run([sys.executable, "-m", "lagom", "run", "--config", str(tuned), "--audit",
+                          str(tmp_path / "audit.json"), "--", sys.executable, "-m", "torch.distributed.run",
+                          "--standalone", "--nproc_per_node", "2", str(JOB), "--out", str(tmp_path / "job"),
+                          "--steps", "3"], capture_output=True, text=True, env=_env(), timeout=240, check=False)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads((tmp_path / "audit.json").read_text())["format"] == "lagom.audit"
+    export = tmp_path / "predicted.json.gz"
+    simulated = _lagom("simulate", str(tmp / "traces"), "--cluster", "low-bw", "--config", str(tuned),
+                       "--scale", "comm=2", "--export-trace", str(export), "--json")
+    assert simulated.returncode == 0, simulated.stderr
+    predicted = json.loads(simulated.stdout)["steps"]
+    read_back = json.loads(_lagom("analyze", str(export), "--json").stdout)["ranks"][0]["steps"]
+    assert [s["name"] for s in read_back] == [s["name"] for s in predicted]
+    for p, r in zip(predicted, read_back):
+        assert r["iteration_us"] == pytest.approx(p["iteration_us"], rel=1e-3)
+        assert p["iteration_us"] > p["measured_iteration_us"]  # twice the collective time: longer steps

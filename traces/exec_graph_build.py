@@ -152,6 +152,35 @@ def build_exec_graph(
     return graph
 
 
+def build_cpu_graph(collectives: list[tuple[CollectiveOp, tuple]], step_marks: list[StepMark],
+                    thread_events: dict[tuple, ThreadEvents] | None, origin: float) -> ExecGraph:
+    """The graph of a trace whose collectives all ran on the CPU (a gloo job: no GPU op at all).
+    Each collective is its thread's blocking call: an op launched at the call with no latency,
+    and a wait of the thread that ends when the op does, so the thread's later calls move with
+    the collective's time. Steps and hand-overs as for any trace."""
+    graph = ExecGraph()
+    thread_index: dict[tuple, int] = {}
+
+    def thread_of(key: tuple) -> int:
+        i = thread_index.get(key)
+        if i is None:
+            i = thread_index[key] = len(graph.threads)
+            graph.threads.append(f"{key[0]}/{key[1]}")
+        return i
+
+    calls: dict[int, tuple[float, float, tuple]] = {}
+    for op, key in collectives:
+        t = thread_of(key)
+        graph.launches[op.op_id] = Launch(t, op.start_us, 0.0)
+        graph.syncs.append(HostSync(t, op.start_us, op.end_us, (op.op_id,), "cpu collective", 0.0, 0.0))
+        calls[op.op_id] = (op.start_us + origin, op.end_us + origin, key)
+    graph.syncs.sort(key=lambda s: (s.start_us, s.thread))
+    graph.steps = _steps(step_marks, thread_of, origin)
+    if thread_events:
+        graph.hand_overs = _hand_overs(thread_events, step_marks, calls, thread_of, origin)
+    return graph
+
+
 def _main_thread(thread_events: dict[tuple, ThreadEvents], step_marks: list[StepMark],
                  launch_calls: dict[int, tuple[float, float, tuple]]) -> tuple | None:
     """The thread that calls ``backward()``: the one holding the most profiler steps, else the

@@ -65,7 +65,7 @@ from nccl_env.errors import LagomError
 from nccl_env.knobs import CollectiveType
 from traces.comm_names import collective_from_kernel_name, is_nccl_kernel
 from traces.exec_graph import WAIT_BASIS_FASTEST, WAIT_BASIS_RANKS
-from traces.exec_graph_build import build_exec_graph
+from traces.exec_graph_build import build_cpu_graph, build_exec_graph
 from traces.kineto_comm import CommInfo, collective_from_call, parse_ranks
 from traces.kineto_events import (
     CommCall,
@@ -394,15 +394,21 @@ class _WorkloadBuilder:
                 else:
                     _note_kind(stream_kind, g.stream, 2, StreamKind.COMPUTE)
         streams = [Stream(s, k, f"stream {s}") for s, (_, k) in sorted(stream_kind.items())]
+        cpu_threads: dict[int, tuple] = {}
         if not any(c.on_gpu for c in colls):
-            cpu_colls, cpu_streams = self._cpu_collectives()
+            cpu_colls, cpu_streams, cpu_threads = self._cpu_collectives()
             colls += cpu_colls
             streams += cpu_streams
         _assign_ids(compute, colls)
         deps = self._dependencies(op_corr)
         steps = sorted((a - o, b - o) for a, b in set(p.steps))
-        graph = (build_exec_graph(made, p.launch_calls, p.host_calls, p.sync_events, p.step_marks, deps, o,
-                                  p.thread_events) if made else None)
+        graph = None
+        if made:
+            graph = build_exec_graph(made, p.launch_calls, p.host_calls, p.sync_events, p.step_marks, deps, o,
+                                     p.thread_events)
+        elif cpu_threads:  # a gloo job: its collectives are the CPU's own blocking calls
+            graph = build_cpu_graph([(c, cpu_threads[id(c)]) for c in colls if id(c) in cpu_threads],
+                                    p.step_marks, p.thread_events, o)
         return Workload(
             rank=p.rank if p.rank is not None else 0,
             world_size=self.world_size,
@@ -489,10 +495,12 @@ class _WorkloadBuilder:
             self.groups[name] = ProcessGroup(name, ranks)
         return name
 
-    def _cpu_collectives(self) -> tuple[list[CollectiveOp], list[Stream]]:
-        """Collectives seen only as CPU comm calls: outermost call per nest, one pseudo-stream per thread."""
+    def _cpu_collectives(self) -> tuple[list[CollectiveOp], list[Stream], dict[int, tuple]]:
+        """Collectives seen only as CPU comm calls: outermost call per nest, one pseudo-stream per thread;
+        and each one's thread (by ``id`` of the op)."""
         o = self.origin
         ops: list[CollectiveOp] = []
+        threads: dict[int, tuple] = {}
         thread_stream: dict[tuple, int] = {}
         seen: set[tuple] = set()
         for thread, calls in self.calls_by_thread.items():
@@ -516,10 +524,11 @@ class _WorkloadBuilder:
                     continue  # a wait or an unknown call
                 stream = thread_stream.setdefault(thread, -(len(thread_stream) + 1))
                 ops.append(self._collective(info, outer.name, stream, outer.ts - o, outer.end - outer.ts, False, None))
+                threads[id(ops[-1])] = thread
         streams = [
             Stream(sid, StreamKind.COMMUNICATION, f"cpu thread {thread[1]}") for thread, sid in thread_stream.items()
         ]
-        return ops, streams
+        return ops, streams, threads
 
     def _dependencies(self, op_corr: list) -> list[Dependency]:
         """Event record/wait pairs (CUDA sync events): last op recorded on the producer stream

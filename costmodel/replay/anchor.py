@@ -135,7 +135,7 @@ def _build_anchor(workload: Workload, gpus_per_node: int | None) -> _Anchor:
     spans: list[tuple[float, float, int]] = []
     for k, op_id in enumerate(st.op_ids):
         op = ops[op_id]
-        if isinstance(op, CollectiveOp) and op.on_gpu and op.tunable:
+        if isinstance(op, CollectiveOp) and st.is_coll[k] and op.tunable:
             sig = workload.signature(op, gpus_per_node)
             coll_sig[k] = sig_index.setdefault(sig, len(sig_index))
             wait[k] = min(op.duration_us, graph.comm_wait_us.get(op_id, 0.0))

@@ -200,7 +200,11 @@ def _build(w: Workload, g: ExecGraph) -> ReplayStatic:
                 anchor[thread] = min(anchor.get(thread, math.inf), t)
     awaited = [tuple(index[a] for a in wt.awaited if a in index) for wt in waits]
     order = _topological(ops, waits, preds, launch_wait, wait_prev, awaited, wait_cause)
+    cpu_side = not any(isinstance(o, CollectiveOp) and o.on_gpu for o in ops) and not w.compute_ops
     windows = _steps(g, ops)  # every annotated step; the last, unfinished, only closes the one before
+    if cpu_side:  # no GPU: a step is its annotation's period, moved with its thread
+        for window in windows:
+            window.first = _NO
     steps = windows[:-1] if len(windows) >= 2 else windows
     step_close = [windows[i + 1].first if i + 1 < len(windows) else _NO for i in range(len(steps))]
     step_close_us = [windows[i + 1].start_us if i + 1 < len(windows) else math.nan for i in range(len(steps))]
@@ -214,7 +218,7 @@ def _build(w: Workload, g: ExecGraph) -> ReplayStatic:
     st = ReplayStatic(
         op_ids=[o.op_id for o in ops], measured_start=[o.start_us for o in ops],
         measured_dur=[o.duration_us for o in ops],
-        is_coll=[isinstance(o, CollectiveOp) and o.on_gpu for o in ops],
+        is_coll=[isinstance(o, CollectiveOp) and (o.on_gpu or cpu_side) for o in ops],
         is_compute=[isinstance(o, ComputeOp) and not o.is_memory_op for o in ops],
         order=order, preds=[tuple(p) for p in preds], launch_call=launch_call, launch_latency=launch_latency,
         launch_thread=launch_thread, launch_wait=launch_wait, gap=gap,

@@ -10,6 +10,11 @@ the tuner plugin"):
 - process-wide env (read once per process): threads always (NCCL_NTHREADS,
   NCCL_LL128_NTHREADS), chunk size before 2.30 (NCCL_BUFFSIZE), algorithm/protocol
   when the plugin is not used (NCCL_ALGO/NCCL_PROTO, per-function syntax from 2.24);
+- per process group, the communication path (``CommConfig.path``): CTA policy ZERO for
+  copy engines and EFFICIENCY for NCCL's own NVLS re-selection, through
+  ``ncclConfig_t.CTAPolicy`` (``ProcessGroupNCCL.Options().config.cta_policy``, from NCCL
+  2.27/2.28), never ``NCCL_CTA_POLICY``, which would override every communicator's; the
+  buffer registration a path needs is the user's (``nccl_env.rules.path_requirements``);
 - point-to-point (AllToAll, send/recv) takes only its step size, from
   NCCL_P2P_NET_CHUNKSIZE across nodes and NCCL_P2P_NVL/PCI_CHUNKSIZE inside one (not
   NCCL_BUFFSIZE, which from 2.19 only caps it at BUFFSIZE / 8); NCCL picks its
@@ -30,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from nccl_env.errors import LagomError
-from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
+from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, CommPath, CtaPolicy, Protocol
 from nccl_env.plan import Plan, Signature
 from nccl_env.plugin_table import PLUGIN_COLLECTIVES, PluginEntry, check_entry
 from nccl_env.rules import (
@@ -194,6 +199,7 @@ def deliver(plan: Plan, version: NcclVersion, use_plugin: bool = True, own_commu
     _p2p_chunk([(s, c) for s, c in items if s.collective in P2P_COLLECTIVES], version, buffsize_free, out)
     _channels(items, plan.default, version, per_coll, out)
     _algo_proto(items, plan.default, version, per_coll, out)
+    _paths(items, out)
     return out
 
 
@@ -409,3 +415,28 @@ def _algo_proto(items, default: CommConfig, version: NcclVersion, per_coll, out:
                     f"and NCCL chooses among those"
                 )
             out.env[var] = ",".join(names[v] for v in values)
+
+
+def group_paths(plan: Plan) -> dict[str, CommPath]:
+    """Each process group's path in ``plan`` (groups without one are left out: NCCL's kernels);
+    where a group's signatures disagree, the largest message's (as :func:`deliver` delivers)."""
+    by_group: dict[str, list[tuple[Signature, CommPath]]] = defaultdict(list)
+    for sig, cfg in sorted(plan.entries.items()):
+        if cfg.path is not None:
+            by_group[sig.group].append((sig, cfg.path))
+    return {group: largest_message(items)[1] for group, items in sorted(by_group.items())}
+
+
+def _paths(items: list[tuple[Signature, CommConfig]], out: Delivery) -> None:
+    """Per group, the CTA policy its path needs (ncclConfig_t.CTAPolicy; validate_config checked the
+    version); a group asked for two paths gets the largest message's, and a compromise says so."""
+    by_group: dict[str, list[tuple[Signature, CommPath]]] = defaultdict(list)
+    for sig, cfg in items:
+        if cfg.path is not None:
+            by_group[sig.group].append((sig, cfg.path))
+    for group, group_items in sorted(by_group.items()):
+        _, path = _one_value("path", group_items, f"in process group {group!r}",
+                             "a communicator has one CTA policy and its collectives one buffer registration",
+                             out.compromises, show=lambda p: p.value)
+        if path.cta_policy is not CtaPolicy.DEFAULT:
+            out.group_configs.setdefault(group, {})["cta_policy"] = path.cta_policy.nccl_name

@@ -290,6 +290,8 @@ def pair_times_many(p: dict, gpu: GpuNumbers, s: ShapeArrays, e: CollectiveEstim
         rate = np.minimum(e.rate_cap, np.maximum(bw_k, 1e-6) / max(1e-9, e.dram_per_byte(l2)))
         yx = e.fixed_us + np.maximum(e.wire_bytes / rate, e.steps_us)
     full_gpu = gpu.sm_count * s.tb
+    if not e.waits_for_sms:  # copy engines: no CTA to place
+        return y, yx, np.zeros_like(y)
     wait = np.where((s.blocks >= full_gpu) & (s.base_us > 0) & ~s.memory_op,
                     p["cta_wait_waves"] * s.base_us * full_gpu / np.maximum(s.blocks, 1.0), 0.0)
     return y, yx, wait

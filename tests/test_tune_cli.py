@@ -16,6 +16,7 @@ from costmodel.cluster import load_cluster
 from costmodel.sim.simulator import Simulator
 from lagom.cli import main
 from lagom.tuned_config import load_tuned_config
+from nccl_env.knobs import CollectiveType
 from nccl_env.plan import Plan
 from traces.generate import generate_workload
 from tuner.space import workload_signatures
@@ -181,3 +182,27 @@ def test_readme_setup_command_tunes_the_bundled_trace(tmp_path):
     assert first.startswith("the model reproduces 2 steps of this trace within"), first
     config = load_tuned_config(tmp_path / "lagom.yaml")
     assert config.nccl_version == "2.17.1"  # the trace's own NCCL, not the preset's 2.18.3
+
+
+@pytest.mark.slow  # the simulator evaluates an FSDP Llama-3-8B iteration a few hundred times
+def test_tune_puts_a_group_on_the_copy_engines_and_says_what_to_turn_on(tmp_path, capsys):
+    """FSDP Llama-3-8B on one H100 node at NCCL 2.30.7: the all-gathers go to the copy engines;
+    the file sets CTA policy ZERO for the group and lists what the user must do (FSDP2's
+    set_symm_mem_for_comm, the versions), the table says so, and the file replays its prediction."""
+    from dataclasses import replace
+
+    spec, out_file = "fsdp:llama3-8b:gpus=8", tmp_path / "lagom.yaml"
+    code, out, err = run_cli(capsys, "tune", spec, "--cluster", "h100-nvswitch", "--nccl-version", "2.30.7",
+                             "--evaluator", "sim", "--no-autoccl", "-o", str(out_file))
+    assert code == 0, err
+    config = load_tuned_config(out_file)
+    assert config.process_groups["0"]["cta_policy"] == "zero"
+    gathers = [e for e in config.collectives if e.match.collective is CollectiveType.ALLGATHER]
+    assert gathers and all(e.config.path is not None and e.config.channels is None for e in gathers)
+    text = " ".join(config.requirements)
+    assert "set_symm_mem_for_comm" in text and "NCCL >= 2.28.0" in text and "CUDA driver >= 12.5" in text
+    assert "> copy engine" in out and out.count("requires: group 0 (copy_engine)") == len(config.requirements)
+    cluster = replace(load_cluster("h100-nvswitch"), nccl_version="2.30.7")
+    workload = generate_workload(spec)
+    again = Simulator(cluster, noise=0.0).evaluate(workload, config.to_plan(workload_signatures(workload, 8)))
+    assert again.iteration_us == pytest.approx(config.predictions["tuned_us"], rel=1e-6)

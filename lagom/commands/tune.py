@@ -26,6 +26,12 @@ the replay's fidelity under the trace's own settings ("the model reproduces N st
 this trace within X%"), with a warning past 10% naming the part that differs; times are
 per profiler step (the mean over the complete steps) and every step is listed.
 
+Where the NCCL version and the cluster have them, a process group may move its
+collectives on symmetric kernels or the copy engines (docs/tuner.md "Paths"): the row
+then reads "... > copy engine", and ``requires:`` lines (also in the file) say what to
+turn on that Lagom cannot (registered buffers: FSDP2's ``set_symm_mem_for_comm``; the
+torch, NCCL and driver versions).
+
 Process-wide changes (env, process-group CTAs) and per-collective entries are written
 only when the predicted gain is at least ``--min-gain`` (default 0.01 = 1%); otherwise
 the file keeps NCCL's defaults and its notes say why.
@@ -57,6 +63,7 @@ from lagom.workload_arg import read_workload_arg
 from lagom.workload_fit import fit_warnings, untunable_warnings
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
+from nccl_env.rules import Mechanism
 from tuner import METHODS
 
 
@@ -140,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         "output": args.output,
         "why": tuning.explain(outcome),
         "notes": config.notes,
+        "requirements": config.requirements,
         "rows": [r.to_dict() for r in rows],
     }
     fid = fidelity(outcome.baseline)
@@ -168,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
         s = r.signature
         table.add_row(
             escape(f"{s.collective.value}[{s.group}] {_bytes(s.message_bytes)} x{s.ranks}r/{s.nodes}n"),
-            _change(r.old, r.new),
+            _change(r.old, r.new) if r.mechanism is Mechanism.SM_KERNEL else f"{_change(r.old, r.old)} > "
+            f"{r.mechanism.value}",
             f"{r.old_comm_us / 1e3:,.1f}>{r.new_comm_us / 1e3:,.1f}",
             f"{r.old_compute_slowdown:.3f}>{r.new_compute_slowdown:.3f}",
         )
@@ -187,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
         out.print(f"why: {line}", highlight=False)
     for note in config.notes:
         out.print(f"note: {note}")
+    for line in config.requirements:
+        out.print(f"requires: {line}", highlight=False, markup=False, soft_wrap=True)
     sys.stdout.flush()
     return 0
 

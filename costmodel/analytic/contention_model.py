@@ -172,7 +172,8 @@ def running_set_times(p: dict, gpu: GpuNumbers, shapes: list[ComputeShape],
     footprint = sum(e.footprint_bytes for e in ests)
     l2 = gpu.l2_bytes
     free = max(1, gpu.sm_count - channels)
-    per_kernel = max(1, free // len(shapes)) if shapes else free
+    on_sms = sum(1 for s in shapes if not s.memory_op)  # memcpy/memset hold no SM
+    per_kernel = max(1, free // on_sms) if on_sms else free
     l2_compute = l2 - footprint if footprint < l2 else 0.0
     net = sum(e.crosses_net for e in ests)
     intra = len(ests) - net

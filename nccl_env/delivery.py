@@ -348,7 +348,16 @@ def _channels(items, default: CommConfig, version: NcclVersion, per_coll, out: D
         for sig, cfg in items:
             if cfg.channels is not None and sig.collective in PLUGIN_COLLECTIVES:
                 most[sig.group] = max(most.get(sig.group, 0), int(cfg.channels))
+        symmetric = {g for g, p in group_paths(Plan(dict(items))).items() if p is CommPath.SYMMETRIC}
         for group, value in sorted(most.items()):
+            if group in symmetric:
+                # NCCL gives its symmetric kernels at least the communicator's minCTAs (sym_kernels.cc
+                # nMinBlocks = config.minCTAs): raising it would hand them CTAs they do not need
+                # and take those SMs from the compute beside them
+                out.compromises.append(
+                    f"channels: group {group!r} runs symmetric kernels, which take at least its minCTAs; min_ctas is "
+                    f"not raised to {value}, so its other collectives get at most NCCL's own channel count")
+                continue
             if version >= CTAS_ENV_SINCE:
                 out.group_configs[group] = {"min_ctas": value}
         return

@@ -83,6 +83,13 @@ def test_delivery_sets_the_cta_policy_per_group_and_refuses_it_where_nccl_has_no
     assert "NCCL_CTA_POLICY" not in out.env  # it would override every communicator's
     with pytest.raises(LagomError, match="path=copy_engine .* from NCCL 2.28"):
         deliver(plan, V("2.27.7"))
+    # a symmetric group's minCTAs is left alone: NCCL gives its symmetric kernels at least that many
+    fsdp_channels = Plan({ag: CommConfig(channels=24), tp: CommConfig(path=CommPath.SYMMETRIC),
+                          replace(tp, message_bytes=1 << 30): CommConfig(channels=24)})
+    out = deliver(fsdp_channels, V("2.30.7"))
+    assert out.group_configs["fsdp"] == {"min_ctas": 24}
+    assert "min_ctas" not in out.group_configs.get("tp", {})
+    assert any("symmetric kernels" in line for line in out.compromises)
     lines = " ".join(path_requirements(CommPath.COPY_ENGINE, [AG], V("2.30.7")))
     assert "set_symm_mem_for_comm" in lines and "NCCL_CTA_POLICY_ZERO" in lines and "2.30.6" in lines
 

@@ -154,10 +154,17 @@ def params_for(cluster: ClusterSpec) -> dict[str, float]:
     return out
 
 
-def model_section(values: dict[str, float], fitted_from: str, fit_report: dict | None = None) -> dict:
-    """The ``model:`` mapping to store in a cluster file."""
+def model_section(values: dict[str, float], fitted_from: str, fit_report: dict | None = None,
+                  defaults: dict[str, float] | None = None) -> dict:
+    """The ``model:`` mapping to store in a cluster file: every fitted parameter, and each path
+    parameter in ``values`` that differs from ``defaults`` (the cluster's own figure), so a file
+    that set one keeps it without pinning the others."""
     out: dict = {"version": MODEL_FORMAT_VERSION, "fitted_from": fitted_from}
     out.update({name: float(f"{values[name]:.6g}") for name in PARAM_NAMES})
+    for spec in PATH_PARAMS:
+        value = values.get(spec.name)
+        if value is not None and (defaults is None or value != defaults.get(spec.name)):
+            out[spec.name] = float(f"{value:.6g}")
     if fit_report:
         out["fit_report"] = fit_report
     return out

@@ -58,7 +58,8 @@ PLOT_SUFFIXES = (".png", ".pdf", ".svg")  # formats matplotlib's Agg backend wri
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("bench", help="regression matrix: tune with the model, judge on the simulator",
                             description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="the CI subset (3 workloads x 2 clusters)")
+    parser.add_argument("--quick", action="store_true",
+                        help="the CI subset (3 workloads x 2 A40 clusters, 2 on h100-nvswitch)")
     parser.add_argument("--evaluator", choices=tuning.EVALUATORS, default=None,
                         help="what the methods tune with (default: analytic)")
     parser.add_argument("--cluster", action="append", choices=bench_matrix.ALL_CLUSTERS, default=None,

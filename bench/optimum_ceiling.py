@@ -21,7 +21,8 @@ Cost on two cores: the 8-GPU FSDP and TP cells (1,980-3,300 points) take seconds
 8-GPU EP cells (36,300) and the 16-GPU TP cells (33,000) 3-5 minutes each, the 16-GPU EP
 cells (363,000: two data-parallel groups, the process chunk and threads, the AllToAll
 step) 24 minutes for ep:olmoe-1b-7b:ep=8,gpus=16 on high-bw (1,446 s), about twice that
-for the DeepSeek ones (each simulation takes twice as long).
+for the DeepSeek ones (each simulation takes twice as long). The NVLink cells (10,164-38,016
+points with their paths) take 1-5 minutes each.
 """
 
 from __future__ import annotations

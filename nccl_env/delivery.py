@@ -13,8 +13,10 @@ the tuner plugin"):
 - per process group, the communication path (``CommConfig.path``): CTA policy ZERO for
   copy engines and EFFICIENCY for NCCL's own NVLS re-selection, through
   ``ncclConfig_t.CTAPolicy`` (``ProcessGroupNCCL.Options().config.cta_policy``, from NCCL
-  2.27/2.28), never ``NCCL_CTA_POLICY``, which would override every communicator's; the
-  buffer registration a path needs is the user's (``nccl_env.rules.path_requirements``);
+  2.27/2.28), and ``NCCL_CTA_POLICY=2`` beside it only when every group off the SM kernels
+  is on the copy engines (the env overrides every communicator's config, and ZERO moves only
+  registered buffers, which only those groups have); the buffer registration a path needs
+  is the user's (``nccl_env.rules.path_requirements``);
 - point-to-point (AllToAll, send/recv) takes only its step size, from
   NCCL_P2P_NET_CHUNKSIZE across nodes and NCCL_P2P_NVL/PCI_CHUNKSIZE inside one (not
   NCCL_BUFFSIZE, which from 2.19 only caps it at BUFFSIZE / 8); NCCL picks its
@@ -443,9 +445,19 @@ def _paths(items: list[tuple[Signature, CommConfig]], out: Delivery) -> None:
     for sig, cfg in items:
         if cfg.path is not None:
             by_group[sig.group].append((sig, cfg.path))
+    chosen: set[CommPath] = set()
     for group, group_items in sorted(by_group.items()):
         _, path = _one_value("path", group_items, f"in process group {group!r}",
                              "a communicator has one CTA policy and its collectives one buffer registration",
                              out.compromises, show=lambda p: p.value)
         if path.cta_policy is not CtaPolicy.DEFAULT:
             out.group_configs.setdefault(group, {})["cta_policy"] = path.cta_policy.nccl_name
+        chosen.add(path)
+    if CommPath.COPY_ENGINE in chosen and chosen <= {CommPath.SM, CommPath.COPY_ENGINE}:
+        # The process-wide twin, for torch builds without the config.cta_policy binding: ZERO moves
+        # only collectives whose buffers sit in a symmetric window (enqueue.cc: ceAvailable needs the
+        # window's registration, else the kernel path), and here only the copy-engine groups register;
+        # a symmetric or EFFICIENCY group would be overridden by it (init.cc "Comm config CTAPolicy reset
+        # to NCCL_CTA_POLICY"), so then the policy goes per group alone. The integer form: 2.28 reads
+        # no names (NCCL_PARAM), 2.29+ keeps the digits.
+        out.env["NCCL_CTA_POLICY"] = str(int(CtaPolicy.ZERO))

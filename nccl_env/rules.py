@@ -240,7 +240,10 @@ def p2p_chunk_ceiling(version: NcclVersion, buffsize_bytes: int | None) -> int |
 #   the integers 0/1/2 before 2.29 and also the names DEFAULT|EFFICIENCY|ZERO (combinable with |)
 #   from 2.29 (init.cc getEnvCtaPolicyOnce, v2.29.2-1; env.rst "since 2.29, legacy values since
 #   2.27"). NCCL_CTA_POLICY, when set, overrides every communicator's config ("Comm config CTAPolicy
-#   reset to NCCL_CTA_POLICY", init.cc): per-group policies need ProcessGroupNCCL.Options alone.
+#   reset to NCCL_CTA_POLICY", init.cc): per-group policies need ProcessGroupNCCL.Options. ZERO
+#   itself moves only a collective whose buffers are in a symmetric window (enqueue.cc ceAvailable
+#   from ncclGetSymRegType; otherwise the kernel path), so the env's ZERO equals per-group ZERO
+#   where only the copy-engine groups register (nccl_env.delivery).
 # * EFFICIENCY changes one choice only: with no tuner plugin loaded (comm->tuner == NULL), neither
 #   NCCL_ALGO nor NCCL_PROTO set and no MNNVL, a registered AllGather/ReduceScatter switches to NVLS
 #   with fewer CTAs (ncclNvlsRegResourcesQuery) when NVLS is supported (enqueue.cc
@@ -341,11 +344,10 @@ def path_requirements(path: CommPath, collectives: list[CollectiveType], version
                 f"allocate with symm_mem.empty(...) and call symm_mem.rendezvous(tensor, group)")
     out = [register]
     if path is CommPath.COPY_ENGINE:
-        policy = "ZERO" if version >= CTA_POLICY_NAMES_SINCE else "2"
-        out.append(f"create the group with CTA policy ZERO: lagom run passes ProcessGroupNCCL.Options with "
-                   f"config.cta_policy = NCCL_CTA_POLICY_ZERO (torch with the cta_policy binding, pytorch PR #164309); "
-                   f"do not set NCCL_CTA_POLICY={policy} by hand unless every group wants it (it overrides each "
-                   f"communicator's policy)")
+        out.append("create the group with CTA policy ZERO: lagom run passes ProcessGroupNCCL.Options with "
+                   "config.cta_policy = NCCL_CTA_POLICY_ZERO (torch with the cta_policy binding, pytorch PR #164309), "
+                   "and NCCL_CTA_POLICY=2 too where no group is on symmetric kernels (the env overrides every "
+                   "communicator's policy; ZERO moves only collectives on registered buffers)")
         out.append(f"NCCL >= {COPY_ENGINE_SINCE} on one node, >= {COPY_ENGINE_ACROSS_NODES_SINCE} across nodes; "
                    f"CUDA driver >= {COPY_ENGINE_MIN_CUDA_DRIVER}")
     elif path is CommPath.SYMMETRIC:

@@ -80,7 +80,11 @@ def test_delivery_sets_the_cta_policy_per_group_and_refuses_it_where_nccl_has_no
     out = deliver(plan, V("2.30.7"))
     assert out.group_configs["fsdp"] == {"cta_policy": "zero"}
     assert "cta_policy" not in out.group_configs.get("tp", {})  # symmetric kernels need no policy
-    assert "NCCL_CTA_POLICY" not in out.env  # it would override every communicator's
+    assert "NCCL_CTA_POLICY" not in out.env  # it would override the symmetric group's too
+    # copy engines alone: the process-wide twin as well (ZERO moves only registered buffers,
+    # which only the copy-engine groups have), for torch builds without the config binding
+    alone = deliver(Plan({ag: CommConfig(path=CommPath.COPY_ENGINE), tp: CommConfig(channels=4)}), V("2.28.3"))
+    assert alone.env["NCCL_CTA_POLICY"] == "2" and alone.group_configs["fsdp"] == {"cta_policy": "zero"}
     with pytest.raises(LagomError, match="path=copy_engine .* from NCCL 2.28"):
         deliver(plan, V("2.27.7"))
     # a symmetric group's minCTAs is left alone: NCCL gives its symmetric kernels at least that many

@@ -20,6 +20,7 @@ file written by ``lagom calibrate``. Schema (units in the key names)::
       kind: pcie                    # pcie | nvlink | nvswitch
       bw_gb_per_s: 25.0             # per GPU, per direction, achievable
       latency_us: 1.0               # per hop
+      copy_engine_bw_gb_per_s: 376  # optional: what the copy engines reach over the link (default: bw_gb_per_s)
     inter_node:
       nics_per_node: 1
       nic_bw_gb_per_s: 12.5         # per NIC, per direction
@@ -49,7 +50,7 @@ import yaml
 
 from nccl_env.errors import LagomError
 from nccl_env.files import check_keys, check_not_empty, read_yaml
-from nccl_env.rules import NcclVersion
+from nccl_env.rules import NcclVersion, Topology
 from traces.limits import MAX_GPUS_PER_NODE, MAX_NODES, check_bound
 
 INTRA_KINDS = ("pcie", "nvlink", "nvswitch")
@@ -72,6 +73,12 @@ class IntraNodeSpec:
     kind: str  # one of INTRA_KINDS
     bw_gb_per_s: float  # per GPU, per direction
     latency_us: float
+    copy_engine_bw_gb_per_s: float | None = None  # per GPU, per direction, copy engines (None: bw_gb_per_s)
+
+    @property
+    def copy_engine_bw(self) -> float:
+        """GB/s the copy engines reach over the link (a measured figure, else the link's)."""
+        return self.copy_engine_bw_gb_per_s if self.copy_engine_bw_gb_per_s is not None else self.bw_gb_per_s
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,11 @@ class ClusterSpec:
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    def path_topology(self) -> Topology:
+        """What the path rules (``nccl_env.rules.collective_mechanism``) need: every GPU pair of
+        a node on NVLink (an NVSwitch node); NVLS is not modelled (no preset has it)."""
+        return Topology(all_nvlink=self.intra_node.kind == "nvswitch", nvls=False)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -207,6 +219,8 @@ def parse_cluster(data: object, origin: str) -> ClusterSpec:
             kind=kind,
             bw_gb_per_s=number(intra, "intra_node", "bw_gb_per_s", float),
             latency_us=number(intra, "intra_node", "latency_us", float, -1e-12),
+            copy_engine_bw_gb_per_s=(number(intra, "intra_node", "copy_engine_bw_gb_per_s", float)
+                                     if intra.get("copy_engine_bw_gb_per_s") is not None else None),
         ),
         inter_node=InterNodeSpec(
             nics_per_node=int(number(inter, "inter_node", "nics_per_node", int)),

@@ -7,7 +7,7 @@ stands in for GPUs here), and later live measurements. The tuner sees only this.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -20,6 +20,29 @@ from traces.workload_io import workload_problem
 # The algorithms the evaluators model (costmodel.analytic.collective_model, costmodel.sim.collective);
 # NVLS and CollNet need switch hardware no cluster description has, and PAT is not modelled.
 MODELLED_ALGORITHMS = (Algorithm.RING, Algorithm.TREE)
+
+
+class LazyOpValues(Mapping):
+    """op id -> value from two parallel sequences, made into a dict on first access (an evaluator
+    fills ``Timing.uncontended_us`` on every evaluation; few readers ever look)."""
+
+    def __init__(self, op_ids: Sequence[int], values: Sequence[float]) -> None:
+        self._op_ids, self._values = op_ids, values
+        self._map: dict[int, float] | None = None
+
+    def _all(self) -> dict[int, float]:
+        if self._map is None:
+            self._map = dict(zip(self._op_ids, self._values))
+        return self._map
+
+    def __getitem__(self, op_id: int) -> float:
+        return self._all()[op_id]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
 
 
 @dataclass
@@ -76,8 +99,8 @@ class Timing:
     compute_uncontended_us: float
     ops: Mapping[int, OpTiming] = field(default_factory=dict)
     steps: list[StepTiming] = field(default_factory=list)
-    uncontended_us: Mapping[int, float] = field(default_factory=dict)  # op id -> its time with no collective
-    # beside it, where the evaluator says (a replay); an op not in it: its own duration_us is that time
+    uncontended_us: Mapping[int, float] = field(default_factory=dict)  # compute op id -> its time with no
+    # collective beside it (every evaluator of Lagom's fills it; an op not in it: its own duration_us)
 
     @property
     def compute_slowdown(self) -> float:

@@ -370,7 +370,7 @@ def resolve_config(cluster: ClusterSpec, signature: Signature, config: CommConfi
     """
     if signature.collective in P2P_COLLECTIVES:
         # NCCL's p2p path reads neither NCCL_NTHREADS nor an algorithm or protocol
-        config = CommConfig(channels=config.channels, chunk_bytes=config.chunk_bytes)
+        config = CommConfig(channels=config.channels, chunk_bytes=config.chunk_bytes, path=config.path)
     if config.algorithm is None and config.protocol is None:
         base = nccl_default_config(cluster, signature)
         if config.channels is not None and config.chunk_bytes is None:
@@ -380,6 +380,83 @@ def resolve_config(cluster: ClusterSpec, signature: Signature, config: CommConfi
     return config.merged_over(
         _restricted_cached(cluster_key(cluster), signature, config.algorithm, config.protocol, config.channels)
     )
+
+
+# ---- NCCL's symmetric kernels: which kernel and how many CTAs it picks ----------------------------
+# A restatement of NCCL's own model (src/symmetric.cc in 2.27, src/sym_kernels.cc from 2.28; the
+# constants are the same through v2.30.7-1) for the kernels that need no NVLS multicast, the only
+# ones on the modelled clusters: for every candidate kernel, the time its model gives with the most
+# CTAs, then the fewest CTAs whose time is within 2.5% of it; among kernels the least
+# time x (1 + 2.5% per CTA) wins. NCCL picks this before it would consult a tuner plugin.
+SYM_MAX_CTAS = 64  # ncclSymkMaxBlocks (include/sym_kernels.h; ncclSymMaxBlocks in 2.27)
+SYM_THREADS = 512  # *nWarps = 16 (ncclSymkPickKernel)
+_GIB_PER_S = (1 << 30) / 1e6  # bytes/us in one GiB/s, as NCCL's model counts ("GBps")
+SYM_LL_BUS_FACTOR = 9  # LL_BusFactor: "2X the bytes, plus some processing, plus no unrolling"
+SYM_LL_MAX_BUS_BYTES = 2 << 30  # LL kernels count elements in 32 bits: none from 2 GiB of bus bytes
+SYM_CTA_PENALTY = 0.025  # smPenalty: 2.5% more time per CTA when comparing kernels
+SYM_CTA_TOLERANCE = 1.025  # fewest CTAs within 2.5% of the time with the most
+
+
+@dataclass(frozen=True)
+class SymmetricKernel:
+    """The symmetric kernel NCCL runs for a collective on registered buffers, and its own model."""
+
+    name: str  # e.g. AllGather_ST (the kernel is ncclSymkDevKernel_AllGather_ST)
+    ctas: int
+    time_us: float  # NCCL's estimate
+    bus_bytes: float  # NCCL's bus bytes for the kernel (LL kernels: 9x the data, its fudge)
+    base_latency_us: float
+    cta_bw_bytes_per_us: float  # one CTA's bandwidth in NCCL's model
+    peak_bw_bytes_per_us: float
+
+
+def _sym_model_us(bus_bytes: float, base_us: float, ctas: int, cta_bw: float, peak_bw: float) -> float:
+    """NCCL's model: base latency + bus bytes over softmin(CTAs x CTA bandwidth, peak) (softplus'd)."""
+    x = ctas * cta_bw
+    bw = peak_bw - cta_bw * math.log1p(math.expm1(peak_bw / cta_bw) * math.exp(-x / cta_bw))
+    z = bus_bytes / bw - 1.0
+    return base_us + (z if z >= 100.0 else math.log1p(math.exp(z)))
+
+
+def symmetric_kernel(signature: Signature, min_ctas: int = 1, max_ctas: int = SYM_MAX_CTAS) -> SymmetricKernel | None:
+    """NCCL's symmetric kernel and CTA count for this collective (None: it has none: AllGather,
+    AllReduce and ReduceScatter only). Constants for compute capability < 10.0 (Ampere, Hopper):
+    base latency 4.5 us (LL) / 7.8 us, 44 GiB/s per CTA (65 for AllReduce), peak 320 GiB/s."""
+    coll = signature.collective
+    n = max(1, signature.ranks)
+    if coll not in (CollectiveType.ALLGATHER, CollectiveType.ALLREDUCE, CollectiveType.REDUCESCATTER) or n < 2:
+        return None
+    whole = float(max(1, signature.message_bytes))
+    per_rank = whole if coll is CollectiveType.ALLREDUCE else whole / n  # NCCL's count: per rank for AG / RS
+    bus_all = per_rank if coll is CollectiveType.ALLREDUCE else n * per_rank
+    is_ar = coll is CollectiveType.ALLREDUCE
+    cta_bw = (65.0 if is_ar else 44.0) * _GIB_PER_S
+    peak = 320.0 * _GIB_PER_S
+    prefix = {CollectiveType.ALLGATHER: "AllGather", CollectiveType.ALLREDUCE: "AllReduce",
+              CollectiveType.REDUCESCATTER: "ReduceScatter"}[coll]
+    candidates: list[tuple[str, float, bool]] = []  # (name, bus bytes, LL)
+    if bus_all < SYM_LL_MAX_BUS_BYTES:
+        candidates.append((f"{prefix}_{'AGxLL_R' if is_ar else 'LL'}", n * per_rank * SYM_LL_BUS_FACTOR, True))
+    if is_ar:
+        candidates.append((f"{prefix}_RSxLD_AGxST", 2.0 * per_rank * (n - 1) / n, False))
+    else:
+        candidates.append((f"{prefix}_{'ST' if coll is CollectiveType.ALLGATHER else 'LD'}", (n - 1) * per_rank, False))
+    top = max(1, min(SYM_MAX_CTAS, max_ctas))
+    low = max(1, min(min_ctas, top))
+    best: SymmetricKernel | None = None
+    for name, bus, ll in candidates:
+        base = 4.5 if ll else 7.8
+        ctas, time_us = top, _sym_model_us(bus, base, top, cta_bw, peak)
+        for b in range(low, top):
+            t = _sym_model_us(bus, base, b, cta_bw, peak)
+            if t <= SYM_CTA_TOLERANCE * time_us:
+                ctas, time_us = b, t
+                break
+        kernel = SymmetricKernel(name, ctas, time_us, bus, base, cta_bw, peak)
+        if best is None or (time_us * (1 + SYM_CTA_PENALTY * ctas)
+                            < best.time_us * (1 + SYM_CTA_PENALTY * best.ctas)):
+            best = kernel
+    return best
 
 
 # ---- caching: these are pure functions of (cluster, signature); searches call them a lot ----

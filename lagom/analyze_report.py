@@ -35,6 +35,7 @@ def rank_report(workload: Workload, top_windows: int = 5, trimmed: bool = False)
             "exposed_us": round(row.exposed_us, 3),
             "on_gpu": row.on_gpu,
             "nccl_tunable": row.nccl_tunable,
+            **({"path": row.comm_path.value} if row.comm_path is not None else {}),
         }
         for row in collectives_table(workload)
     ]
@@ -130,7 +131,8 @@ def render(reports: list[dict], console: Console) -> None:
             for c in r["collectives"]:
                 exposed_pct = 100.0 * c["exposed_us"] / c["total_us"] if c["total_us"] > 0 else 0.0
                 kind = (c["collective"] + ("" if c["on_gpu"] else " (cpu)")
-                        + ("" if c["nccl_tunable"] else " (not NCCL)"))
+                        + ("" if c["nccl_tunable"] else " (not NCCL)")
+                        + {"copy_engine": " (copy engines)", "symmetric": " (symmetric)"}.get(c.get("path", ""), ""))
                 t.add_row(kind, str(c["group_size"]), mib(c["message_bytes"]), str(c["count"]),
                           _ms(c["total_us"]), _ms(c["exposed_us"]), f"{exposed_pct:.1f}")
             console.print(t)

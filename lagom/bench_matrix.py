@@ -1,5 +1,15 @@
 """The regression matrix behind ``lagom bench``: tune with the model, judge on the simulator.
 
+Two sets of cells: the paper's eight workloads on 8 and 16 GPUs of the A40 presets
+(``low-bw``, ``high-bw``) at the preset's NCCL (2.18.3), and the FSDP and TP workloads on
+one node (8 GPUs) of the NVLink presets (``a100-nvswitch``, ``h100-nvswitch``) at
+:data:`PATHS_NCCL_VERSION`, where a process group may also move its collectives on
+symmetric kernels or the copy engines (``tuner.space`` path units). Those run without
+Lagom's tuner plugin (channels per group, chunk and threads per process, algorithm per
+collective type: ``deliver(..., use_plugin=False)``), which keeps their spaces small enough
+for ``bench/optimum_ceiling.py`` to judge every point, and is also the setting under which
+NCCL keeps its own EFFICIENCY re-selection.
+
 For each cell (a workload on a cluster preset): every method tunes with the tuning
 evaluator (the analytic model calibrated against the preset, or the simulator), then
 every plan is judged on the simulator with noise off. Optuna gets exactly the number
@@ -15,7 +25,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 
 import numpy as np
@@ -23,16 +33,31 @@ import numpy as np
 from costmodel.cluster import ClusterSpec, load_cluster
 from costmodel.evaluator import Evaluator
 from lagom import tuning
+from nccl_env.delivery import group_paths
 from nccl_env.plan import Plan
 from traces.workload import Workload
 from tuner import AutoCCL, Exhaustive, LagomSearch, OptunaTPE
 
 CLUSTERS = ("low-bw", "high-bw")
+NVLINK_CLUSTERS = ("a100-nvswitch", "h100-nvswitch")
+ALL_CLUSTERS = CLUSTERS + NVLINK_CLUSTERS
+PATHS_NCCL_VERSION = "2.30.7"  # copy engines across nodes from 2.30.6; the newest tag read (nccl_env.rules)
+NVLINK_KINDS = ("fsdp", "tp")  # where a path applies: the FSDP gathers and the TP all-reduces of one node
 # ground truth only where the space is this small: the analytic model evaluates a point in
 # about a millisecond, the simulator in tens of milliseconds
 EXHAUSTIVE_MAX_POINTS = {"analytic": 4000, "sim": 2000}
 # --quick: one FSDP, one TP and one EP workload per cluster, on 8 GPUs (CI regression, < 3 minutes)
 QUICK_KINDS = ("fsdp", "tp", "ep")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of the matrix: a workload on a preset, at an NCCL version, with or without the plugin."""
+
+    cluster: str
+    workload: str
+    nccl_version: str | None  # None: the preset's
+    use_plugin: bool = True
 
 
 @dataclass
@@ -51,6 +76,8 @@ class CellResult:
     lagom_evaluations: int
     autoccl_evaluations: int
     tune_s: float  # wall time of Lagom's search
+    nccl_version: str = ""
+    lagom_paths: dict[str, str] = field(default_factory=dict)  # group -> path Lagom put it on (none: NCCL's kernels)
 
     @property
     def speedup_vs_nccl(self) -> float:
@@ -110,6 +137,32 @@ def matrix_specs(quick: bool) -> list[str]:
     return [min((s for s in specs if strategy_of(s) == kind), key=lambda s: parse_spec(s).gpus) for kind in QUICK_KINDS]
 
 
+def nvlink_specs(quick: bool) -> list[str]:
+    """The paper's FSDP and TP workloads on one node (8 GPUs); --quick: the first of each kind."""
+    from traces.generate import PAPER_WORKLOADS, parse_spec
+
+    specs = [s for s in PAPER_WORKLOADS if strategy_of(s) in NVLINK_KINDS and parse_spec(s).gpus <= 8]
+    if not quick:
+        return specs
+    return [next(s for s in specs if strategy_of(s) == kind) for kind in NVLINK_KINDS]
+
+
+def matrix_cells(quick: bool, clusters: tuple[str, ...] | None = None, nccl_version: str | None = None,
+                 ) -> list[Cell]:
+    """The matrix: the A40 presets' cells at the preset's NCCL (or ``nccl_version``), and the
+    NVLink presets' at :data:`PATHS_NCCL_VERSION` (or ``nccl_version``) without the plugin;
+    --quick keeps h100-nvswitch of the two."""
+    wanted = clusters or (CLUSTERS + (("h100-nvswitch",) if quick else NVLINK_CLUSTERS))
+    cells = []
+    for preset in wanted:
+        if preset in NVLINK_CLUSTERS:
+            cells += [Cell(preset, spec, nccl_version or PATHS_NCCL_VERSION, use_plugin=False)
+                      for spec in nvlink_specs(quick)]
+        else:
+            cells += [Cell(preset, spec, nccl_version) for spec in matrix_specs(quick)]
+    return cells
+
+
 # ---- one cell ---------------------------------------------------------------------------
 
 
@@ -131,9 +184,10 @@ def run_cell(
     make_tune_evaluator: Callable[[], Evaluator],
     judge: Evaluator,
     exhaustive_max_points: int = 0,
+    use_plugin: bool = True,
 ) -> CellResult:
     workload = tuning.load_workload_arg(spec, tune_cluster)
-    space = tuning.space_for(workload, tune_cluster)
+    space = tuning.space_for(workload, tune_cluster, use_plugin=use_plugin)
 
     def judged(plan: Plan) -> float:
         return judge.evaluate(workload, plan).iteration_us
@@ -151,7 +205,7 @@ def run_cell(
         plans.append(exhaustive.plan)
     nccl = judge.evaluate(workload, Plan())
     comm = comm_only(workload)
-    comm_best = AutoCCL(rounds=1).tune(comm, judge, tuning.space_for(comm, tune_cluster)).timing.comm_us
+    comm_best = AutoCCL(rounds=1).tune(comm, judge, tuning.space_for(comm, tune_cluster, use_plugin)).timing.comm_us
     # a bound must hold for every plan we judge: take their communication alone too
     comm_best = min([comm_best, *(judge.evaluate(comm, p).comm_us for p in [Plan(), *plans])])
     return CellResult(
@@ -169,32 +223,32 @@ def run_cell(
         lagom_evaluations=lagom.evaluations,
         autoccl_evaluations=autoccl.evaluations,
         tune_s=tune_s,
+        nccl_version=space.nccl_version,
+        lagom_paths={g: p.value for g, p in group_paths(lagom.plan).items()},
     )
 
 
 def run_matrix(
-    specs: list[str],
-    clusters: tuple[str, ...] = CLUSTERS,
+    cells: list[Cell],
     evaluator: str = "analytic",
     exhaustive_max_points: int | None = None,
-    nccl_version: str | None = None,
     on_cell: Callable[[CellResult], None] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> list[CellResult]:
     if exhaustive_max_points is None:
         exhaustive_max_points = EXHAUSTIVE_MAX_POINTS[evaluator]
     results = []
-    for preset in clusters:
-        judge_cluster = tuning.with_nccl_version(load_cluster(preset), nccl_version)
+    for cell in cells:
+        judge_cluster = tuning.with_nccl_version(load_cluster(cell.cluster), cell.nccl_version)
         judge = tuning.make_evaluator("sim", judge_cluster, noise=0.0)
         # analytic on a preset: calibrated against its simulator (cached); a cluster file is taken as it is
-        tune_cluster = tuning.tuning_cluster(judge_cluster, preset, evaluator, log=log)
-        for spec in specs:
-            cell = run_cell(spec, preset, tune_cluster, partial(tuning.make_evaluator, evaluator, tune_cluster), judge,
-                            exhaustive_max_points)
-            results.append(cell)
-            if on_cell:
-                on_cell(cell)
+        tune_cluster = tuning.tuning_cluster(judge_cluster, cell.cluster, evaluator, log=log)
+        result = run_cell(cell.workload, cell.cluster, tune_cluster,
+                          partial(tuning.make_evaluator, evaluator, tune_cluster), judge, exhaustive_max_points,
+                          cell.use_plugin)
+        results.append(result)
+        if on_cell:
+            on_cell(result)
     return results
 
 

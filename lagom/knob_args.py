@@ -6,7 +6,7 @@ import math
 import re
 
 from nccl_env.errors import LagomError
-from nccl_env.knobs import Algorithm, CommConfig, Protocol
+from nccl_env.knobs import Algorithm, CommConfig, CommPath, Protocol
 
 # Binary multiples for every spelling: NCCL sizes are powers of two and the Lagom paper's
 # "684 KB" chunk is 684 x 1024 bytes (a 1368 KiB NCCL_BUFFSIZE / 2).
@@ -15,7 +15,7 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 _KEYS = {"channels": "channels", "nc": "channels", "threads": "threads", "nt": "threads", "chunk": "chunk_bytes",
          "chunk_bytes": "chunk_bytes", "algorithm": "algorithm", "algo": "algorithm", "protocol": "protocol",
-         "proto": "protocol"}
+         "proto": "protocol", "path": "path"}
 
 
 def parse_size(text: str) -> int:
@@ -31,14 +31,15 @@ def parse_size(text: str) -> int:
 
 
 def parse_set(text: str) -> CommConfig:
-    """``channels=16,chunk=2MiB,threads=256,algorithm=ring,protocol=simple`` -> CommConfig."""
+    """``channels=16,chunk=2MiB,threads=256,algorithm=ring,protocol=simple`` -> CommConfig; also
+    ``path=copy_engine`` (sm, symmetric, copy_engine, efficiency: docs/tuner.md "Paths")."""
     values: dict = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = item.partition("=")
         field = _KEYS.get(key.strip().lower())
         if not sep or field is None:
             raise LagomError(f"--set: bad item {item!r}: expected KNOB=VALUE with KNOB one of channels, threads, "
-                             "chunk, algorithm, protocol")
+                             "chunk, algorithm, protocol, path")
         value = value.strip()
         if field in values:
             raise LagomError(f"--set: {field} is given twice ({item!r}); give each knob once")
@@ -52,6 +53,11 @@ def parse_set(text: str) -> CommConfig:
             if value.lower() not in names:
                 raise LagomError(f"--set: protocol {value!r} is not one of {', '.join(names)}")
             values[field] = Protocol[value.upper()]
+        elif field == "path":
+            names = [p.value for p in CommPath]
+            if value.lower() not in names:
+                raise LagomError(f"--set: path {value!r} is not one of {', '.join(names)}")
+            values[field] = CommPath(value.lower())
         elif field == "chunk_bytes":
             values[field] = parse_size(value)
         else:

@@ -30,6 +30,7 @@ from costmodel.replay.schedule import replay_static
 from lagom.tuning import TuneOutcome
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Signature
+from nccl_env.rules import Mechanism
 from traces.intervals import CoverIndex, union
 from traces.workload import Workload
 
@@ -94,12 +95,14 @@ class SignatureRow:
     new_slowdown: float
     order: int | None  # position in which Lagom finished the unit holding its channels
     priority: float | None  # that unit's last H
+    mechanism: Mechanism = Mechanism.SM_KERNEL  # what moves its data under the tuned plan
 
     def to_dict(self) -> dict:
         return {"signature": self.signature.label(), "nccl": self.old.to_dict(), "tuned": self.new.to_dict(),
-                "kept": self.kept, "nccl_ms": round(self.old_ms, 4), "tuned_ms": round(self.new_ms, 4),
-                "nccl_compute_slowdown": round(self.old_slowdown, 4),
-                "tuned_compute_slowdown": round(self.new_slowdown, 4), "order": self.order, "priority": self.priority}
+                "mechanism": self.mechanism.value, "kept": self.kept, "nccl_ms": round(self.old_ms, 4),
+                "tuned_ms": round(self.new_ms, 4), "nccl_compute_slowdown": round(self.old_slowdown, 4),
+                "tuned_compute_slowdown": round(self.new_slowdown, 4), "order": self.order,
+                "priority": self.priority}
 
 
 @dataclass(frozen=True)
@@ -183,7 +186,8 @@ def _rows(outcome: TuneOutcome, workload: Workload, kept: bool) -> list[Signatur
             old_slowdown=_slowdown(workload, outcome.baseline, ids),
             new_slowdown=_slowdown(workload, result.timing, ids),
             order=(result.order.index(key) + 1) if key in result.order else None,
-            priority=last_h.get(key) if key else None))
+            priority=last_h.get(key) if key else None,
+            mechanism=space.mechanism(sig, result.plan.config_for(sig).path)))
     return rows
 
 

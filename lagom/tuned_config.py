@@ -18,6 +18,12 @@ Versioned YAML::
         set: {algorithm: ring, protocol: simple, channels: 2, chunk_bytes: 700416}
     predictions: {baseline_us: 1000.0, tuned_us: 900.0}
     notes: ["threads are process-wide: 256 chosen for all collectives"]
+    requirements: ["group 0 (copy_engine): allocate the buffers of its allgather in NCCL symmetric memory ..."]
+
+``requirements`` lists what the user must turn on that no door of Lagom's can (a path's
+registered buffers, the torch, NCCL and driver versions it needs); ``set`` may carry a
+group's ``path`` (sm, symmetric, copy_engine, efficiency), which ``lagom run`` delivers as
+the group's CTA policy.
 
 :func:`load_tuned_config` validates a file (:func:`parse_tuned_config`, the one validator
 every command's tuned file goes through) and raises LagomError with one line that names
@@ -53,7 +59,7 @@ FORMAT = "lagom.tuned-config"
 VERSION = 1
 
 TOP_KEYS = ("format", "version", "cluster", "nccl_version", "workload", "method", "env", "process_groups",
-            "collectives", "predictions", "notes")
+            "collectives", "predictions", "notes", "requirements")
 # Rules for a file that names no NCCL version and is read with none in force: the newest NCCL Lagom
 # knows the rules of (64 channels, every algorithm), so no value a newer NCCL takes is refused.
 NEWEST_RULES = max(*ALGORITHM_SINCE.values(), *TUNER_SYMBOL_SINCE.values(), MAXCHANNELS_64_SINCE)
@@ -118,6 +124,7 @@ class TunedConfig:
     collectives: list[CollectiveEntry] = field(default_factory=list)
     predictions: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    requirements: list[str] = field(default_factory=list)
 
     def lookup(self, collective: CollectiveType, group: str | None, nbytes: int, ranks: int | None = None,
                nodes: int | None = None) -> CollectiveEntry | None:
@@ -154,6 +161,7 @@ class TunedConfig:
             "collectives": [e.to_dict() for e in self.collectives],
             "predictions": dict(self.predictions),
             "notes": list(self.notes),
+            **({"requirements": list(self.requirements)} if self.requirements else {}),
         }
 
     def to_yaml(self) -> str:
@@ -250,6 +258,9 @@ def parse_tuned_config(data: object, origin: str = "<config>", nccl_version: Ncc
     notes = data.get("notes") or []
     if not isinstance(notes, list):
         raise bad("'notes' must be a list")
+    requirements = data.get("requirements") or []
+    if not isinstance(requirements, list):
+        raise bad("'requirements' must be a list")
     return TunedConfig(
         cluster=str(data.get("cluster", "")),
         nccl_version=str(data.get("nccl_version", "")),
@@ -260,6 +271,7 @@ def parse_tuned_config(data: object, origin: str = "<config>", nccl_version: Ncc
         collectives=entries,
         predictions={str(k): v for k, v in predictions.items()},
         notes=[str(n) for n in notes],
+        requirements=[str(r) for r in requirements],
     )
 
 

@@ -21,11 +21,11 @@ from costmodel.sim.simulator import Simulator
 from lagom.tuned_config import CollectiveEntry, Match, TunedConfig
 from lagom.workload_arg import load_workload_arg
 from nccl_env.cache import cache_dir
-from nccl_env.delivery import deliver
+from nccl_env.delivery import deliver, group_paths
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
-from nccl_env.rules import NcclVersion
+from nccl_env.rules import Mechanism, NcclVersion, path_requirements
 from traces.workload import Workload
 from tuner import METHODS, AutoCCL, TuningResult, build_space
 from tuner.space import SearchSpace
@@ -80,9 +80,10 @@ def _enabled_pairs(cluster: ClusterSpec, signature: Signature):
     return [(e.algorithm, e.protocol) for e in algo_estimates(cluster, signature)]
 
 
-def space_for(workload: Workload, cluster: ClusterSpec) -> SearchSpace:
+def space_for(workload: Workload, cluster: ClusterSpec, use_plugin: bool = True) -> SearchSpace:
     """The search space; for a trace, NCCL's defaults are the settings the trace recorded
-    (over the cluster model's choice for what the trace does not show)."""
+    (over the cluster model's choice for what the trace does not show). ``use_plugin=False``:
+    the doors without Lagom's tuner plugin (``tuner.space.build_space``)."""
     defaults: Callable[[ClusterSpec, Signature], CommConfig] = nccl_default_config
     if workload.exec_graph is not None:
         recorded = recorded_configs(workload, cluster.gpus_per_node)
@@ -93,7 +94,7 @@ def space_for(workload: Workload, cluster: ClusterSpec) -> SearchSpace:
             return base if rec is None else rec.merged_over(base)
 
         defaults = recorded_over_model
-    return build_space(workload, cluster, defaults=defaults, enabled_pairs=_enabled_pairs)
+    return build_space(workload, cluster, defaults=defaults, enabled_pairs=_enabled_pairs, use_plugin=use_plugin)
 
 
 # ---- calibration cache ------------------------------------------------------------------
@@ -218,6 +219,7 @@ def tuned_config(outcome: TuneOutcome, cluster: ClusterSpec, cluster_arg: str, w
         groups = {name: {k: v for k, v in values.items() if v is not None}
                   for name, values in delivery.group_configs.items()}
         notes += delivery.compromises
+    requirements = path_requirement_lines(space, result.plan)
     entries: list[CollectiveEntry] = []
     if result.plan.entries:
         # One entry per byte range: the signatures of a range share their settings (tuner.space).
@@ -244,4 +246,20 @@ def tuned_config(outcome: TuneOutcome, cluster: ClusterSpec, cluster_arg: str, w
         collectives=entries,
         predictions=predictions,
         notes=notes,
+        requirements=requirements,
     )
+
+
+def path_requirement_lines(space: SearchSpace, plan: Plan) -> list[str]:
+    """What each process group's path needs the user to turn on, one line each: which of its
+    collectives the path moves (registered buffers) and the versions it needs."""
+    version = NcclVersion.parse(space.nccl_version)
+    lines = []
+    for group, path in group_paths(plan).items():
+        moved = sorted({s.collective for s in space.signatures
+                        if s.group == group and space.mechanism(s, path) is not Mechanism.SM_KERNEL},
+                       key=lambda c: c.value)
+        if not moved:
+            continue
+        lines += [f"group {group} ({path.value}): {line}" for line in path_requirements(path, moved, version)]
+    return lines

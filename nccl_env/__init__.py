@@ -4,7 +4,8 @@ Imports nothing else of Lagom's.
 """
 
 from nccl_env.errors import LagomError
-from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
+from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, CommPath, CtaPolicy, Protocol
 from nccl_env.plan import Plan, Signature
 
-__all__ = ["Algorithm", "CollectiveType", "CommConfig", "LagomError", "Plan", "Protocol", "Signature"]
+__all__ = ["Algorithm", "CollectiveType", "CommConfig", "CommPath", "CtaPolicy", "LagomError", "Plan", "Protocol",
+           "Signature"]

@@ -10,6 +10,13 @@ the tuner plugin"):
 - process-wide env (read once per process): threads always (NCCL_NTHREADS,
   NCCL_LL128_NTHREADS), chunk size before 2.30 (NCCL_BUFFSIZE), algorithm/protocol
   when the plugin is not used (NCCL_ALGO/NCCL_PROTO, per-function syntax from 2.24);
+- per process group, the communication path (``CommConfig.path``): CTA policy ZERO for
+  copy engines and EFFICIENCY for NCCL's own NVLS re-selection, through
+  ``ncclConfig_t.CTAPolicy`` (``ProcessGroupNCCL.Options().config.cta_policy``, from NCCL
+  2.27/2.28), and ``NCCL_CTA_POLICY=2`` beside it only when every group off the SM kernels
+  is on the copy engines (the env overrides every communicator's config, and ZERO moves only
+  registered buffers, which only those groups have); the buffer registration a path needs
+  is the user's (``nccl_env.rules.path_requirements``);
 - point-to-point (AllToAll, send/recv) takes only its step size, from
   NCCL_P2P_NET_CHUNKSIZE across nodes and NCCL_P2P_NVL/PCI_CHUNKSIZE inside one (not
   NCCL_BUFFSIZE, which from 2.19 only caps it at BUFFSIZE / 8); NCCL picks its
@@ -30,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from nccl_env.errors import LagomError
-from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
+from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, CommPath, CtaPolicy, Protocol
 from nccl_env.plan import Plan, Signature
 from nccl_env.plugin_table import PLUGIN_COLLECTIVES, PluginEntry, check_entry
 from nccl_env.rules import (
@@ -194,6 +201,7 @@ def deliver(plan: Plan, version: NcclVersion, use_plugin: bool = True, own_commu
     _p2p_chunk([(s, c) for s, c in items if s.collective in P2P_COLLECTIVES], version, buffsize_free, out)
     _channels(items, plan.default, version, per_coll, out)
     _algo_proto(items, plan.default, version, per_coll, out)
+    _paths(items, out)
     return out
 
 
@@ -342,7 +350,16 @@ def _channels(items, default: CommConfig, version: NcclVersion, per_coll, out: D
         for sig, cfg in items:
             if cfg.channels is not None and sig.collective in PLUGIN_COLLECTIVES:
                 most[sig.group] = max(most.get(sig.group, 0), int(cfg.channels))
+        symmetric = {g for g, p in group_paths(Plan(dict(items))).items() if p is CommPath.SYMMETRIC}
         for group, value in sorted(most.items()):
+            if group in symmetric:
+                # NCCL gives its symmetric kernels at least the communicator's minCTAs (sym_kernels.cc
+                # nMinBlocks = config.minCTAs): raising it would hand them CTAs they do not need
+                # and take those SMs from the compute beside them
+                out.compromises.append(
+                    f"channels: group {group!r} runs symmetric kernels, which take at least its minCTAs; min_ctas is "
+                    f"not raised to {value}, so its other collectives get at most NCCL's own channel count")
+                continue
             if version >= CTAS_ENV_SINCE:
                 out.group_configs[group] = {"min_ctas": value}
         return
@@ -409,3 +426,38 @@ def _algo_proto(items, default: CommConfig, version: NcclVersion, per_coll, out:
                     f"and NCCL chooses among those"
                 )
             out.env[var] = ",".join(names[v] for v in values)
+
+
+def group_paths(plan: Plan) -> dict[str, CommPath]:
+    """Each process group's path in ``plan`` (groups without one are left out: NCCL's kernels);
+    where a group's signatures disagree, the largest message's (as :func:`deliver` delivers)."""
+    by_group: dict[str, list[tuple[Signature, CommPath]]] = defaultdict(list)
+    for sig, cfg in sorted(plan.entries.items()):
+        if cfg.path is not None:
+            by_group[sig.group].append((sig, cfg.path))
+    return {group: largest_message(items)[1] for group, items in sorted(by_group.items())}
+
+
+def _paths(items: list[tuple[Signature, CommConfig]], out: Delivery) -> None:
+    """Per group, the CTA policy its path needs (ncclConfig_t.CTAPolicy; validate_config checked the
+    version); a group asked for two paths gets the largest message's, and a compromise says so."""
+    by_group: dict[str, list[tuple[Signature, CommPath]]] = defaultdict(list)
+    for sig, cfg in items:
+        if cfg.path is not None:
+            by_group[sig.group].append((sig, cfg.path))
+    chosen: set[CommPath] = set()
+    for group, group_items in sorted(by_group.items()):
+        _, path = _one_value("path", group_items, f"in process group {group!r}",
+                             "a communicator has one CTA policy and its collectives one buffer registration",
+                             out.compromises, show=lambda p: p.value)
+        if path.cta_policy is not CtaPolicy.DEFAULT:
+            out.group_configs.setdefault(group, {})["cta_policy"] = path.cta_policy.nccl_name
+        chosen.add(path)
+    if CommPath.COPY_ENGINE in chosen and chosen <= {CommPath.SM, CommPath.COPY_ENGINE}:
+        # The process-wide twin, for torch builds without the config.cta_policy binding: ZERO moves
+        # only collectives whose buffers sit in a symmetric window (enqueue.cc: ceAvailable needs the
+        # window's registration, else the kernel path), and here only the copy-engine groups register;
+        # a symmetric or EFFICIENCY group would be overridden by it (init.cc "Comm config CTAPolicy reset
+        # to NCCL_CTA_POLICY"), so then the policy goes per group alone. The integer form: 2.28 reads
+        # no names (NCCL_PARAM), 2.29+ keeps the digits.
+        out.env["NCCL_CTA_POLICY"] = str(int(CtaPolicy.ZERO))

@@ -43,6 +43,54 @@ class Protocol(enum.IntEnum):
         return self.name.lower()
 
 
+class CtaPolicy(enum.IntEnum):
+    """``ncclConfig_t.CTAPolicy`` flags (nccl.h: DEFAULT 0x00 and EFFICIENCY 0x01 from NCCL 2.27,
+    ZERO 0x02 from 2.28); which version takes which: :mod:`nccl_env.rules`."""
+
+    DEFAULT = 0
+    EFFICIENCY = 1
+    ZERO = 2
+
+    @property
+    def nccl_name(self) -> str:
+        return self.name.lower()
+
+
+class CommPath(enum.Enum):
+    """How a process group's collectives move data: Lagom's per-group decision.
+
+    ``SM``: NCCL's kernels (one CTA per channel), with Lagom's channels, chunk and
+    threads. ``SYMMETRIC``: the collectives' buffers live in NCCL symmetric windows, so
+    NCCL runs its low-CTA symmetric kernels (``ncclSymkDevKernel_*``) where it has one.
+    ``COPY_ENGINE``: CTA policy ZERO and all-gather / all-to-all buffers in symmetric
+    windows, so NCCL moves those with the copy engines (no SM). ``EFFICIENCY``: CTA
+    policy EFFICIENCY. Where each takes effect: :func:`nccl_env.rules.collective_mechanism`.
+    """
+
+    SM = "sm"
+    SYMMETRIC = "symmetric"
+    COPY_ENGINE = "copy_engine"
+    EFFICIENCY = "efficiency"
+
+    @property
+    def nccl_name(self) -> str:
+        return self.value
+
+    @property
+    def cta_policy(self) -> CtaPolicy:
+        """The CTA policy the group's communicator is created with."""
+        if self is CommPath.COPY_ENGINE:
+            return CtaPolicy.ZERO
+        if self is CommPath.EFFICIENCY:
+            return CtaPolicy.EFFICIENCY
+        return CtaPolicy.DEFAULT
+
+    @property
+    def registers_buffers(self) -> bool:
+        """Whether the path needs the collectives' buffers in NCCL symmetric windows."""
+        return self is not CommPath.SM
+
+
 class CollectiveType(enum.Enum):
     """Collective operations Lagom knows. Values are our stable spellings.
 
@@ -108,13 +156,17 @@ _ALIASES = {
 
 @dataclass(frozen=True)
 class CommConfig:
-    """One collective's NCCL settings. ``None`` in a field means "NCCL decides"."""
+    """One collective's NCCL settings. ``None`` in a field means "NCCL decides".
+
+    ``path`` is its process group's :class:`CommPath` (one value per group; None: NCCL's
+    kernels, as ``SM``)."""
 
     algorithm: Algorithm | None = None
     protocol: Protocol | None = None
     channels: int | None = None
     threads: int | None = None
     chunk_bytes: int | None = None
+    path: CommPath | None = None
 
     def merged_over(self, base: CommConfig) -> CommConfig:
         """This config with its ``None`` fields filled from ``base``."""
@@ -130,7 +182,7 @@ class CommConfig:
             value = getattr(self, f.name)
             if value is None:
                 continue
-            out[f.name] = value.nccl_name if isinstance(value, (Algorithm, Protocol)) else int(value)
+            out[f.name] = value.nccl_name if isinstance(value, (Algorithm, Protocol, CommPath)) else int(value)
         return out
 
     @classmethod
@@ -145,6 +197,7 @@ class CommConfig:
             channels=_int_field("channels", data.get("channels")),
             threads=_int_field("threads", data.get("threads")),
             chunk_bytes=_int_field("chunk_bytes", data.get("chunk_bytes")),
+            path=_path_field(data.get("path")),
         )
 
 
@@ -156,6 +209,17 @@ def _enum_field(enum_cls: type[enum.IntEnum], name: str, value: object):
         return enum_cls[value.strip().upper()]
     names = ", ".join(m.name.lower() for m in enum_cls)
     raise ValueError(f"{name} {value!r} is not one of {names}")
+
+
+def _path_field(value: object) -> CommPath | None:
+    """A CommPath from its name (or the enum itself); ValueError names the field."""
+    if value is None or isinstance(value, CommPath):
+        return value
+    if isinstance(value, str):
+        for member in CommPath:
+            if value.strip().lower() == member.value:
+                return member
+    raise ValueError(f"path {value!r} is not one of {', '.join(m.value for m in CommPath)}")
 
 
 def _int_field(name: str, value: object) -> int | None:

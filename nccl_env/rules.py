@@ -9,12 +9,13 @@ ncclProtoGrainSize), src/plugin/tuner.cc and src/include/plugin/tuner/tuner_v*.h
 
 from __future__ import annotations
 
+import enum
 import functools
 import re
 from dataclasses import dataclass, fields
 
 from nccl_env.errors import LagomError
-from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
+from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, CommPath, CtaPolicy, Protocol
 
 WARP_SIZE = 32  # CUDA warp size; NCCL thread counts must be multiples of it (tuning.cc getNthreads)
 THREADS_MIN = 64  # 2 * WARP_SIZE, tuning.cc getNthreads(NCCL_NTHREADS, min=2*WARP_SIZE)
@@ -135,8 +136,9 @@ def per_collective_knobs(version: NcclVersion) -> frozenset[str]:
 
 
 def process_wide_knobs(version: NcclVersion) -> frozenset[str]:
-    """CommConfig fields that can only be set once per process (or per communicator)."""
-    return frozenset(f.name for f in fields(CommConfig)) - per_collective_knobs(version)
+    """CommConfig fields that can only be set once per process (or per communicator); ``path``
+    is neither: one per process group (ncclConfig_t.CTAPolicy and the buffers' registration)."""
+    return frozenset(f.name for f in fields(CommConfig)) - per_collective_knobs(version) - {"path"}
 
 
 def validate_config(config: CommConfig, version: NcclVersion, collective: CollectiveType | None = None,
@@ -169,6 +171,9 @@ def validate_config(config: CommConfig, version: NcclVersion, collective: Collec
         if not lo <= config.threads <= hi or config.threads % WARP_SIZE:
             proto = "LL128" if config.protocol is Protocol.LL128 else "LL/Simple"
             raise bad("threads", config.threads, f"a multiple of {WARP_SIZE} in {lo}-{hi} ({proto})")
+    if config.path is not None and version < PATH_SINCE[config.path]:
+        raise bad("path", config.path.value, f"from NCCL {PATH_SINCE[config.path]} "
+                  f"(this NCCL has {', '.join(p.value for p in paths_available(version))})")
     if config.chunk_bytes is not None:
         c = config.chunk_bytes
         if not CHUNK_GRAIN_BYTES <= c <= CHUNK_MAX_BYTES or c % CHUNK_GRAIN_BYTES:
@@ -225,3 +230,132 @@ def p2p_chunk_ceiling(version: NcclVersion, buffsize_bytes: int | None) -> int |
     if version < P2P_CHUNK_CAPPED_SINCE:
         return None
     return (buffsize_bytes or DEFAULT_BUFFSIZE_BYTES) // NCCL_STEPS
+
+
+# ---- communication paths: SM kernels, symmetric kernels, copy engines (CommPath) -----------------
+# Where each path is allowed, from NVIDIA/nccl's source at the release tags (the authority):
+#
+# * CTA policy: ncclConfig_t.CTAPolicy and NCCL_CTA_POLICY exist from 2.27 with DEFAULT 0 and
+#   EFFICIENCY 1; ZERO 2 from 2.28 (src/nccl.h.in at v2.27.3-1 / v2.28.3-1). NCCL_CTA_POLICY takes
+#   the integers 0/1/2 before 2.29 and also the names DEFAULT|EFFICIENCY|ZERO (combinable with |)
+#   from 2.29 (init.cc getEnvCtaPolicyOnce, v2.29.2-1; env.rst "since 2.29, legacy values since
+#   2.27"). NCCL_CTA_POLICY, when set, overrides every communicator's config ("Comm config CTAPolicy
+#   reset to NCCL_CTA_POLICY", init.cc): per-group policies need ProcessGroupNCCL.Options. ZERO
+#   itself moves only a collective whose buffers are in a symmetric window (enqueue.cc ceAvailable
+#   from ncclGetSymRegType; otherwise the kernel path), so the env's ZERO equals per-group ZERO
+#   where only the copy-engine groups register (nccl_env.delivery).
+# * EFFICIENCY changes one choice only: with no tuner plugin loaded (comm->tuner == NULL), neither
+#   NCCL_ALGO nor NCCL_PROTO set and no MNNVL, a registered AllGather/ReduceScatter switches to NVLS
+#   with fewer CTAs (ncclNvlsRegResourcesQuery) when NVLS is supported (enqueue.cc
+#   ncclGetAlgoInfo, v2.27.3-1 .. v2.30.7-1). Lagom's evaluators do not model NVLS, so the search
+#   never offers it; a tuned file carries it through unchanged.
+# * Symmetric kernels (ncclSymDevKernel_* in 2.27, ncclSymkDevKernel_* from 2.28): AllGather,
+#   AllReduce and ReduceScatter (sum of floating-point types for the reductions; symmetric.cc /
+#   sym_kernels.cc ncclSym(k)Implemented) on buffers registered in a symmetric window
+#   (ncclCommWindowRegister with NCCL_WIN_COLL_SYMMETRIC). 2.27-2.28: one node, all peers with
+#   direct P2P (enqueue.cc ncclPrepareTasks: nNodes == 1; init.cc symmetricSupport); from 2.29 every
+#   rank on direct NVLink (sym_kernels.cc ncclSymkAvailable: isAllDirectNvlink). NCCL picks the
+#   kernel and the fewest CTAs within 2.5% of its model's best (costmodel.nccl_defaults) before it
+#   would ask a tuner plugin: the plugin cannot steer them.
+# * Copy-engine collectives: CTA policy ZERO, the output (2.28: input and output) in a symmetric
+#   window, CUDA driver >= 12.5 (ce_coll.cc ncclCeImplemented), AllGather and AlltoAll (also
+#   Gather/Scatter, which Lagom does not model): 2.28 one node (enqueue.cc taskAppend, v2.28.3-1),
+#   from 2.30 every rank load/store-accessible over NVLink, an NVLink or MNNVL domain
+#   (ce_coll.cc ncclCeAvailable: ncclTeamLsa), and across the network (CPU proxy between nodes,
+#   copy engines inside) from 2.30.6 (docs/userguide usage/bufferreg.rst "Zero-CTA Optimization";
+#   ncclHierCeAvailable first appears in the 2.30.5 commit and the 2.30.7 tag, not in 2.30.4) with
+#   both buffers registered. Chosen in taskAppend, before any tuner plugin call.
+# Lagom takes "every rank on NVLink" to mean an NVSwitch node (ClusterSpec intra_node.kind
+# "nvswitch"): NCCL's own 2.27-2.29 condition (direct P2P) also admits PCIe P2P, where neither
+# path's bandwidth is measured; Lagom does not offer them there.
+CTA_POLICY_SINCE: dict[CtaPolicy, NcclVersion] = {
+    CtaPolicy.DEFAULT: _v("2.27"),
+    CtaPolicy.EFFICIENCY: _v("2.27"),
+    CtaPolicy.ZERO: _v("2.28"),
+}
+CTA_POLICY_NAMES_SINCE = _v("2.29")  # NCCL_CTA_POLICY=ZERO (names); before, only the integers
+SYMMETRIC_KERNELS_SINCE = _v("2.27")
+SYMMETRIC_ALL_NVLINK_SINCE = _v("2.29")  # from here any number of nodes in one NVLink domain
+COPY_ENGINE_SINCE = CTA_POLICY_SINCE[CtaPolicy.ZERO]
+COPY_ENGINE_ACROSS_NODES_SINCE = _v("2.30.6")
+COPY_ENGINE_MIN_CUDA_DRIVER = "12.5"  # ce_coll.cc: driverVersion >= 12050
+SYMMETRIC_COLLECTIVES = frozenset({CollectiveType.ALLGATHER, CollectiveType.ALLREDUCE, CollectiveType.REDUCESCATTER})
+COPY_ENGINE_COLLECTIVES = frozenset({CollectiveType.ALLGATHER, CollectiveType.ALLTOALL})
+PATH_SINCE: dict[CommPath, NcclVersion] = {
+    CommPath.SM: _v("2.0"),
+    CommPath.SYMMETRIC: SYMMETRIC_KERNELS_SINCE,
+    CommPath.COPY_ENGINE: COPY_ENGINE_SINCE,
+    CommPath.EFFICIENCY: CTA_POLICY_SINCE[CtaPolicy.EFFICIENCY],
+}
+
+
+class Mechanism(enum.Enum):
+    """What actually moves one collective's data, given its group's path (what evaluators model)."""
+
+    SM_KERNEL = "sm kernel"  # NCCL's ring/tree kernels: one CTA per channel, Lagom's knobs apply
+    SYMMETRIC_KERNEL = "symmetric kernel"  # ncclSymkDevKernel_*: few CTAs, NCCL's own choice
+    COPY_ENGINE = "copy engine"  # cudaMemcpyBatchAsync on the copy engines: no CTA
+
+
+@dataclass(frozen=True)
+class Topology:
+    """What the path rules need of a cluster: whether every GPU pair of a node is on NVLink
+    (an NVSwitch node), and whether NVLS (NVLink SHARP) is there and modelled."""
+
+    all_nvlink: bool
+    nvls: bool = False
+
+
+def paths_available(version: NcclVersion) -> tuple[CommPath, ...]:
+    """The paths this NCCL has, SM first."""
+    return tuple(p for p in CommPath if version >= PATH_SINCE[p])
+
+
+def collective_mechanism(path: CommPath | None, collective: CollectiveType, nodes: int, version: NcclVersion,
+                         topology: Topology) -> Mechanism:
+    """What NCCL runs for one collective of a group on ``path`` (the comment block above).
+
+    ``nodes``: the nodes the group spans. A path this NCCL, topology or collective does not
+    admit leaves the collective on NCCL's kernels, as NCCL itself does (it falls back).
+    """
+    if path is None or path in (CommPath.SM, CommPath.EFFICIENCY) or version < PATH_SINCE[path]:
+        return Mechanism.SM_KERNEL  # EFFICIENCY: NVLS only, which no modelled topology has
+    if not topology.all_nvlink:
+        return Mechanism.SM_KERNEL
+    if path is CommPath.COPY_ENGINE:
+        if collective in COPY_ENGINE_COLLECTIVES and (nodes <= 1 or version >= COPY_ENGINE_ACROSS_NODES_SINCE):
+            return Mechanism.COPY_ENGINE
+        return Mechanism.SM_KERNEL  # its other collectives' buffers are not registered: NCCL's kernels
+    # SYMMETRIC: one node before 2.29; from 2.29 every rank on direct NVLink (one NVSwitch node here)
+    if collective in SYMMETRIC_COLLECTIVES and nodes <= 1:
+        return Mechanism.SYMMETRIC_KERNEL
+    return Mechanism.SM_KERNEL
+
+
+def path_requirements(path: CommPath, collectives: list[CollectiveType], version: NcclVersion) -> list[str]:
+    """What the user must turn on for a group on ``path`` whose collectives are ``collectives``
+    (the ones the path moves), one sentence each; empty for SM."""
+    if path is CommPath.SM:
+        return []
+    names = ", ".join(sorted({c.value for c in collectives})) or "its collectives"
+    register = (f"allocate the buffers of its {names} in NCCL symmetric memory: for an FSDP2 model call "
+                f"module.set_symm_mem_for_comm(\"NCCL\") on each fully_shard module (all-gather buffers; "
+                f"torch >= 2.13 has it); for other tensors torch.distributed._symmetric_memory.set_backend(\"NCCL\"), "
+                f"allocate with symm_mem.empty(...) and call symm_mem.rendezvous(tensor, group)")
+    out = [register]
+    if path is CommPath.COPY_ENGINE:
+        out.append("create the group with CTA policy ZERO: lagom run passes ProcessGroupNCCL.Options with "
+                   "config.cta_policy = NCCL_CTA_POLICY_ZERO (torch with the cta_policy binding, pytorch PR #164309), "
+                   "and NCCL_CTA_POLICY=2 too where no group is on symmetric kernels (the env overrides every "
+                   "communicator's policy; ZERO moves only collectives on registered buffers)")
+        out.append(f"NCCL >= {COPY_ENGINE_SINCE} on one node, >= {COPY_ENGINE_ACROSS_NODES_SINCE} across nodes; "
+                   f"CUDA driver >= {COPY_ENGINE_MIN_CUDA_DRIVER}")
+    elif path is CommPath.SYMMETRIC:
+        out.append(f"NCCL >= {SYMMETRIC_KERNELS_SINCE} with window registration on (NCCL_WIN_ENABLE=1, the default) "
+                   f"and cuMem (NCCL_CUMEM_ENABLE=1, the default)")
+    else:
+        out.append("CTA policy EFFICIENCY takes effect only with no tuner plugin loaded and NCCL_ALGO/NCCL_PROTO "
+                   "unset (lagom run then leaves the plugin out)")
+    out.append("registering a buffer costs once per allocation (seconds in a short job: "
+               "Tencent-Hunyuan/UniRL #467 measured 3.1 s of handle export/import)")
+    return out

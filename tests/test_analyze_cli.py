@@ -99,3 +99,28 @@ def test_piped_text_output_keeps_whole_headers(capsys):
     out = capsys.readouterr().out
     assert "…" not in out
     assert "exposed ms" in out and "exposed %" in out and "reducescatter" in out
+
+
+def test_copy_engine_and_symmetric_collectives_are_communication_on_their_own_paths(tmp_path, capsys):
+    """NCCL's copy-engine all-gather (memory copies launched inside the collective's call) and a
+    symmetric kernel are collectives, each in a row of its own path; the all-gather overlaps the
+    GEMM (not exposed) and, under the GEMM, is not counted as compute."""
+    from kineto_builder import TraceBuilder
+
+    b = TraceBuilder()
+    b.step(1, 0, 400)
+    b.cpu("record_param_comms", 50, 30, **{"Collective name": "all_gather_into_tensor", "In msg nelems": 1024,
+                                          "Out msg nelems": 8192, "dtype": "BFloat16", "Process Group Name": "0"})
+    for i, (ts, dur) in enumerate([(100, 2), (103, 40), (145, 2)]):
+        b.kernel("Memcpy PtoP (Device -> Device)", 20, ts, dur, launch_ts=55 + i, cat="gpu_memcpy")
+    b.kernel("gemm", 7, 90, 80, launch_ts=40)
+    b.kernel("ncclSymkDevKernel_ReduceScatter_LD_sum_bf16(ncclSymkDevWorkArgs4K)", 21, 200, 30, grid=(9, 1, 1),
+             **{"Collective name": "reduce_scatter_tensor", "In msg nelems": 8192, "Out msg nelems": 1024,
+                "dtype": "BFloat16", "Process Group Name": "0"})
+    (r,) = _json(capsys, b.write(tmp_path / "paths.json"), "--include-last-step")["ranks"]
+    rows = {c["collective"]: c for c in r["collectives"]}
+    assert rows["allgather"]["path"] == "copy_engine" and rows["allgather"]["exposed_us"] == 0.0
+    assert rows["reducescatter"]["path"] == "symmetric" and rows["reducescatter"]["exposed_us"] == 30.0
+    assert main(["analyze", str(tmp_path / "paths.json"), "--include-last-step"]) == 0
+    text = capsys.readouterr().out
+    assert "allgather (copy engines)" in text and "reducescatter (symmetric)" in text

@@ -1,7 +1,8 @@
 """`lagom bench --quick` as CI regression.
 
 Runs the real thing: the quick matrix (one FSDP, TP and EP workload on 8 GPUs of
-low-bw and high-bw), tuned with the default evaluator and judged on the simulator
+low-bw and high-bw; one FSDP and one TP workload on h100-nvswitch at NCCL 2.30.7, where
+paths are on offer), tuned with the default evaluator and judged on the simulator
 with noise off. Per cell Lagom delivers what it owes (not behind NCCL, within 0.5% of
 exhaustive, not behind Optuna at equal budget, bounded by the lower bound); per cluster
 the geomeans stay above the regression floors in ``lagom.commands.bench``, and --check
@@ -18,15 +19,17 @@ from lagom.cli import main
 from lagom.commands import bench
 
 
-@pytest.mark.slow  # six cells, every method
+@pytest.mark.slow  # eight cells, every method
 def test_quick_bench_meets_the_targets(capsys):
     code = main(["bench", "--quick", "--json", "--check"])
     out, err = capsys.readouterr()
     assert code == 0, err
     report = json.loads(out)
     cells, summary = report["cells"], report["summary"]
-    assert {c["cluster"] for c in cells} == {"low-bw", "high-bw"}
+    assert {c["cluster"] for c in cells} == {"low-bw", "high-bw", "h100-nvswitch"}
     assert {c["strategy"] for c in cells} == {"fsdp", "tp", "ep"}
+    assert {c["nccl_version"] for c in cells if c["cluster"] == "h100-nvswitch"} == {"2.30.7"}
+    assert all(c["lagom_paths"] == {} for c in cells if c["cluster"] != "h100-nvswitch")  # 2.18.3: no paths
     for cell in cells:
         where = f"{cell['cluster']} {cell['workload']}"
         assert cell["speedup_vs_nccl"] >= bench.MIN_SPEEDUP_VS_NCCL_ANY_CELL, where

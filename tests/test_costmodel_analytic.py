@@ -9,7 +9,7 @@ import pytest
 
 from costmodel.analytic.collective_model import collective_estimate
 from costmodel.analytic.evaluator import AnalyticEvaluator
-from costmodel.analytic.params import PARAM_NAMES, default_params, param_spec, params_for
+from costmodel.analytic.params import PARAM_NAMES, PATH_PARAMS, default_params, model_section, param_spec, params_for
 from costmodel.calibration.calibrate import gemm_op
 from costmodel.cluster import load_cluster
 from costmodel.evaluator import Evaluator
@@ -146,7 +146,13 @@ def test_fast_timelines_agree_with_the_general_one(low_bw, spec):
 
 def test_uncalibrated_cluster_uses_hardware_defaults_and_bad_model_keys_fail(low_bw, tmp_path):
     assert params_for(low_bw) == default_params(low_bw)
-    assert set(default_params(low_bw)) == set(PARAM_NAMES)
+    # the fitted parameters and the path ones (copy engines, direct copies: not fitted)
+    assert set(default_params(low_bw)) == set(PARAM_NAMES) | {p.name for p in PATH_PARAMS}
+    assert not set(PARAM_NAMES) & {p.name for p in PATH_PARAMS}
+    # a calibrated file keeps a path figure its cluster file set, and pins none it did not
+    defaults = default_params(low_bw)
+    assert "ce_bw_gb_per_s" not in model_section(defaults, "sim:x", defaults=defaults)
+    assert model_section({**defaults, "ce_bw_gb_per_s": 40.0}, "sim:x", defaults=defaults)["ce_bw_gb_per_s"] == 40.0
     data = low_bw.to_dict()
     data["model"] = {"intra_bw_gb_per_s": 20.0, "no_such_param": 1.0}
     import yaml

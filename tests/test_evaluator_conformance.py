@@ -21,7 +21,8 @@ from costmodel.cluster import ClusterSpec, load_cluster
 from costmodel.evaluator import Evaluator, Timing
 from costmodel.nccl_defaults import nccl_default_config
 from costmodel.sim.simulator import Simulator
-from nccl_env import Algorithm, CollectiveType, CommConfig, LagomError, Plan, Protocol
+from nccl_env import Algorithm, CollectiveType, CommConfig, CommPath, LagomError, Plan, Protocol, Signature
+from nccl_env.rules import Mechanism, NcclVersion, collective_mechanism
 from traces import CollectiveOp, Dependency, ProcessGroup, Stream, StreamKind, Workload
 from traces.generate import generate_workload
 
@@ -163,3 +164,76 @@ class TestTimings:
             t = ev.evaluate(w, Plan({sig: CommConfig(Algorithm.RING, Protocol.SIMPLE, channels)}))
             assert t.ops[2].start_us == t.ops[1].start_us
             assert t.ops[3].start_us >= t.ops[2].end_us - 1e-6  # the dependency holds
+
+
+# ---- communication paths (nccl_env.rules.collective_mechanism): the same promises from each evaluator ----
+
+
+@pytest.fixture(scope="module")
+def nvswitch() -> ClusterSpec:
+    return replace(load_cluster("h100-nvswitch"), nccl_version="2.30.7")
+
+
+def _gemm_beside_allgather(message_bytes: int) -> Workload:
+    """A GEMM that fills the GPU with an AllGather launched beside it a little later."""
+    first = replace(gemm_op(8192, 8192, 8192), op_id=1, stream=0, start_us=0.0)
+    return Workload(
+        rank=0, world_size=8,
+        streams=[Stream(0, StreamKind.COMPUTE), Stream(1, StreamKind.COMMUNICATION)],
+        compute_ops=[first],
+        collectives=[CollectiveOp(2, "ag", CollectiveType.ALLGATHER, message_bytes, 1, 0.0, 1.0, "fsdp")],
+        groups={"fsdp": ProcessGroup("fsdp", tuple(range(8)), 1)},
+        dependencies=[],
+        gpus_per_node=8,
+    )
+
+
+class TestPaths:
+    def test_copy_engines_hold_no_sm_and_wait_for_none(self, make, nvswitch):
+        """Beside a copy-engine AllGather the GEMM keeps every SM: it slows only by the DRAM the
+        copies take, less than beside NCCL's kernels; and the copy starts at once."""
+        w = _gemm_beside_allgather(256 * MIB)
+        sig = w.signature(w.collectives[0])
+        ev = make(nvswitch)
+        alone = ev.evaluate(replace(w, collectives=[]), Plan()).ops[1].duration_us
+        sm = ev.evaluate(w, Plan())
+        ce = ev.evaluate(w, Plan({sig: CommConfig(path=CommPath.COPY_ENGINE)}))
+        assert alone <= ce.ops[1].duration_us < sm.ops[1].duration_us
+        assert ce.ops[1].duration_us < alone * 1.05  # a compute-bound GEMM: the DRAM share barely shows
+        assert ce.ops[2].start_us == ce.ops[1].start_us
+
+    def test_symmetric_kernels_hold_the_ctas_nccl_picks(self, make, nvswitch):
+        """A symmetric AllGather holds NCCL's few CTAs: the GEMM beside it loses fewer SMs than
+        beside NCCL's 32-channel ring, more than beside the copy engines."""
+        w = _gemm_beside_allgather(256 * MIB)
+        sig = w.signature(w.collectives[0])
+        ev = make(nvswitch)
+        times = {path: ev.evaluate(w, Plan({sig: CommConfig(path=path)})).ops[1].duration_us
+                 for path in (None, CommPath.SYMMETRIC, CommPath.COPY_ENGINE)}
+        assert times[CommPath.COPY_ENGINE] < times[CommPath.SYMMETRIC] < times[None]
+
+    def test_a_path_nccl_does_not_have_changes_nothing(self, make, nvswitch, cluster):
+        """Before 2.28 there are no copy engines, on PCIe no NVLink domain, and NCCL falls back
+        to its kernels: the evaluators too."""
+        w = _gemm_beside_allgather(64 * MIB)
+        sig = w.signature(w.collectives[0])
+        for where in (replace(nvswitch, nccl_version="2.27.3"), replace(cluster, nccl_version="2.30.7")):
+            ev = make(where)
+            default = ev.evaluate(w, Plan())
+            ce = ev.evaluate(w, Plan({sig: CommConfig(path=CommPath.COPY_ENGINE)}))
+            assert ce.iteration_us == pytest.approx(default.iteration_us, rel=1e-12)
+
+
+def test_both_evaluators_time_the_paths_alike(nvswitch):
+    """The analytic model states the simulator's path mechanisms in closed form: alone, the same."""
+    sim, model = Simulator(nvswitch, noise=0.0), AnalyticEvaluator(nvswitch)
+    for collective in (CollectiveType.ALLGATHER, CollectiveType.ALLREDUCE, CollectiveType.REDUCESCATTER):
+        for size in (MIB, 64 * MIB, 512 * MIB):
+            sig = Signature("g", collective, size, 8, 1)
+            for path in (CommPath.SYMMETRIC, CommPath.COPY_ENGINE):
+                if collective_mechanism(path, collective, 1, NcclVersion.parse("2.30.7"),
+                                        nvswitch.path_topology()) is Mechanism.SM_KERNEL:
+                    continue  # NCCL's kernels: the two evaluators' own forms (test_model_accuracy)
+                config = CommConfig(path=path)
+                assert model.collective_time_us(sig, config) == pytest.approx(sim.collective_time_us(sig, config),
+                                                                              rel=1e-6)

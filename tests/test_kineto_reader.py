@@ -10,8 +10,9 @@ import pytest
 from conftest import trace_path
 from kineto_builder import TraceBuilder
 
-from nccl_env import CollectiveType
+from nccl_env import CollectiveType, CommPath
 from traces import DependencyKind, StreamKind, Workload
+from traces.comm_names import is_symmetric_kernel
 from traces.kineto import read_trace
 
 DTYPE_BYTES = {"Float": 4, "Long": 8}  # PyTorch: float32, int64
@@ -213,3 +214,43 @@ def test_traceevents_key_inside_a_string_falls_back_to_a_whole_parse(tmp_path):
     (tmp_path / "a.json").write_bytes(orjson.dumps(doc["traceEvents"]))
     (w,) = read_trace(tmp_path / "a.json")
     assert [o.name for o in w.compute_ops] == ["gemm"]
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("ncclSymDevKernel_AllGather_ST(ncclSymDevArgs)", CollectiveType.ALLGATHER),  # NCCL 2.27
+    ("ncclSymkDevKernel_AllReduce_RSxLD_AGxST_sum_bf16(ncclSymkDevWorkArgs4K)", CollectiveType.ALLREDUCE),  # 2.28+
+    ("ncclSymkDevKernel_ReduceScatter_LD_sum_f32(ncclSymkDevWorkArgs4K)", CollectiveType.REDUCESCATTER),
+])
+def test_nccls_symmetric_kernels_are_collectives_on_their_own_path(tmp_path, name, expected):
+    b = TraceBuilder()
+    b.kernel("gemm", 7, 100, 10)
+    b.kernel(name, 20, 100, 50, grid=(9, 1, 1), block=(512, 1, 1))
+    (w,) = read_trace(b.write(tmp_path / "t.json"))
+    (c,) = w.collectives
+    assert (c.collective, c.comm_path, c.holds_sms) == (expected, CommPath.SYMMETRIC, True)
+    assert is_symmetric_kernel(name) and not is_symmetric_kernel("ncclDevKernel_AllGather_RING_LL(x)")
+
+
+def test_nccls_copy_engine_path_is_one_collective_of_memory_copies(tmp_path):
+    """CTA policy ZERO: NCCL's all-gather is a barrier, a batch of copies to the peers and a barrier,
+    all memory copies on the communicator's stream launched inside the collective's CPU call (no
+    kernel). They read as one all-gather on the copy engines; a copy outside any collective stays
+    a memory op."""
+    b = TraceBuilder()
+    b.cpu("record_param_comms", 50, 30, **{"Collective name": "all_gather_into_tensor", "In msg nelems": 1024,
+                                          "Out msg nelems": 8192, "dtype": "BFloat16", "Process Group Name": "0"})
+    for i, (ts, dur) in enumerate([(100, 2), (103, 40), (103, 41), (145, 2)]):  # flags, two peers' copies, flags
+        b.kernel("Memcpy PtoP (Device -> Device)", 20, ts, dur, launch_ts=55 + i, cat="gpu_memcpy")
+    b.kernel("gemm", 7, 90, 80, launch_ts=40)
+    b.kernel("Memcpy DtoD (Device -> Device)", 7, 200, 5, launch_ts=150, cat="gpu_memcpy")
+    (w,) = read_trace(b.write(tmp_path / "ce.json"))
+    (c,) = w.collectives
+    assert (c.collective, c.message_bytes, c.comm_path, c.holds_sms) == (
+        CollectiveType.ALLGATHER, 8192 * 2, CommPath.COPY_ENGINE, False)
+    gemm = w.compute_ops[0]
+    assert (c.start_us - gemm.start_us, c.duration_us) == (10.0, 47.0)  # first flag copy to the last one
+    assert [o.is_memory_op for o in w.compute_ops] == [False, True]  # the gemm and the copy outside
+    assert w.stream_kind(20) is StreamKind.COMMUNICATION
+    again = Workload.from_dict(w.to_dict())
+    assert again.collectives[0].comm_path is CommPath.COPY_ENGINE
+

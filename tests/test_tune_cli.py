@@ -15,6 +15,7 @@ from conftest import REPO_ROOT, run_cli
 from costmodel.cluster import load_cluster
 from costmodel.sim.simulator import Simulator
 from lagom.tuned_config import load_tuned_config
+from nccl_env.knobs import CollectiveType
 from nccl_env.plan import Plan
 from traces.generate import generate_workload
 from tuner.space import workload_signatures
@@ -210,3 +211,28 @@ def test_evaluations_count_every_evaluation_tune_ran_the_comparison_included(tmp
     assert summary["evaluations"] == outcome.evaluations_run
     assert summary["evaluations_by_method"] == {"lagom": outcome.result.evaluations,
                                                 "autoccl": outcome.autoccl.evaluations}
+
+
+@pytest.mark.slow  # the simulator evaluates an FSDP Llama-3-8B iteration a few hundred times
+def test_tune_puts_a_group_on_the_copy_engines_and_says_what_to_turn_on(tmp_path, capsys):
+    """FSDP Llama-3-8B on one H100 node at NCCL 2.30.7: the all-gathers go to the copy engines;
+    the file sets CTA policy ZERO for the group and lists what the user must do (FSDP2's
+    set_symm_mem_for_comm, the versions), the table says so, and the file replays its prediction."""
+    from dataclasses import replace
+
+    spec, out_file = "fsdp:llama3-8b:gpus=8", tmp_path / "lagom.yaml"
+    code, out, err = run_cli(capsys, "tune", spec, "--cluster", "h100-nvswitch", "--nccl-version", "2.30.7",
+                             "--evaluator", "sim", "--no-autoccl", "-o", str(out_file))
+    assert code == 0, err
+    config = load_tuned_config(out_file)
+    assert config.process_groups["0"]["cta_policy"] == "zero"
+    gathers = [e for e in config.collectives if e.match.collective is CollectiveType.ALLGATHER]
+    assert gathers and all(e.config.path is not None and e.config.channels is None for e in gathers)
+    text = " ".join(config.requirements)
+    assert "set_symm_mem_for_comm" in text and "NCCL >= 2.28.0" in text and "CUDA driver >= 12.5" in text
+    flat = " ".join(out.split())  # the table wraps long cells
+    assert "> copy-engine" in flat and flat.count("requires: group 0 (copy_engine)") == len(config.requirements)
+    cluster = replace(load_cluster("h100-nvswitch"), nccl_version="2.30.7")
+    workload = generate_workload(spec)
+    again = Simulator(cluster, noise=0.0).evaluate(workload, config.to_plan(workload_signatures(workload, 8)))
+    assert again.iteration_us == pytest.approx(config.predictions["tuned_us"], rel=1e-6)

@@ -7,6 +7,7 @@ evaluator (tests/tuner_toy.py) where exhaustive ground truth is cheap.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,7 +15,9 @@ from tuner_toy import ToyEvaluator, layered_workload
 
 from costmodel.cluster import load_cluster
 from nccl_env.errors import LagomError
+from nccl_env.knobs import Algorithm, CommPath, Protocol
 from nccl_env.plan import Plan
+from nccl_env.rules import Mechanism
 from tuner import METHODS, AutoCCL, Exhaustive, LagomSearch, NcclDefault, OptunaTPE, Scope, SearchMethod, build_space
 from tuner.space import knob_scopes
 
@@ -27,6 +30,20 @@ def cluster():
 def small_case(cluster):
     workload = layered_workload(4, [8 << 20, 24 << 20])
     return workload, build_space(workload, cluster)
+
+
+@pytest.fixture(scope="module")
+def nvswitch():
+    """An NVSwitch node on NCCL 2.30.7: its group may take symmetric kernels or copy engines."""
+    return replace(load_cluster("h100-nvswitch"), nccl_version="2.30.7")
+
+
+def path_case(cluster):
+    """The toy FSDP window with a path unit; without the plugin (channels per group, chunk and
+    threads per process) so exhaustive ground truth stays cheap."""
+    workload = layered_workload(2, [24 << 20], tail_bytes=4 << 20)
+    ring_simple = [(Algorithm.RING, Protocol.SIMPLE)]
+    return workload, build_space(workload, cluster, use_plugin=False, enabled_pairs=lambda c, s: ring_simple)
 
 
 class MethodConformance:
@@ -69,6 +86,20 @@ class MethodConformance:
         b = self.method.tune(workload, ToyEvaluator(cluster), space)
         assert a.iteration_us == b.iteration_us and a.plan.entries == b.plan.entries
 
+    def test_paths_respect_the_space_and_take_no_knobs(self, nvswitch):
+        """Every method emits a path only where the space offers it, one per group, and a
+        signature a path takes off NCCL's kernels carries no kernel knob."""
+        workload, space = path_case(nvswitch)
+        assert [len(space.path_options[u.index]) for u in space.path_units] == [2]
+        result = self.method.tune(workload, ToyEvaluator(nvswitch), space)
+        for unit in space.path_units:
+            paths = {result.plan.config_for(s).path for s in unit.signatures}
+            assert len(paths) == 1 and paths <= {None, *space.path_options[unit.index]}
+        for sig, cfg in result.plan.entries.items():
+            if space.mechanism(sig, cfg.path) is not Mechanism.SM_KERNEL:
+                assert (cfg.channels, cfg.chunk_bytes, cfg.threads, cfg.algorithm) == (None,) * 4
+        assert result.evaluations >= 1
+
     def test_progress_reports_every_evaluation(self, cluster):
         workload, space = small_case(cluster)
         seen: list[int] = []
@@ -85,7 +116,7 @@ class TestAutoCCLConformance(MethodConformance):
 
 
 class TestExhaustiveConformance(MethodConformance):
-    method = Exhaustive()
+    method = Exhaustive(max_points=10_000)  # the path case has 9,504 points
 
 
 class TestOptunaConformance(MethodConformance):
@@ -114,6 +145,32 @@ def test_lagom_within_two_percent_of_exhaustive_and_beats_optuna_at_equal_budget
     optuna = OptunaTPE().tune(workload, ToyEvaluator(cluster), space, budget=lagom.evaluations)
     assert lagom.iteration_us <= optuna.iteration_us
     assert lagom.evaluations < space.size() / 20
+
+
+@pytest.mark.slow  # exhaustive over 9,504 points
+def test_lagom_with_paths_is_within_two_percent_of_exhaustive_and_never_behind_its_knob_only_plan(nvswitch):
+    workload, space = path_case(nvswitch)
+    truth = Exhaustive(max_points=10_000).tune(workload, ToyEvaluator(nvswitch), space)
+    lagom = LagomSearch().tune(workload, ToyEvaluator(nvswitch), space)
+    knobs = LagomSearch(probe_paths=False).tune(workload, ToyEvaluator(nvswitch), space)
+    assert lagom.iteration_us <= truth.iteration_us * 1.02
+    assert lagom.iteration_us <= knobs.iteration_us
+    # the GEMMs here are SM-bound: the optimum leaves NCCL's kernels for a path, and so does Lagom
+    sig = space.path_units[0].signatures[0]
+    assert truth.plan.config_for(sig).path is not None
+    assert lagom.plan.config_for(sig).path is truth.plan.config_for(sig).path
+    # linear: the paths cost a few evaluations per path unit, not a product
+    assert lagom.evaluations <= knobs.evaluations + 10 * len(space.path_units) + 40
+
+
+def test_paths_are_offered_only_where_nccl_and_the_cluster_have_them(nvswitch, cluster):
+    workload = layered_workload(2, [8 << 20])
+    assert build_space(workload, cluster, nccl_version="2.30.7").path_units == []  # PCIe: no NVLink domain
+    assert build_space(workload, nvswitch, nccl_version="2.18.3").path_units == []  # before 2.27
+    symmetric_only = build_space(workload, nvswitch, nccl_version="2.27.3")  # no copy engines before 2.28
+    assert [space_paths for space_paths in symmetric_only.path_options.values()] == [(CommPath.SYMMETRIC,)]
+    both = build_space(workload, nvswitch, nccl_version="2.28.3")
+    assert list(both.path_options.values()) == [(CommPath.SYMMETRIC, CommPath.COPY_ENGINE)]
 
 
 def test_guard_never_returns_worse_than_nccl_default(cluster):

@@ -5,7 +5,9 @@ checked against exhaustive ground truth on spaces where the simulator would be t
 slow to enumerate. It has the two mechanisms the tuning problem rests on:
 collective time falls with channels (saturating) and is unimodal in chunk size,
 and a collective slows the compute it overlaps by the SMs its channels hold and by
-the L2 its chunks occupy.
+the L2 its chunks occupy. Paths (nccl_env.rules): a copy-engine collective holds no SM
+(slows nothing) but runs at 0.9 of the link plus 30 us; a symmetric kernel holds 8 SMs and
+runs at the link.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from costmodel.cluster import ClusterSpec
 from costmodel.evaluator import OpTiming, Timing
 from nccl_env.knobs import CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Plan
+from nccl_env.rules import Mechanism, NcclVersion, collective_mechanism
 from traces.intervals import intersection, union
 from traces.workload import CollectiveOp, ComputeOp, Dependency, Op, ProcessGroup, Stream, StreamKind, Workload
 
@@ -28,8 +31,23 @@ class ToyEvaluator:
         self.cluster = cluster
         self.evaluations = 0
 
+    def mechanism(self, workload: Workload, op: CollectiveOp, cfg: CommConfig) -> Mechanism:
+        sig = workload.signature(op, self.cluster.gpus_per_node)
+        return collective_mechanism(cfg.path, sig.collective, sig.nodes, NcclVersion.parse(self.cluster.nccl_version),
+                                    self.cluster.path_topology())
+
     def collective_us(self, workload: Workload, op: CollectiveOp, cfg: CommConfig) -> float:
         sig = workload.signature(op, self.cluster.gpus_per_node)
+        mechanism = self.mechanism(workload, op, cfg)
+        if mechanism is not Mechanism.SM_KERNEL:
+            link = self.cluster.intra_node.bw_gb_per_s * 1e3
+            n = max(2, sig.ranks)
+            factor = 2 * (n - 1) / n if sig.collective is CollectiveType.ALLREDUCE else (n - 1) / n
+            assert op.message_bytes is not None
+            traffic = op.message_bytes * factor
+            if mechanism is Mechanism.COPY_ENGINE:
+                return 30.0 + traffic / (0.9 * link)
+            return 8.0 + traffic / link
         nc = cfg.channels or 8
         chunk = cfg.chunk_bytes or (2 << 20)
         nt = cfg.threads or 512
@@ -46,9 +64,11 @@ class ToyEvaluator:
         steps = math.ceil(traffic / (chunk * nc))
         return 5.0 + traffic / bw + steps * _PROTO_STEP_US[proto] + chunk / per_channel
 
-    def slowdown(self, cfg: CommConfig) -> float:
-        nc = cfg.channels or 8
-        chunk = cfg.chunk_bytes or (2 << 20)
+    def slowdown(self, cfg: CommConfig, mechanism: Mechanism = Mechanism.SM_KERNEL) -> float:
+        if mechanism is Mechanism.COPY_ENGINE:
+            return 1.0
+        nc = 8 if mechanism is Mechanism.SYMMETRIC_KERNEL else (cfg.channels or 8)
+        chunk = 0 if mechanism is Mechanism.SYMMETRIC_KERNEL else (cfg.chunk_bytes or (2 << 20))
         sm = self.cluster.gpu.sm_count
         l2 = self.cluster.gpu.l2_bytes
         return sm / max(1, sm - nc) * (1 + 0.3 * min(1.0, nc * chunk / l2))
@@ -58,6 +78,7 @@ class ToyEvaluator:
         configs = {c.op_id: plan.config_for(workload.signature(c, self.cluster.gpus_per_node))
                    for c in workload.collectives}
         coll_dur = {c.op_id: self.collective_us(workload, c, configs[c.op_id]) for c in workload.collectives}
+        mechanisms = {c.op_id: self.mechanism(workload, c, configs[c.op_id]) for c in workload.collectives}
         deps: dict[int, list[int]] = {}
         for d in workload.dependencies:
             deps.setdefault(d.after, []).append(d.before)
@@ -78,7 +99,7 @@ class ToyEvaluator:
                     for s, e, cid in coll_spans:
                         overlap = max(0.0, min(end_guess, e) - max(start, s))
                         if overlap > 0:
-                            dur += overlap * (self.slowdown(configs[cid]) - 1)
+                            dur += overlap * (self.slowdown(configs[cid], mechanisms[cid]) - 1)
                 timing[op.op_id] = OpTiming(start, dur)
                 free[op.stream] = start + dur
             coll_spans = [(timing[c.op_id].start_us, timing[c.op_id].end_us, c.op_id) for c in workload.collectives]

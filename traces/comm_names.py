@@ -8,6 +8,13 @@ name is recognised:
 - NCCL >= 2.19: ``ncclDevKernel_AllReduce_Sum_f32_RING_LL(...)``, ``ncclDevKernel_SendRecv(...)``
 - RCCL / NCCL generic kernels: ``ncclDevKernel_Generic(...)``, ``ncclDevKernel_Generic_4(...)``,
   ``ncclKernel_Generic...``: the collective is not in the name (the trace's metadata says).
+- NCCL's symmetric kernels (buffers in symmetric windows): ``ncclSymDevKernel_AllGather_ST``
+  (NCCL 2.27), ``ncclSymkDevKernel_AllReduce_RSxLD_AGxST_sum_bf16`` (2.28 on): few CTAs, picked
+  by NCCL before any tuner plugin (:func:`is_symmetric_kernel`).
+
+NCCL's copy-engine collectives (CTA policy ZERO) launch no kernel: they are memory copies
+on the communicator's stream, launched inside the collective's CPU call
+(``traces.kineto`` recognises them by that).
 
 Communication kernels that are not NCCL's are recognised too (:func:`is_comm_kernel`
 without :func:`is_nccl_kernel`): they move data between GPUs, but no NCCL knob
@@ -34,7 +41,9 @@ from nccl_env.knobs import CollectiveType
 # A communication kernel: "nccl...Kernel..." (NCCL and RCCL), optionally after "void ".
 _NCCL_KERNEL_RE = re.compile(r"^(?:void\s+)?nccl\w*?Kernel")
 # The collective token right after the kernel prefix, per naming generation.
-_NEW_NAME_RE = re.compile(r"^(?:void\s+)?nccl(?:Dev)?Kernel_([A-Za-z]+)")
+_NEW_NAME_RE = re.compile(r"^(?:void\s+)?nccl(?:Dev|Symk?Dev)?Kernel_([A-Za-z]+)")
+# NCCL's symmetric kernels: ncclSymDevKernel_* (2.27), ncclSymkDevKernel_* (2.28 on)
+_SYMMETRIC_RE = re.compile(r"^(?:void\s+)?ncclSymk?DevKernel_")
 _OLD_NAME_RE = re.compile(
     r"^(?:void\s+)?nccl([A-Z][A-Za-z]*?)(?:Ring|Tree|CollNet|Nvls|Pat)?(?:LL128|LL|Simple)?Kernel")
 
@@ -84,6 +93,11 @@ def kernel_short_name(name: str) -> str:
 def is_nccl_kernel(name: str) -> bool:
     """True for an NCCL/RCCL kernel name."""
     return _NCCL_KERNEL_RE.match(name) is not None
+
+
+def is_symmetric_kernel(name: str) -> bool:
+    """True for one of NCCL's symmetric kernels (few CTAs, registered buffers: not NCCL's ring kernels)."""
+    return _SYMMETRIC_RE.match(name) is not None
 
 
 @functools.lru_cache(maxsize=1 << 16)  # every kernel of a trace asks; names repeat

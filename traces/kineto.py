@@ -9,10 +9,14 @@ naming the file and the problem.
 What becomes what:
 
 - ``kernel`` events (legacy ``Kernel``) whose name is an NCCL/RCCL kernel become
-  :class:`CollectiveOp` s; other kernels become :class:`ComputeOp` s with their launch
+  :class:`CollectiveOp` s (NCCL's symmetric kernels, ``ncclSymkDevKernel_*``, with
+  ``comm_path`` SYMMETRIC); other kernels become :class:`ComputeOp` s with their launch
   shape (grid, block, blocks per SM, registers, shared memory, occupancy);
   ``gpu_memcpy`` / ``gpu_memset`` (legacy ``Memcpy`` / ``Memset``) become ComputeOps with
-  ``is_memory_op=True``. ``gpu_user_annotation`` spans are not kernels.
+  ``is_memory_op=True``, except the copies launched inside a collective's CPU call: that is
+  NCCL's copy-engine path (CTA policy ZERO), and the copies of one call on one stream become
+  one CollectiveOp (``comm_path`` COPY_ENGINE: no SM). ``gpu_user_annotation`` spans are not
+  kernels.
 - A collective's type, message size, dtype and process group come from, in order:
   the kernel's own args (recent PyTorch copies ``Collective name``, ``In/Out msg
   nelems``, ``dtype``, ``Process Group Name/Ranks`` onto it), the ``record_param_comms``
@@ -57,13 +61,13 @@ import gc
 import math
 import re
 from bisect import bisect_right
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from nccl_env.errors import LagomError
-from nccl_env.knobs import CollectiveType
-from traces.comm_names import collective_from_kernel_name, is_nccl_kernel
+from nccl_env.knobs import CollectiveType, CommPath
+from traces.comm_names import collective_from_kernel_name, is_nccl_kernel, is_symmetric_kernel
 from traces.exec_graph import WAIT_BASIS_FASTEST, WAIT_BASIS_RANKS
 from traces.exec_graph_build import build_cpu_graph, build_exec_graph
 from traces.kineto_comm import CommInfo, collective_from_call, parse_ranks
@@ -359,6 +363,7 @@ class _WorkloadBuilder:
         stream_kind: dict[int, tuple[int, StreamKind]] = {}
         op_corr: list[tuple[ComputeOp | CollectiveOp, int | None]] = []
         made: list[tuple[ComputeOp | CollectiveOp, GpuOp]] = []  # each op with the GPU op it came from
+        ce_copies: dict[tuple, list[GpuOp]] = {}  # (enclosing comm call, stream) -> its copies
         for g in p.gpu_ops:
             launch = p.launch_ts.get(g.correlation) if g.correlation is not None else None
             launch_us = None if launch is None else launch - o
@@ -366,9 +371,13 @@ class _WorkloadBuilder:
                 info = self._comm_info(g)
                 nccl = is_nccl_kernel(g.name)
                 colls.append(self._collective(info, g.name, g.stream, g.ts - o, g.dur, True, launch_us, nccl))
+                if is_symmetric_kernel(g.name):
+                    colls[-1].comm_path = CommPath.SYMMETRIC
                 op_corr.append((colls[-1], g.correlation))
                 made.append((colls[-1], g))
                 _note_kind(stream_kind, g.stream, 3 if nccl else 1, StreamKind.COMMUNICATION)
+            elif g.is_memory and (call := self._collective_call(g.correlation)) is not None:
+                ce_copies.setdefault((call.ts, call.end, call.thread, g.stream), []).append(g)
             else:
                 compute.append(
                     ComputeOp(
@@ -393,6 +402,18 @@ class _WorkloadBuilder:
                     _note_kind(stream_kind, g.stream, 0, StreamKind.MEMORY)
                 else:
                     _note_kind(stream_kind, g.stream, 2, StreamKind.COMPUTE)
+        for copies in ce_copies.values():  # NCCL's copy-engine path: one collective per call and stream
+            first = min(copies, key=lambda c: c.ts)
+            end = max(c.ts + c.dur for c in copies)
+            span = replace(first, dur=end - first.ts)
+            launch = p.launch_ts.get(first.correlation) if first.correlation is not None else None
+            info = self._comm_info(first)
+            colls.append(self._collective(info, first.name, first.stream, first.ts - o, span.dur, True,
+                                          None if launch is None else launch - o))
+            colls[-1].comm_path = CommPath.COPY_ENGINE
+            op_corr.append((colls[-1], first.correlation))
+            made.append((colls[-1], span))
+            _note_kind(stream_kind, first.stream, 3, StreamKind.COMMUNICATION)
         streams = [Stream(s, k, f"stream {s}") for s, (_, k) in sorted(stream_kind.items())]
         cpu_threads: dict[int, tuple] = {}
         if not any(c.on_gpu for c in colls):
@@ -443,6 +464,13 @@ class _WorkloadBuilder:
         if info.collective is None:
             info.collective = collective_from_kernel_name(g.name)
         return info
+
+    def _collective_call(self, corr: int | None) -> CommCall | None:
+        """The innermost CPU call naming a collective that encloses this launch (None: none does)."""
+        for call in self._enclosing_calls(corr):
+            if collective_from_call(call) is not None:
+                return call
+        return None
 
     def _enclosing_calls(self, corr: int | None) -> list[CommCall]:
         """CPU comm calls enclosing the kernel's launch on its thread, innermost first."""

@@ -258,9 +258,10 @@ class EventReader:
 
     def launches(self) -> tuple[dict[int, float], dict[int, tuple[float, float, tuple]]]:
         """(correlation -> earliest launch time) for every GPU op, and (correlation -> (start,
-        end, thread)) of the launch of every communication kernel."""
+        end, thread)) of the launch of every communication kernel and memory copy (a copy
+        launched inside a collective's CPU call is NCCL's copy-engine path)."""
         wanted = {g.correlation for g in self.gpu_ops if g.correlation is not None}
-        comm = {g.correlation for g in self.gpu_ops if g.is_comm and g.correlation is not None}
+        comm = {g.correlation for g in self.gpu_ops if (g.is_comm or g.is_memory) and g.correlation is not None}
         threads = {i: t for t, i in self._threads.items()}
         launch_ts: dict[int, float] = {}
         launch_thread: dict[int, tuple[float, float, tuple]] = {}

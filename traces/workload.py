@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 from dataclasses import asdict, dataclass, field, fields
 
-from nccl_env.knobs import Algorithm, CollectiveType, Protocol
+from nccl_env.knobs import Algorithm, CollectiveType, CommPath, Protocol
 from nccl_env.plan import Signature
 from traces.exec_graph import ExecGraph
 
@@ -111,10 +111,18 @@ class CollectiveOp:
     on_gpu: bool = True  # False when only the CPU-side call was recorded (e.g. gloo)
     launch_us: float | None = None  # CPU time of the runtime call that launched it (traces only)
     nccl_tunable: bool = True  # False: a communication kernel that is not NCCL's (see the class doc)
+    # how NCCL moved it, when the trace shows a path off its ring/tree kernels: SYMMETRIC (an
+    # ncclSymkDevKernel_*, a few CTAs) or COPY_ENGINE (memory copies, no SM); None: NCCL's kernels
+    comm_path: CommPath | None = None
 
     @property
     def end_us(self) -> float:
         return self.start_us + self.duration_us
+
+    @property
+    def holds_sms(self) -> bool:
+        """False for a copy-engine collective: its copies take no SM (but DRAM and the link)."""
+        return self.comm_path is not CommPath.COPY_ENGINE
 
     @property
     def tunable(self) -> bool:
@@ -326,6 +334,7 @@ def _collective_to_dict(op: CollectiveOp) -> dict:
     out["collective"] = op.collective.value
     out["algorithm"] = None if op.algorithm is None else op.algorithm.nccl_name
     out["protocol"] = None if op.protocol is None else op.protocol.nccl_name
+    out["comm_path"] = None if op.comm_path is None else op.comm_path.value
     out = {k: v for k, v in out.items() if v is not None and not (k == "nccl_tunable" and v)}
     out["message_bytes"] = op.message_bytes  # null when the trace recorded no size
     return out
@@ -339,4 +348,6 @@ def _collective_from_dict(data: dict) -> CollectiveOp:
         kwargs["algorithm"] = Algorithm[kwargs["algorithm"].upper()]
     if kwargs.get("protocol") is not None:
         kwargs["protocol"] = Protocol[kwargs["protocol"].upper()]
+    if kwargs.get("comm_path") is not None:
+        kwargs["comm_path"] = CommPath(kwargs["comm_path"])
     return CollectiveOp(**kwargs)

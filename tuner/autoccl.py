@@ -12,6 +12,12 @@ so that a single evaluation measures every unit's time under interference; after
 the sweep each unit keeps the rung where its own collective time x_j was smallest.
 Rounds repeat until no unit moves (at most ``rounds``). Each unit finally keeps the
 subspace in which its own time was smallest.
+
+Paths (symmetric kernels, copy engines; AutoCCL predates them) are treated as AutoCCL
+treats subspaces: after the pair candidates, candidate k puts every path unit on its k-th
+path and descends the same way; each path unit keeps the path under which its own
+collectives were fastest. Its objective never sees the SMs a path frees, so it takes a
+path only where the path also makes the collectives themselves faster.
 """
 
 from __future__ import annotations
@@ -40,14 +46,19 @@ class AutoCCL(SearchMethod):
         space = obj.space
         start = space.point_near(lambda s: space.defaults[s])
         n_candidates = 1 + max((len(space.unit_pairs(u)) for u in space.subspace_units), default=0)
+        n_paths = max((len(space.path_options[u.index]) for u in space.path_units), default=0)
         finals: list[Point] = []
         steps: list[Step] = []
         try:
-            for k in range(n_candidates):
+            for k in range(n_candidates + n_paths):
                 point = start
                 for unit in space.subspace_units:
                     options = space.unit_pairs(unit)
                     point = point.with_pair(unit.index, options[k - 1] if 0 < k <= len(options) else None)
+                for unit in space.path_units:
+                    paths = space.path_options[unit.index]
+                    j = k - n_candidates
+                    point = point.with_path(unit.index, paths[j] if 0 <= j < len(paths) else None)
                 descended = yield from self._descend(point, space, obj, steps)
                 finals.append((yield from obj.ask(descended)).point)
         except BudgetExhausted:
@@ -79,6 +90,9 @@ class AutoCCL(SearchMethod):
         for unit in space.subspace_units:
             best = min(measured, key=lambda m: obj.unit_comm_us(m, unit))
             point = point.with_pair(unit.index, best.point.pair(unit.index))
+        for unit in space.path_units:
+            best = min(measured, key=lambda m: obj.unit_comm_us(m, unit))
+            point = point.with_path(unit.index, best.point.path(unit.index))
         return point
 
     def _descend(self, point: Point, space: SearchSpace, obj: Objective, steps: list[Step]) -> Search[Point]:

@@ -1,8 +1,9 @@
 """Baseline and ground truth: every point of the space, for spaces small enough.
 
-The space is the product over units of their rungs (and over subspace units of their
-pairs plus "NCCL decides"); that is exponential in the number of units, so this
-refuses (LagomError) spaces larger than ``max_points``. Use it on small windows.
+The space is the product over units of their rungs (over subspace units of their pairs
+plus "NCCL decides", over path units of their paths plus NCCL's kernels); that is
+exponential in the number of units, so this refuses (LagomError) spaces larger than
+``max_points``. Use it on small windows.
 """
 
 from __future__ import annotations
@@ -41,10 +42,14 @@ class Exhaustive(SearchMethod):
 
 
 def all_points(space: SearchSpace):
+    """Every point: rungs x pairs (and NCCL decides) x paths (and NCCL's kernels)."""
     keys = [(u.index, a) for u in space.resource_units for a in u.axes]
     ranges = [range(len(space.axes[a].values)) for _, a in keys]
     sub = [(u.index, (None, *space.unit_pairs(u))) for u in space.subspace_units]
+    routes = [(u.index, (None, *space.path_options[u.index])) for u in space.path_units]
     for rungs in itertools.product(*ranges):
         levels = tuple(sorted((u, a, r) for (u, a), r in zip(keys, rungs)))
         for pairs in itertools.product(*(options for _, options in sub)):
-            yield Point(levels, tuple((u, p) for (u, _), p in zip(sub, pairs)))
+            chosen = tuple((u, p) for (u, _), p in zip(sub, pairs))
+            for paths in itertools.product(*(options for _, options in routes)):
+                yield Point(levels, chosen, tuple((u, p) for (u, _), p in zip(routes, paths)))

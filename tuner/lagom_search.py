@@ -31,8 +31,21 @@ predicted time fewer channels and smaller chunks contend less); rounds repeat wh
 something was kept, at most four.
 
 Then each subspace unit (algorithm/protocol scope) tries the other pairs at the
-polished resources, one evaluation each, keeping a switch only if Z falls. Finally the
-guard: NCCL's default plan is evaluated too, and returned instead if it is not slower.
+polished resources, one evaluation each, keeping a switch only if Z falls: that is the
+knob-only plan.
+
+Paths (symmetric kernels, copy engines: ``SearchSpace.path_units``, one per process group)
+join last, served by the climb's own rule: every path unit starts at H = 0.01; a serve
+probes each of the unit's paths at the current point (one evaluation each); a probe helps
+when it shortens Z; the helping probe with the shortest Z is taken and the unit's
+H = (Y' - Y) / (x_old - x_new) recorded, and the unit is finished either way (a group
+takes one path). Serving them on the knob-only plan compares a path with NCCL's kernels
+at the resources the climb gave them, so the result is never slower than the knob-only
+plan. When a path was taken, the polish runs again, with each path unit's other paths as
+moves too (the SMs a path frees change what the other collectives should take).
+
+Finally the guard: NCCL's default plan is evaluated too, and returned instead if it is
+not slower.
 """
 
 from __future__ import annotations
@@ -67,6 +80,7 @@ class _Walk:
     states: list[_UnitState]
     steps: list[Step] = field(default_factory=list)
     order: list[str] = field(default_factory=list)  # units in the order they were finished
+    knob_only: Measured | None = None  # the walk's point before paths joined
 
 
 class LagomSearch(SearchMethod):
@@ -82,7 +96,7 @@ class LagomSearch(SearchMethod):
 
     def __init__(self, initial_stride: int = 2, tolerance: float = 0.001, polish_rounds: int = 4,
                  probe_subspaces: bool = True, guard: bool = True, climb: bool = True,
-                 repeat_kept_moves: bool = False) -> None:
+                 repeat_kept_moves: bool = False, probe_paths: bool = True) -> None:
         self.initial_stride = max(1, initial_stride)
         self.polish_rounds = polish_rounds
         self.tolerance = tolerance
@@ -90,6 +104,7 @@ class LagomSearch(SearchMethod):
         self.guard = guard
         self.climb = climb
         self.repeat_kept_moves = repeat_kept_moves
+        self.probe_paths = probe_paths
 
     def search(self, obj: Objective) -> TuningResult:
         return answer_with(self.ask_tell(obj), obj.evaluator_or_raise(), obj.workload)
@@ -122,6 +137,11 @@ class LagomSearch(SearchMethod):
                 yield from self._polish(space, obj, walk)
             if self.probe_subspaces:
                 yield from self._probe_subspaces(space, obj, walk)
+            if self.probe_paths and space.path_units:
+                walk.knob_only = walk.current
+                taken = yield from self._serve_paths(space, obj, walk)
+                if taken and self.polish_rounds:
+                    yield from self._polish(space, obj, walk, with_paths=True)
         except BudgetExhausted:
             for state in walk.states:
                 if state.finished is None:
@@ -178,6 +198,11 @@ class LagomSearch(SearchMethod):
             order=walk.order,
             notes=list(space.notes),
         )
+        if walk.knob_only is not None and walk.knob_only.point != current.point:
+            chosen = [(u.key, current.point.path(u.index)) for u in space.path_units]
+            taken = [f"{key} -> {path.value}" for key, path in chosen if path is not None]
+            result.notes.append(f"paths: {', '.join(taken) or 'none'}; the knob-only plan predicted "
+                                f"{walk.knob_only.iteration_us:,.0f} us, this one {current.iteration_us:,.0f} us")
         if baseline is not None and baseline.iteration_us <= current.iteration_us:
             result.plan = Plan()
             result.timing = baseline
@@ -203,7 +228,42 @@ class LagomSearch(SearchMethod):
         walk.steps.append(Step(state.unit.key, "-", obj.unit_comm_us(current, state.unit), current.compute_us,
                                current.iteration_us, state.priority, f"finished: {why}"))
 
-    def _polish(self, space: SearchSpace, obj: Objective, walk: _Walk) -> Search[None]:
+    def _serve_paths(self, space: SearchSpace, obj: Objective, walk: _Walk) -> Search[bool]:
+        """Path units by the climb's rule (module docstring): least H first, one serve each."""
+        states = [_UnitState(u) for u in space.path_units]
+        taken = False
+        while True:
+            open_states = [st for st in states if st.finished is None]
+            if not open_states:
+                return taken
+            state = min(open_states, key=lambda st: (st.priority, st.unit.index))
+            current = walk.current
+            x_old = obj.unit_comm_us(current, state.unit)
+            probes = []
+            for path in space.path_options[state.unit.index]:
+                if current.point.path(state.unit.index) == path:
+                    continue
+                candidate = yield from obj.ask(current.point.with_path(state.unit.index, path))
+                helped = candidate.iteration_us < current.iteration_us * (1 - self.tolerance)
+                probes.append((candidate, helped, path))
+                walk.steps.append(Step(state.unit.key, f"path -> {path.value}", obj.unit_comm_us(candidate, state.unit),
+                                       candidate.compute_us, candidate.iteration_us, None,
+                                       "helps" if helped else "rejected"))
+            helping = [p for p in probes if p[1]]
+            if helping:
+                candidate, _, path = min(helping, key=lambda p: p[0].iteration_us)
+                x_new = obj.unit_comm_us(candidate, state.unit)
+                dy = candidate.compute_us - current.compute_us
+                state.priority = dy / (x_old - x_new) if x_old != x_new else dy
+                walk.steps.append(Step(state.unit.key, f"path -> {path.value}", x_new, candidate.compute_us,
+                                       candidate.iteration_us, state.priority, "accepted"))
+                walk.current = candidate
+                taken = True
+                self._finish(state, f"path {path.value}", walk, obj)
+            else:
+                self._finish(state, "NCCL's kernels kept", walk, obj)
+
+    def _polish(self, space: SearchSpace, obj: Objective, walk: _Walk, with_paths: bool = False) -> Search[None]:
         """Local search around the climbed point: every resource coordinate one rung up or
         down, and the trade moves (channels one rung down, chunk one rung up, and the
         reverse) for units that share signatures; first improvement of Z wins; rounds
@@ -213,7 +273,8 @@ class LagomSearch(SearchMethod):
         A move that only lowers rungs is also kept when Z does not grow: iteration time
         is flat over wide plateaus (e.g. while another stream is the critical path), and
         the better valley can lie below one; each such step takes resources away, so
-        the walk cannot cycle."""
+        the walk cannot cycle. ``with_paths``: each path unit's other paths are moves too
+        (kept only when Z falls)."""
         coords = [(u.index, a) for u in space.resource_units for a in u.axes]
         sigs = {u.index: set(u.signatures) for u in space.resource_units}
         keys = {u.index: u.key for u in space.resource_units}
@@ -256,8 +317,27 @@ class LagomSearch(SearchMethod):
                             walk.current = candidate
                             improved = True
                             kept = self.repeat_kept_moves
+            if with_paths:
+                improved = (yield from self._polish_paths(space, obj, walk)) or improved
             if not improved:
                 break
+
+    def _polish_paths(self, space: SearchSpace, obj: Objective, walk: _Walk) -> Search[bool]:
+        """Each path unit's other paths (NCCL's kernels among them), kept when Z falls."""
+        improved = False
+        for path_unit in space.path_units:
+            for path in (None, *space.path_options[path_unit.index]):
+                current = walk.current
+                if current.point.path(path_unit.index) == path:
+                    continue
+                candidate = yield from obj.ask(current.point.with_path(path_unit.index, path))
+                if candidate.iteration_us < current.iteration_us * (1 - self.tolerance):
+                    walk.steps.append(Step(path_unit.key, f"path -> {path.value if path else 'sm'}",
+                                           obj.unit_comm_us(candidate, path_unit), candidate.compute_us,
+                                           candidate.iteration_us, None, "accepted (polish)"))
+                    walk.current = candidate
+                    improved = True
+        return improved
 
     def _probe_subspaces(self, space: SearchSpace, obj: Objective, walk: _Walk) -> Search[None]:
         for unit in space.subspace_units:

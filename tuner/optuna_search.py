@@ -1,7 +1,8 @@
 """Baseline: Optuna's TPE sampler over the whole space, given an evaluation budget.
 
 Each (resource unit, axis) is an integer rung parameter; each subspace unit is a
-categorical over its pairs and "nccl" (NCCL decides). The objective is the iteration
+categorical over its pairs and "nccl" (NCCL decides); each path unit a categorical over its
+paths and "sm" (NCCL's kernels). The objective is the iteration
 time Z. The first trial is the point nearest NCCL's default, so TPE starts where a
 user would. Default budget: 100 evaluations (the bench gives it Lagom's count).
 """
@@ -37,8 +38,10 @@ class OptunaTPE(SearchMethod):
         study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=self.seed))
         keys = [(u.index, a) for u in space.resource_units for a in u.axes]
         sub = [(u.index, space.unit_pairs(u)) for u in space.subspace_units]
+        routes = [(u.index, space.path_options[u.index]) for u in space.path_units]
         start = space.point_near(lambda s: space.defaults[s])
-        study.enqueue_trial({f"u{u}.{a}": start.level(u, a) for u, a in keys} | {f"s{u}": "nccl" for u, _ in sub})
+        study.enqueue_trial({f"u{u}.{a}": start.level(u, a) for u, a in keys} | {f"s{u}": "nccl" for u, _ in sub}
+                            | {f"p{u}": "sm" for u, _ in routes})
 
         def point_of(trial: optuna.Trial) -> Point:
             levels = tuple(
@@ -49,7 +52,11 @@ class OptunaTPE(SearchMethod):
                 names = ["nccl", *(f"{x.nccl_name}/{y.nccl_name}" for x, y in options)]
                 choice = trial.suggest_categorical(f"s{u}", names)
                 pairs.append((u, None if choice == "nccl" else options[names.index(choice) - 1]))
-            return Point(levels, tuple(pairs))
+            paths = []
+            for u, paths_of in routes:
+                choice = trial.suggest_categorical(f"p{u}", ["sm", *(p.value for p in paths_of)])
+                paths.append((u, next((p for p in paths_of if p.value == choice), None)))
+            return Point(levels, tuple(pairs), tuple(paths))
 
         best = None
         seen = 0

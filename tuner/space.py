@@ -28,8 +28,16 @@ every per-collective knob: their ``COLLECTIVE`` scope key names the range.
 
 Signatures that share a scope key form a :class:`Unit`; search methods choose one
 value per unit and axis, so every plan they emit is one the delivery doors can carry.
-A :class:`Point` (rung index per unit and axis, pair per subspace unit) becomes a
-:class:`~nccl_env.plan.Plan` through :meth:`SearchSpace.plan`.
+A :class:`Point` (rung index per unit and axis, pair per subspace unit, path per path
+unit) becomes a :class:`~nccl_env.plan.Plan` through :meth:`SearchSpace.plan`.
+
+*Path units* (scope ``GROUP``): where the NCCL version and the cluster admit them
+(:func:`nccl_env.rules.collective_mechanism`: symmetric kernels from 2.27, copy engines
+from 2.28, every rank of the group on NVLink), each process group chooses how its
+collectives move data: NCCL's SM kernels (``None``, the default), symmetric kernels on
+registered buffers, or the copy engines under CTA policy ZERO. A signature that a path takes
+off the SM kernels keeps no channels, chunk, threads, algorithm or protocol in the plan:
+NCCL picks the symmetric kernel's CTAs itself, and the copy engines have none.
 """
 
 from __future__ import annotations
@@ -43,16 +51,18 @@ from dataclasses import dataclass, field
 from costmodel.cluster import ClusterSpec
 from nccl_env.delivery import largest_message
 from nccl_env.errors import LagomError
-from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
+from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, CommPath, Protocol
 from nccl_env.plan import Plan, Signature
 from nccl_env.rules import (
     CTAS_ENV_SINCE,
     P2P_CHUNK_CAPPED_SINCE,
     P2P_COLLECTIVES,
     PER_FUNCTION_ALGO_SINCE,
+    Mechanism,
     NcclVersion,
     algorithms_available,
     buffsize_for_chunk,
+    collective_mechanism,
     max_channels,
     p2p_chunk_ceiling,
     per_collective_knobs,
@@ -110,11 +120,12 @@ def _version(version: str) -> NcclVersion:
     return NcclVersion.parse(version)
 
 
-def knob_scopes(version: str) -> dict[str, Scope]:
+def knob_scopes(version: str, use_plugin: bool = True) -> dict[str, Scope]:
     """The narrowest scope each CommConfig field can be delivered at on this NCCL
-    (the doors of :func:`nccl_env.delivery.deliver`)."""
+    (the doors of :func:`nccl_env.delivery.deliver`; ``use_plugin=False``: without Lagom's
+    tuner plugin, as ``deliver(..., use_plugin=False)``)."""
     v = _version(version)
-    per_coll = per_collective_knobs(v)
+    per_coll = per_collective_knobs(v) if use_plugin else frozenset()
     scopes: dict[str, Scope] = {}
     for knob in ("algorithm", "protocol"):
         if knob in per_coll:
@@ -180,13 +191,25 @@ class Unit:
 
 @dataclass(frozen=True)
 class Point:
-    """A choice in the space: rung per (resource unit, axis); pair per subspace unit.
+    """A choice in the space: rung per (resource unit, axis); pair per subspace unit; path per
+    path unit.
 
-    ``pairs[i]`` is None when subspace unit ``i`` leaves algorithm/protocol to NCCL.
+    ``pairs[i]`` is None when subspace unit ``i`` leaves algorithm/protocol to NCCL;
+    ``paths[i]`` is None when path unit ``i`` keeps NCCL's SM kernels.
     """
 
     levels: tuple[tuple[int, str, int], ...]  # (unit index, axis, rung), sorted
     pairs: tuple[tuple[int, tuple[Algorithm, Protocol] | None], ...]  # (subspace unit index, pair)
+    paths: tuple[tuple[int, CommPath | None], ...] = ()  # (path unit index, path)
+
+    def path(self, unit: int) -> CommPath | None:
+        for u, p in self.paths:
+            if u == unit:
+                return p
+        raise KeyError(unit)
+
+    def with_path(self, unit: int, path: CommPath | None) -> Point:
+        return Point(self.levels, self.pairs, tuple((u, path if u == unit else p) for u, p in self.paths))
 
     def level(self, unit: int, axis: str) -> int:
         for u, a, r in self.levels:
@@ -196,7 +219,7 @@ class Point:
 
     def with_levels(self, changes: dict[tuple[int, str], int]) -> Point:
         new = tuple((u, a, changes.get((u, a), r)) for u, a, r in self.levels)
-        return Point(new, self.pairs)
+        return Point(new, self.pairs, self.paths)
 
     def pair(self, unit: int) -> tuple[Algorithm, Protocol] | None:
         for u, p in self.pairs:
@@ -205,7 +228,7 @@ class Point:
         raise KeyError(unit)
 
     def with_pair(self, unit: int, pair: tuple[Algorithm, Protocol] | None) -> Point:
-        return Point(self.levels, tuple((u, pair if u == unit else p) for u, p in self.pairs))
+        return Point(self.levels, tuple((u, pair if u == unit else p) for u, p in self.pairs), self.paths)
 
 
 @dataclass
@@ -229,6 +252,16 @@ class SearchSpace:
         return self.byte_ranges.get(signature, (signature.message_bytes, signature.message_bytes))
     # knob values every plan carries whatever the point (the online space's fixed knobs)
     pinned: dict[Signature, dict[str, object]] = field(default_factory=dict)
+    path_units: list[Unit] = field(default_factory=list)  # one per process group with a path besides SM
+    path_options: dict[int, tuple[CommPath, ...]] = field(default_factory=dict)  # path unit -> its paths
+    # what moves each signature's data under a path (absent: NCCL's SM kernels)
+    mechanisms: dict[tuple[Signature, CommPath], Mechanism] = field(default_factory=dict)
+
+    def mechanism(self, signature: Signature, path: CommPath | None) -> Mechanism:
+        """What moves the signature's data when its group takes ``path``."""
+        if path is None:
+            return Mechanism.SM_KERNEL
+        return self.mechanisms.get((signature, path), Mechanism.SM_KERNEL)
 
     # -- unit lookups
     def unit_pairs(self, unit: Unit) -> tuple[tuple[Algorithm, Protocol], ...]:
@@ -247,9 +280,12 @@ class SearchSpace:
 
     # -- points
     def minimum_point(self) -> Point:
-        """Every resource axis at its lowest rung; algorithm/protocol left to NCCL."""
+        """Every resource axis at its lowest rung; algorithm/protocol left to NCCL; SM kernels."""
         levels = tuple(sorted((u.index, a, 0) for u in self.resource_units for a in u.axes))
-        return Point(levels, tuple((u.index, None) for u in self.subspace_units))
+        return Point(levels, tuple((u.index, None) for u in self.subspace_units), self._sm_paths())
+
+    def _sm_paths(self) -> tuple[tuple[int, CommPath | None], ...]:
+        return tuple((u.index, None) for u in self.path_units)
 
     def point_near(self, configs: Callable[[Signature], CommConfig], with_pairs: bool = False) -> Point:
         """The point closest (in rungs) to per-signature configs, e.g. NCCL's defaults.
@@ -275,7 +311,7 @@ class SearchSpace:
             wanted_pairs = {(configs(s).algorithm, configs(s).protocol) for s in sub.signatures}
             pair = next(iter(wanted_pairs)) if with_pairs and len(wanted_pairs) == 1 else None
             pairs.append((sub.index, pair if pair in self.unit_pairs(sub) else None))
-        return Point(tuple(sorted(levels)), tuple(pairs))
+        return Point(tuple(sorted(levels)), tuple(pairs), self._sm_paths())
 
     def plan(self, point: Point) -> Plan:
         """The Plan a point stands for: every signature gets its units' values."""
@@ -293,6 +329,16 @@ class SearchSpace:
                 configs[sig]["algorithm"], configs[sig]["protocol"] = pair
                 if pair[1] is Protocol.LL128:
                     configs[sig].pop("threads", None)  # NCCL_LL128_NTHREADS has its own range: NCCL decides
+        for unit in self.path_units:
+            path = point.path(unit.index)
+            if path is not None:
+                for sig in unit.signatures:
+                    configs[sig]["path"] = path
+        for sig, cfg in configs.items():  # the point's paths, or the online space's pinned ones
+            path = cfg.get("path")
+            if isinstance(path, CommPath) and self.mechanism(sig, path) is not Mechanism.SM_KERNEL:
+                for knob in ("algorithm", "protocol", "channels", "threads", "chunk_bytes"):
+                    cfg.pop(knob, None)  # NCCL's kernels do not run it: no knob reaches it
         self._cap_p2p_chunks(configs)
         return Plan(entries={s: CommConfig(**c) for s, c in configs.items()})
 
@@ -321,6 +367,8 @@ class SearchSpace:
                 total *= len(self.axes[axis].values)
         for unit in self.subspace_units:
             total *= len(self.unit_pairs(unit)) + 1
+        for unit in self.path_units:
+            total *= len(self.path_options[unit.index]) + 1
         return total
 
 
@@ -363,6 +411,7 @@ def build_space(
     defaults: Callable[[ClusterSpec, Signature], CommConfig] | None = None,
     nccl_version: str | None = None,
     enabled_pairs: Callable[[ClusterSpec, Signature], Iterable[tuple[Algorithm, Protocol]]] | None = None,
+    use_plugin: bool = True,
 ) -> SearchSpace:
     """The space for ``workload`` on ``cluster`` (NCCL version: the cluster's unless given).
 
@@ -370,8 +419,9 @@ def build_space(
     it seeds AutoCCL and the tune table's "old" column. ``enabled_pairs`` gives the
     (algorithm, protocol) pairs NCCL's tuning model enables for a signature; without
     it, :func:`pairs_for`'s rule. The tuner imports no cost model: the caller
-    (``lagom.tuning.space_for``) passes both. Raises LagomError when the
-    workload has no collective to tune.
+    (``lagom.tuning.space_for``) passes both. ``use_plugin=False``: the doors without
+    Lagom's tuner plugin (channels per group, chunk per process, algorithm per collective
+    type). Raises LagomError when the workload has no collective to tune.
     """
     version = nccl_version or cluster.nccl_version
     sig_ids = workload_signatures(workload, cluster.gpus_per_node)
@@ -381,7 +431,7 @@ def build_space(
         raise LagomError(f"workload {workload.source or '<workload>'}: no collectives to tune{why}")
     signatures = tuple(sig_ids)
     ranges = signature_ranges(workload, signatures)
-    scopes = knob_scopes(version)
+    scopes = knob_scopes(version, use_plugin)
     max_nc = min(max_channels(_version(version)), max(1, cluster.gpu.sm_count // 2))
     axes = {
         "channels": Axis("channels", tuple(c for c in CHANNEL_LADDER if c <= max_nc), scopes["channels"]),
@@ -412,6 +462,10 @@ def build_space(
             notes.append(f"{axis} is {axes[axis].scope.value}-wide on NCCL {version}: one value per "
                          f"{axes[axis].scope.value}")
     default_cfg = {s: (defaults(cluster, s) if defaults else CommConfig()) for s in signatures}
+    path_units, path_options, mechanisms = _path_units(signatures, cluster, _version(version))
+    if path_units:
+        notes.append("paths: " + "; ".join(
+            f"{u.key} may take {', '.join(p.value for p in path_options[u.index])}" for u in path_units))
     return SearchSpace(
         nccl_version=version,
         signatures=signatures,
@@ -424,7 +478,44 @@ def build_space(
         defaults=default_cfg,
         notes=notes,
         byte_ranges={s: r for s, r in ranges.items() if r != (s.message_bytes, s.message_bytes)},
+        path_units=path_units,
+        path_options=path_options,
+        mechanisms=mechanisms,
     )
+
+
+# Paths the search offers, in probe order. EFFICIENCY is left out: its only effect is NCCL's
+# NVLS re-selection, which no modelled cluster has (nccl_env.rules).
+SEARCHED_PATHS = (CommPath.SYMMETRIC, CommPath.COPY_ENGINE)
+
+
+def _path_units(signatures: tuple[Signature, ...], cluster: ClusterSpec, version: NcclVersion,
+                ) -> tuple[list[Unit], dict[int, tuple[CommPath, ...]], dict[tuple[Signature, CommPath], Mechanism]]:
+    """One path unit per process group that has a path moving at least one of its signatures off
+    NCCL's SM kernels on this NCCL and cluster; its options are those paths."""
+    topology = cluster.path_topology()
+    by_group: dict[str, list[Signature]] = {}
+    for sig in signatures:
+        by_group.setdefault(sig.group, []).append(sig)
+    units: list[Unit] = []
+    options: dict[int, tuple[CommPath, ...]] = {}
+    mechanisms: dict[tuple[Signature, CommPath], Mechanism] = {}
+    for _, sigs in sorted(by_group.items()):
+        offered = []
+        for path in SEARCHED_PATHS:
+            moved = False
+            for sig in sigs:
+                mech = collective_mechanism(path, sig.collective, sig.nodes, version, topology)
+                if mech is not Mechanism.SM_KERNEL:
+                    mechanisms[(sig, path)] = mech
+                    moved = True
+            if moved:
+                offered.append(path)
+        if offered:
+            index = len(units)
+            units.append(Unit(index, scope_key(Scope.GROUP, sigs[0]), Scope.GROUP, tuple(sigs), ()))
+            options[index] = tuple(offered)
+    return units, options, mechanisms
 
 
 def online_space(space: SearchSpace, seed: Callable[[Signature], CommConfig]) -> SearchSpace:
@@ -451,6 +542,9 @@ def online_space(space: SearchSpace, seed: Callable[[Signature], CommConfig]) ->
         knobs = ("chunk_bytes",) if sig.collective in P2P_COLLECTIVES else fixed_knobs
         values = {k: getattr(config, k) for k in knobs}
         pinned[sig] = {k: v for k, v in values.items() if v is not None}
+        if config.path is not None:
+            pinned[sig]["path"] = config.path  # the CTA policy and the buffers are set up at start
     subspaces = space.subspace_units if space.scopes["algorithm"] is Scope.COLLECTIVE else []
     notes = [f"online: {', '.join(fixed_knobs)} fixed at the seed's values (read when a communicator is created)"]
-    return dataclasses.replace(space, resource_units=kept, subspace_units=subspaces, notes=notes, pinned=pinned)
+    return dataclasses.replace(space, resource_units=kept, subspace_units=subspaces, notes=notes, pinned=pinned,
+                               path_units=[], path_options={})

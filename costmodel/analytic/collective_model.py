@@ -17,6 +17,13 @@ CTA each) each carry 1/NC of it, chunk step by chunk step:
   the link being the slowest hop (a node's NICs, shared by its ranks, across nodes);
 * ``time = launch + hop latencies + one step of pipeline fill + max(W / R, the steps' pace)``.
 
+Two more paths (``nccl_env.rules.collective_mechanism``), with neither FIFO nor chunk steps:
+NCCL's symmetric kernels (:func:`symmetric_estimate`) hold the few CTAs NCCL picks and move
+its model's bus bytes at ``min(CTAs x CTA rate, NCCL's peak, link)``; copy-engine collectives
+(:func:`copy_engine_estimate`) hold no SM (and wait for none), pay two barriers of one small
+copy per local peer, and move the wire bytes at the copy engines' rate. Both copy between
+registered buffers: ``direct_dram_per_byte`` DRAM bytes per wire byte.
+
 So the time falls with the chunk (fewer synchronisations) until the pipeline fill
 and the per-step cost of big chunks take over (unimodal), and saturates in channels
 once the link is the limit. While it runs the collective holds ``NC`` SMs, keeps
@@ -50,6 +57,12 @@ class CollectiveEstimate:
     dram_base: float  # DRAM bytes per payload byte
     dram_fifo: float  # extra DRAM bytes per payload byte when the footprint spills
     crosses_net: bool = False  # its links are the network's (collectives on one class share it)
+    copy_engine: bool = False  # moved by the copy engines: holds no SM and never waits for one
+
+    @property
+    def waits_for_sms(self) -> bool:
+        """Beside a GPU-filling kernel its CTAs wait for SMs (a copy-engine collective has none)."""
+        return not self.copy_engine
 
     def dram_per_byte(self, l2_bytes: float) -> float:
         """DRAM bytes per payload byte when ``l2_bytes`` of L2 are left to its footprint."""
@@ -186,3 +199,39 @@ def collective_estimate(
 def _with_time(est: CollectiveEstimate, time_us: float) -> CollectiveEstimate:
     object.__setattr__(est, "time_us", time_us)
     return est
+
+
+def copy_engine_estimate(p: dict, collective: CollectiveType, message_bytes: float, ranks: int, nodes: int,
+                         gpus_per_node: int, l2_bytes: float, mem_bw: float) -> CollectiveEstimate:
+    """NCCL's copy-engine collective (CTA policy ZERO, registered buffers): two barriers of one
+    small copy-engine write per peer of the node, one batch of copies at the copy engines' rate
+    (across nodes, from NCCL 2.30.6, the network part at the NICs' share)."""
+    n = max(1, int(ranks))
+    nodes = max(1, int(nodes))
+    bus, _ = ring_shape(collective, n)
+    link = p["ce_bw_gb_per_s"] * _GB
+    local_peers = max(1, min(n, n // nodes) - 1)
+    barrier = local_peers * p["ce_copy_latency_us"] + p["intra_hop_us"]
+    fixed = p["launch_us"] + 2 * barrier
+    if nodes > 1:
+        per_node = max(1, n // nodes)
+        link = min(link, p["net_bw_gb_per_s"] * _GB * min(1.0, per_node / max(1, gpus_per_node)))
+        fixed += 2 * p["net_hop_us"]
+    est = CollectiveEstimate(time_us=0.0, fixed_us=fixed, steps_us=0.0, wire_bytes=bus * float(max(1, message_bytes)),
+                             rate_cap=link, channels=0, footprint_bytes=0.0, dram_base=p["direct_dram_per_byte"],
+                             dram_fifo=0.0, crosses_net=nodes > 1, copy_engine=True)
+    return _with_time(est, est.time_under(l2_bytes, mem_bw))
+
+
+def symmetric_estimate(p: dict, collective: CollectiveType, message_bytes: float, ranks: int, ctas: int,
+                       bus_bytes: float, base_latency_us: float, cta_bw: float, peak_bw: float, l2_bytes: float,
+                       mem_bw: float) -> CollectiveEstimate:
+    """NCCL's symmetric kernel (its pick: ``ctas``, its model's bus bytes, base latency, per-CTA
+    and peak bandwidth, bytes/us): holds its CTAs, no FIFO, no chunk steps."""
+    bus, _ = ring_shape(collective, max(1, int(ranks)))
+    wire = bus * float(max(1, message_bytes))
+    rate = min(ctas * cta_bw, peak_bw, p["intra_bw_gb_per_s"] * _GB)
+    est = CollectiveEstimate(time_us=0.0, fixed_us=base_latency_us, steps_us=0.0, wire_bytes=bus_bytes, rate_cap=rate,
+                             channels=ctas, footprint_bytes=0.0,
+                             dram_base=p["direct_dram_per_byte"] * wire / max(1.0, bus_bytes), dram_fifo=0.0)
+    return _with_time(est, est.time_under(l2_bytes, mem_bw))

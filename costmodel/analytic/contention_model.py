@@ -172,7 +172,8 @@ def running_set_times(p: dict, gpu: GpuNumbers, shapes: list[ComputeShape],
     footprint = sum(e.footprint_bytes for e in ests)
     l2 = gpu.l2_bytes
     free = max(1, gpu.sm_count - channels)
-    per_kernel = max(1, free // len(shapes)) if shapes else free
+    on_sms = sum(1 for s in shapes if not s.memory_op)  # memcpy/memset hold no SM
+    per_kernel = max(1, free // on_sms) if on_sms else free
     l2_compute = l2 - footprint if footprint < l2 else 0.0
     net = sum(e.crosses_net for e in ests)
     intra = len(ests) - net
@@ -290,6 +291,8 @@ def pair_times_many(p: dict, gpu: GpuNumbers, s: ShapeArrays, e: CollectiveEstim
         rate = np.minimum(e.rate_cap, np.maximum(bw_k, 1e-6) / max(1e-9, e.dram_per_byte(l2)))
         yx = e.fixed_us + np.maximum(e.wire_bytes / rate, e.steps_us)
     full_gpu = gpu.sm_count * s.tb
+    if not e.waits_for_sms:  # copy engines: no CTA to place
+        return y, yx, np.zeros_like(y)
     wait = np.where((s.blocks >= full_gpu) & (s.base_us > 0) & ~s.memory_op,
                     p["cta_wait_waves"] * s.base_us * full_gpu / np.maximum(s.blocks, 1.0), 0.0)
     return y, yx, wait

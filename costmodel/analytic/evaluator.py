@@ -33,7 +33,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
-from costmodel.analytic.collective_model import CollectiveEstimate, collective_estimate
+from costmodel.analytic.collective_model import (
+    CollectiveEstimate,
+    collective_estimate,
+    copy_engine_estimate,
+    symmetric_estimate,
+)
 from costmodel.analytic.contention_model import (
     ComputeShape,
     GpuNumbers,
@@ -48,13 +53,14 @@ from costmodel.analytic.contention_model import (
 from costmodel.analytic.jump import JumpStatic, build_jump_static, jump_timeline
 from costmodel.analytic.params import params_for
 from costmodel.cluster import ClusterSpec
-from costmodel.evaluator import DurationScale, OpTiming, Timing, check_plan
+from costmodel.evaluator import DurationScale, LazyOpValues, OpTiming, Timing, check_plan
+from costmodel.nccl_defaults import symmetric_kernel
 from costmodel.replay.anchor import check_scale, replay_timing
 from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
-from nccl_env.rules import P2P_COLLECTIVES
+from nccl_env.rules import P2P_COLLECTIVES, Mechanism, NcclVersion, collective_mechanism
 from traces.workload import CollectiveOp, ComputeOp, Op, Workload
 
 _EPS = 1e-9
@@ -145,6 +151,8 @@ class AnalyticEvaluator:
                                            g.max_blocks_per_sm, g.max_threads_per_sm, self.params["mem_efficiency"],
                                            g.fp32_tflops)
         self.evaluations = 0
+        self._version = NcclVersion.parse(cluster.nccl_version)
+        self._topology = cluster.path_topology()
         self._statics: WorkloadCache[_Static] = WorkloadCache(self._build_static, _CACHE_WORKLOADS)
         self._est_cache: dict[tuple[Signature, CommConfig], CollectiveEstimate] = {}
         self._host_cache: dict[tuple, tuple[CollectiveEstimate, CollectiveEstimate]] = {}
@@ -168,7 +176,8 @@ class AnalyticEvaluator:
             starts, ends, busy_c, busy_x, exposed, iteration, fill = jump_timeline(st.jump, ests, st.pair_many)
             return Timing(iteration_us=iteration, compute_us=busy_c, comm_us=busy_x, exposed_comm_us=exposed,
                           compute_uncontended_us=min(st.uncontended_us, busy_c),
-                          ops=_OpTimings(st.jump.index, starts, ends, fill))
+                          ops=_OpTimings(st.jump.index, starts, ends, fill),
+                          uncontended_us=LazyOpValues(st.op_ids, st.base_us))
         timeline = self._timeline_one_compute_stream if st.one_compute_stream else self._timeline
         return self._timing(st, *timeline(st, ests))
 
@@ -176,6 +185,8 @@ class AnalyticEvaluator:
         """The collective under ``config`` (None fields resolved to NCCL's choices)."""
         key = (signature, config)
         est = self._est_cache.get(key)
+        if est is None:
+            est = self._path_estimate(signature, config)
         if est is None:
             full = self.resolve(signature, config)
             assert (full.algorithm is not None and full.protocol is not None and full.channels is not None
@@ -192,6 +203,27 @@ class AnalyticEvaluator:
                 for static in self._statics.values():
                     static.rate_cache.clear()  # keyed by estimate ids
             self._est_cache[key] = est
+        return est
+
+    def _path_estimate(self, signature: Signature, config: CommConfig) -> CollectiveEstimate | None:
+        """The estimate when the collective's path takes it off NCCL's SM kernels (cached), else None."""
+        mechanism = collective_mechanism(config.path, signature.collective, signature.nodes, self._version,
+                                         self._topology)
+        if mechanism is Mechanism.SM_KERNEL:
+            return None
+        p, g = self.params, self.gpu
+        est: CollectiveEstimate | None = None
+        if mechanism is Mechanism.COPY_ENGINE:
+            est = copy_engine_estimate(p, signature.collective, signature.message_bytes, signature.ranks,
+                                       signature.nodes, self.cluster.gpus_per_node, g.l2_bytes, g.mem_bw)
+        else:
+            kernel = symmetric_kernel(signature)
+            if kernel is None:
+                return None
+            est = symmetric_estimate(p, signature.collective, signature.message_bytes, signature.ranks,
+                                     min(kernel.ctas, g.sm_count - 1), kernel.bus_bytes, kernel.base_latency_us,
+                                     kernel.cta_bw_bytes_per_us, kernel.peak_bw_bytes_per_us, g.l2_bytes, g.mem_bw)
+        self._est_cache[(signature, config)] = est
         return est
 
     def _host_side(self, est: CollectiveEstimate) -> CollectiveEstimate:
@@ -237,7 +269,8 @@ class AnalyticEvaluator:
         shape = self.compute_shape(op)
         est = self.estimate(signature, config)
         yc, yx = running_set_times(self.params, self.gpu, [shape], [est])
-        x_rem = 1.0 + cta_wait_us(self.params, self.gpu, shape) / max(est.time_us, 1e-9)
+        wait = cta_wait_us(self.params, self.gpu, shape) if est.waits_for_sms else 0.0
+        x_rem = 1.0 + wait / max(est.time_us, 1e-9)
         tc, tx = yc, x_rem * yx
         if tc <= tx:
             return tc, tc + (x_rem - tc / yx) * est.time_us
@@ -334,6 +367,8 @@ class AnalyticEvaluator:
                           remaining: list[float]) -> None:
         """A collective launched beside full kernels waits for SMs for its CTAs."""
         e = ests[st.sig_of[x]]
+        if not e.waits_for_sms:
+            return
         wait = max((st.cta_wait_us[k] for k in kernels), default=0.0)
         if wait > 0.0:
             remaining[x] += wait / max(e.time_us, 1e-9)
@@ -417,7 +452,7 @@ class AnalyticEvaluator:
         for k in range(n):
             if waiting[k] == 0:
                 if is_coll[k]:
-                    if c >= 0 and waits[c] > 0.0:
+                    if c >= 0 and waits[c] > 0.0 and ests[sig_of[k]].waits_for_sms:
                         remaining[k] += waits[c] / max(ests[sig_of[k]].time_us, 1e-9)
                     xs.append(k)
                 else:
@@ -520,7 +555,8 @@ class AnalyticEvaluator:
                         if is_coll[s]:
                             xs.append(s)
                             started_coll = True
-                            if c >= 0 and waits[c] > 0.0:  # beside a full kernel: its CTAs wait for SMs
+                            if c >= 0 and waits[c] > 0.0 and ests[sig_of[s]].waits_for_sms:
+                                # beside a full kernel: its CTAs wait for SMs
                                 remaining[s] += waits[c] / max(ests[sig_of[s]].time_us, 1e-9)
                         else:
                             c = s
@@ -537,4 +573,5 @@ class AnalyticEvaluator:
         iteration = (max(ends) - min(starts)) if st.n_ops else 0.0
         return Timing(iteration_us=iteration, compute_us=busy_compute, comm_us=busy_comm,
                       exposed_comm_us=exposed, compute_uncontended_us=min(st.uncontended_us, busy_compute),
-                      ops=_OpTimings(index or st.index, starts, ends))
+                      ops=_OpTimings(index or st.index, starts, ends),
+                      uncontended_us=LazyOpValues(st.op_ids, st.base_us))

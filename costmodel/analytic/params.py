@@ -111,14 +111,27 @@ PARAMS: tuple[ParamSpec, ...] = (
               lambda c: 1.0, 0.05, 20.0, "contention"),
 )
 
+# The copy-engine and symmetric-kernel paths (collective_model.copy_engine_estimate,
+# symmetric_estimate): hardware figures the calibration plan does not measure (it runs NCCL's
+# kernels only), so they are not fitted; defaults from the cluster, as the simulator's.
+PATH_PARAMS: tuple[ParamSpec, ...] = (
+    ParamSpec("ce_bw_gb_per_s", "copy engines' bandwidth per GPU and direction over the intra-node link",
+              lambda c: c.intra_node.copy_engine_bw, 0.5, 5000.0, "paths"),  # preset intra_node
+    ParamSpec("ce_copy_latency_us", "one small copy-engine write to a peer (a barrier writes one per peer)",
+              lambda c: 2.0, 0.0, 1000.0, "paths"),  # p2pBandwidthLatencyTest P2P write latency 1.8-2.3 us
+    ParamSpec("direct_dram_per_byte", "DRAM bytes per wire byte of a copy between registered buffers",
+              lambda c: 2.0, 0.0, 20.0, "paths"),  # source read + destination write (NVIDIA/nccl #1428)
+)
+
 PARAM_NAMES = tuple(p.name for p in PARAMS)
-_BY_NAME = {p.name: p for p in PARAMS}
+_BY_NAME = {p.name: p for p in (*PARAMS, *PATH_PARAMS)}
 _META_KEYS = {"version", "fitted_from", "fit_report"}
 
 
 def default_params(cluster: ClusterSpec) -> dict[str, float]:
-    """Parameters derived from the cluster's hardware numbers (no calibration)."""
-    return {p.name: float(p.default(cluster)) for p in PARAMS}
+    """Parameters derived from the cluster's hardware numbers (no calibration), the fitted ones
+    (:data:`PARAMS`) and the path ones (:data:`PATH_PARAMS`)."""
+    return {p.name: float(p.default(cluster)) for p in (*PARAMS, *PATH_PARAMS)}
 
 
 def params_for(cluster: ClusterSpec) -> dict[str, float]:
@@ -141,10 +154,17 @@ def params_for(cluster: ClusterSpec) -> dict[str, float]:
     return out
 
 
-def model_section(values: dict[str, float], fitted_from: str, fit_report: dict | None = None) -> dict:
-    """The ``model:`` mapping to store in a cluster file."""
+def model_section(values: dict[str, float], fitted_from: str, fit_report: dict | None = None,
+                  defaults: dict[str, float] | None = None) -> dict:
+    """The ``model:`` mapping to store in a cluster file: every fitted parameter, and each path
+    parameter in ``values`` that differs from ``defaults`` (the cluster's own figure), so a file
+    that set one keeps it without pinning the others."""
     out: dict = {"version": MODEL_FORMAT_VERSION, "fitted_from": fitted_from}
     out.update({name: float(f"{values[name]:.6g}") for name in PARAM_NAMES})
+    for spec in PATH_PARAMS:
+        value = values.get(spec.name)
+        if value is not None and (defaults is None or value != defaults.get(spec.name)):
+            out[spec.name] = float(f"{value:.6g}")
     if fit_report:
         out["fit_report"] = fit_report
     return out

@@ -374,5 +374,6 @@ def calibrate(backend: CalibrationBackend, budget: int = 300, progress: Progress
     params = fit_params(cluster, plan, start)
     fitted = {n for n in params if abs(params[n] - start[n]) > 1e-12}
     report = fit_report(backend.name, cluster, plan, params, fitted, start)
-    out = replace(cluster, model=model_section(params, backend.name, report.summary()), source="")
+    model = model_section(params, backend.name, report.summary(), default_params(cluster))
+    out = replace(cluster, model=model, source="")
     return CalibrationResult(out, params, report, plan)

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from costmodel.evaluator import OpTiming, StepTiming, Timing
+from costmodel.evaluator import LazyOpValues, OpTiming, StepTiming, Timing
 from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
 from traces.exec_graph import ExecGraph
@@ -490,28 +490,6 @@ def _step_figures(st: ReplayStatic, starts: list[float], ends: list[float], cloc
     return out
 
 
-class _LazyValues(Mapping):
-    """op id -> value, from two parallel lists, made into a dict on first access."""
-
-    def __init__(self, op_ids: list[int], values: list[float]) -> None:
-        self._op_ids, self._values = op_ids, values
-        self._map: dict[int, float] | None = None
-
-    def _all(self) -> dict[int, float]:
-        if self._map is None:
-            self._map = dict(zip(self._op_ids, self._values))
-        return self._map
-
-    def __getitem__(self, op_id: int) -> float:
-        return self._all()[op_id]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._op_ids)
-
-    def __len__(self) -> int:
-        return len(self._op_ids)
-
-
 class _LazyOps(Mapping):
     """``Timing.ops`` of a replay: OpTiming objects made on first access."""
 
@@ -568,7 +546,7 @@ def replay(workload: Workload, durations: list[float], uncontended: list[float] 
         compute_uncontended_us=min(unc, compute_busy),
         ops=_LazyOps(st.op_ids, starts, ends),
         steps=steps,
-        uncontended_us=_LazyValues(st.op_ids, uncontended) if uncontended is not None else {},
+        uncontended_us=LazyOpValues(st.op_ids, uncontended) if uncontended is not None else {},
     )
 
 

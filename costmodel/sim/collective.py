@@ -17,6 +17,13 @@ For one rank of a ring-family collective with ``n`` ranks, ``NC`` channels and c
 The FIFO data in flight is ``fifo_resident_chunks x NC x c`` bytes (``c`` the chunk really used,
 so at most the rank's share of the message).
 
+Two other paths (``nccl_env.rules.collective_mechanism``) hold no FIFO and no chunk pipeline:
+NCCL's symmetric kernels (:meth:`CollectiveModel.symmetric`) hold the few CTAs NCCL picks
+and move the bus bytes of NCCL's own model at ``min(CTAs x CTA rate, NCCL's peak, link)``;
+copy-engine collectives (:meth:`CollectiveModel.copy_engine`) hold no SM and do not wait for
+one, and move their wire bytes at the copy engines' rate over the link. Both copy straight
+between registered buffers: ``direct_dram_bytes_per_payload_byte`` per wire byte.
+
 The chunk pipeline makes time fall with C (fewer syncs) until the fill step dominates
 (unimodal), and saturate in NC once the link is the limit. The FIFO data in flight,
 ``fifo_resident_chunks x NC x C`` bytes, sits in L2; what does not fit spills to DRAM and
@@ -29,9 +36,11 @@ from __future__ import annotations
 import math
 
 from costmodel.cluster import ClusterSpec
+from costmodel.nccl_defaults import SymmetricKernel
 from costmodel.sim.params import SimParams
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Signature
+from nccl_env.rules import Mechanism
 
 
 def _protocol_figures(protocol: Protocol, params: SimParams) -> tuple[float, float, float]:
@@ -106,11 +115,11 @@ class CollectiveModel:
     Built by :meth:`chunk_pipeline`; the constructor only stores the figures."""
 
     __slots__ = ("channels", "footprint_bytes", "fixed_us", "steps_us", "wire_bytes", "rate_cap", "dram_base",
-                 "dram_fifo", "link_class", "config", "alone_us", "_memo", "_host")
+                 "dram_fifo", "link_class", "config", "alone_us", "mechanism", "_memo", "_host")
 
     def __init__(self, *, config: CommConfig, channels: int, link_class: str, wire_bytes: float, rate_cap: float,
                  fixed_us: float, steps_us: float, footprint_bytes: float, dram_base: float, dram_fifo: float,
-                 alone_us: float = 0.0):
+                 alone_us: float = 0.0, mechanism: Mechanism = Mechanism.SM_KERNEL):
         self.config = config
         self.channels = channels  # SMs held (one CTA per channel)
         self.link_class = link_class  # "net" or "intra": collectives on one class share its link
@@ -122,6 +131,7 @@ class CollectiveModel:
         self.dram_base = dram_base  # DRAM bytes per payload byte (input read, result write)
         self.dram_fifo = dram_fifo  # extra DRAM bytes per payload byte for FIFO data spilled out of L2
         self.alone_us = alone_us  # on an idle GPU
+        self.mechanism = mechanism  # what moves the data (SM kernel, symmetric kernel, copy engines)
         self._memo: dict = {}
         self._host: CollectiveModel | None = None
 
@@ -171,6 +181,66 @@ class CollectiveModel:
             dram_fifo=params.fifo_dram_bytes_per_payload_byte,
         )
         model.alone_us = model.time_us(float(gpu.l2_bytes), gpu.mem_bw_gb_per_s * 1e3 * params.mem_efficiency, 1.0)
+        return model
+
+    @property
+    def waits_for_sms(self) -> bool:
+        """A kernel's CTAs wait for SMs beside a GPU-filling kernel; copy engines need none."""
+        return self.mechanism is not Mechanism.COPY_ENGINE
+
+    @classmethod
+    def copy_engine(cls, signature: Signature, config: CommConfig, cluster: ClusterSpec,
+                    params: SimParams) -> CollectiveModel:
+        """NCCL's copy-engine collective (CTA policy ZERO, registered buffers): a barrier with every
+        peer, one batch of copies (each rank writes its share to every peer, over the link at the
+        copy engines' rate), a second barrier (ce_coll.cc ncclPrepUCSync / ncclCeLaunchBatchOps).
+        Holds no SM and waits for none. A barrier writes a flag to each peer of the node with one
+        small copy-engine copy after another on the stream, then waits on its own flags:
+        (local peers) x ``ce_copy_latency_us`` plus a hop (NVLS multicast would make it one copy:
+        not modelled). Across nodes (NCCL >= 2.30.6) the network part goes through the NICs'
+        share, by a CPU proxy."""
+        n = max(1, signature.ranks)
+        nodes = max(1, signature.nodes)
+        size = float(max(1, signature.message_bytes))
+        wire_factor, _ = _ring_shape(signature.collective, n)
+        link = cluster.intra_node.copy_engine_bw * 1e3
+        local_peers = max(1, min(n, n // nodes) - 1)
+        barrier = local_peers * params.ce_copy_latency_us + cluster.intra_node.latency_us
+        fixed = params.launch_us + 2 * barrier
+        if nodes > 1:
+            ppn = max(1, n // nodes)
+            nic_share = (cluster.inter_node.nics_per_node * cluster.inter_node.nic_bw_gb_per_s * 1e3
+                         * min(1.0, ppn / cluster.gpus_per_node))
+            link = min(link, nic_share)
+            fixed += 2 * cluster.inter_node.latency_us
+        model = cls(config=config, channels=0, link_class="net" if nodes > 1 else "intra",
+                    wire_bytes=wire_factor * size, rate_cap=link, fixed_us=fixed, steps_us=0.0, footprint_bytes=0.0,
+                    dram_base=params.direct_dram_bytes_per_payload_byte, dram_fifo=0.0,
+                    mechanism=Mechanism.COPY_ENGINE)
+        model.alone_us = model.time_us(float(cluster.gpu.l2_bytes),
+                                       cluster.gpu.mem_bw_gb_per_s * 1e3 * params.mem_efficiency, 1.0)
+        return model
+
+    @classmethod
+    def symmetric(cls, signature: Signature, config: CommConfig, kernel: SymmetricKernel, cluster: ClusterSpec,
+                  params: SimParams) -> CollectiveModel:
+        """NCCL's symmetric kernel on registered buffers (``kernel``: NCCL's own pick,
+        costmodel.nccl_defaults.symmetric_kernel): holds its few CTAs, moves NCCL's bus bytes at
+        min(CTAs x per-CTA rate, NCCL's peak, the link) after NCCL's base latency; peers' buffers
+        are loaded and stored directly, so no FIFO and no chunk steps."""
+        n = max(1, signature.ranks)
+        wire_factor, _ = _ring_shape(signature.collective, n)
+        wire = wire_factor * float(max(1, signature.message_bytes))
+        link = cluster.intra_node.bw_gb_per_s * 1e3
+        rate = min(kernel.ctas * kernel.cta_bw_bytes_per_us, kernel.peak_bw_bytes_per_us, link)
+        model = cls(config=config, channels=min(kernel.ctas, cluster.gpu.sm_count - 1), link_class="intra",
+                    wire_bytes=kernel.bus_bytes, rate_cap=rate, fixed_us=kernel.base_latency_us, steps_us=0.0,
+                    footprint_bytes=0.0,
+                    # DRAM follows the data really moved, not the LL kernels' padded bus bytes
+                    dram_base=params.direct_dram_bytes_per_payload_byte * wire / max(1.0, kernel.bus_bytes),
+                    dram_fifo=0.0, mechanism=Mechanism.SYMMETRIC_KERNEL)
+        model.alone_us = model.time_us(float(cluster.gpu.l2_bytes),
+                                       cluster.gpu.mem_bw_gb_per_s * 1e3 * params.mem_efficiency, 1.0)
         return model
 
     def host_side(self) -> CollectiveModel:

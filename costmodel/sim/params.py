@@ -46,6 +46,14 @@ class SimParams:
     dram_bytes_per_payload_byte: float = 1.0  # a collective writes its result (and reads its input) once per byte
     fifo_dram_bytes_per_payload_byte: float = 2.0  # FIFO traffic (peer write + CTA read) when it spills out of L2
     tree_bw_fraction: float = 0.92  # NCCL tuning.cc: tree bandwidth 0.92 of the ring's
+    # A copy between registered buffers (copy engines, symmetric kernels) reads its source once and
+    # writes its destination once; each GPU both sends and receives: 2 DRAM bytes per wire byte
+    # (NVIDIA/nccl #1428, a maintainer: a copy stores to memory and reads back; NCCL's FIFO path
+    # adds the staging round trip, fifo_dram_bytes_per_payload_byte above)
+    direct_dram_bytes_per_payload_byte: float = 2.0
+    # one small copy-engine write to a peer, back to back on a stream: 1.8-2.3 us
+    # (p2pBandwidthLatencyTest "P2P=Enabled Latency (P2P Writes)", NVIDIA/cuda-samples #230)
+    ce_copy_latency_us: float = 2.0
 
 
 _FIELDS = {f.name: f.type for f in fields(SimParams)}

@@ -17,7 +17,13 @@ otherwise); :func:`run_case` asks the simulator, noise off, for the case's quant
   the duration-weighted mean over all workloads' overlapped kernels (total time beside over
   total time alone); the largest is the largest *workload's* such mean, because published
   ranges are aggregates per experiment (a per-kernel maximum, which one wave-quantised kernel
-  sets, is reported in the detail but not judged).
+  sets, is reported in the detail but not judged);
+* ``overlap_vs_sequential``: one iteration of a GEMM and a collective on the case's NCCL
+  version: one after the other on one stream (``sequential``, NCCL's defaults), and started
+  together on two streams under each CTA policy measured (``overlap``: ``default`` is NCCL's
+  defaults; ``zero`` puts the collective's group on the copy-engine path, buffers registered;
+  ``efficiency`` on CTA policy EFFICIENCY, whose only effect, NCCL's NVLS re-selection, no
+  preset models); each figure holds within ``relative``.
 """
 
 from __future__ import annotations
@@ -34,12 +40,13 @@ from costmodel.evaluator import MODELLED_ALGORITHMS
 from costmodel.sim.simulator import Simulator, tiny_overlap_workload
 from nccl_env.errors import LagomError
 from nccl_env.files import read_text
-from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
+from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, CommPath, Protocol
 from nccl_env.plan import Plan, Signature
+from nccl_env.rules import NcclVersion
 from traces.gemm_names import GemmDtype
 from traces.generate import gemm_op, generate_workload
 from traces.intervals import CoverIndex, union
-from traces.workload import ComputeOp, Workload
+from traces.workload import ComputeOp, Stream, StreamKind, Workload
 
 FORMAT = "lagom.published-cases"
 VERSION = 1
@@ -113,7 +120,21 @@ class SlowdownRange:
     largest_max: float
 
 
-Quantity = ChannelSweep | BusbwCeiling | GemmBeside | SlowdownRange
+@dataclass(frozen=True)
+class OverlapVsSequential:
+    gemm: ComputeOp
+    signature: Signature
+    nccl_version: str
+    sequential_ms: float
+    overlap_ms: tuple[tuple[str, float], ...]  # (CTA policy, measured ms)
+    relative: float
+
+
+Quantity = ChannelSweep | BusbwCeiling | GemmBeside | SlowdownRange | OverlapVsSequential
+
+# The path each CTA policy of an ``overlap_vs_sequential`` case puts the collective's group on.
+POLICY_PATHS: dict[str, CommPath | None] = {"default": None, "efficiency": CommPath.EFFICIENCY,
+                                            "zero": CommPath.COPY_ENGINE}
 
 
 @dataclass(frozen=True)
@@ -296,8 +317,7 @@ def _busbw_ceiling(f: _Fields, cluster: ClusterSpec) -> BusbwCeiling:
     return BusbwCeiling(_signature(f, cluster), busbw, f.number("relative", f.mapping("tolerance"), "tolerance."))
 
 
-def _gemm_beside(f: _Fields, cluster: ClusterSpec) -> GemmBeside:
-    gemm = f.mapping("gemm")
+def _gemm(f: _Fields, cluster: ClusterSpec, gemm: dict) -> ComputeOp:
     m, n, k = (f.integer(key, gemm, "gemm.") for key in ("m", "n", "k"))
     dtype_name = f.raw("dtype", gemm, "gemm.")
     dtypes = {d.value: d for d in GemmDtype}
@@ -306,12 +326,18 @@ def _gemm_beside(f: _Fields, cluster: ClusterSpec) -> GemmBeside:
     dtype = dtypes[dtype_name.strip().lower()]
     if dtype.peak_rate(cluster.gpu.peak_tflops, cluster.gpu.fp32_tflops) is None:
         raise f.error(f"an FP32 GEMM needs the GPU's FP32 peak: preset {cluster.name} has no gpu.fp32_tflops")
-    blocks = f.integer("grid_blocks", gemm, "gemm.")
+    blocks = f.integer("grid_blocks", gemm, "gemm.") if gemm.get("grid_blocks") is not None else None
+    return gemm_op(f"gemm {m}x{n}x{k} {dtype.value}", m, n, k, grid_blocks=blocks, stream=1, dtype=dtype)
+
+
+def _gemm_beside(f: _Fields, cluster: ClusterSpec) -> GemmBeside:
+    gemm = f.mapping("gemm")
+    f.integer("grid_blocks", gemm, "gemm.")  # required here: the measured launch's blocks
+    op = _gemm(f, cluster, gemm)
     coll = f.mapping("collective")
     signature = _signature(f, cluster, coll, "collective.")
     channels = _channels(f, cluster, "channels", coll, "collective.")
     low, high = f.bounds("slowdown", "min", "max")
-    op = gemm_op(f"gemm {m}x{n}x{k} {dtype.value}", m, n, k, grid_blocks=blocks, stream=1, dtype=dtype)
     return GemmBeside(op, signature, CommConfig(channels=channels), low, high)
 
 
@@ -334,11 +360,37 @@ def _slowdown_range(f: _Fields, cluster: ClusterSpec) -> SlowdownRange:
     return SlowdownRange(tuple(workloads), mean_min, mean_max, largest_max)
 
 
+def _overlap_vs_sequential(f: _Fields, cluster: ClusterSpec) -> OverlapVsSequential:
+    version = f.text("nccl_version")
+    try:
+        NcclVersion.parse(version)
+    except LagomError as exc:
+        raise f.error(f"'nccl_version': {exc}") from None
+    measured = f.mapping("measured_ms")
+    overlap = f.mapping("overlap", measured, "measured_ms.")
+    if not overlap:
+        raise f.error("'measured_ms.overlap' must name at least one CTA policy")
+    unknown = set(overlap) - set(POLICY_PATHS)
+    if unknown:
+        raise f.error(f"'measured_ms.overlap' has CTA policy {sorted(unknown)[0]!r} (known: {', '.join(POLICY_PATHS)})")
+    values = tuple((policy, f.number(policy, overlap, "measured_ms.overlap.")) for policy in POLICY_PATHS
+                   if policy in overlap)
+    if any(ms <= 0 for _, ms in values):
+        raise f.error("every 'measured_ms.overlap' figure must be > 0")
+    sequential = f.number("sequential", measured, "measured_ms.")
+    if sequential <= 0:
+        raise f.error("'measured_ms.sequential' must be > 0")
+    return OverlapVsSequential(_gemm(f, cluster, f.mapping("gemm")),
+                               _signature(f, cluster, f.mapping("collective"), "collective."), version, sequential,
+                               values, f.number("relative", f.mapping("tolerance"), "tolerance."))
+
+
 _KINDS: dict[str, Callable[[_Fields, ClusterSpec], Quantity]] = {
     "collective_vs_channels": _channel_sweep,
     "busbw_ceiling": _busbw_ceiling,
     "gemm_beside_collective": _gemm_beside,
     "compute_slowdown_range": _slowdown_range,
+    "overlap_vs_sequential": _overlap_vs_sequential,
 }
 KINDS = tuple(_KINDS)
 
@@ -366,14 +418,17 @@ class FidelityRunner:
         self._sims: dict[str, Simulator] = {}
 
     def simulator(self, cluster: ClusterSpec) -> Simulator:
-        sim = self._sims.get(cluster.name)
+        key = f"{cluster.name}@{cluster.nccl_version}"
+        sim = self._sims.get(key)
         if sim is None:
-            sim = self._sims[cluster.name] = Simulator(cluster, noise=0.0)
+            sim = self._sims[key] = Simulator(cluster, noise=0.0)
         return sim
 
     def run(self, case: Case) -> CaseResult:
-        sim = self.simulator(case.cluster)
         q = case.quantity
+        if isinstance(q, OverlapVsSequential):
+            return _run_overlap(case, self.simulator(replace(case.cluster, nccl_version=q.nccl_version)), q)
+        sim = self.simulator(case.cluster)
         if isinstance(q, ChannelSweep):
             return _run_sweep(case, sim, q)
         if isinstance(q, BusbwCeiling):
@@ -537,5 +592,48 @@ def _run_range(case: Case, sim: Simulator, q: SlowdownRange) -> CaseResult:
                       rows)
 
 
+def sequential_workload(op: ComputeOp, signature: Signature) -> Workload:
+    """The GEMM, then the collective, on one stream (the two-op workload with both on stream 1)."""
+    workload = tiny_overlap_workload(op, signature)
+    coll = replace(workload.collectives[0], stream=1, start_us=1.0)
+    return replace(workload, streams=[Stream(1, StreamKind.COMPUTE)], collectives=[coll])
+
+
+def _run_overlap(case: Case, sim: Simulator, q: OverlapVsSequential) -> CaseResult:
+    rows: list[Row] = []
+    model: dict = {"overlap": {}}
+    detail: dict = {"nccl_version": q.nccl_version, "gemm_alone_us": round(sim.compute_time_us(q.gemm), 1),
+                    "collective_alone_us": round(sim.collective_time_us(q.signature), 1), "paths": {}}
+    holds_all = True
+
+    def judge(label: str, model_ms: float, measured_ms: float) -> None:
+        nonlocal holds_all
+        holds = abs(model_ms - measured_ms) <= q.relative * measured_ms
+        holds_all = holds_all and holds
+        rows.append(Row(f"  {label}", f"{model_ms:.3f} ms", f"{measured_ms:g} ms", f"±{q.relative:.0%}", holds))
+
+    seq_ms = sim.evaluate(sequential_workload(q.gemm, q.signature), Plan()).iteration_us / 1e3
+    model["sequential"] = round(seq_ms, 4)
+    judge("sequential (NCCL's defaults)", seq_ms, q.sequential_ms)
+    together = tiny_overlap_workload(q.gemm, q.signature)
+    for policy, measured_ms in q.overlap_ms:
+        path = POLICY_PATHS[policy]
+        config = CommConfig(path=path)
+        timing = sim.evaluate(together, Plan(entries={q.signature: config}))
+        ms = timing.iteration_us / 1e3
+        model["overlap"][policy] = round(ms, 4)
+        detail["paths"][policy] = {
+            "mechanism": sim.collective_model(q.signature, config).mechanism.value,
+            "gemm_us": round(timing.ops[together.compute_ops[0].op_id].duration_us, 1),
+            "collective_us": round(timing.ops[together.collectives[0].op_id].duration_us, 1),
+        }
+        judge(f"overlap, CTA policy {policy}", ms, measured_ms)
+    sim.evaluations -= 1 + len(q.overlap_ms)  # asked for a figure, not a search's evaluation
+    head = Row(case.id, f"{sum(r.holds is True for r in rows)}/{len(rows)} figures", f"{len(rows)} figures",
+               f"±{q.relative:.0%}", holds_all)
+    measured = {"sequential": q.sequential_ms, "overlap": dict(q.overlap_ms)}
+    return CaseResult(case.id, case.kind, holds_all, model, measured, detail, [head, *rows])
+
+
 __all__ = ["Case", "CaseResult", "FidelityRunner", "Row", "bus_bandwidth_gb_per_s", "gemm_beside_us",
-           "load_cases", "overlap_slowdown", "parse_cases", "run_cases"]
+           "load_cases", "overlap_slowdown", "parse_cases", "run_cases", "sequential_workload"]

@@ -38,8 +38,8 @@ import math
 import numpy as np
 
 from costmodel.cluster import ClusterSpec
-from costmodel.evaluator import DurationScale, OpTiming, Timing, check_plan
-from costmodel.nccl_defaults import resolve_config
+from costmodel.evaluator import DurationScale, LazyOpValues, OpTiming, Timing, check_plan
+from costmodel.nccl_defaults import resolve_config, symmetric_kernel
 from costmodel.replay.anchor import check_scale, replay_timing
 from costmodel.sim.collective import CollectiveModel
 from costmodel.sim.compute import ComputeModel, gemm_tile_from_name
@@ -48,6 +48,7 @@ from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
+from nccl_env.rules import Mechanism, NcclVersion, collective_mechanism
 from traces.intervals import intersection, union
 from traces.workload import CollectiveOp, ComputeOp, ProcessGroup, Stream, StreamKind, Workload
 
@@ -126,6 +127,8 @@ class Simulator:
         self._replay_cache: dict = {}
         self._l2 = float(cluster.gpu.l2_bytes)
         self._bw = cluster.gpu.mem_bw_gb_per_s * 1e3 * self.params.mem_efficiency
+        self._version = NcclVersion.parse(cluster.nccl_version)
+        self._topology = cluster.path_topology()
 
     def reseed(self, seed: int | tuple[int, ...]) -> None:
         """Restart the noise stream (e.g. one per simulated rank and epoch), keeping the caches."""
@@ -141,8 +144,16 @@ class Simulator:
         key = (signature, requested)
         model = self._collective_models.get(key)
         if model is None:
-            resolved = resolve_config(self.cluster, signature, requested)
-            model = CollectiveModel.chunk_pipeline(signature, resolved, self.cluster, self.params)
+            mechanism = collective_mechanism(requested.path, signature.collective, signature.nodes, self._version,
+                                             self._topology)
+            kernel = symmetric_kernel(signature) if mechanism is Mechanism.SYMMETRIC_KERNEL else None
+            if mechanism is Mechanism.COPY_ENGINE:
+                model = CollectiveModel.copy_engine(signature, requested, self.cluster, self.params)
+            elif kernel is not None:
+                model = CollectiveModel.symmetric(signature, requested, kernel, self.cluster, self.params)
+            else:
+                resolved = resolve_config(self.cluster, signature, requested)
+                model = CollectiveModel.chunk_pipeline(signature, resolved, self.cluster, self.params)
             if len(self._collective_models) > 20_000:
                 self._collective_models.clear()
             self._collective_models[key] = model
@@ -234,8 +245,9 @@ class Simulator:
                 else:
                     model = colls[i - nc]
                     # CTAs wait for SMs held by a running kernel: its blocks run in lockstep
-                    # waves, so SMs free up at the end of the current wave (half a wave on average)
-                    if active_c:
+                    # waves, so SMs free up at the end of the current wave (half a wave on average);
+                    # copy engines need no SM
+                    if active_c and model.waits_for_sms:
                         wait = max([cmodels[j].wave_wait_us for j in active_c])
                         if wait > 0:
                             remaining[i] += wait / max(model.alone_us, 1e-9)
@@ -311,7 +323,8 @@ class Simulator:
                 intra += 1
         n_c = len(kernels)
         free_sms = max(1, sm - channels)
-        per_op_sms = max(1, free_sms // n_c) if n_c else free_sms
+        on_sms = sum(1 for cm in kernels if not cm.copy_engine)  # memcpy/memset hold no SM
+        per_op_sms = max(1, free_sms // on_sms) if on_sms else free_sms
         # the collectives' in-flight FIFO data holds its footprint of L2; kernels get the rest
         l2_compute = l2 - footprint if footprint < l2 else 0.0
         shares = [1.0 / (net if m.link_class == "net" else intra) for m in collectives]
@@ -362,6 +375,8 @@ class Simulator:
             exposed_comm_us=max(0.0, exposed),
             compute_uncontended_us=min(uncontended, compute_us) if compute_us > 0 else 0.0,
             ops=ops,
+            uncontended_us=LazyOpValues(st.op_ids[:nc], [st.compute_models[i].uncontended_us * factors[i]
+                                                         for i in range(nc)]),
         )
 
 

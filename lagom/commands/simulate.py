@@ -27,8 +27,9 @@ unprofiled step, before anything else applies (docs/replay.md).
 
 For other workloads every collective runs with NCCL's modelled default choice, unless ``--set`` gives one
 CommConfig for all of them (``--set channels=16,chunk=2MiB``; keys channels, threads,
-chunk, algorithm, protocol; sizes take B/KB/KiB/MB/MiB, binary; values must be valid on
-the cluster's NCCL version; the evaluators model algorithm ring and tree) or ``--config`` applies a
+chunk, algorithm, protocol, path (sm, symmetric, copy_engine, efficiency: docs/tuner.md
+"Paths"); sizes take B/KB/KiB/MB/MiB, binary; values must be valid on the cluster's NCCL
+version; the evaluators model algorithm ring and tree) or ``--config`` applies a
 tuned file from ``lagom tune`` (``--set`` then fills what the file leaves to NCCL).
 
 Prints the iteration time, compute busy time, communication busy and exposed time, and

@@ -30,6 +30,12 @@ A trace whose collectives all ran on the CPU (gloo) has no NCCL kernel to replay
 --cluster the figures are the model's for its collectives on that cluster, and one
 warning line says so.
 
+Where the NCCL version and the cluster have them, a process group may move its
+collectives on symmetric kernels or the copy engines (docs/tuner.md "Paths"): the row
+then reads "... > copy engine", and ``requires:`` lines (also in the file) say what to
+turn on that Lagom cannot (registered buffers: FSDP2's ``set_symm_mem_for_comm``; the
+torch, NCCL and driver versions).
+
 Process-wide changes (env, process-group CTAs) and per-collective entries are written
 only when the predicted gain is at least ``--min-gain`` (default 0.01 = 1%); otherwise
 the file keeps NCCL's defaults and its notes say why.
@@ -82,6 +88,7 @@ from lagom.workload_arg import read_workload_arg
 from lagom.workload_fit import fit_warnings, untunable_warnings
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
+from nccl_env.rules import Mechanism
 from tuner import METHODS
 
 
@@ -184,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
         "output": args.output,
         **report.to_dict(),
         "notes": config.notes,
+        "requirements": config.requirements,
     }
     if export is not None:
         export_trace(workload, outcome.result.timing, export, f"the tuned plan ({args.method}), as in {args.output}")
@@ -225,7 +233,9 @@ def run(args: argparse.Namespace) -> int:
         if r.kept:
             table.add_row(label, _change(r.old, r.old) + " (kept)", f"{r.old_ms:,.2f}", f"{r.old_slowdown:.3f}")
         else:
-            table.add_row(label, _change(r.old, r.new), f"{r.old_ms:,.2f}>{r.new_ms:,.2f}",
+            setting = (_change(r.old, r.new) if r.mechanism is Mechanism.SM_KERNEL
+                       else f"{_change(r.old, r.old)} > {r.mechanism.value.replace(' ', '-')}")  # one word
+            table.add_row(label, setting, f"{r.old_ms:,.2f}>{r.new_ms:,.2f}",
                           f"{r.old_slowdown:.3f}>{r.new_slowdown:.3f}")
     out.print(table)
     out.print("X>Y: NCCL's settings > tuned; c: chunk, MiB; kept: the file keeps NCCL's (gain below --min-gain); "
@@ -247,6 +257,8 @@ def run(args: argparse.Namespace) -> int:
               highlight=False)
     for note in config.notes:
         out.print(f"note: {note}", highlight=False)
+    for line in config.requirements:
+        out.print(f"requires: {line}", highlight=False, markup=False, soft_wrap=True)
     sys.stdout.flush()
     return 0
 

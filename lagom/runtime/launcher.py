@@ -12,7 +12,12 @@ Steps (the command's docstring in lagom/commands/run.py is the user-facing doc):
    user already set wins, and one line says which;
 5. run the command in its own process group, forwarding SIGINT/SIGTERM/SIGHUP to
    that group, and return its exit status (128 + N when it died of signal N);
-6. merge the ranks' audit parts into ``--audit FILE`` when asked.
+6. merge the ranks' audit parts into ``--audit FILE`` when asked, with which path NCCL
+   took for each collective when the file puts a group on one (:mod:`lagom.runtime.nccl_paths`).
+
+The plugin is not loaded when no entry has a setting it would carry (a file whose groups
+run on copy engines or symmetric kernels, which NCCL picks before asking a plugin): a
+loaded plugin would change nothing but turn NCCL's own EFFICIENCY re-selection off.
 """
 
 from __future__ import annotations
@@ -33,14 +38,16 @@ from costmodel.cluster import load_cluster
 from lagom.knob_args import check_noise
 from lagom.online import DEFAULT_BUDGET_STEPS, DEFAULT_TIMEOUT_S, MAX_BUDGET_STEPS
 from lagom.output_paths import RUN_FOLDER_MARKER, OutputFormat, check_output, write_output
-from lagom.plugin_export import write_plugin_table
-from lagom.runtime import audit
+from lagom.plugin_export import plugin_entries_from_config, write_plugin_table
+from lagom.runtime import audit, nccl_paths
 from lagom.runtime.bootstrap import SITECUSTOMIZE
 from lagom.runtime.env import ENV_CONFIG, ENV_HOME, ENV_ONLINE, ENV_RUN_DIR, merge_env
+from lagom.runtime.process_groups import cta_policy_value
 from lagom.tuned_config import TunedConfig, load_tuned_config
 from lagom.workload_arg import read_workload_arg
 from nccl_env.delivery import online_ceilings, plugin_env
 from nccl_env.errors import LagomError
+from nccl_env.knobs import CommPath, CtaPolicy
 from nccl_env.plugin_build import PluginBuildError, build_plugin
 from nccl_env.rules import (
     TUNER_SYMBOL_SINCE,
@@ -137,6 +144,13 @@ def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[st
         write_output(copy, config_path.read_bytes())
 
     tuned_env = dict(config.env)
+    file_version = _file_version(config)
+    if (use_plugin and config.collectives and file_version is not None and tuner_symbols(file_version)
+            and not plugin_entries_from_config(config)):
+        use_plugin = False
+        setup.messages.append("lagom run: no collective entry has a setting for the tuner plugin to carry (NCCL picks "
+                              "copy engines and symmetric kernels before it asks a plugin): the plugin is not loaded, "
+                              "which also leaves NCCL's own EFFICIENCY re-selection on")
     if use_plugin and config.collectives:
         if PLUGIN_ENV in env:
             setup.messages.append(f"lagom run: your {PLUGIN_ENV}={env[PLUGIN_ENV]} wins; the tuned per-collective "
@@ -160,6 +174,12 @@ def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[st
     merged = merge_env(tuned_env, env)
     if merged.kept:
         setup.messages.append(f"lagom run: {merged.kept_line()}")
+    efficiency = int(CtaPolicy.EFFICIENCY)
+    if setup.plugin_path is not None and any(cta_policy_value(g.get("cta_policy", 0)) & efficiency
+                                             for g in config.process_groups.values()):
+        setup.messages.append("lagom run: warning: a group asks for CTA policy EFFICIENCY, whose NVLS re-selection "
+                              "NCCL skips while a tuner plugin is loaded (enqueue.cc: comm->tuner == NULL); "
+                              "run with --no-plugin to keep it")
 
     write_bootstrap(run_dir, env)
     env[ENV_CONFIG] = str(run_dir / "lagom.yaml")
@@ -198,6 +218,29 @@ def check_command(argv: list[str], example: str) -> None:
         raise LagomError(f"command not found (or not executable): {argv[0]}")
 
 
+def _file_version(config: TunedConfig) -> NcclVersion | None:
+    return NcclVersion.parse(config.nccl_version) if config.nccl_version else None
+
+
+def uses_paths(config: TunedConfig) -> bool:
+    """Whether the file puts a group on a path off NCCL's SM kernels (a CTA policy or a path entry)."""
+    policies = any(cta_policy_value(g.get("cta_policy", 0)) for g in config.process_groups.values())
+    return policies or any(e.config.path not in (None, CommPath.SM) for e in config.collectives)
+
+
+def observe_paths(setup: RunSetup) -> bool:
+    """Have NCCL write its TUNING lines to the run folder (the user's NCCL_DEBUG* settings win)."""
+    mine = [name for name in nccl_paths.DEBUG_VARS if name in setup.env]
+    if mine:
+        setup.messages.append(f"lagom run: your {', '.join(mine)} wins: the audit cannot read which path NCCL took "
+                              f"(it reads NCCL's TUNING log)")
+        return False
+    setup.env.update(nccl_paths.observation_env(setup.run_dir))
+    setup.messages.append(f"lagom run: the audit reads NCCL's TUNING log ({setup.run_dir / nccl_paths.LOG_DIR}) for "
+                          "the path NCCL took; NCCL's warnings go there too and are repeated at exit")
+    return True
+
+
 def run_child(argv: list[str], env: dict[str, str]) -> int:
     """Run ``argv`` in its own process group, forwarding signals; its exit status.
 
@@ -229,10 +272,13 @@ def run_child(argv: list[str], env: dict[str, str]) -> int:
     return 128 - status if status < 0 else status
 
 
-def merge_audit(setup: RunSetup, audit_path: str | os.PathLike) -> tuple[Path, dict]:
+def merge_audit(setup: RunSetup, audit_path: str | os.PathLike,
+                paths: nccl_paths.PathReport | None = None) -> tuple[Path, dict]:
     parts = audit.read_parts(setup.run_dir)
     entries_set = [e.config.to_dict() for e in setup.config.collectives]
     document = audit.merge_parts(parts, entries_set, str(setup.config_path))
+    if paths is not None:
+        document["nccl_paths"] = paths.to_dict()
     return audit.write_audit(audit_path, document), document
 
 
@@ -260,6 +306,7 @@ def launch(
     else:
         setup = prepare(config_path, workdir, use_plugin=use_plugin)
     keep_run_dir = workdir is not None
+    observing = audit_path is not None and uses_paths(setup.config) and observe_paths(setup)
     try:
         for line in setup.messages:
             print(line, file=stream, flush=True)
@@ -267,7 +314,7 @@ def launch(
             status = run_child(argv, setup.env)
             if online is not None:
                 keep_run_dir |= _save_online(setup, online, status, stream, audit_path, not keep_run_dir)
-            return _write_audit(setup, audit_path, status, stream)
+            return _write_audit(setup, audit_path, status, stream, observing)
     finally:
         if not keep_run_dir:
             shutil.rmtree(setup.run_dir, ignore_errors=True)
@@ -305,20 +352,24 @@ def _interrupt_deferred() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-def _write_audit(setup: RunSetup, audit_path: str | os.PathLike | None, status: int, stream) -> int:
-    if audit_path is not None:
-            try:
-                path, document = merge_audit(setup, audit_path)
-            except LagomError as exc:  # the job has run: its exit status stands, the audit is lost
-                print(f"lagom run: warning: {exc}", file=stream, flush=True)
-                return status
-            line = (audit.summary_line("all ranks", audit.Summary(**document["summary"])) if "online" not in document
-                    else audit.online_summary_line("all ranks", document["online"]))
-            print(
-                f"lagom run: audit of {document['ranks']} rank(s) written to {path}; " + line.removeprefix("lagom: "),
-                file=stream,
-                flush=True,
-            )
+def _write_audit(setup: RunSetup, audit_path: str | os.PathLike | None, status: int, stream,
+                 observing: bool = False) -> int:
+    if audit_path is None:
+        return status
+    paths = nccl_paths.read_logs(setup.run_dir) if observing else None
+    if paths is not None:
+        for warning in paths.warnings:
+            print(warning, file=stream, flush=True)
+        print(f"lagom run: {nccl_paths.summary_line(paths)}", file=stream, flush=True)
+    try:
+        path, document = merge_audit(setup, audit_path, paths)
+    except LagomError as exc:  # the job has run: its exit status stands, the audit is lost
+        print(f"lagom run: warning: {exc}", file=stream, flush=True)
+        return status
+    line = (audit.summary_line("all ranks", audit.Summary(**document["summary"])) if "online" not in document
+            else audit.online_summary_line("all ranks", document["online"]))
+    print(f"lagom run: audit of {document['ranks']} rank(s) written to {path}; " + line.removeprefix("lagom: "),
+          file=stream, flush=True)
     return status
 
 

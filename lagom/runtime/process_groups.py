@@ -20,9 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-# ncclConfig_t.CTAPolicy flag values (nccl.h, NCCL >= 2.27: DEFAULT 0x00,
-# EFFICIENCY 0x01; ZERO 0x02 from 2.28).
-CTA_POLICIES = {"default": 0, "efficiency": 1, "zero": 2}
+from nccl_env.knobs import CtaPolicy
+
+# ncclConfig_t.CTAPolicy flag values by name (nccl_env.knobs.CtaPolicy: nccl.h, DEFAULT 0x00 and
+# EFFICIENCY 0x01 from NCCL 2.27, ZERO 0x02 from 2.28).
+CTA_POLICIES = {p.nccl_name: int(p) for p in CtaPolicy}
 # tuned-file key -> attribute of ProcessGroupNCCL.Options().config
 CONFIG_FIELDS = {"min_ctas": "min_ctas", "max_ctas": "max_ctas", "cta_policy": "cta_policy"}
 

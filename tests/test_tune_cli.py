@@ -231,7 +231,8 @@ def test_tune_puts_a_group_on_the_copy_engines_and_says_what_to_turn_on(tmp_path
     text = " ".join(config.requirements)
     assert "set_symm_mem_for_comm" in text and "NCCL >= 2.28.0" in text and "CUDA driver >= 12.5" in text
     flat = " ".join(out.split())  # the table wraps long cells
-    assert "> copy-engine" in flat and flat.count("requires: group 0 (copy_engine)") == len(config.requirements)
+    assert "copy-engine" in flat  # the table names the path (its cell may wrap after the '>')
+    assert flat.count("requires: group 0 (copy_engine)") == len(config.requirements)
     cluster = replace(load_cluster("h100-nvswitch"), nccl_version="2.30.7")
     workload = generate_workload(spec)
     again = Simulator(cluster, noise=0.0).evaluate(workload, config.to_plan(workload_signatures(workload, 8)))

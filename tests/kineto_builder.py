@@ -63,3 +63,25 @@ class TraceBuilder:
         data = orjson.dumps(self.doc())
         path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
         return path
+
+
+def write_rank_copies(source: Path, ranks: int, folder: Path, shift_us: float = 0.0) -> list[Path]:
+    """``ranks`` copies of a real trace as the distinct ranks of one job: ``folder/rank{r}.json``
+    with ``distributedInfo.rank`` r and a world of at least ``ranks``; copy r's times moved
+    ``r * shift_us`` later (ranks that launch their collectives at different times)."""
+    raw = source.read_bytes()
+    doc = orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    events = doc.pop("traceEvents")
+    info = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
+    world = max(int(info.get("world_size") or 0), ranks)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for r in range(ranks):
+        shift = r * shift_us
+        moved = events if not shift else [
+            {**e, "ts": e["ts"] + shift} if isinstance(e, dict) and isinstance(e.get("ts"), (int, float)) else e
+            for e in events]
+        copy = {**doc, "distributedInfo": {**info, "rank": r, "world_size": world}, "traceEvents": moved}
+        paths.append(folder / f"rank{r}.json")
+        paths[-1].write_bytes(orjson.dumps(copy))
+    return paths

@@ -26,9 +26,11 @@ import orjson
 
 from lagom.analyze_report import rank_report, render
 from lagom.console import stdout_console
+from lagom.rank_args import ExecutorKind, add_arguments, reading_from_args
 from nccl_env.errors import LagomError
 from traces.kineto import read_trace
 from traces.steps import trim_to_profiler_steps
+from traces.workload import Workload
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,6 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="keep the last profiler step (HTA's include_last_profiler_step=True)",
     )
     parser.add_argument("--top", type=int, default=5, metavar="N", help="overlap windows to list per rank (default 5)")
+    add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -68,6 +71,31 @@ def run(args: argparse.Namespace) -> int:
         raise LagomError(f"--top {args.top}: must be 0 or more")
     if args.plot and not args.plot.lower().endswith(".png"):
         raise LagomError(f"--plot {args.plot}: the timeline is written as PNG; give a .png file name")
+    reading = reading_from_args(args)
+    if reading.executor is not ExecutorKind.LOCAL:  # a folder's ranks on worker processes or Dask
+        from lagom.analyze_ranks import analyze_paths
+
+        reports, plot_view = analyze_paths(args.paths, reading, args.include_last_step, args.top, bool(args.plot))
+    else:
+        reports, plot_view = _analyze_here(args)
+    if args.plot and plot_view is not None:
+        from lagom.plot_timeline import plot_step  # matplotlib only when asked
+
+        plot_step(plot_view, args.plot)
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps({"ranks": reports}, option=orjson.OPT_INDENT_2) + b"\n")
+        sys.stdout.flush()
+    else:
+        # piped or redirected: rich would assume 80 columns and cut the headers ("exposed…")
+        console = stdout_console()
+        render(reports, console)
+        if args.plot:
+            console.print(f"timeline written to {args.plot}")
+    return 0
+
+
+def _analyze_here(args: argparse.Namespace) -> tuple[list[dict], Workload | None]:
+    """Every rank read and analysed in this process; the reports and the first rank's analysed span."""
     workloads = []
     seen: set[Path] = set()
     for path in args.paths:
@@ -86,17 +114,4 @@ def run(args: argparse.Namespace) -> int:
         rank_report(v, top_windows=args.top, trimmed=len(v.profiler_steps) < len(w.profiler_steps))
         for v, w in zip(views, workloads)
     ]
-    if args.plot:
-        from lagom.plot_timeline import plot_step  # matplotlib only when asked
-
-        plot_step(views[0], args.plot)
-    if args.json:
-        sys.stdout.buffer.write(orjson.dumps({"ranks": reports}, option=orjson.OPT_INDENT_2) + b"\n")
-        sys.stdout.flush()
-    else:
-        # piped or redirected: rich would assume 80 columns and cut the headers ("exposed…")
-        console = stdout_console()
-        render(reports, console)
-        if args.plot:
-            console.print(f"timeline written to {args.plot}")
-    return 0
+    return reports, views[0] if views else None

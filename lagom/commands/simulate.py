@@ -35,6 +35,7 @@ import math
 import sys
 
 from costmodel.evaluator import check_config
+from lagom.rank_args import add_arguments, reading_from_args
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan
@@ -60,6 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="multiplicative noise (std. dev., default 0.01; 0 = exact)")
     parser.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
     parser.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
+    add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -72,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         raise LagomError(f"--noise must be a finite number >= 0, got {args.noise}")
     if args.seed < 0:
         raise LagomError(f"--seed must be >= 0, got {args.seed}")
-    workload, from_trace = read_workload_arg(args.workload)
+    workload, from_trace = read_workload_arg(args.workload, reading_from_args(args))
     choice = resolve_cluster(workload, from_trace, args.cluster)
     cluster = choice.cluster
     # the settings a file or --set gives reach NCCL's collectives of known size only (CollectiveOp.tunable)

@@ -51,6 +51,7 @@ from rich.table import Table
 from costmodel.replay.schedule import fidelity
 from lagom import tuning
 from lagom.console import StageProgress, stdout_console
+from lagom.rank_args import add_arguments, reading_from_args
 from lagom.replay_report import fidelity_line, fidelity_warning, steps_table
 from lagom.trace_context import refuse_to_tune, resolve_cluster
 from lagom.workload_arg import read_workload_arg
@@ -81,6 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--min-gain", type=float, default=tuning.MIN_GAIN, metavar="F",
                         help="write changes only for a predicted gain of at least F (default 0.01 = 1%%)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary instead of the table")
+    add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -94,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         raise LagomError(f"-o {args.output}: is a folder, expected a file name")
     if not output.parent.is_dir():
         raise LagomError(f"-o {args.output}: {output.parent} is not an existing folder")
-    workload, from_trace = read_workload_arg(args.workload)
+    workload, from_trace = read_workload_arg(args.workload, reading_from_args(args))
     refusal = refuse_to_tune(workload) if from_trace else None
     if refusal:
         raise LagomError(refusal)

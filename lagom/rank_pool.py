@@ -73,9 +73,11 @@ def _scan_to_file(path: Path, spill_dir: str) -> tuple[TraceHeader, str]:
     return parsed.header(), spill
 
 
-def _scan_to_bytes(path: Path) -> tuple[TraceHeader, bytes]:
-    """Parse one file; its header and its records pickled (they stay on the Dask worker)."""
-    parsed = _guarded(path, parse_trace_file, path)
+def _scan_to_bytes(path: Path, absolute: Path) -> tuple[TraceHeader, bytes]:
+    """Parse one file (read at ``absolute``: a Dask worker may run elsewhere, in another folder; named
+    ``path``, as given); its header and its records pickled (they stay on the worker)."""
+    parsed = _guarded(absolute, parse_trace_file, absolute)
+    parsed.path = path
     return parsed.header(), pickle.dumps(parsed, protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -235,7 +237,7 @@ class _DaskPool(_Pool):
             self.workers = workers
 
     def scan(self, path: Path) -> tuple[Any, Any]:
-        scanned = self.client.submit(_scan_to_bytes, path, pure=False)
+        scanned = self.client.submit(_scan_to_bytes, path, path.absolute(), pure=False)
         return scanned, self.client.submit(_header, scanned, pure=False)
 
     def finish(self, scanned: Any, index: int, layout: JobLayout, lowest: bool, work: Callable, args: tuple) -> Any:

@@ -9,14 +9,11 @@ by the ratio their mechanism gives between a plan and the trace's recorded setti
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from lagom.rank_args import ExecutorKind, RankReading
 from nccl_env.errors import LagomError
 from traces.workload import Workload
 from traces.workload_io import is_workload_file, load_workload
-
-if TYPE_CHECKING:
-    from lagom.rank_pool import RankReading
 
 
 def load_workload_arg(text: str, cluster=None) -> Workload:
@@ -34,7 +31,7 @@ def read_workload_arg(text: str, reading: RankReading | None = None) -> tuple[Wo
     if path.exists():
         if path.is_file() and is_workload_file(path):
             return load_workload(path), False
-        if reading is not None and path.is_dir():
+        if reading is not None and reading.executor is not ExecutorKind.LOCAL and path.is_dir():
             from lagom.rank_pool import read_lowest_rank
 
             return read_lowest_rank(path, reading), True

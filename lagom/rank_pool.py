@@ -197,9 +197,12 @@ class _ProcessPool(_Pool):
 
     def close(self, abort: bool) -> None:
         if abort:  # stop the running tasks now: a large rank takes seconds
-            processes = list((getattr(self.pool, "_processes", None) or {}).values())
-            for process in processes:
-                process.terminate()
+            terminate = getattr(self.pool, "terminate_workers", None)  # Python 3.14
+            if terminate is not None:
+                terminate()
+            else:
+                for process in list((getattr(self.pool, "_processes", None) or {}).values()):
+                    process.terminate()
         self.pool.shutdown(wait=True, cancel_futures=True)
         shutil.rmtree(self.spill_dir, ignore_errors=True)
 

@@ -58,6 +58,7 @@ from traces.kineto import JobLayout, TraceHeader, job_layout, parse_trace_file, 
 from traces.workload import Workload
 
 R = TypeVar("R")
+SAY_PROGRESS_BYTES = 20_000_000  # folders this large take seconds to read: progress lines even on a pipe
 
 
 # ---- the tasks (run in the workers) -------------------------------------------------------
@@ -313,8 +314,10 @@ class RankPool:
         pool = self._get(len(files))
         name = path.name or str(path)
         scans = [pool.scan(f) for f in files]
+        # a bar on a terminal (it goes away when done); on a pipe, lines only for a read of seconds
+        shown = self.err.is_terminal or _total_bytes(files) >= SAY_PROGRESS_BYTES
         with StageProgress(self.err, f"{name}: {len(files)} ranks on {pool.workers} workers", total=2 * len(files),
-                           unit="tasks") as bar:
+                           enabled=shown, unit="tasks") as bar:
             scanned = _gather(pool, [h for _, h in scans], bar, "reading")
             layout = job_layout([pool.header(r) for r in scanned], path)
             low = min(range(len(files)), key=lambda i: layout.ranks[i])
@@ -322,6 +325,13 @@ class RankPool:
             results = _gather(pool, finished, bar, "analysing", len(files))
         pool.release([s for s, _ in scans] + finished)
         return JobRanks(path, layout, [c for c, _ in results], [v for _, v in results])
+
+
+def _total_bytes(files: list[Path]) -> int:
+    try:
+        return sum(f.stat().st_size for f in files)
+    except OSError:
+        return 0
 
 
 def _read_here(path: Path, files: list[Path], work: Callable[..., R], args: tuple) -> JobRanks[R]:

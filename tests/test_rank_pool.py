@@ -74,8 +74,7 @@ def test_analyze_on_worker_processes_equals_in_process(capsys, w128_dir, copies_
         reports = orjson.loads(here)["ranks"]
         assert [r["rank"] for r in reports] == ranks
         assert all(row["basis"] == WAIT_BASIS_RANKS for r in reports for row in r["wait_transfer"])
-        # plain progress lines on a pipe: the start, the end
-        assert f"{len(ranks)} ranks on 2 workers: started" in err and f"done ({2 * len(ranks)} tasks)" in err
+        assert err == ""  # a read of a second or two says nothing on a pipe (a large one: the Ctrl-C test)
     # the copies launched later wait less: the first rank waits for all the others
     waits = [sum(row["wait_us"] for row in r["wait_transfer"]) for r in reports]
     assert waits[0] > waits[-1] >= 0 and waits == sorted(waits, reverse=True)
@@ -138,8 +137,8 @@ def test_ctrl_c_stops_the_pool(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT,
                             start_new_session=True)
     assert proc.stderr is not None
-    first = proc.stderr.readline()  # the pool is up and reading
-    assert "8 ranks on 2 workers: started" in first
+    first = proc.stderr.readline()  # the pool is up and reading: a plain line on a pipe for a folder this large
+    assert first.startswith("ranks: 8 ranks on 2 workers: started (16 tasks)")
     os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the whole process group
     started = time.monotonic()
     err = first + proc.stderr.read()
@@ -168,9 +167,8 @@ def dask_address():
 def test_dask_cluster_gives_the_same_results(capsys, copies_dir, tmp_path, dask_address):
     code, here, _ = _run(capsys, "analyze", str(copies_dir), "--json", "--jobs", "1")
     assert code == 0
-    code, on_dask, err = _run(capsys, "analyze", str(copies_dir), "--json", "--dask-address", dask_address)
+    code, on_dask, _ = _run(capsys, "analyze", str(copies_dir), "--json", "--dask-address", dask_address)
     assert code == 0 and on_dask == here
-    assert "6 ranks on 2 workers" in err
 
     workload, _ = read_workload_arg(str(copies_dir))
     pooled = read_lowest_rank(copies_dir, RankReading(ExecutorKind.DASK, 2, dask_address))

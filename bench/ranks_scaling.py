@@ -1,7 +1,7 @@
 """Reading a folder of 1 to N ranks: `lagom analyze` in one process, on worker processes, and HTA.
 
-    python3 bench/ranks_scaling.py [--max-ranks 16 | --ranks 32,64] [--jobs N] [--repeat K]
-                                   [--source NAME] [--hta-python PYTHON] [--hta-max-ranks N]
+    python3 bench/ranks_scaling.py [--command analyze|simulate] [--max-ranks 16 | --ranks 32,64] [--jobs N]
+                                   [--repeat K] [--source NAME] [--hta-python PYTHON] [--hta-max-ranks N]
 
 The folders hold 1, 2, 4, ... --max-ranks copies of one shared trace (default the 20 MB
 a100_w16_sendrecv_3streams_rank0) rewritten as the distinct ranks of one job
@@ -9,7 +9,8 @@ a100_w16_sendrecv_3streams_rank0) rewritten as the distinct ranks of one job
 written once to a temporary folder; each smaller folder links to the first files.
 On each folder, each in its own child process:
 
-- lagom, 1 job: ``python -m lagom analyze DIR --json --jobs 1`` (every rank read here);
+- lagom, 1 job: ``python -m lagom analyze DIR --json --jobs 1`` (every rank read here;
+  ``--command simulate``: ``lagom simulate``, which keeps the lowest rank);
   with ``--repeat K`` each lagom reader runs K times and the fastest run is shown;
 - lagom, N jobs: ``python -m lagom analyze DIR --json --jobs N`` (N: --jobs, default the
   cores; the two outputs must be the same bytes: the "same" column);
@@ -141,6 +142,8 @@ def folders(root: Path, files: list[Path], counts: list[int]) -> dict[int, Path]
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--command", choices=["analyze", "simulate"], default="analyze",
+                        help="the lagom command to time (default analyze; HTA only beside analyze)")
     parser.add_argument("--max-ranks", type=int, default=16, help="largest folder (default 16)")
     parser.add_argument("--ranks", default=None, metavar="N,N,...",
                         help="these rank counts instead of 1, 2, 4, ... --max-ranks")
@@ -167,12 +170,12 @@ def main() -> int:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise SystemExit("cannot become the child subreaper (Linux only): the workers' CPU time would be lost")
-    hta = has_hta(args.hta_python)
+    hta = args.command == "analyze" and has_hta(args.hta_python)
     counts = [int(n) for n in args.ranks.split(",")] if args.ranks else rank_counts(args.max_ranks)
     args.max_ranks = max(counts)
     hta_max = args.hta_max_ranks if args.hta_max_ranks is not None else args.max_ranks
     console = Console()
-    table = Table(title=f"lagom analyze on 1..{args.max_ranks} copies of {args.source} as ranks "
+    table = Table(title=f"lagom {args.command} on 1..{args.max_ranks} copies of {args.source} as ranks "
                         f"({len(os.sched_getaffinity(0))} cores)")
     for col in ("ranks", "MB", "reader", "wall s", "CPU s", "peak MiB: main / worker", "total MiB", "same"):
         table.add_column(col, justify="left" if col == "reader" else "right")
@@ -185,7 +188,7 @@ def main() -> int:
         files = sorted(copies.iterdir(), key=lambda p: int(p.stem.removeprefix("rank").split(".")[0]))
         for n, folder in folders(root, files, counts).items():
             size_mb = sum(f.stat().st_size for f in files[:n]) / 1e6
-            lagom = [sys.executable, "-m", "lagom", "analyze", str(folder), "--json"]
+            lagom = [sys.executable, "-m", "lagom", args.command, str(folder), "--json"]
             runs: list[Run | None] = [fastest([*lagom, "--jobs", "1"], args.repeat),
                                       fastest([*lagom, "--jobs", str(jobs)], args.repeat)]
             same = runs[0] is not None and runs[1] is not None and runs[0].out == runs[1].out
@@ -202,7 +205,7 @@ def main() -> int:
                               r is runs[1] else "", end_section=r is runs[-1])
             console.print(f"{n} ranks done", highlight=False, style="dim")
     console.print(table)
-    if not hta:
+    if not hta and args.command == "analyze":
         console.print(f"HTA left out: {args.hta_python} has no hta (pip install -e '.[bench]')")
     return 0
 

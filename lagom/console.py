@@ -107,8 +107,9 @@ class StageProgress:
     plain line when the step starts, at each quarter of it (or each new stage when the
     total is unknown), and when it ends."""
 
-    def __init__(self, console: Console, label: str, total: int | None = None, enabled: bool = True) -> None:
-        self.console, self.label, self.total, self.enabled = console, label, total, enabled
+    def __init__(self, console: Console, label: str, total: int | None = None, enabled: bool = True,
+                 unit: str = "steps") -> None:
+        self.console, self.label, self.total, self.enabled, self.unit = console, label, total, enabled, unit
         self._bar: Progress | None = None
         self._task: TaskID | None = None
         self._stage: str | None = None
@@ -124,7 +125,7 @@ class StageProgress:
             self._bar.start()
             self._task = self._bar.add_task("", total=self.total)
         else:
-            self._line(f"{self.label}: started" + (f" ({self.total} steps)" if self.total else ""))
+            self._line(f"{self.label}: started" + (f" ({self.total} {self.unit})" if self.total else ""))
         return self
 
     def update(self, done: int, total: int | None = None, stage: str | None = None) -> None:
@@ -148,7 +149,7 @@ class StageProgress:
         if self._bar is not None:
             self._bar.stop()
         elif self.enabled and exc[0] is None:
-            self._line(f"{self.label}: done ({self._done} steps)")
+            self._line(f"{self.label}: done ({self._done} {self.unit})")
 
     def _line(self, text: str) -> None:
         self.console.print(text, highlight=False, markup=False, soft_wrap=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lagom.rank_args import ExecutorKind, RankReading
 from nccl_env.errors import LagomError
 from traces.workload import Workload
 from traces.workload_io import is_workload_file, load_workload
@@ -21,10 +22,11 @@ def load_workload_arg(text: str, cluster=None) -> Workload:
     return read_workload_arg(text)[0]
 
 
-def read_workload_arg(text: str) -> tuple[Workload, bool]:
+def read_workload_arg(text: str, reading: RankReading | None = None) -> tuple[Workload, bool]:
     """(workload, whether it is a trace's). An existing workload JSON -> loaded; another existing
     path -> a Kineto trace (rank 0, else the lowest rank); anything else -> a spec string for
-    :func:`traces.generate.generate_workload`."""
+    :func:`traces.generate.generate_workload`. ``reading``: the executor that reads a folder's
+    ranks (lagom.rank_pool; default: in this process), with the same result."""
     if not text.strip():
         raise LagomError("WORKLOAD: an empty name (give a trace, a workload JSON file or a spec such as "
                          "fsdp:llama3-8b:gpus=16)")
@@ -32,6 +34,10 @@ def read_workload_arg(text: str) -> tuple[Workload, bool]:
     if path.exists():
         if path.is_file() and is_workload_file(path):
             return load_workload(path), False
+        if reading is not None and reading.executor is not ExecutorKind.LOCAL and path.is_dir():
+            from lagom.rank_pool import read_lowest_rank
+
+            return read_lowest_rank(path, reading), True
         from traces.kineto import read_trace  # lazily: only traces need the reader
 
         workloads = read_trace(path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
 
 import orjson
@@ -69,3 +70,29 @@ class TraceBuilder:
         data = orjson.dumps(self.doc())
         path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
         return path
+
+
+def write_rank_copies(source: Path, ranks: int, folder: Path, shift_us: float = 0.0) -> list[Path]:
+    """``ranks`` copies of a real trace as the distinct ranks of one job: ``folder/rank{r}.json``
+    with ``distributedInfo.rank`` r and a world of at least ``ranks``; copy r's times moved
+    ``r * shift_us`` later (ranks that launch their collectives at different times). Written as
+    Kineto writes: the metadata first, as ``"rank": r`` (HTA finds a file's rank by that
+    pattern), then one event per line."""
+    raw = source.read_bytes()
+    doc = orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    events = doc.pop("traceEvents")
+    info = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
+    world = max(int(info.get("world_size") or 0), ranks)
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [orjson.dumps(e) for e in events]
+    paths = []
+    for r in range(ranks):
+        shift = r * shift_us
+        if shift:
+            lines = [orjson.dumps({**e, "ts": e["ts"] + shift})
+                     if isinstance(e, dict) and isinstance(e.get("ts"), (int, float)) else orjson.dumps(e)
+                     for e in events]
+        meta = json.dumps({**doc, "distributedInfo": {**info, "rank": r, "world_size": world}})
+        paths.append(folder / f"rank{r}.json")
+        paths[-1].write_bytes(meta[:-1].encode() + b', "traceEvents": [\n' + b",\n".join(lines) + b"\n]}\n")
+    return paths

@@ -22,6 +22,7 @@ estimated from the trace:
 from __future__ import annotations
 
 import statistics
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,42 +62,115 @@ def comm_key(op: CollectiveOp) -> CommKey:
     return (op.group, op.collective, op.message_bytes, op.nccl_tunable)
 
 
+@dataclass
+class KeyInstances:
+    """One collective key's on-GPU instances on one rank, in start order, as flat arrays."""
+
+    op_ids: array[int]
+    start_us: array[float]
+    duration_us: array[float]
+
+
+@dataclass
+class RankComm:
+    """What the wait/transfer split needs of one rank: its on-GPU collectives per key (keys in the
+    order of their first instance). About 24 bytes a collective, so the ranks of a large job
+    fit in one process where their Workloads would not (lagom.rank_pool)."""
+
+    rank: int
+    keys: dict[CommKey, KeyInstances]
+
+
+def rank_comm(workload: Workload) -> RankComm:
+    keys: dict[CommKey, KeyInstances] = {}
+    for c in sorted((c for c in workload.collectives if c.on_gpu), key=lambda c: (c.start_us, c.op_id)):
+        key = comm_key(c)
+        inst = keys.get(key)
+        if inst is None:
+            inst = keys[key] = KeyInstances(array("q"), array("d"), array("d"))
+        inst.op_ids.append(c.op_id)
+        inst.start_us.append(c.start_us)
+        inst.duration_us.append(c.duration_us)
+    return RankComm(workload.rank, keys)
+
+
+def key_waits(ranks: list[RankComm]) -> dict[int, dict[CommKey, list[float]]]:
+    """rank -> key -> each instance's wait (us), in the order of :class:`KeyInstances`.
+
+    The k-th instances of a key on the ranks that have it are one collective: each waited
+    ``max(start over those ranks) - its start``; a key only one rank has gets the
+    fastest-instances estimate. One pass over the instances: linear in ranks x collectives."""
+    holders: dict[CommKey, list[KeyInstances]] = {}
+    for rc in ranks:
+        for key, inst in rc.keys.items():
+            holders.setdefault(key, []).append(inst)
+    last_start: dict[CommKey, list[float]] = {}
+    for key, insts in holders.items():
+        if len(insts) > 1:
+            last = list(insts[0].start_us)
+            for inst in insts[1:]:
+                starts = inst.start_us
+                shared = min(len(last), len(starts))
+                last[:shared] = [a if a >= b else b for a, b in zip(last[:shared], starts[:shared])]
+                if len(starts) > shared:
+                    last.extend(starts[shared:])
+            last_start[key] = last
+    out: dict[int, dict[CommKey, list[float]]] = {}
+    for rc in ranks:
+        waits: dict[CommKey, list[float]] = {}
+        for key, inst in rc.keys.items():
+            if key in last_start:
+                last = last_start[key]
+                waits[key] = [min(d, max(0.0, t - s)) for s, d, t in zip(inst.start_us, inst.duration_us, last)]
+            else:
+                transfer = float(np.percentile(inst.duration_us, TRANSFER_PERCENTILE))
+                waits[key] = [max(0.0, d - transfer) for d in inst.duration_us]
+        out[rc.rank] = waits
+    return out
+
+
+def op_waits(comm: RankComm, waits: dict[CommKey, list[float]]) -> dict[int, float]:
+    """collective op id -> wait us, for one rank."""
+    return {op: w for key, inst in comm.keys.items() for op, w in zip(inst.op_ids, waits[key])}
+
+
 def split_waits(workloads: list[Workload]) -> dict[int, dict[int, float]]:
     """rank -> (collective op id -> wait us) for every on-GPU collective of every workload."""
-    by_rank: dict[int, dict[CommKey, list[CollectiveOp]]] = {}
-    for w in workloads:
-        seqs: dict[CommKey, list[CollectiveOp]] = {}
-        for c in sorted((c for c in w.collectives if c.on_gpu), key=lambda c: (c.start_us, c.op_id)):
-            seqs.setdefault(comm_key(c), []).append(c)
-        by_rank[w.rank] = seqs
-    out: dict[int, dict[int, float]] = {}
-    for rank, seqs in by_rank.items():
-        waits: dict[int, float] = {}
-        for key, ops in seqs.items():
-            peers = [s[key] for r, s in by_rank.items() if r != rank and key in s]
-            if peers:
-                for i, op in enumerate(ops):
-                    last = max([op.start_us, *(p[i].start_us for p in peers if i < len(p))])
-                    waits[op.op_id] = min(op.duration_us, max(0.0, last - op.start_us))
-            else:
-                transfer = float(np.percentile([o.duration_us for o in ops], TRANSFER_PERCENTILE))
-                for op in ops:
-                    waits[op.op_id] = max(0.0, op.duration_us - transfer)
-        out[rank] = waits
-    return out
+    comms = [rank_comm(w) for w in workloads]
+    by_key = key_waits(comms)
+    return {c.rank: op_waits(c, by_key[c.rank]) for c in comms}
 
 
 def split_rows(workload: Workload, waits: dict[int, float], basis: str) -> list[CommSplitRow]:
     """One row per collective key of ``workload``, largest total time first."""
-    groups: dict[CommKey, list[CollectiveOp]] = {}
+    groups: dict[CommKey, list[tuple[float, float]]] = {}
     for c in workload.collectives:
         if c.on_gpu and c.nccl_tunable and c.op_id in waits:  # NCCL's kernels: the only ones a setting tunes
-            groups.setdefault(comm_key(c), []).append(c)
+            groups.setdefault(comm_key(c), []).append((c.duration_us, waits[c.op_id]))
+    return _rows(groups, basis)
+
+
+def split_rows_compact(comm: RankComm, waits: dict[CommKey, list[float]], keep: set[int] | None,
+                       basis: str) -> list[CommSplitRow]:
+    """:func:`split_rows` from one rank's compact data: the instances whose op id is in ``keep``
+    (all when None), e.g. those of a trimmed view of the workload."""
+    groups: dict[CommKey, list[tuple[float, float]]] = {}
+    for key, inst in comm.keys.items():
+        if key[3]:
+            triples = zip(inst.op_ids, inst.duration_us, waits[key])
+            pairs = [(d, w) for op, d, w in triples if keep is None or op in keep]
+            if pairs:
+                groups[key] = pairs
+    return _rows(groups, basis)
+
+
+def _rows(groups: dict[CommKey, list[tuple[float, float]]], basis: str) -> list[CommSplitRow]:
+    """One row per key from its instances' (duration, wait) in start order."""
     rows = []
-    for (group, coll, size, _), ops in groups.items():
-        wait = sum(waits[o.op_id] for o in ops)
-        total = sum(o.duration_us for o in ops)
-        per_call = statistics.median(o.duration_us - waits[o.op_id] for o in ops)
-        rows.append(CommSplitRow(group, coll, size, len(ops), total, wait, total - wait, per_call, basis))
+    for (group, coll, size, _), pairs in groups.items():
+        wait = sum(w for _, w in pairs)
+        total = sum(d for d, _ in pairs)
+        per_call = statistics.median(d - w for d, w in pairs)
+        rows.append(CommSplitRow(group, coll, size, len(pairs), total, wait, total - wait, per_call, basis))
     rows.sort(key=lambda r: (-r.total_us, r.collective.value, -1 if r.message_bytes is None else r.message_bytes))
     return rows

@@ -104,9 +104,22 @@ _RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.IGNORECASE)
 JOB_GAP_US = 60e6
 
 
+def read_trace(path: str | Path) -> list[Workload]:
+    """One Workload per rank from a trace file or a directory of per-rank trace files."""
+    files = trace_files(path)
+    path = Path(path)
+    parsed = [parse_trace_file(f) for f in files]
+    layout = job_layout([p.header() for p in parsed], path)
+    workloads = [p.build_rank(layout, i) for i, p in enumerate(parsed)]
+    attach_comm_waits(workloads)
+    return sorted(workloads, key=lambda w: w.rank)
+
+
+# The steps of read_trace, public so that lagom.rank_pool can run the per-file ones (parse, build)
+# in worker processes and the rest (layout, waits) in the parent, with the same results.
 def trace_files(path: str | Path) -> list[Path]:
-    """The trace files ``path`` names (itself, or a folder's .json/.json.gz files), checked before
-    reading: LagomError for an empty path, a missing one, a folder without traces, or traces
+    """The trace files ``path`` names (itself, or a folder's .json/.json.gz files, sorted), checked
+    before reading: LagomError for an empty path, a missing one, a folder without traces, or traces
     larger than the memory at hand (:func:`traces.limits.check_fits_memory`)."""
     if not str(path).strip():
         raise LagomError("an empty path: give a trace file or a folder of trace files")
@@ -123,39 +136,69 @@ def trace_files(path: str | Path) -> list[Path]:
     return files
 
 
-def read_trace(path: str | Path) -> list[Workload]:
-    """One Workload per rank from a trace file or a directory of per-rank trace files."""
-    files = trace_files(path)
-    path = Path(path)
+def parse_trace_file(path: Path) -> _ParsedTrace:
+    """One file's metadata and compact event records (LagomError naming the file if it is not a trace)."""
     # The parse allocates millions of short-lived containers and no reference cycles:
     # the cyclic collector would only rescan them (10-25% of the read time).
     collecting = gc.isenabled()
     gc.disable()
     try:
-        parsed = [_parse_file(f) for f in files]
+        return _parse_file(path)
     finally:
         if collecting:
             gc.enable()
-    _assign_ranks(parsed, path)
-    _check_one_job(parsed, path)
-    starts = [p.base_us + math.floor(p.min_ts) for p in parsed if p.min_ts is not None]
+
+
+@dataclass(frozen=True)
+class TraceHeader:
+    """What the files of one directory are checked and laid out by (:func:`job_layout`): small."""
+
+    path: Path
+    rank: int | None  # distributedInfo.rank; None: from the file name or position (job_layout)
+    world_size: int | None
+    device_name: str | None
+    nccl_version: str | None
+    base_us: int
+    min_ts: float | None
+    max_ts: float | None
+    job_id: str | None = None  # lagomRecord.job_id: the same in every rank of one recorded job
+
+
+@dataclass(frozen=True)
+class JobLayout:
+    """The ranks of one directory's files and the clock and world they share."""
+
+    ranks: tuple[int, ...]  # per file, in the order of the headers
+    origin_us: int  # the shared integer origin (an absolute time)
+    world_size: int
+    world_size_known: bool
+
+
+def job_layout(headers: list[TraceHeader], path: Path) -> JobLayout:
+    """Ranks, origin and world of one directory's files; LagomError if they are not one job's ranks."""
+    ranks = _assign_ranks(headers, path)
+    _check_one_job(headers, ranks, path)
+    starts = [h.base_us + math.floor(h.min_ts) for h in headers if h.min_ts is not None]
     origin = min(starts) if starts else 0
-    world = max([p.world_size or 0 for p in parsed] + [len(parsed), max(p.rank or 0 for p in parsed) + 1])
-    known = any(p.world_size is not None for p in parsed)
-    workloads = [p.build(origin - p.base_us, world, known) for p in parsed]
-    _attach_comm_waits(workloads)
-    return sorted(workloads, key=lambda w: w.rank)
+    world = max([h.world_size or 0 for h in headers] + [len(headers), max(ranks) + 1])
+    known = any(h.world_size is not None for h in headers)
+    return JobLayout(tuple(ranks), origin, world, known)
 
 
-def _attach_comm_waits(workloads: list[Workload]) -> None:
+def attach_comm_waits(workloads: list[Workload]) -> None:
     """Each NCCL kernel's wait for its peers, from all ranks read together (traces.comm_split)."""
     from traces.comm_split import split_waits
 
     waits = split_waits(workloads)
     for w in workloads:
-        if w.exec_graph is not None:
-            w.exec_graph.comm_wait_us = waits.get(w.rank, {})
-            w.exec_graph.wait_basis = WAIT_BASIS_RANKS if len(workloads) > 1 else WAIT_BASIS_FASTEST
+        set_comm_waits(w, waits.get(w.rank, {}), len(workloads))
+
+
+def set_comm_waits(workload: Workload, waits: dict[int, float], ranks_read: int) -> None:
+    """Attach one rank's waits (collective op id -> us) found among ``ranks_read`` ranks."""
+    if workload.exec_graph is not None:
+        workload.exec_graph.comm_wait_us = waits
+        workload.exec_graph.wait_basis = WAIT_BASIS_RANKS if ranks_read > 1 else WAIT_BASIS_FASTEST
 
 
 def _is_trace_name(name: str) -> bool:
@@ -201,6 +244,15 @@ class _ParsedTrace:
     sync_events: list[SyncEvent] = field(default_factory=list)
     step_marks: list[StepMark] = field(default_factory=list)
     thread_events: dict[tuple, ThreadEvents] = field(default_factory=dict)
+
+    def header(self) -> TraceHeader:
+        return TraceHeader(self.path, self.rank, self.world_size, self.device_name, self.nccl_version,
+                           self.base_us, self.min_ts, self.max_ts, self.job_id)
+
+    def build_rank(self, layout: JobLayout, index: int) -> Workload:
+        """The Workload of the ``index``-th file of ``layout``'s directory (this one)."""
+        self.rank = layout.ranks[index]
+        return self.build(layout.origin_us - self.base_us, layout.world_size, layout.world_size_known)
 
     def build(self, origin: int, world_size: int, world_size_known: bool) -> Workload:
         return _WorkloadBuilder(self, origin, world_size, world_size_known).build()
@@ -301,22 +353,26 @@ def recorded_steps_of(record: dict) -> RecordedSteps | None:
                          series("unprofiled", "host") or (), series("profiled", "host") or ())
 
 
-def _assign_ranks(parsed: list[_ParsedTrace], path: Path) -> None:
+def _assign_ranks(headers: list[TraceHeader], path: Path) -> list[int]:
     """Rank from distributedInfo, else from the file name (``rank-3``, ``rank3``), else file order."""
     used: dict[int, Path] = {}
-    for index, p in enumerate(parsed):
-        if p.rank is None:
-            m = _RANK_IN_NAME.search(p.path.name)
-            p.rank = int(m.group(1)) if m and int(m.group(1)) < MAX_RANKS else index
-        if p.rank in used:
-            raise LagomError(f"{path}: files {used[p.rank].name} and {p.path.name} are both rank {p.rank}")
-        used[p.rank] = p.path
+    ranks = []
+    for index, h in enumerate(headers):
+        rank = h.rank
+        if rank is None:
+            m = _RANK_IN_NAME.search(h.path.name)
+            rank = int(m.group(1)) if m and int(m.group(1)) < MAX_RANKS else index
+        if rank in used:
+            raise LagomError(f"{path}: files {used[rank].name} and {h.path.name} are both rank {rank}")
+        used[rank] = h.path
+        ranks.append(rank)
+    return ranks
 
 
-def _check_one_job(parsed: list[_ParsedTrace], path: Path) -> None:
+def _check_one_job(headers: list[TraceHeader], ranks: list[int], path: Path) -> None:
     """Every file against the lowest rank's: the same world, NCCL and device, recorded together."""
-    ref = min(parsed, key=lambda p: p.rank or 0)
-    for p in parsed:
+    ref = headers[min(range(len(headers)), key=lambda i: ranks[i])]
+    for p in headers:
         if p is ref:
             continue
         for what, a, b in (("world size", ref.world_size, p.world_size), ("NCCL", ref.nccl_version, p.nccl_version),

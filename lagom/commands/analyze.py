@@ -32,11 +32,13 @@ import orjson
 from lagom.analyze_report import rank_report, render
 from lagom.console import stdout_console
 from lagom.output_paths import OutputFormat, check_output
+from lagom.rank_args import ExecutorKind, add_arguments, reading_from_args
 from lagom.record_overhead import overhead_line, profiler_overhead
 from lagom.replay_report import measured_steps
 from nccl_env.errors import LagomError
 from traces.kineto import read_trace, trace_files
 from traces.steps import trim_to_profiler_steps
+from traces.workload import RecordedSteps, Workload
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,6 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="keep the last profiler step (HTA's include_last_profiler_step=True)",
     )
     parser.add_argument("--top", type=int, default=5, metavar="N", help="overlap windows to list per rank (default 5)")
+    add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -79,10 +82,42 @@ def run(args: argparse.Namespace) -> int:
         if not args.plot.lower().endswith(".png"):
             raise LagomError(f"--plot {args.plot}: the timeline is written as PNG; give a .png file name")
         check_output("--plot", args.plot, OutputFormat.PLOT, [("PATH", p) for p in args.paths], force=args.force)
+    for path in args.paths:
+        trace_files(path)  # an empty, missing or too large input: one line before anything is said or read
+    reading = reading_from_args(args)
+    if reading.executor is not ExecutorKind.LOCAL:  # a folder's ranks on worker processes or Dask
+        from lagom.analyze_ranks import analyze_paths
+
+        reports, plot_view, recorded = analyze_paths(args.paths, reading, args.include_last_step, args.top,
+                                                     bool(args.plot))
+    else:
+        reports, plot_view, recorded = _analyze_here(args)
+    if args.plot and plot_view is not None:
+        from lagom.plot_timeline import plot_step  # matplotlib only when asked
+
+        plot_step(plot_view, args.plot)
+    overhead = profiler_overhead(recorded)
+    if args.json:
+        document = {"ranks": reports, **({"profiler_overhead": overhead.to_dict()} if overhead else {})}
+        sys.stdout.buffer.write(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
+        sys.stdout.flush()
+    else:
+        # piped or redirected: rich would assume 80 columns and cut the headers ("exposed…")
+        console = stdout_console()
+        render(reports, console)
+        if overhead is not None:
+            console.print(overhead_line(overhead), highlight=False)
+        if args.plot:
+            console.print(f"timeline written to {args.plot}")
+    return 0
+
+
+def _analyze_here(args: argparse.Namespace) -> tuple[list[dict], Workload | None, list[RecordedSteps | None]]:
+    """Every rank read and analysed in this process: the reports, the first rank's analysed span and
+    each rank's recorded step times."""
     workloads = []
     seen: set[Path] = set()
     for path in args.paths:
-        trace_files(path)  # an empty, missing or too large input: one line before anything is said or read
         size_bytes = _input_bytes(Path(path))
         if size_bytes >= SAY_READING_BYTES:  # seconds of reading: say so, on a terminal or not
             print(f"reading {path} ({size_bytes / 1e6:,.0f} MB)", file=sys.stderr, flush=True)
@@ -99,21 +134,4 @@ def run(args: argparse.Namespace) -> int:
         | {"steps": measured_steps(w)}
         for v, w in zip(views, workloads)
     ]
-    if args.plot:
-        from lagom.plot_timeline import plot_step  # matplotlib only when asked
-
-        plot_step(views[0], args.plot)
-    overhead = profiler_overhead([w.recorded_steps for w in workloads])
-    if args.json:
-        document = {"ranks": reports, **({"profiler_overhead": overhead.to_dict()} if overhead else {})}
-        sys.stdout.buffer.write(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
-        sys.stdout.flush()
-    else:
-        # piped or redirected: rich would assume 80 columns and cut the headers ("exposed…")
-        console = stdout_console()
-        render(reports, console)
-        if overhead is not None:
-            console.print(overhead_line(overhead), highlight=False)
-        if args.plot:
-            console.print(f"timeline written to {args.plot}")
-    return 0
+    return reports, views[0] if views else None, [w.recorded_steps for w in workloads]

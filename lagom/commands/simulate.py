@@ -48,6 +48,7 @@ from dataclasses import replace
 
 from costmodel.evaluator import DurationScale, check_config
 from lagom.knob_args import NOISE_RANGE, check_noise
+from lagom.rank_args import add_arguments, reading_from_args
 from lagom.record_overhead import check_recorded_steps, unprofiled_cpu, unprofiled_line
 from lagom.trace_export import check_export_path, export_trace
 from nccl_env.errors import LagomError
@@ -84,6 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--export-trace", metavar="OUT.json.gz",
                         help="a trace: write the prediction as a Kineto trace (Perfetto, TensorBoard, HTA open it)")
     parser.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
+    add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -117,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     if args.seed < 0:
         raise LagomError(f"--seed must be >= 0, got {args.seed}")
     export = check_export_path(args.export_trace, args.workload) if args.export_trace else None
-    workload, from_trace = read_workload_arg(args.workload)
+    workload, from_trace = read_workload_arg(args.workload, reading_from_args(args))
     if export is not None and not from_trace:
         raise LagomError("--export-trace: applies to a trace (WORKLOAD is not a trace)")
     if args.unprofiled_cpu:

@@ -73,6 +73,7 @@ from costmodel.replay.fidelity import fidelity
 from lagom import tuning
 from lagom.console import StageProgress, mib, stdout_console
 from lagom.output_paths import OutputFormat, check_output
+from lagom.rank_args import add_arguments, reading_from_args
 from lagom.record_overhead import (
     check_recorded_steps,
     overhead_line,
@@ -120,6 +121,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--export-trace", metavar="OUT.json.gz",
                         help="a trace: write the tuned plan's predicted steps as a Kineto trace (Perfetto, HTA)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary instead of the table")
+    add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -131,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     check_output("-o", args.output, OutputFormat.TUNED_CONFIG, force=args.force,
                  inputs=[("WORKLOAD", args.workload), ("--cluster", args.cluster)])
     export = check_export_path(args.export_trace, args.workload, args.output) if args.export_trace else None
-    workload, from_trace = read_workload_arg(args.workload)
+    workload, from_trace = read_workload_arg(args.workload, reading_from_args(args))
     if export is not None and not from_trace:
         raise LagomError("--export-trace: applies to a trace (WORKLOAD is not a trace)")
     if args.unprofiled_cpu:

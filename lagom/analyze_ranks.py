@@ -1,0 +1,81 @@
+"""``lagom analyze`` on a rank pool (lagom.rank_pool): what a worker computes for one rank, and
+what the parent puts together.
+
+A worker trims its rank to the analysed span and runs :func:`lagom.analyze_report.rank_report`
+on it, as the in-process path does, and returns the report with the op ids of the span's
+collectives. Only the wait/transfer split needs the other ranks: the parent computes it
+from every rank's compact collectives (:func:`traces.comm_split.split_rows_compact`) and
+fills the report's ``"wait_transfer"``, so the reports equal the in-process ones.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+
+from lagom.analyze_report import rank_report
+from lagom.rank_args import RankReading
+from lagom.rank_pool import RankPool
+from lagom.replay_report import measured_steps
+from traces.comm_split import split_rows_compact
+from traces.exec_graph import WAIT_BASIS_FASTEST, WAIT_BASIS_RANKS
+from traces.steps import trim_to_profiler_steps
+from traces.workload import RecordedSteps, Workload
+
+
+@dataclass
+class AnalyzedRank:
+    """One rank's report, less the wait/transfer split the parent fills in."""
+
+    rank: int
+    source: str
+    report: dict
+    span_ops: array[int] | None  # op ids of the analysed span's collectives; None: no execution graph, no split
+    group_sizes: dict[str, int]  # of the span's collectives' groups
+    view: Workload | None  # the analysed span, when asked for (--plot)
+    recorded_steps: RecordedSteps | None  # lagom record's step times (the profiler's overhead)
+
+
+def analyze_rank(workload: Workload, lowest: bool, include_last_step: bool, top: int,
+                 want_view: bool) -> AnalyzedRank:
+    """The worker's part for one rank (``want_view``: return the lowest rank's span for --plot)."""
+    view = trim_to_profiler_steps(workload, include_last_step=include_last_step)
+    report = rank_report(view, top_windows=top, trimmed=len(view.profiler_steps) < len(workload.profiler_steps))
+    report["steps"] = measured_steps(workload)
+    span_ops = array("q", (c.op_id for c in view.collectives)) if view.exec_graph is not None else None
+    sizes = {c.group: view.group_size(c.group) for c in view.collectives}
+    return AnalyzedRank(workload.rank, str(workload.source), report, span_ops, sizes,
+                        view if lowest and want_view else None, workload.recorded_steps)
+
+
+def analyze_paths(paths: list[str], reading: RankReading, include_last_step: bool, top: int,
+                  want_plot: bool) -> tuple[list[dict], Workload | None, list[RecordedSteps | None]]:
+    """The reports of every rank of ``paths`` (files given twice analysed once, with a warning),
+    with ``want_plot`` the first rank's analysed span, and each rank's recorded step times."""
+    reports: list[dict] = []
+    recorded: list[RecordedSteps | None] = []
+    seen: set[Path] = set()
+    plot_view: Workload | None = None
+    with RankPool(reading, preload=["lagom.analyze_ranks"]) as pool:
+        for i, path in enumerate(paths):
+            job = pool.read_job(Path(path), analyze_rank, (include_last_step, top, want_plot and i == 0))
+            waits = job.waits()
+            basis = WAIT_BASIS_RANKS if len(job.values) > 1 else WAIT_BASIS_FASTEST
+            for k in sorted(range(len(job.values)), key=lambda k: job.layout.ranks[k]):
+                ranked = job.values[k]
+                source = Path(ranked.source).resolve()
+                if source in seen:
+                    print(f"warning: {ranked.source}: given more than once, analysed once", file=sys.stderr)
+                    continue
+                seen.add(source)
+                if ranked.span_ops is not None:
+                    rows = split_rows_compact(job.comms[k], waits[ranked.rank], set(ranked.span_ops), basis)
+                    ranked.report["wait_transfer"] = [{**row.to_dict(), "group_size": ranked.group_sizes[row.group]}
+                                                      for row in rows]
+                reports.append(ranked.report)
+                recorded.append(ranked.recorded_steps)
+                if plot_view is None and ranked.view is not None:
+                    plot_view = ranked.view
+    return reports, plot_view, recorded

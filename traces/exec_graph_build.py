@@ -94,6 +94,21 @@ _ALGO_PROTO_RE = re.compile(r"_(RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|NVLS_TREE
 Op = ComputeOp | CollectiveOp
 
 
+class _ThreadIndex:
+    """A CPU thread's key -> its index in ``graph.threads`` (added on first sight, as ``pid/tid``)."""
+
+    def __init__(self, graph: ExecGraph) -> None:
+        self.graph = graph
+        self.index: dict[tuple, int] = {}
+
+    def __call__(self, key: tuple) -> int:
+        i = self.index.get(key)
+        if i is None:
+            i = self.index[key] = len(self.graph.threads)
+            self.graph.threads.append(f"{key[0]}/{key[1]}")
+        return i
+
+
 def build_exec_graph(
     made: list[tuple[Op, GpuOp]],
     launch_calls: dict[int, tuple[float, float, tuple]],
@@ -107,14 +122,7 @@ def build_exec_graph(
     """The graph of one rank: ``made`` pairs each Workload op with the GPU op it came from;
     ``thread_events`` (every CPU event per thread) gives the hand-overs between threads."""
     graph = ExecGraph()
-    thread_index: dict[tuple, int] = {}
-
-    def thread_of(key: tuple) -> int:
-        i = thread_index.get(key)
-        if i is None:
-            i = thread_index[key] = len(graph.threads)
-            graph.threads.append(f"{key[0]}/{key[1]}")
-        return i
+    thread_of = _ThreadIndex(graph)
 
     calls: dict[int, tuple[float, float, int]] = {}  # op id -> (call start, call end, thread)
     for op, g in made:
@@ -159,14 +167,7 @@ def build_cpu_graph(collectives: list[tuple[CollectiveOp, tuple]], step_marks: l
     and a wait of the thread that ends when the op does, so the thread's later calls move with
     the collective's time. Steps and hand-overs as for any trace."""
     graph = ExecGraph()
-    thread_index: dict[tuple, int] = {}
-
-    def thread_of(key: tuple) -> int:
-        i = thread_index.get(key)
-        if i is None:
-            i = thread_index[key] = len(graph.threads)
-            graph.threads.append(f"{key[0]}/{key[1]}")
-        return i
+    thread_of = _ThreadIndex(graph)
 
     calls: dict[int, tuple[float, float, tuple]] = {}
     for op, key in collectives:

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import argparse
 
-from nccl_env.errors import LagomError
-
 _DEFAULTS = {"skip": 10, "timed": 5, "warmup": 2, "active": 5}
 
 
@@ -60,14 +58,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lagom.runtime.launcher import job_command
     from lagom.runtime.record import StepWindow
     from lagom.runtime.record_launch import launch_record
 
-    command = list(args.job)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        raise LagomError("no command to run: put it after '--', "
-                         "e.g. lagom record -o traces/ -- torchrun --nproc_per_node 8 train.py")
+    command = job_command(args.job, "lagom record -o traces/ -- torchrun --nproc_per_node 8 train.py")
     window = StepWindow(args.skip, args.timed, args.warmup, args.active)
     return launch_record(args.output, command, window, workdir=args.workdir)

@@ -96,14 +96,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lagom.runtime.launcher import launch
+    from lagom.runtime.launcher import job_command, launch
 
-    command = list(args.job)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        raise LagomError("no command to run: put it after '--', "
-                         "e.g. lagom run --config lagom.yaml -- torchrun train.py")
+    command = job_command(args.job, "lagom run --config lagom.yaml -- torchrun train.py")
     online_only = {"--save": args.save, "--budget-steps": args.budget_steps, "--nccl-version": args.nccl_version,
                    "--simulate": args.simulate, "--cluster": args.cluster, "--noise": args.noise,
                    "--collective-timing": args.collective_timing or None}

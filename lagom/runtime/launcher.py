@@ -210,6 +210,14 @@ def write_bootstrap(run_dir: Path, env: dict[str, str]) -> None:
     env[ENV_HOME] = LAGOM_HOME
 
 
+def job_command(words: list[str], example: str) -> list[str]:
+    """The job's command line from what argparse left after '--' (LagomError when there is none)."""
+    command = words[1:] if words and words[0] == "--" else list(words)
+    if not command:
+        raise LagomError(f"no command to run: put it after '--', e.g. {example}")
+    return command
+
+
 def check_command(argv: list[str], example: str) -> None:
     """A command to run after '--' that exists (LagomError otherwise: nothing starts)."""
     if not argv:

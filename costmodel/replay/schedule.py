@@ -421,7 +421,7 @@ def _node_time(starts: list[float], clock: _CpuClock, node: int) -> float:
 
 
 def _critical_comm(st: ReplayStatic, starts: list[float], ends: list[float], clock: _CpuClock, bind: list[int],
-                   begin_node: int, end_node: int, horizon_us: float) -> float:
+                   begin_node: int, end_node: int, horizon_us: float, ends_at_end: bool = False) -> float:
     """Collective time on the critical path to ``end_node`` (the chain of binding causes) after
     it meets the path to ``begin_node``: the most that faster collectives can shorten the step
     (the step's end moves at most by it; its begin moves with the shared part). Paths are
@@ -433,7 +433,7 @@ def _critical_comm(st: ReplayStatic, starts: list[float], ends: list[float], clo
         shared.add(node)
         node = bind[node]
     total = 0.0
-    node = bind[end_node]
+    node = end_node if ends_at_end else bind[end_node]  # a step closed by an op's end: that op is on the path
     while node >= 0 and node not in shared and _node_time(starts, clock, node) >= horizon_us:
         if node < n and st.is_coll[node]:
             total += ends[node] - starts[node]
@@ -468,8 +468,8 @@ def _step_figures(st: ReplayStatic, starts: list[float], ends: list[float], cloc
             j = st.step_close_wait[i]
             finish = clock.at(st.step_close_thread[i], j, st.step_close_us[i])
             end_node = len(starts) + j if j >= 0 else _NO
-        else:
-            finish, end_node = last_end, _NO
+        else:  # the pseudo-step of a trace without steps: it ends with its last op
+            finish, end_node = last_end, int(np.argmax(e_arr)) if e_arr.size else _NO
         ci = st.step_coll_index[i]
         comm = exposed = 0.0
         if ci.size:
@@ -484,8 +484,8 @@ def _step_figures(st: ReplayStatic, starts: list[float], ends: list[float], cloc
         pi = st.step_compute_index[i]
         compute = _union_length(s_arr[pi], e_arr[pi])
         horizon = begins[i - 1] if i else -math.inf  # the path back to the step before is enough
-        critical = _critical_comm(st, starts, ends, clock, bind, begin_node, end_node, horizon) \
-            if end_node >= 0 else 0.0
+        critical = _critical_comm(st, starts, ends, clock, bind, begin_node, end_node, horizon,
+                                  ends_at_end=close < 0 and math.isnan(st.step_close_us[i])) if end_node >= 0 else 0.0
         out.append((finish - begin, comm, max(0.0, exposed), compute, critical))
     return out
 

@@ -254,3 +254,32 @@ def test_nccls_copy_engine_path_is_one_collective_of_memory_copies(tmp_path):
     again = Workload.from_dict(w.to_dict())
     assert again.collectives[0].comm_path is CommPath.COPY_ENGINE
 
+
+
+def test_a_trace_off_nccls_sm_kernels_anchors_at_its_own_path(tmp_path):
+    """The replay's recorded settings for a symmetric kernel and a copy-engine collective name
+    their path, not a channel count (a symmetric kernel's grid is NCCL's CTA pick; the copy
+    engines have none), so the trace's own plan replays it as measured and an SM plan is a change."""
+    from costmodel.analytic.evaluator import AnalyticEvaluator
+    from costmodel.cluster import load_cluster
+    from costmodel.replay.anchor import recorded_configs
+    from nccl_env.knobs import CommConfig
+    from nccl_env.plan import Plan
+
+    b = TraceBuilder(world_size=8)
+    b.step(1, 0, 300)
+    b.kernel("gemm", 7, 100, 120, launch_ts=20)
+    meta = {"Collective name": "allreduce", "In msg nelems": 1 << 20, "Out msg nelems": 1 << 20, "dtype": "Float",
+            "Process Group Name": "0", "Process Group Ranks": "[0, 1, 2, 3, 4, 5, 6, 7]"}
+    b.kernel("ncclSymkDevKernel_AllReduce_RSxLD_AGxST_sum_f32(ncclSymkDevWorkArgs4K)", 20, 110, 50, launch_ts=30,
+             grid=(9, 1, 1), block=(512, 1, 1), **meta)
+    b.step(2, 300, 100)
+    b.kernel("gemm", 7, 320, 10, launch_ts=305)
+    (w,) = read_trace(b.write(tmp_path / "sym.json"))
+    (recorded,) = recorded_configs(w, 8).values()
+    assert recorded.path is CommPath.SYMMETRIC and recorded.channels is None and recorded.threads == 512
+    evaluator = AnalyticEvaluator(load_cluster("a100-nvswitch"))
+    (c,) = w.collectives
+    assert evaluator.evaluate(w, Plan()).ops[c.op_id].duration_us == pytest.approx(c.duration_us)
+    on_sm = evaluator.evaluate(w, Plan(default=CommConfig(path=CommPath.SM, channels=2)))
+    assert on_sm.ops[c.op_id].duration_us != pytest.approx(c.duration_us)

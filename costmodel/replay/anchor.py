@@ -45,7 +45,7 @@ from costmodel.evaluator import DurationScale, Timing
 from costmodel.replay.schedule import ReplayStatic, replay, replay_static
 from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
-from nccl_env.knobs import CommConfig
+from nccl_env.knobs import CommConfig, CommPath
 from nccl_env.plan import Plan, Signature
 from traces.contention import measured_slowdowns
 from traces.workload import CollectiveOp, ComputeOp, Op, Workload
@@ -77,11 +77,16 @@ def recorded_configs(workload: Workload, gpus_per_node: int | None) -> dict[Sign
         r = graph.recorded.get(c.op_id)
         if r is not None and c.on_gpu and c.tunable:
             sig = workload.signature(c, gpus_per_node)
-            seen.setdefault(sig, Counter())[(r.algorithm, r.protocol, r.channels, r.threads)] += 1
+            # off NCCL's SM kernels the trace ran another path: its grid is not Lagom's channels knob
+            # (a symmetric kernel's CTAs are NCCL's pick; a copy-engine collective has none)
+            path = c.comm_path if c.comm_path in (CommPath.SYMMETRIC, CommPath.COPY_ENGINE) else None
+            channels = r.channels if path is None else None
+            threads = r.threads if path is not CommPath.COPY_ENGINE else None
+            seen.setdefault(sig, Counter())[(r.algorithm, r.protocol, channels, threads, path)] += 1
     out = {}
     for sig, counts in seen.items():
-        algo, proto, channels, threads = counts.most_common(1)[0][0]
-        out[sig] = CommConfig(algorithm=algo, protocol=proto, channels=channels, threads=threads)
+        algo, proto, channels, threads, path = counts.most_common(1)[0][0]
+        out[sig] = CommConfig(algorithm=algo, protocol=proto, channels=channels, threads=threads, path=path)
     return out
 
 

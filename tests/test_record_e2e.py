@@ -12,8 +12,10 @@ from the metadata itself.
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from statistics import fmean
@@ -148,3 +150,9 @@ def test_record_tune_run_export_a_gloo_job_with_the_readmes_commands(runs, tmp_p
     for p, r in zip(predicted, read_back):
         assert r["iteration_us"] == pytest.approx(p["iteration_us"], rel=1e-3)
         assert p["iteration_us"] > p["measured_iteration_us"]  # twice the collective time: longer steps
+    if importlib.util.find_spec("hta") is not None:  # HTA opens it (its kernel analyses need GPU kernels)
+        from hta.trace_analysis import TraceAnalysis
+
+        (tmp_path / "hta").mkdir()
+        shutil.copy(export, tmp_path / "hta" / "rank0.json.gz")
+        TraceAnalysis(trace_dir=str(tmp_path / "hta"))

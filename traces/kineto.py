@@ -57,7 +57,6 @@ Workload says so (``world_size_known=False``).
 
 from __future__ import annotations
 
-import gc
 import math
 import re
 from bisect import bisect_right
@@ -70,6 +69,7 @@ from nccl_env.knobs import CollectiveType, CommPath
 from traces.comm_names import collective_from_kernel_name, is_nccl_kernel, is_symmetric_kernel
 from traces.exec_graph import WAIT_BASIS_FASTEST, WAIT_BASIS_RANKS
 from traces.exec_graph_build import build_cpu_graph, build_exec_graph
+from traces.gc_pause import no_cyclic_gc
 from traces.kineto_comm import CommInfo, collective_from_call, parse_ranks
 from traces.kineto_events import (
     CommCall,
@@ -108,10 +108,11 @@ def read_trace(path: str | Path) -> list[Workload]:
     """One Workload per rank from a trace file or a directory of per-rank trace files."""
     files = trace_files(path)
     path = Path(path)
-    parsed = [parse_trace_file(f) for f in files]
-    layout = job_layout([p.header() for p in parsed], path)
-    workloads = [p.build_rank(layout, i) for i, p in enumerate(parsed)]
-    attach_comm_waits(workloads)
+    with no_cyclic_gc():
+        parsed = [parse_trace_file(f) for f in files]
+        layout = job_layout([p.header() for p in parsed], path)
+        workloads = [p.build_rank(layout, i) for i, p in enumerate(parsed)]
+        attach_comm_waits(workloads)
     return sorted(workloads, key=lambda w: w.rank)
 
 
@@ -138,15 +139,8 @@ def trace_files(path: str | Path) -> list[Path]:
 
 def parse_trace_file(path: Path) -> _ParsedTrace:
     """One file's metadata and compact event records (LagomError naming the file if it is not a trace)."""
-    # The parse allocates millions of short-lived containers and no reference cycles:
-    # the cyclic collector would only rescan them (10-25% of the read time).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with no_cyclic_gc():
         return _parse_file(path)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 @dataclass(frozen=True)
@@ -252,7 +246,8 @@ class _ParsedTrace:
     def build_rank(self, layout: JobLayout, index: int) -> Workload:
         """The Workload of the ``index``-th file of ``layout``'s directory (this one)."""
         self.rank = layout.ranks[index]
-        return self.build(layout.origin_us - self.base_us, layout.world_size, layout.world_size_known)
+        with no_cyclic_gc():
+            return self.build(layout.origin_us - self.base_us, layout.world_size, layout.world_size_known)
 
     def build(self, origin: int, world_size: int, world_size_known: bool) -> Workload:
         return _WorkloadBuilder(self, origin, world_size, world_size_known).build()

@@ -48,6 +48,7 @@ from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig, CommPath
 from nccl_env.plan import Plan, Signature
 from traces.contention import measured_slowdowns
+from traces.gc_pause import no_cyclic_gc
 from traces.workload import CollectiveOp, ComputeOp, Op, Workload
 
 
@@ -123,7 +124,8 @@ def _anchor(workload: Workload, gpus_per_node: int | None) -> _Anchor:
     per_node_size = _ANCHORS.get(workload)
     anchor = per_node_size.get(gpus_per_node)
     if anchor is None:
-        anchor = per_node_size[gpus_per_node] = _build_anchor(workload, gpus_per_node)
+        with no_cyclic_gc():
+            anchor = per_node_size[gpus_per_node] = _build_anchor(workload, gpus_per_node)
     return anchor
 
 

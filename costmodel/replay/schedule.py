@@ -45,6 +45,7 @@ from costmodel.evaluator import LazyOpValues, OpTiming, StepTiming, Timing
 from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
 from traces.exec_graph import ExecGraph
+from traces.gc_pause import no_cyclic_gc
 from traces.workload import CollectiveOp, ComputeOp, Op, Workload
 
 WHOLE_TRACE = "whole trace"
@@ -107,7 +108,8 @@ class ReplayStatic:
 def _build_static(workload: Workload) -> ReplayStatic:
     if workload.exec_graph is None:
         raise LagomError(f"{workload.source or 'workload'}: not read from a trace (no execution graph to replay)")
-    return _build(workload, workload.exec_graph)
+    with no_cyclic_gc():
+        return _build(workload, workload.exec_graph)
 
 
 _STATICS: WorkloadCache[ReplayStatic] = WorkloadCache(_build_static, max_workloads=16)
@@ -415,11 +417,6 @@ def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
     return float(np.sum(e[last] - s[first]))
 
 
-def _node_time(starts: list[float], clock: _CpuClock, node: int) -> float:
-    n = len(starts)
-    return starts[node] if node < n else clock.new_end[node - n]
-
-
 def _critical_comm(st: ReplayStatic, starts: list[float], ends: list[float], clock: _CpuClock, bind: list[int],
                    begin_node: int, end_node: int, horizon_us: float, ends_at_end: bool = False) -> float:
     """Collective time on the critical path to ``end_node`` (the chain of binding causes) after
@@ -427,16 +424,22 @@ def _critical_comm(st: ReplayStatic, starts: list[float], ends: list[float], clo
     (the step's end moves at most by it; its begin moves with the shared part). Paths are
     followed back to ``horizon_us`` at most."""
     n = len(starts)
+    new_end, is_coll = clock.new_end, st.is_coll
     shared: set[int] = set()
     node = begin_node
-    while node >= 0 and _node_time(starts, clock, node) >= horizon_us:
+    while node >= 0 and (starts[node] if node < n else new_end[node - n]) >= horizon_us:
         shared.add(node)
         node = bind[node]
     total = 0.0
     node = end_node if ends_at_end else bind[end_node]  # a step closed by an op's end: that op is on the path
-    while node >= 0 and node not in shared and _node_time(starts, clock, node) >= horizon_us:
-        if node < n and st.is_coll[node]:
-            total += ends[node] - starts[node]
+    while node >= 0 and node not in shared:
+        if node < n:
+            if starts[node] < horizon_us:
+                break
+            if is_coll[node]:
+                total += ends[node] - starts[node]
+        elif new_end[node - n] < horizon_us:
+            break
         node = bind[node]
     return total
 

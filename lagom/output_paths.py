@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import gzip
 import io
 import os
 import tempfile
@@ -45,13 +46,24 @@ class OutputFormat(enum.Enum):
     CLUSTER = ("a cluster file", (b"# Lagom cluster file",))
     MEASUREMENTS = ("a measurements file", (b'"format": "lagom.calibration-measurements"',))
     PLOT = ("a plot", (b"lagom-nccl",))
+    EXPORTED_TRACE = ("a trace Lagom exported", (b'"lagom_export":',))  # lagom.trace_export's last key
 
     def __init__(self, label: str, markers: tuple[bytes, ...]) -> None:
         self.label = label
         self.markers = markers
 
     def written_by_lagom(self, path: Path) -> bool:
-        """Whether the file at ``path`` carries this format's marker."""
+        """Whether the file at ``path`` carries this format's marker (an exported trace may be
+        gzip: its JSON's tail is read through it)."""
+        if self is OutputFormat.EXPORTED_TRACE:
+            try:
+                with gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb") as fh:
+                    tail = b""
+                    while chunk := fh.read(1 << 20):
+                        tail = (tail + chunk)[-MARKER_SCAN_BYTES:]
+            except (OSError, EOFError, gzip.BadGzipFile):
+                return False
+            return any(m in tail for m in self.markers)
         try:
             with path.open("rb") as fh:
                 head = fh.read(MARKER_SCAN_BYTES)

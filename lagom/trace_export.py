@@ -27,6 +27,7 @@ import orjson
 from costmodel.evaluator import Timing
 from costmodel.replay.schedule import moved_times
 from lagom import __version__
+from lagom.output_paths import OutputFormat, check_output
 from nccl_env.errors import LagomError
 from traces.kineto_events import CATEGORY, GPU_ANNOTATION, KERNEL, MEMCPY, MEMSET, thread_key, to_int
 from traces.kineto_json import read_bytes
@@ -54,21 +55,13 @@ def _is_gpu_op(event: dict) -> bool:
     return type(event.get("name")) is str and isinstance(args, dict) and to_int(args.get("stream")) is not None
 
 
-def check_export_path(out: str, *inputs: str) -> Path:
-    """The export's path, checked before any work: a trace file name in an existing folder,
-    not one of the command's inputs."""
-    path = Path(out)
+def check_export_path(out: str, inputs: list[tuple[str, object]], force: bool = False) -> Path:
+    """The export's path, checked before any work: a trace file name (.json, .json.gz) in an existing,
+    writable folder, not one of the command's inputs, and replacing only a trace Lagom exported
+    unless ``force`` (:func:`lagom.output_paths.check_output`)."""
     if not (out.endswith(".json") or out.endswith(".json.gz")):
         raise LagomError(f"--export-trace {out}: a trace is written as .json or .json.gz; give such a name")
-    if path.is_dir():
-        raise LagomError(f"--export-trace {out}: is a folder, expected a file name")
-    if not path.parent.is_dir():
-        raise LagomError(f"--export-trace {out}: {path.parent} is not an existing folder")
-    resolved = path.resolve()
-    for given in inputs:
-        if given and Path(given).exists() and Path(given).resolve() == resolved:
-            raise LagomError(f"--export-trace {out}: is an input of this command; give another file name")
-    return path
+    return check_output("--export-trace", out, OutputFormat.EXPORTED_TRACE, inputs, force=force)
 
 
 def export_trace(workload: Workload, timing: Timing, out: Path, what: str) -> int:

@@ -70,6 +70,15 @@ def test_export_paths_are_checked_before_any_work(tmp_path):
     assert main(["simulate", str(source), "--export-trace", str(tmp_path / "x.png")]) == 2
     assert main(["simulate", "fsdp:phi2:gpus=8", "--cluster", "high-bw", "--export-trace",
                  str(tmp_path / "x.json")]) == 2
+    mine = tmp_path / "mine.json.gz"
+    mine.write_bytes(source.read_bytes())  # a trace of the user's own, not an export
+    assert main(["simulate", str(source), "--export-trace", str(mine)]) == 2
+    assert mine.read_bytes() == source.read_bytes()  # refused before any work: untouched
+    out = tmp_path / "predicted.json.gz"
+    for _ in range(2):  # a trace Lagom exported is replaced without --force
+        assert main(["simulate", str(source), "--scale", "comm=2", "--export-trace", str(out)]) == 0
+    assert main(["simulate", str(source), "--export-trace", str(mine), "--force"]) == 0
+    assert mine.read_bytes() != source.read_bytes()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("hta") is None, reason="HTA (holistictraceanalysis) is not installed")

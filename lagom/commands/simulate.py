@@ -84,6 +84,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
     parser.add_argument("--export-trace", metavar="OUT.json.gz",
                         help="a trace: write the prediction as a Kineto trace (Perfetto, TensorBoard, HTA open it)")
+    parser.add_argument("--force", action="store_true",
+                        help="let --export-trace replace a file that is not a trace Lagom exported")
     parser.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
     add_arguments(parser)
     parser.set_defaults(func=run)
@@ -118,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
         check_noise(args.noise)
     if args.seed < 0:
         raise LagomError(f"--seed must be >= 0, got {args.seed}")
-    export = check_export_path(args.export_trace, args.workload) if args.export_trace else None
+    export = (check_export_path(args.export_trace, [("WORKLOAD", args.workload), ("--config", args.config)],
+                                force=args.force) if args.export_trace else None)
     workload, from_trace = read_workload_arg(args.workload, reading_from_args(args))
     if export is not None and not from_trace:
         raise LagomError("--export-trace: applies to a trace (WORKLOAD is not a trace)")

@@ -132,7 +132,10 @@ def run(args: argparse.Namespace) -> int:
         raise LagomError(f"--budget {args.budget}: must be between 1 and {tuning.MAX_BUDGET} evaluations")
     check_output("-o", args.output, OutputFormat.TUNED_CONFIG, force=args.force,
                  inputs=[("WORKLOAD", args.workload), ("--cluster", args.cluster)])
-    export = check_export_path(args.export_trace, args.workload, args.output) if args.export_trace else None
+    export = (check_export_path(args.export_trace, [("WORKLOAD", args.workload), ("-o", args.output)],
+                                force=args.force) if args.export_trace else None)
+    if export is not None and export.resolve() == Path(args.output).resolve():
+        raise LagomError(f"--export-trace {args.export_trace}: is also -o's file; give them two names")
     workload, from_trace = read_workload_arg(args.workload, reading_from_args(args))
     if export is not None and not from_trace:
         raise LagomError("--export-trace: applies to a trace (WORKLOAD is not a trace)")

@@ -103,8 +103,9 @@ def unprofiled_cpu(evaluator: TraceEvaluator, workload: Workload, iterations: in
     def step_us(cpu: float) -> float:
         return evaluator.evaluate(workload, Plan(), DurationScale(cpu=cpu)).iteration_us
 
-    if step_us(1.0) <= target:
-        return UnprofiledCpu(1.0, step_us(1.0), target, True)
+    as_measured = step_us(1.0)
+    if as_measured <= target:
+        return UnprofiledCpu(1.0, as_measured, target, True)
     low, high = MIN_CPU_SCALE, 1.0
     at_low = step_us(low)
     if at_low > target:

@@ -159,12 +159,12 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
     model_cluster = tuning.tuning_cluster(cluster, choice.cluster_arg, evaluator_name,
                                           log=lambda m: err.print(m, highlight=False))
-    evaluator: Evaluator = tuning.make_evaluator(evaluator_name, model_cluster)
-    if args.unprofiled_cpu:
-        found = unprofiled_cpu(tuning.make_evaluator(evaluator_name, model_cluster), workload)
+    model = tuning.make_evaluator(evaluator_name, model_cluster)
+    evaluator: Evaluator = model
+    if args.unprofiled_cpu:  # the bisection's evaluator serves the search too (its replay data are built)
+        found = unprofiled_cpu(model, workload)
         err.print(unprofiled_line(found), highlight=False, markup=False, soft_wrap=True)
-        evaluator = tuning.ScaledEvaluator(tuning.make_evaluator(evaluator_name, model_cluster),
-                                           DurationScale(cpu=found.cpu))
+        evaluator = tuning.ScaledEvaluator(model, DurationScale(cpu=found.cpu))
     started = time.perf_counter()
     with StageProgress(err, f"tuning ({args.method}, evaluations)", total=args.budget) as bar:
         outcome = tuning.tune(

@@ -2,7 +2,7 @@
 
 Every module's imports (top level and inside functions, absolute and relative) are read
 with ``ast``; a module may import its own package and lower ones, never a higher one.
-The tuner also never imports the simulator (DESIGN.md: it is judged against it).
+The tuner also never imports the simulator (docs/design.md §2: it is judged against it).
 Nothing outside ``traces/`` (the other packages, the benches) imports a trace reader's own
 modules: they read traces through the interface, ``traces.reader``.
 """

@@ -29,7 +29,7 @@ from costmodel.cluster import load_cluster  # noqa: E402
 from costmodel.replay.fidelity import fidelity
 from costmodel.replay.schedule import replay, replay_static  # noqa: E402
 from nccl_env.errors import LagomError  # noqa: E402
-from traces.kineto import read_trace  # noqa: E402
+from traces.reader import read_trace  # noqa: E402
 from traces.workload import Workload  # noqa: E402
 
 LARGEST = "a100_w16_sendrecv_3streams_rank0.json.gz"

@@ -38,10 +38,10 @@ sys.path.insert(0, {root!r})
 path, stage = {path!r}, {stage!r}
 t0 = time.process_time()
 if stage == "read":
-    from traces.kineto import read_trace
+    from traces.reader import read_trace
     ops = sum(len(w.compute_ops) + len(w.collectives) for w in read_trace(path))
 elif stage in ("replay", "evaluate"):
-    from traces.kineto import read_trace
+    from traces.reader import read_trace
     from costmodel.analytic.evaluator import AnalyticEvaluator
     from costmodel.cluster import load_cluster
     from nccl_env.knobs import CommConfig
@@ -77,7 +77,7 @@ print(json.dumps({{"s": elapsed, "peak_mib": max(own, kids) / 1024, "ops": ops}}
 _SIDE_BY_SIDE = r'''
 import json, statistics, sys, time
 sys.path.insert(0, {root!r})
-from traces.kineto import read_trace
+from traces.reader import read_trace
 from costmodel.analytic.evaluator import AnalyticEvaluator
 from costmodel.cluster import load_cluster
 from nccl_env.knobs import CommConfig

@@ -86,7 +86,7 @@ ROWS: tuple[GpuRow, ...] = (
     # A100 whitepaper: 108 SMs, 40 MB L2. NVIDIA A100-PG509-200 is this board (HGX, 40 GB).
     GpuRow("A100-SXM4-40GB", "A100", NVIDIA, "sxm", 108, 40, 1555, 40, 312, 19.5, *_CC80, (8, 0), 3, 300, REACH_NODE,
            4),
-    # REFERENCE.md 2: A100 SXM 80GB 2039 GB/s HBM2e; the rest as the 40 GB part (A100 datasheet)
+    # docs/reference.md §2: A100 SXM 80GB 2039 GB/s HBM2e; the rest as the 40 GB part (A100 datasheet)
     GpuRow("A100-SXM4-80GB", "A100", NVIDIA, "sxm", 108, 80, 2039, 40, 312, 19.5, *_CC80, (8, 0), 3, 300, REACH_NODE,
            4),
     # NVIDIA A100 datasheet (PCIe 40GB): 1555 GB/s; NVLink bridge 600 GB/s between two cards only
@@ -95,15 +95,15 @@ ROWS: tuple[GpuRow, ...] = (
     # NVIDIA A100 datasheet (PCIe 80GB): 1935 GB/s; NVLink bridge 600 GB/s between two cards only
     GpuRow("A100-PCIE-80GB", "A100", NVIDIA, "pcie", 108, 80, 1935, 40, 312, 19.5, *_CC80, (8, 0), 3, 300, REACH_PAIRS,
            4),
-    # REFERENCE.md 2 (132 SMs, 3350 GB/s, 50 MB L2, 989 dense BF16); H100 datasheet: 67 FP32, NVLink4 900 GB/s total,
-    # PCIe 5
+    # docs/reference.md §2 (132 SMs, 3350 GB/s, 50 MB L2, 989 dense BF16); H100 datasheet: 67 FP32, NVLink4 900 GB/s
+    # total, PCIe 5
     GpuRow("H100-SXM5-80GB", "H100", NVIDIA, "sxm", 132, 80, 3350, 50, 989, 67.0, *_CC90, (9, 0), 4, 450, REACH_NODE,
            5),
     # H100 datasheet (PCIe): 2000 GB/s HBM2e, 756 dense BF16 (1513 sparse), 51 FP32, NVLink bridge 600 GB/s total,
     # PCIe 5; H100 whitepaper: 114 SMs, 50 MB L2
     GpuRow("H100-PCIE-80GB", "H100", NVIDIA, "pcie", 114, 80, 2000, 50, 756, 51.0, *_CC90, (9, 0), 4, 300, REACH_PAIRS,
            5),
-    # REFERENCE.md 2 (132 SMs, 4800 GB/s, 50 MB L2, 989 dense BF16); H200 datasheet: 141 GB HBM3e, 67 FP32,
+    # docs/reference.md §2 (132 SMs, 4800 GB/s, 50 MB L2, 989 dense BF16); H200 datasheet: 141 GB HBM3e, 67 FP32,
     # NVLink4 900 GB/s total, PCIe 5
     GpuRow("H200-SXM-141GB", "H200", NVIDIA, "sxm", 132, 141, 4800, 50, 989, 67.0, *_CC90, (9, 0), 4, 450, REACH_NODE,
            5),
@@ -118,7 +118,7 @@ ROWS: tuple[GpuRow, ...] = (
     # NVIDIA L40S datasheet: 48 GB GDDR6 864 GB/s, 362 dense BF16 (733 sparse), 91.6 FP32, PCIe 4, no NVLink;
     # Ada whitepaper (AD102): 142 SMs, 96 MB L2
     GpuRow("L40S", "L40S", NVIDIA, "pcie", 142, 48, 864, 96, 362, 91.6, *_CC89, (8, 9), None, 0, REACH_NONE, 4),
-    # REFERENCE.md 2 (84 SMs, 696 GB/s, 6 MB L2, ~150 dense BF16); A40 datasheet: 48 GB, 149.7 BF16, 37.4 FP32,
+    # docs/reference.md §2 (84 SMs, 696 GB/s, 6 MB L2, ~150 dense BF16); A40 datasheet: 48 GB, 149.7 BF16, 37.4 FP32,
     # NVLink bridge 112.5 GB/s total between two cards, PCIe 4
     GpuRow("A40", "A40", NVIDIA, "pcie", 84, 48, 696, 6, 149.7, 37.4, *_CC86, (8, 6), 3, 56.25, REACH_PAIRS, 4),
     # AWS G5 (A10G): 24 GB GDDR6 600 GB/s; 80 SMs (deviceQuery on G5); GA102: 6 MB L2; PCIe 4, no NVLink

@@ -37,11 +37,11 @@ from nccl_env.knobs import CollectiveType
 from traces.workload import Workload
 
 FAST_PERCENTILE = 0.10  # a collective's fast instance: waits for peers do not count
-NVLINK_ACHIEVED = 0.8  # nccl-tests ring busbw reaches ~77-85% of NVLink's peak (REFERENCE.md 2: 230 of 300 on A100)
+NVLINK_ACHIEVED = 0.8  # nccl-tests ring busbw reaches ~77-85% of NVLink's peak (docs/reference.md §2: 230 of 300)
 # PCIe x16 per direction, achieved, by generation
 PCIE_ACHIEVED_GB_PER_S = {
     3: 12.0,  # NCCL topo.h PCI_BW 12.0 (Gen3 x16)
-    4: 25.0,  # REFERENCE.md 2: PCIe 4.0 x16 ~25 GB/s per direction achieved
+    4: 25.0,  # docs/reference.md §2: PCIe 4.0 x16 ~25 GB/s per direction achieved
     5: 50.0,  # approx: twice Gen4's signalling rate, same efficiency
     6: 100.0,  # approx: twice Gen5's
 }

@@ -3,12 +3,12 @@
 ``lagom analyze``, ``simulate`` and ``tune`` read a directory of per-rank traces. One
 worker holds one rank at a time, so a worker's peak memory is about one rank's read
 (docs/performance.md measures it). Every rank's times are measured from one origin
-shared by the ranks (:func:`traces.kineto.job_layout`), and that origin is known only
+shared by the ranks (:func:`traces.reader.job_layout`), and that origin is known only
 once every file has been read, so the work is two rounds of one task per file:
 
-1. **scan**: parse the file (:func:`traces.kineto.parse_trace_file`), keep its compact
+1. **scan**: parse the file (its reader's scan, :func:`traces.reader.scan_trace_file`), keep its compact
    records (spilled to a temporary file for a process pool; held by the worker for Dask,
-   about a twentieth of the JSON) and return its small :class:`~traces.kineto.TraceHeader`.
+   about a twentieth of the JSON) and return its small :class:`~traces.reader.TraceHeader`.
 2. The parent lays out the job from the headers (ranks, origin, world; the checks that
    the files are one job's), as the in-process reader does.
 3. **finish**: build the rank's Workload from its records and run the command's
@@ -54,7 +54,7 @@ from lagom.console import StageProgress
 from lagom.rank_args import ExecutorKind, RankReading
 from nccl_env.errors import LagomError
 from traces.comm_split import RankComm, key_waits, op_waits, rank_comm
-from traces.kineto import JobLayout, TraceHeader, job_layout, parse_trace_file, set_comm_waits, trace_files
+from traces.reader import JobLayout, TraceHeader, job_layout, scan_trace_file, set_comm_waits, trace_files
 from traces.workload import Workload
 
 R = TypeVar("R")
@@ -64,7 +64,7 @@ SAY_PROGRESS_BYTES = 20_000_000  # folders this large take seconds to read: prog
 # ---- the tasks (run in the workers) -------------------------------------------------------
 def _scan_to_file(path: Path, spill_dir: str) -> tuple[TraceHeader, str]:
     """Parse one file, spill its records to ``spill_dir``; its header and the spill file."""
-    parsed = _guarded(path, parse_trace_file, path)
+    parsed = _guarded(path, scan_trace_file, path)
     spill = os.path.join(spill_dir, f"{uuid.uuid4().hex}.pkl")
     try:
         with open(spill, "wb") as f:
@@ -77,7 +77,7 @@ def _scan_to_file(path: Path, spill_dir: str) -> tuple[TraceHeader, str]:
 def _scan_to_bytes(path: Path, absolute: Path) -> tuple[TraceHeader, bytes]:
     """Parse one file (read at ``absolute``: a Dask worker may run elsewhere, in another folder; named
     ``path``, as given); its header and its records pickled (they stay on the worker)."""
-    parsed = _guarded(absolute, parse_trace_file, absolute)
+    parsed = _guarded(absolute, scan_trace_file, absolute)
     parsed.path = path
     return parsed.header(), pickle.dumps(parsed, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -336,7 +336,7 @@ def _total_bytes(files: list[Path]) -> int:
 
 def _read_here(path: Path, files: list[Path], work: Callable[..., R], args: tuple) -> JobRanks[R]:
     """The same steps in this process, one file at a time."""
-    parsed: list[Any] = [parse_trace_file(f) for f in files]
+    parsed: list[Any] = [scan_trace_file(f) for f in files]
     layout = job_layout([p.header() for p in parsed], path)
     low = min(range(len(files)), key=lambda i: layout.ranks[i])
     comms: list[RankComm] = []
@@ -397,7 +397,7 @@ def _lowest_workload(workload: Workload, lowest: bool) -> Workload | None:
 
 def read_lowest_rank(path: Path, reading: RankReading) -> Workload:
     """The lowest rank's Workload of a trace file or folder, its collectives' waits from all ranks:
-    what :func:`traces.kineto.read_trace` gives for it, reading on ``reading``'s executor."""
+    what :func:`traces.reader.read_trace` gives for it, reading on ``reading``'s executor."""
     with RankPool(reading) as pool:
         job = pool.read_job(path, _lowest_workload)
     low = min(range(len(job.values)), key=lambda i: job.layout.ranks[i])

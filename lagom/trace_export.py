@@ -13,46 +13,23 @@ object says what was predicted; the rest of the metadata is the original's.
 
 A gloo job's trace (no GPU op) replays its collectives' CPU calls: each moves with its
 thread and takes its predicted duration. Only the first rank of a folder is replayed, so
-only its file is exported.
+only its file is exported. The rewrite is the trace's reader's (``TraceReader.write_moved``,
+:mod:`traces.reader`); this module checks the output and says what was predicted.
 """
 
 from __future__ import annotations
 
-import gzip
-from bisect import bisect_right
 from pathlib import Path
-
-import orjson
 
 from costmodel.evaluator import Timing
 from costmodel.replay.schedule import moved_times
 from lagom import __version__
 from lagom.output_paths import OutputFormat, check_output
 from nccl_env.errors import LagomError
-from traces.kineto_events import CATEGORY, GPU_ANNOTATION, KERNEL, MEMCPY, MEMSET, thread_key, to_int
-from traces.kineto_json import read_bytes
-from traces.workload import CollectiveOp, Op, Workload
+from traces.reader import reader_for
+from traces.workload import Workload
 
 EXPORT_KEY = "lagom_export"  # the top-level object that marks a file Lagom wrote
-_MATCH_US = 1e-3  # an op's start and its event's ts agree to float rounding once shifted by the origin
-
-
-def _category(event: dict) -> int:
-    cat = event.get("cat")
-    if type(cat) is not str:
-        return -1
-    kind = CATEGORY.get(cat)
-    return kind if kind is not None else CATEGORY.get(cat.lower(), -1)
-
-
-def _is_gpu_op(event: dict) -> bool:
-    """The events the reader turns into ops (traces.kineto_events.EventReader's own filter)."""
-    if event.get("ph", "X") != "X" or _category(event) not in (KERNEL, MEMCPY, MEMSET):
-        return False
-    ts, dur, args = event.get("ts"), event.get("dur"), event.get("args")
-    if type(ts) not in (int, float) or not isinstance(dur, (int, float)) or dur < 0:
-        return False
-    return type(event.get("name")) is str and isinstance(args, dict) and to_int(args.get("stream")) is not None
 
 
 def check_export_path(out: str, inputs: list[tuple[str, object]], force: bool = False) -> Path:
@@ -69,100 +46,7 @@ def export_trace(workload: Workload, timing: Timing, out: Path, what: str) -> in
     .json.gz); returns the number of GPU ops written. ``what`` says what was predicted."""
     if workload.exec_graph is None or not workload.source:
         raise LagomError("--export-trace: only a trace's replay can be exported")
-    source = Path(workload.source)
-    try:
-        doc = orjson.loads(read_bytes(source))
-    except orjson.JSONDecodeError as exc:
-        raise LagomError(f"{source}: not valid JSON ({exc})") from None
-    if isinstance(doc, list):
-        doc = {"traceEvents": doc}
-    events = doc.get("traceEvents") if isinstance(doc, dict) else None
-    if not isinstance(events, list):
-        raise LagomError(f"{source}: not a PyTorch profiler trace (no 'traceEvents' list)")
     moved = moved_times(workload, timing)
-    ops: list[Op] = sorted((*workload.compute_ops, *workload.collectives),
-                           key=lambda o: (o.start_us, o.stream, o.op_id))
-    matched, offset = _op_events(source, ops, events)
-    by_corr: dict[int, float] = {}  # correlation -> predicted kernel start (trace time)
-    spans: dict[int, list[tuple[float, float, float]]] = {}  # stream -> (old start, old end, shift), trace time
-    for op, e in zip(ops, matched):
-        new_ts = moved.starts[op.op_id] - offset
-        spans.setdefault(op.stream, []).append((e["ts"], e["ts"] + e["dur"], new_ts - e["ts"]))
-        e["ts"], e["dur"] = new_ts, moved.ends[op.op_id] - moved.starts[op.op_id]
-        corr = to_int((e.get("args") or {}).get("correlation"))
-        if corr is not None:
-            by_corr[corr] = new_ts
-    for stream_spans in spans.values():
-        stream_spans.sort()
-    threads = {name: i for i, name in enumerate(workload.exec_graph.threads)}
-    gpu_ids = {id(e) for e in matched}
-    for e in events:
-        if not isinstance(e, dict) or id(e) in gpu_ids or type(e.get("ts")) not in (int, float):
-            continue
-        kind = _category(e)
-        if kind == GPU_ANNOTATION:
-            e["ts"] += _annotation_shift(spans.get(to_int(e.get("tid")) or -1, []), e)
-        elif e.get("ph") == "f" and e.get("cat") == "ac2g" and to_int(e.get("id")) in by_corr:
-            e["ts"] = by_corr[to_int(e.get("id")) or 0]
-        else:
-            key = thread_key(e)
-            index = threads.get(f"{key[0]}/{key[1]}")
-            if index is not None:
-                t = e["ts"] + offset
-                e["ts"] += moved.cpu_us(index, t) - t
-    doc[EXPORT_KEY] = {"by": f"lagom {__version__}", "source": str(source), "predicted": what,
-                       "note": "every event moved to the replay's prediction (docs/replay.md)"}
-    data = orjson.dumps(doc)
-    tmp = out.with_name(out.name + ".tmp")
-    try:
-        if out.name.endswith(".gz"):
-            with gzip.open(tmp, "wb", compresslevel=6) as f:
-                f.write(data)
-        else:
-            tmp.write_bytes(data)
-        tmp.replace(out)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise LagomError(f"--export-trace {out}: cannot write: {exc.strerror or exc}") from None
-    return len(matched)
-
-
-def _op_events(source: Path, ops: list[Op], events: list) -> tuple[list[dict], float]:
-    """Each replayed op's event, in the ops' order, and the offset from trace time to workload
-    time. GPU ops are the kernels, copies and sets; a trace with none (a gloo job) replays its
-    collectives' outermost CPU calls (traces.kineto), matched by name and time."""
-    gpu = sorted((e for e in events if isinstance(e, dict) and _is_gpu_op(e)),
-                 key=lambda e: (e["ts"], to_int(e["args"]["stream"])))
-    if not gpu and ops and all(isinstance(o, CollectiveOp) and not o.on_gpu for o in ops):
-        by_name: dict[str, list[dict]] = {}
-        for e in events:
-            if isinstance(e, dict) and e.get("ph") == "X" and type(e.get("ts")) in (int, float) \
-                    and isinstance(e.get("dur"), (int, float)):
-                by_name.setdefault(str(e.get("name")), []).append(e)
-        for first in by_name.get(ops[0].name, []):
-            offset = ops[0].start_us - first["ts"]
-            found = [next((e for e in by_name.get(o.name, []) if abs(e["ts"] + offset - o.start_us) <= _MATCH_US
-                           and abs(e["dur"] - o.duration_us) <= _MATCH_US), None) for o in ops]
-            if all(e is not None for e in found):
-                return [e for e in found if e is not None], offset
-        raise LagomError(f"{source}: its CPU collectives do not match the replayed workload")
-    if len(gpu) != len(ops) or not ops:
-        raise LagomError(f"{source}: its GPU ops do not match the replayed workload ({len(gpu)} vs {len(ops)})")
-    offset = ops[0].start_us - gpu[0]["ts"]  # trace time -> workload time
-    for op, e in zip(ops, gpu):
-        if abs(e["ts"] + offset - op.start_us) > _MATCH_US or e["name"] != op.name:
-            raise LagomError(f"{source}: its GPU ops do not match the replayed workload (at {e['name'][:40]!r})")
-    return gpu, offset
-
-
-def _annotation_shift(stream_spans: list[tuple[float, float, float]], event: dict) -> float:
-    """A GPU annotation moves with the kernel it overlaps most on its stream (0 when none)."""
-    start = event["ts"]
-    end = start + (event.get("dur") or 0)
-    i = bisect_right(stream_spans, (end, float("inf"), 0.0))
-    best, shift = 0.0, 0.0
-    for a, b, s in reversed(stream_spans[max(0, i - 8):i]):
-        overlap = min(b, end) - max(a, start)
-        if overlap > best:
-            best, shift = overlap, s
-    return shift
+    stamp = {"by": f"lagom {__version__}", "source": str(Path(workload.source)), "predicted": what,
+             "note": "every event moved to the replay's prediction (docs/replay.md)"}
+    return reader_for(workload.source).write_moved(workload, moved, out, {EXPORT_KEY: stamp})

@@ -38,7 +38,7 @@ def read_workload_arg(text: str, reading: RankReading | None = None) -> tuple[Wo
             from lagom.rank_pool import read_lowest_rank
 
             return read_lowest_rank(path, reading), True
-        from traces.kineto import read_trace  # lazily: only traces need the reader
+        from traces.reader import read_trace  # lazily: only traces need the reader
 
         workloads = read_trace(path)
         if not workloads:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from costmodel.cluster import ClusterSpec
 from nccl_env.plan import Plan, Signature
-from traces.comm_names import kernel_short_name
+from traces.reader import kernel_short_name
 from traces.workload import Workload
 
 

@@ -1,6 +1,6 @@
 """Turn a Plan into what stock NCCL accepts: process-wide env, per-group ncclConfig, plugin table.
 
-Which knob goes through which door (REFERENCE.md section 3; README "NCCL knobs and
+Which knob goes through which door (docs/reference.md §3; README "NCCL knobs and
 the tuner plugin"):
 
 - per collective, through Lagom's tuner plugin: algorithm, protocol and channels from

@@ -11,7 +11,7 @@ from nccl_env.knobs import CollectiveType, CommConfig
 @functools.total_ordering
 @dataclass(frozen=True)
 class Signature:
-    """What a collective can be matched by at run time (DESIGN.md vocabulary)."""
+    """What a collective can be matched by at run time (docs/design.md §1 Vocabulary)."""
 
     group: str  # process group name, e.g. "0" or "tp"
     collective: CollectiveType

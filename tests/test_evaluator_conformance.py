@@ -3,7 +3,7 @@
 Each test runs against every entry of :data:`EVALUATORS` (a later evaluator joins with
 one line there) on generated FSDP / TP / EP iterations and a hand-built window: the same
 bad inputs are refused with one LagomError line, and every Timing keeps the invariants
-the tuner relies on (DESIGN.md's Z >= Y, X; exposed <= X; every op timed).
+the tuner relies on (docs/design.md §1: Z >= Y, X; exposed <= X; every op timed).
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def test_the_presets_gpus_are_the_tables():
 
 
 def test_the_table_holds_reference_md_section_2():
-    # REFERENCE.md 2: SMs, memory GB/s, L2 MB, dense BF16 TFLOP/s, threads / blocks per SM
+    # docs/reference.md §2: SMs, memory GB/s, L2 MB, dense BF16 TFLOP/s, threads / blocks per SM
     reference = {"A40": (84, 696, 6, 150, 1536, 16), "A100-SXM4-80GB": (108, 2039, 40, 312, 2048, 32),
                  "H100-SXM5-80GB": (132, 3350, 50, 989, 2048, 32), "H200-SXM-141GB": (132, 4800, 50, 989, 2048, 32)}
     for key, (sms, bw, l2, bf16, threads, blocks) in reference.items():

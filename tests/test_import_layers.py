@@ -2,7 +2,9 @@
 
 Every module's imports (top level and inside functions, absolute and relative) are read
 with ``ast``; a module may import its own package and lower ones, never a higher one.
-The tuner also never imports the simulator (DESIGN.md: it is judged against it).
+The tuner also never imports the simulator (docs/design.md §2: it is judged against it).
+Nothing outside ``traces/`` (the other packages, the benches) imports a trace reader's own
+modules: they read traces through the interface, ``traces.reader``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = ["nccl_env", "traces", "costmodel", "tuner", "lagom"]
 SIMULATOR_MODULES = ("costmodel.sim",)  # costmodel.sim, costmodel.sim.collective, ...
+# A reader's own modules (Kineto's: traces.kineto, kineto_json, kineto_events, kineto_comm, kineto_reader,
+# kineto_export, and its kernel-name patterns); outside traces/ only traces.reader is imported for traces.
+READER_PREFIX = "traces.kineto"
+READER_MODULES = ("traces.comm_names",)
 
 
 def _module_name(path: Path, root: Path = REPO_ROOT) -> str:
@@ -91,3 +97,36 @@ def test_checker_catches_upward_and_relative_imports(tmp_path):
     assert violations(fake_root / "traces" / "ok.py", fake_root) == []
     assert violations(fake_root / "tuner" / "peek.py", fake_root) == [
         "tuner/peek.py:1: tuner imports the simulator (costmodel.sim)"]
+
+
+def reader_violations(path: Path, root: Path = REPO_ROOT) -> list[str]:
+    """Imports of a trace reader's own modules from ``path`` (outside traces/)."""
+    out = []
+    for line, target in imported_modules(path, root):
+        parts = target.split(".")
+        if target.startswith(READER_PREFIX) or ".".join(parts[:2]) in READER_MODULES:
+            out.append(f"{path.relative_to(root)}:{line}: imports {target} (a reader's own module: use traces.reader)")
+    return out
+
+
+def _outside_traces() -> list[Path]:
+    packages = [p for p in _package_modules() if _module_name(p).split(".")[0] != "traces"]
+    return packages + sorted((REPO_ROOT / "bench").glob("*.py"))
+
+
+def test_nothing_outside_traces_imports_a_reader():
+    modules = _outside_traces()
+    assert any(p.parent.name == "bench" for p in modules) and len(modules) > 60
+    bad = [v for p in modules for v in reader_violations(p)]
+    assert not bad, "\n".join(bad)
+
+
+def test_reader_checker_catches_each_way_in(tmp_path):
+    (tmp_path / "lagom").mkdir()
+    bad = tmp_path / "lagom" / "bad.py"
+    bad.write_text("from traces import kineto\nimport traces.kineto_json\n"
+                   "def f():\n    from traces.comm_names import kernel_short_name\n"
+                   "from traces.reader import read_trace\nfrom traces.workload import Workload\n")
+    found = reader_violations(bad, tmp_path)
+    assert [v.split(":")[1] for v in found] == ["1", "2", "4", "4"]
+    assert "traces.kineto_json" in found[1]

@@ -92,7 +92,7 @@ def test_anchor_b_holds_under_measurement_noise():
         assert default / lagom == pytest.approx(1.35, rel=0.10)
 
 
-# (c) AllReduce bus bandwidth at large sizes, nccl-tests style (REFERENCE.md 2 and the presets):
+# (c) AllReduce bus bandwidth at large sizes, nccl-tests style (docs/reference.md §2 and the presets):
 # PCIe 4.0 ~25 GB/s inside a node; 100 Gb/s IB ~12 GB/s across; 8 x A100 NVSwitch ~230 GB/s;
 # 8 x H100 ~450-480 GB/s with NVLS, which the simulator does not model (ring: ~0.8 of it).
 BUSBW = {

@@ -86,7 +86,7 @@ KERNEL_GAP_US = 2.0
 
 @dataclass(frozen=True)
 class ModelShape:
-    """A transformer's shape (public model configs, REFERENCE.md section 1)."""
+    """A transformer's shape (public model configs, docs/reference.md §1)."""
 
     name: str
     hidden: int
@@ -148,7 +148,7 @@ MODELS: dict[str, ModelShape] = {
 ALIASES = {"deepseek-moe": "deepseek-moe-16b", "olmoe": "olmoe-1b-7b", "llama3": "llama3-8b", "mpt": "mpt-7b",
            "phi-2": "phi2"}
 
-# Paper micro-batch sizes (REFERENCE.md section 1, the Lagom paper's evaluation table).
+# Paper micro-batch sizes (docs/reference.md §1, the Lagom paper's evaluation table).
 PAPER_MICRO_BATCH = {
     ("fsdp", "phi2"): 2, ("fsdp", "llama3-8b"): 1, ("fsdp", "mpt-7b"): 1,
     ("tp", "phi2"): 8, ("tp", "llama3-8b"): 4, ("tp", "mpt-7b"): 2,

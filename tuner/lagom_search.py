@@ -1,4 +1,4 @@
-"""Lagom's priority-based search (REFERENCE.md section 1; the step rule is ours, see docs/tuner.md).
+"""Lagom's priority-based search (docs/reference.md §1; the step rule is ours, see docs/tuner.md).
 
 Every resource unit (a signature, or the signatures that must share a knob) starts at
 the lowest rung of each of its axes with priority H = 0.01. Repeatedly the unfinished

@@ -3,7 +3,7 @@
 Per signature the space holds (algorithm, protocol) pairs as *subspaces* and three
 ordered *resource axes*: channels, chunk bytes, threads. Each knob has a *scope*, the
 set of signatures that must share its value because of the door NCCL offers for it
-(REFERENCE.md section 3):
+(docs/reference.md §3):
 
 - ``COLLECTIVE``: one value per signature (tuner plugin: algorithm, protocol, channels
   from NCCL 2.21; chunk from 2.30 through ``getChunkSize``);
@@ -77,7 +77,7 @@ THREAD_LADDER = (64, 128, 192, 256, 384, 512)
 # Channels: roughly x1.5 rungs up to NCCL's MAXCHANNELS (32 before 2.25, 64 from 2.25).
 CHANNEL_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 # Chunk bytes: x sqrt(2) rungs from 128 KiB to 4 MiB (NCCL's Simple ring default is 2 MiB,
-# BUFFSIZE 4 MiB / 8 steps x 4; REFERENCE.md section 3), rounded to 4 KiB.
+# BUFFSIZE 4 MiB / 8 steps x 4; docs/reference.md §3), rounded to 4 KiB.
 CHUNK_MIN_BYTES = 128 * 1024
 CHUNK_MAX_BYTES = 4 * 1024 * 1024
 

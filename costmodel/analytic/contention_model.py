@@ -2,7 +2,7 @@
 
 Pure functions over plain numbers; the adapter is :mod:`costmodel.analytic`.
 
-Compute (the Lagom paper's Eq. 4-6, REFERENCE.md section 1, with a roofline max
+Compute (the Lagom paper's Eq. 4-6, docs/reference.md §1, with a roofline max
 where the paper adds). A kernel launches ``mu`` thread blocks, ``TB`` resident per SM.
 With collectives holding ``NC`` SMs (one CTA per channel) it runs on ``S = lambda - NC``
 SMs in ``g = ceil(mu / (S x TB))`` waves, and takes

@@ -56,7 +56,7 @@ def nccl_env_for(config: CommConfig, version: NcclVersion, signature: Signature 
         delivery = deliver(Plan({signature: config}), version, use_plugin=False, own_communicator=True)
     else:
         delivery = deliver(Plan(default=config), version, use_plugin=False)
-    return {"NCCL_NO_CACHE": "1", **delivery.env}  # NCCL >= 2.29.7 re-reads parameters (REFERENCE.md 3)
+    return {"NCCL_NO_CACHE": "1", **delivery.env}  # NCCL >= 2.29.7 re-reads parameters (docs/reference.md §3)
 
 
 def apply_env(env: dict[str, str], user_env: dict[str, str | None]) -> None:

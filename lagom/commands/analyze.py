@@ -36,7 +36,7 @@ from lagom.rank_args import ExecutorKind, add_arguments, reading_from_args
 from lagom.record_overhead import overhead_line, profiler_overhead
 from lagom.replay_report import measured_steps
 from nccl_env.errors import LagomError
-from traces.kineto import read_trace, trace_files
+from traces.reader import read_trace, trace_files
 from traces.steps import trim_to_profiler_steps
 from traces.workload import RecordedSteps, Workload
 

@@ -6,7 +6,7 @@ not timed) to :meth:`WorkDurations.record`, with the call's signature as the hoo
 resolved it: ``(collective, group name, ranks, nodes, bytes)``. After the step's end
 event has completed, :meth:`WorkDurations.collect` reads ``Work._get_duration()``
 (torch, with ``TORCH_NCCL_ENABLE_TIMING=1``: the collective's span on the NCCL stream,
-the wait for peers included; ONLINE.md "PyTorch") and sums them per signature.
+the wait for peers included; docs/reference.md §7) and sums them per signature.
 
 A backend that cannot time its collectives (gloo raises "This Backend doesn't support
 getDuration"; NCCL without the timing flag raises too) turns the reading off for the

@@ -57,7 +57,7 @@ from nccl_env.rules import (
 )
 
 PLUGIN_ENV = "NCCL_TUNER_PLUGIN"
-TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"  # torch: NCCL Work handles record their durations (ONLINE.md "PyTorch")
+TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"  # torch: NCCL Work handles record their durations (docs/reference.md §7)
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 LAGOM_HOME = str(Path(__file__).resolve().parents[2])  # the folder that holds the lagom package
 TEMP_RUN_PREFIX = "lagom-run-"  # a run folder without --workdir: made in the temp folder, removed after the job

@@ -124,7 +124,7 @@ def read_parts(run_dir: Path) -> list[dict]:
 
 def report(setup: RecordSetup, status: int) -> list[str]:
     """What the ranks of this node recorded, in lines for stderr."""
-    from traces.kineto import recorded_steps_of
+    from traces.reader import recorded_steps_of
 
     parts = read_parts(setup.run_dir)
     window = setup.settings.window

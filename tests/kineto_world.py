@@ -761,7 +761,7 @@ def _metadata(s: Schedule) -> list[dict]:
 
 
 def write_trace(s: Schedule, path: Path) -> Path:
-    path.write_bytes(gzip.compress(json.dumps(trace_doc(s)).encode(), compresslevel=5))
+    path.write_bytes(gzip.compress(json.dumps(trace_doc(s)).encode(), compresslevel=5, mtime=0))
     return path
 
 

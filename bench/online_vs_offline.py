@@ -47,7 +47,7 @@ def offline_plans(spec: str, version: str) -> dict[str, Plan]:
     plans = {}
     for preset in bench_matrix.CLUSTERS:
         cluster = tuning.with_nccl_version(tuning.calibrated_cluster(preset), version)
-        workload = tuning.load_workload_arg(spec, cluster)
+        workload = tuning.load_workload_arg(spec)
         plans[preset] = LagomSearch().tune(workload, tuning.make_evaluator("analytic", cluster),
                                            tuning.space_for(workload, cluster)).plan
     return plans
@@ -55,7 +55,7 @@ def offline_plans(spec: str, version: str) -> dict[str, Plan]:
 
 def run_cell(spec: str, preset: str, offline: dict[str, Plan], args: argparse.Namespace) -> list[dict]:
     cluster = tuning.with_nccl_version(load_cluster(preset), args.nccl_version)
-    workload = tuning.load_workload_arg(spec, cluster)
+    workload = tuning.load_workload_arg(spec)
     space = tuning.space_for(workload, cluster)
     judge = tuning.make_evaluator("sim", cluster, noise=0.0)
     nccl_us = judge.evaluate(workload, Plan()).iteration_us

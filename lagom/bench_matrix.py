@@ -186,7 +186,7 @@ def run_cell(
     exhaustive_max_points: int = 0,
     use_plugin: bool = True,
 ) -> CellResult:
-    workload = tuning.load_workload_arg(spec, tune_cluster)
+    workload = tuning.load_workload_arg(spec)
     space = tuning.space_for(workload, tune_cluster, use_plugin=use_plugin)
 
     def judged(plan: Plan) -> float:

@@ -44,7 +44,7 @@ from nccl_env.env_names import check_env_names
 from nccl_env.env_values import validate_env
 from nccl_env.errors import LagomError
 from nccl_env.files import check_keys, check_not_empty, read_yaml
-from nccl_env.knobs import CollectiveType, CommConfig
+from nccl_env.knobs import CollectiveType, CommConfig, cta_policy_value
 from nccl_env.plan import Plan, Signature
 from nccl_env.rules import (
     ALGORITHM_SINCE,
@@ -289,8 +289,6 @@ def _file_nccl_version(value: object, bad) -> NcclVersion | None:
 
 def _group_problem(settings: dict[str, int | str], version: NcclVersion) -> str | None:
     """What NCCL ``version`` would not take in one process group's ncclConfig_t settings, or None."""
-    from lagom.runtime.process_groups import cta_policy_value  # the runtime imports this module
-
     top = max_channels(version)
     for key, value in settings.items():
         if key == "cta_policy":

@@ -43,7 +43,7 @@ VERSION = "2.30.1"
 
 def _setup(preset: str = "low-bw", spec: str = SPEC, version: str = VERSION):
     cluster = tuning.with_nccl_version(load_cluster(preset), version)
-    workload = tuning.load_workload_arg(spec, cluster)
+    workload = tuning.load_workload_arg(spec)
     return cluster, workload, tuning.space_for(workload, cluster)
 
 

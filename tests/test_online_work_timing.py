@@ -83,7 +83,7 @@ def test_without_collective_timing_the_hook_keeps_its_plain_wrappers(world, seed
 
 def test_a_call_maps_to_its_workload_signature_and_its_time_is_spread_over_its_ops():
     cluster = tuning.with_nccl_version(load_cluster("low-bw"), "2.30.1")
-    space = tuning.space_for(tuning.load_workload_arg(SPEC, cluster), cluster)
+    space = tuning.space_for(tuning.load_workload_arg(SPEC), cluster)
     (sig, ids), *_ = space.collective_ids.items()
     call = (sig.collective.value, "torch-group-name", sig.ranks, None, sig.message_bytes)
     assert op_ids_of_call(space.collective_ids, call) == ids

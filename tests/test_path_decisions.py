@@ -99,7 +99,7 @@ def test_delivery_sets_the_cta_policy_per_group_and_refuses_it_where_nccl_has_no
 
 
 def _tune(spec: str, cluster, evaluator) -> tuple:
-    workload = tuning.load_workload_arg(spec, cluster)
+    workload = tuning.load_workload_arg(spec)
     space = tuning.space_for(workload, cluster)
     return workload, space, LagomSearch().tune(workload, evaluator, space)
 

@@ -42,12 +42,11 @@ from lagom.plugin_export import plugin_entries_from_config, write_plugin_table
 from lagom.runtime import audit, nccl_paths
 from lagom.runtime.bootstrap import SITECUSTOMIZE
 from lagom.runtime.env import ENV_CONFIG, ENV_HOME, ENV_ONLINE, ENV_RUN_DIR, merge_env
-from lagom.runtime.process_groups import cta_policy_value
 from lagom.tuned_config import TunedConfig, load_tuned_config
 from lagom.workload_arg import read_workload_arg
 from nccl_env.delivery import online_ceilings, plugin_env
 from nccl_env.errors import LagomError
-from nccl_env.knobs import CommPath, CtaPolicy
+from nccl_env.knobs import CommPath, CtaPolicy, cta_policy_value
 from nccl_env.plugin_build import PluginBuildError, build_plugin
 from nccl_env.rules import (
     TUNER_SYMBOL_SINCE,

@@ -114,7 +114,7 @@ class Session:
             raise LagomError("online tuning needs a cluster (--cluster, or the seed file's cluster)")
         cluster = tuning.with_nccl_version(load_cluster(cluster_arg), s.nccl_version)
         spec = s.simulate or (seed_config.workload if seed_config else "")
-        workload = tuning.load_workload_arg(spec, cluster)
+        workload = tuning.load_workload_arg(spec)
         self._cluster, self._cluster_arg, self._workload_label = cluster, cluster_arg, spec
         space = tuning.space_for(workload, cluster)
         self._space = space

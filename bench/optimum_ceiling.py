@@ -156,7 +156,7 @@ def main() -> int:
                   highlight=False)
     summary = {
         "cluster": args.cluster,
-        "nccl_version": judge_cluster.nccl_version,
+        "nccl_version": str(judge_cluster.nccl_version),
         "tuner_plugin": use_plugin,
         "geomean_lagom_vs_nccl": round(geomean([r["nccl_us"] / r["lagom_us"] for r in rows]), 4),
         "geomean_optimum_vs_nccl": round(geomean([r["nccl_us"] / r["optimum_us"] for r in rows]), 4),

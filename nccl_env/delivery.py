@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from nccl_env.errors import LagomError
+from nccl_env.knob_table import KNOBS
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, CommPath, CtaPolicy, Protocol
 from nccl_env.plan import Plan, Signature
 from nccl_env.plugin_table import PLUGIN_COLLECTIVES, PluginEntry, check_entry
@@ -78,22 +79,15 @@ ENV_ALGO_NAME = {
 ENV_PROTO_NAME = {Protocol.LL: "LL", Protocol.LL128: "LL128", Protocol.SIMPLE: "Simple"}
 
 # The CommConfig fields a plugin table line can carry (threads never: no plugin ABI sets them).
-PLUGIN_SETTINGS = ("algorithm", "protocol", "channels", "chunk_bytes")
+PLUGIN_SETTINGS = tuple(k.field for k in KNOBS if k.plugin_column is not None)
 
-# Every env name deliver() can set (lagom doctor checks the library knows them).
+# Every env name deliver() can set (lagom doctor checks the library knows them): the knob
+# table's, point-to-point's step sizes, and the plugin's own.
 ENV_NAMES = (
-    "NCCL_NTHREADS",
-    "NCCL_LL128_NTHREADS",
-    "NCCL_BUFFSIZE",
+    *(name for knob in KNOBS for name in knob.env),
     P2P_NET_CHUNK_ENV,
     P2P_NVL_CHUNK_ENV,
     P2P_PCI_CHUNK_ENV,
-    "NCCL_MIN_CTAS",
-    "NCCL_MAX_CTAS",
-    "NCCL_MIN_NCHANNELS",
-    "NCCL_MAX_NCHANNELS",
-    "NCCL_ALGO",
-    "NCCL_PROTO",
     "NCCL_TUNER_PLUGIN",
 )
 

@@ -24,10 +24,11 @@ from lagom import tuning
 from lagom.tuned_config import load_tuned_config
 from nccl_env.plan import Plan
 from nccl_env.plugin_build import build_plugin
+from nccl_env.rules import NcclVersion
 
 JOB = REPO_ROOT / "tests" / "online_job.py"
 SPEC = "fsdp:phi2:gpus=16"  # two nodes: the presets' inter-node links differ, and so do their plans
-VERSION = "2.30.1"
+VERSION = "2.30.3"
 STEPS = 260
 BUDGET = 240
 
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.slow
 
 
 def _tuned(preset: str, path) -> Plan:
-    cluster = tuning.with_nccl_version(load_cluster(preset), VERSION)
+    cluster = tuning.with_nccl_version(load_cluster(preset), NcclVersion.parse(VERSION))
     workload = tuning.load_workload_arg(SPEC)
     outcome = tuning.tune(workload, cluster, tuning.make_evaluator("sim", cluster), with_autoccl=False)
     tuning.tuned_config(outcome, cluster, preset, SPEC).dump(path)
@@ -99,7 +100,7 @@ def test_online_result_matches_the_measuring_clusters_offline_plan(runs, tmp_pat
     tmp, seed, results = runs
     status, err, _ = results["online"]
     assert status == 0, err[-3000:]
-    cluster = tuning.with_nccl_version(load_cluster("high-bw"), VERSION)
+    cluster = tuning.with_nccl_version(load_cluster("high-bw"), NcclVersion.parse(VERSION))
     workload = tuning.load_workload_arg(SPEC)
     signatures = tuning.space_for(workload, cluster).signatures
     judge = tuning.make_evaluator("sim", cluster, noise=0.0)

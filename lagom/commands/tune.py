@@ -72,6 +72,7 @@ from costmodel.evaluator import DurationScale, Evaluator
 from costmodel.replay.fidelity import fidelity
 from lagom import tuning
 from lagom.console import StageProgress, mib, stdout_console
+from lagom.knob_args import parse_nccl_version_arg
 from lagom.output_paths import OutputFormat, check_output
 from lagom.rank_args import add_arguments, reading_from_args
 from lagom.record_overhead import (
@@ -145,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     if refusal:
         raise LagomError(refusal)
     cpu_only = bool(from_trace and workload.collectives and not any(c.on_gpu for c in workload.collectives))
-    choice = resolve_cluster(workload, from_trace, args.cluster, args.nccl_version)
+    choice = resolve_cluster(workload, from_trace, args.cluster, parse_nccl_version_arg(args.nccl_version))
     cluster = choice.cluster
     evaluator_name = args.evaluator or tuning.DEFAULT_EVALUATOR
     err = Console(stderr=True)

@@ -74,6 +74,7 @@ class Knob:
     function_since: NcclVersion | None = None  # per collective function (NCCL_ALGO's "func:list")
     group_since: NcclVersion | None = None  # per process group (ncclConfig_t)
     resource: bool = False  # a resource axis of the search (a number the space climbs), not a choice
+    in_bytes: bool = False  # a size (reports show it in KiB/MiB)
     ladder_fn: Callable[[], tuple[int, ...]] | None = None  # the values the search tries (resource axes)
 
     @property
@@ -101,7 +102,7 @@ CHANNELS = Knob("channels", ("channels", "nc"), ("NCCL_MIN_NCHANNELS", "NCCL_MAX
                 "channels", "nc", PLUGIN_SINCE, group_since=CTAS_ENV_SINCE, resource=True,
                 ladder_fn=lambda: CHANNEL_LADDER)
 CHUNK = Knob("chunk_bytes", ("chunk", "chunk_bytes"), ("NCCL_BUFFSIZE",), "chunk_bytes", "c", CHUNK_PLUGIN_SINCE,
-             resource=True, ladder_fn=chunk_ladder)
+             resource=True, in_bytes=True, ladder_fn=chunk_ladder)
 THREADS = Knob("threads", ("threads", "nt"), ("NCCL_NTHREADS", "NCCL_LL128_NTHREADS"), None, "nt", None,
                resource=True, ladder_fn=lambda: THREAD_LADDER)
 PATH = Knob("path", ("path",), ("NCCL_CTA_POLICY",), None, "path", None, group_since=NcclVersion(2, 0))
@@ -111,6 +112,7 @@ BY_FIELD: dict[str, Knob] = {k.field: k for k in KNOBS}
 BY_CLI_NAME: dict[str, Knob] = {name: k for k in KNOBS for name in k.cli_names}
 RESOURCE_KNOBS: tuple[Knob, ...] = (CHANNELS, CHUNK, THREADS)  # the space's resource axes, in its order
 RESOURCE_AXES: tuple[str, ...] = tuple(k.field for k in RESOURCE_KNOBS)
+REPORT_ORDER: tuple[Knob, ...] = (CHANNELS, THREADS, CHUNK)  # "ring/simple nc2 nt512 c2M" (AutoCCL's NC, NT, C)
 CHOICE_KNOBS: tuple[Knob, ...] = (ALGORITHM, PROTOCOL)  # chosen together, as (algorithm, protocol) pairs
 KERNEL_KNOBS: tuple[str, ...] = RESOURCE_AXES + tuple(k.field for k in CHOICE_KNOBS)  # what NCCL's SM kernels run
 assert set(BY_FIELD) == {f.name for f in fields(CommConfig)}, "every CommConfig field has a row"

@@ -25,13 +25,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nccl_env.errors import LagomError
-from nccl_env.knob_table import CHANNELS, CHUNK, THREADS
+from nccl_env.knob_table import REPORT_ORDER
 from tuner.method import SearchMethod
 from tuner.objective import BudgetExhausted, Measured, Objective, Search, answer_with
 from tuner.result import Step, TuningResult
 from tuner.space import Point, SearchSpace
 
-AXIS_ORDER = tuple(k.field for k in (CHANNELS, THREADS, CHUNK))  # AutoCCL's order: NC, NT, C (the rows' prefixes)
+AXIS_ORDER = tuple(k.field for k in REPORT_ORDER)  # AutoCCL's order: NC, NT, C (the rows' prefixes)
 
 
 @dataclass

@@ -89,6 +89,7 @@ from lagom.tune_report import tune_report
 from lagom.workload_arg import read_workload_arg
 from lagom.workload_fit import fit_warnings, untunable_warnings
 from nccl_env.errors import LagomError
+from nccl_env.knob_table import REPORT_ORDER, value_of
 from nccl_env.knobs import CommConfig
 from nccl_env.rules import Mechanism
 from tuner import METHODS
@@ -270,16 +271,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _parts(cfg: CommConfig) -> list[tuple[str, str]]:
-    """(prefix, value) per knob set: algorithm/protocol, nc channels, nt threads, c chunk."""
+    """(prefix, value) per knob set: algorithm/protocol, then each resource knob by its row's prefix
+    (nc channels, nt threads, c chunk: nccl_env.knob_table)."""
     parts = []
     if cfg.algorithm is not None:
         parts.append(("", f"{cfg.algorithm.nccl_name}/{cfg.protocol.nccl_name if cfg.protocol is not None else '?'}"))
-    if cfg.channels is not None:
-        parts.append(("nc", str(cfg.channels)))
-    if cfg.threads is not None:
-        parts.append(("nt", str(cfg.threads)))
-    if cfg.chunk_bytes is not None:
-        parts.append(("c", mib(cfg.chunk_bytes, unit=False)))
+    for knob in REPORT_ORDER:
+        value = value_of(cfg, knob)
+        if isinstance(value, int):
+            parts.append((knob.prefix, mib(value, unit=False) if knob.in_bytes else str(value)))
     return parts
 
 

@@ -27,7 +27,7 @@ PACKAGES = ("nccl_env", "traces", "costmodel", "tuner", "lagom")
 # Files naming each knob's field today (a ceiling: it may only fall). The generic words
 # (channels, protocol, path) also name other things (a trace's recorded channels, a Python
 # Protocol, a file path), and the models and rules name the knobs they compute with.
-KNOB_FILES_NOW = {"algorithm": 32, "protocol": 37, "channels": 39, "chunk_bytes": 21, "threads": 34, "path": 71}
+KNOB_FILES_NOW = {"algorithm": 32, "protocol": 37, "channels": 39, "chunk_bytes": 19, "threads": 34, "path": 71}
 
 
 def _sources() -> list[Path]:

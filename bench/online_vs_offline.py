@@ -34,20 +34,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel.cluster import load_cluster  # noqa: E402
 from lagom import bench_matrix, tuning  # noqa: E402
+from lagom.knob_args import parse_nccl_version_arg  # noqa: E402
 from lagom.online.agent import simulate_online  # noqa: E402
 from lagom.online.controller import OnlineController, OnlineSettings  # noqa: E402
 from nccl_env.plan import Plan  # noqa: E402
+from nccl_env.rules import NcclVersion  # noqa: E402
 from traces.generate import PAPER_WORKLOADS  # noqa: E402
 from tuner import LagomSearch  # noqa: E402
 
 OTHER = {"low-bw": "high-bw", "high-bw": "low-bw"}
 
 
-def offline_plans(spec: str, version: str) -> dict[str, Plan]:
+def offline_plans(spec: str, version: NcclVersion) -> dict[str, Plan]:
     plans = {}
     for preset in bench_matrix.CLUSTERS:
         cluster = tuning.with_nccl_version(tuning.calibrated_cluster(preset), version)
-        workload = tuning.load_workload_arg(spec, cluster)
+        workload = tuning.load_workload_arg(spec)
         plans[preset] = LagomSearch().tune(workload, tuning.make_evaluator("analytic", cluster),
                                            tuning.space_for(workload, cluster)).plan
     return plans
@@ -55,7 +57,7 @@ def offline_plans(spec: str, version: str) -> dict[str, Plan]:
 
 def run_cell(spec: str, preset: str, offline: dict[str, Plan], args: argparse.Namespace) -> list[dict]:
     cluster = tuning.with_nccl_version(load_cluster(preset), args.nccl_version)
-    workload = tuning.load_workload_arg(spec, cluster)
+    workload = tuning.load_workload_arg(spec)
     space = tuning.space_for(workload, cluster)
     judge = tuning.make_evaluator("sim", cluster, noise=0.0)
     nccl_us = judge.evaluate(workload, Plan()).iteration_us
@@ -104,7 +106,7 @@ def main() -> int:
     parser.add_argument("--noise", type=float, default=0.02)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--budget-steps", type=int, default=OnlineSettings().budget_steps)
-    parser.add_argument("--nccl-version", default="2.30.1")
+    parser.add_argument("--nccl-version", type=parse_nccl_version_arg, default=NcclVersion(2, 30, 3))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     specs = bench_matrix.matrix_specs(quick=True)

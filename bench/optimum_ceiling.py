@@ -64,7 +64,7 @@ def cell_cluster(preset: str):
 
 def _init_worker(preset: str, spec: str) -> None:
     cluster, use_plugin = cell_cluster(preset)
-    workload = tuning.load_workload_arg(spec, cluster)
+    workload = tuning.load_workload_arg(spec)
     _WORKER.update(
         sim=tuning.make_evaluator("sim", cluster, noise=0.0),
         workload=workload,
@@ -125,7 +125,7 @@ def main() -> int:
     tune_cluster = tuning.with_nccl_version(calibrated, judge_cluster.nccl_version)
     rows = []
     for spec in specs:
-        workload = tuning.load_workload_arg(spec, judge_cluster)
+        workload = tuning.load_workload_arg(spec)
         space = tuning.space_for(workload, tune_cluster, use_plugin)
         lagom = LagomSearch().tune(workload, tuning.make_evaluator("analytic", tune_cluster), space)
         knobs = LagomSearch(probe_paths=False).tune(workload, tuning.make_evaluator("analytic", tune_cluster), space)
@@ -156,7 +156,7 @@ def main() -> int:
                   highlight=False)
     summary = {
         "cluster": args.cluster,
-        "nccl_version": judge_cluster.nccl_version,
+        "nccl_version": str(judge_cluster.nccl_version),
         "tuner_plugin": use_plugin,
         "geomean_lagom_vs_nccl": round(geomean([r["nccl_us"] / r["lagom_us"] for r in rows]), 4),
         "geomean_optimum_vs_nccl": round(geomean([r["nccl_us"] / r["optimum_us"] for r in rows]), 4),

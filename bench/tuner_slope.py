@@ -2,7 +2,7 @@
 
 Workload k chains k small FSDP jobs of different widths (4 signatures each: AllGather
 and ReduceScatter of a layer and of the embedding), so the signatures grow 4, 8, ...
-Tuned for NCCL 2.30.1, where every knob but threads is per collective (one unit per
+Tuned for NCCL 2.30.3, where every knob but threads is per collective (one unit per
 signature), with ``--evaluator`` (sim, noise 0, by default). Prints evaluations per
 workload, the least-squares slope (evaluations per signature), and the same for
 AutoCCL and exhaustive's space size, side by side.
@@ -24,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel.cluster import load_cluster  # noqa: E402
 from lagom import tuning  # noqa: E402
+from lagom.knob_args import parse_nccl_version_arg  # noqa: E402
+from nccl_env.rules import NcclVersion  # noqa: E402
 from traces.generate import generate_workload  # noqa: E402
 from traces.workload import Dependency, Op, Workload  # noqa: E402
 from tuner import AutoCCL, LagomSearch  # noqa: E402
@@ -61,7 +63,7 @@ def main() -> int:
     parser.add_argument("--max-k", type=int, default=6)
     parser.add_argument("--evaluator", choices=tuning.EVALUATORS, default="sim")
     parser.add_argument("--cluster", default="low-bw")
-    parser.add_argument("--nccl-version", default="2.30.1")
+    parser.add_argument("--nccl-version", type=parse_nccl_version_arg, default=NcclVersion(2, 30, 3))
     args = parser.parse_args()
     cluster = tuning.with_nccl_version(load_cluster(args.cluster), args.nccl_version)
     widths = [1024 + 256 * i for i in range(args.max_k)]

@@ -50,6 +50,7 @@ import yaml
 
 from nccl_env.errors import LagomError
 from nccl_env.files import check_keys, check_not_empty, read_yaml
+from nccl_env.nccl_releases import released_version
 from nccl_env.rules import NcclVersion, Topology
 from traces.limits import MAX_GPUS_PER_NODE, MAX_NODES, check_bound
 
@@ -93,7 +94,7 @@ class ClusterSpec:
     name: str
     nodes: int
     gpus_per_node: int
-    nccl_version: str
+    nccl_version: NcclVersion
     gpu: GpuSpec
     intra_node: IntraNodeSpec
     inter_node: InterNodeSpec
@@ -115,6 +116,7 @@ class ClusterSpec:
     def to_dict(self) -> dict:
         out = asdict(self)
         out.pop("source")
+        out["nccl_version"] = str(self.nccl_version)
         return out
 
     def to_yaml(self) -> str:
@@ -186,13 +188,10 @@ def parse_cluster(data: object, origin: str) -> ClusterSpec:
     kind = str(intra.get("kind", ""))
     if kind not in INTRA_KINDS:
         raise bad(f"'intra_node.kind' must be one of {', '.join(INTRA_KINDS)}, got {kind!r}")
-    version = data.get("nccl_version", "2.18.3")
-    if not isinstance(version, str):  # YAML reads 2.20 as the float 2.2: a version must be quoted
-        raise bad(f"'nccl_version' must be a quoted string such as \"2.18.3\", got {version!r}")
     try:
-        NcclVersion.parse(version)
-    except (LagomError, ValueError):
-        raise bad(f"'nccl_version' {version!r} is not an NCCL version (e.g. \"2.18.3\")") from None
+        version = released_version(data.get("nccl_version", "2.18.3"), "'nccl_version'")
+    except LagomError as exc:
+        raise bad(str(exc)) from None
     for key in ("nccl_defaults", "nccl_graph", "sim", "model"):
         if data.get(key) is not None and not isinstance(data.get(key), dict):
             raise bad(f"'{key}' must be a mapping")

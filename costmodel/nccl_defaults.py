@@ -41,7 +41,7 @@ from costmodel.cluster import ClusterSpec
 from nccl_env.errors import LagomError
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Signature
-from nccl_env.rules import DEFAULT_BUFFSIZE_BYTES, NCCL_STEPS, P2P_COLLECTIVES, NcclVersion, max_channels
+from nccl_env.rules import DEFAULT_BUFFSIZE_BYTES, NCCL_STEPS, P2P_COLLECTIVES, max_channels
 
 # ---- NCCL constants (NCCL 2.18.3, src/include/devcomm.h, comm.h, collectives.h) -----------------
 SIMPLE_MAX_NTHREADS = 512  # devcomm.h NCCL_SIMPLE_MAX_NTHREADS
@@ -134,7 +134,7 @@ def nccl_graph(cluster: ClusterSpec) -> NcclGraph:
 
 def cluster_max_channels(cluster: ClusterSpec) -> int:
     """MAXCHANNELS of the cluster's NCCL (``nccl_env.rules.max_channels``)."""
-    return max_channels(NcclVersion.parse(cluster.nccl_version))  # the version was checked when the cluster loaded
+    return max_channels(cluster.nccl_version)
 
 
 def comm_channels(cluster: ClusterSpec, nodes: int = 1) -> int:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from costmodel.cluster import ClusterSpec, InterNodeSpec, IntraNodeSpec
 from costmodel.gpu_specs import AMD, NVIDIA, REACH_NODE, REACH_PAIRS, DeviceFacts, GpuMatch, GpuRow, gpu_spec
 from nccl_env.knobs import CollectiveType
+from nccl_env.rules import NcclVersion
 from traces.workload import Workload
 
 FAST_PERCENTILE = 0.10  # a collective's fast instance: waits for peers do not count
@@ -150,7 +151,10 @@ class DerivedCluster:
     note: str  # what was derived, and from what (one line)
 
 
-def derive_cluster(workload: Workload, match: GpuMatch, nccl_version: str = "2.18.3") -> DerivedCluster:
+DERIVED_NCCL = NcclVersion(2, 18, 3)  # the presets' NCCL (costmodel/presets): a trace without one is modelled on it
+
+
+def derive_cluster(workload: Workload, match: GpuMatch, nccl_version: NcclVersion = DERIVED_NCCL) -> DerivedCluster:
     """A ClusterSpec for ``workload`` from the table row ``match`` and the trace (module doc)."""
     row = match.row
     facts = device_facts(workload)

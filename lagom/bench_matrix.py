@@ -35,13 +35,14 @@ from costmodel.evaluator import Evaluator
 from lagom import tuning
 from nccl_env.delivery import group_paths
 from nccl_env.plan import Plan
+from nccl_env.rules import NcclVersion
 from traces.workload import Workload
 from tuner import AutoCCL, Exhaustive, LagomSearch, OptunaTPE
 
 CLUSTERS = ("low-bw", "high-bw")
 NVLINK_CLUSTERS = ("a100-nvswitch", "h100-nvswitch")
 ALL_CLUSTERS = CLUSTERS + NVLINK_CLUSTERS
-PATHS_NCCL_VERSION = "2.30.7"  # copy engines across nodes from 2.30.6; the newest tag read (nccl_env.rules)
+PATHS_NCCL_VERSION = NcclVersion(2, 30, 7)  # copy engines across nodes from 2.30.6; a 2.30 release (nccl_releases)
 NVLINK_KINDS = ("fsdp", "tp")  # where a path applies: the FSDP gathers and the TP all-reduces of one node
 # ground truth only where the space is this small: the analytic model evaluates a point in
 # about a millisecond, the simulator in tens of milliseconds
@@ -56,7 +57,7 @@ class Cell:
 
     cluster: str
     workload: str
-    nccl_version: str | None  # None: the preset's
+    nccl_version: NcclVersion | None  # None: the preset's
     use_plugin: bool = True
 
 
@@ -147,7 +148,7 @@ def nvlink_specs(quick: bool) -> list[str]:
     return [next(s for s in specs if strategy_of(s) == kind) for kind in NVLINK_KINDS]
 
 
-def matrix_cells(quick: bool, clusters: tuple[str, ...] | None = None, nccl_version: str | None = None,
+def matrix_cells(quick: bool, clusters: tuple[str, ...] | None = None, nccl_version: NcclVersion | None = None,
                  ) -> list[Cell]:
     """The matrix: the A40 presets' cells at the preset's NCCL (or ``nccl_version``), and the
     NVLink presets' at :data:`PATHS_NCCL_VERSION` (or ``nccl_version``) without the plugin;
@@ -186,7 +187,7 @@ def run_cell(
     exhaustive_max_points: int = 0,
     use_plugin: bool = True,
 ) -> CellResult:
-    workload = tuning.load_workload_arg(spec, tune_cluster)
+    workload = tuning.load_workload_arg(spec)
     space = tuning.space_for(workload, tune_cluster, use_plugin=use_plugin)
 
     def judged(plan: Plan) -> float:
@@ -223,7 +224,7 @@ def run_cell(
         lagom_evaluations=lagom.evaluations,
         autoccl_evaluations=autoccl.evaluations,
         tune_s=tune_s,
-        nccl_version=space.nccl_version,
+        nccl_version=str(space.nccl_version),
         lagom_paths={g: p.value for g, p in group_paths(lagom.plan).items()},
     )
 

@@ -6,16 +6,25 @@ import math
 import re
 
 from nccl_env.errors import LagomError
+from nccl_env.knob_table import BY_CLI_NAME, CHANNELS, CHOICE_KNOBS, CHUNK, PATH, THREADS
 from nccl_env.knobs import Algorithm, CommConfig, CommPath, Protocol
+from nccl_env.nccl_releases import released_version
+from nccl_env.rules import NcclVersion
 
 # Binary multiples for every spelling: NCCL sizes are powers of two and the Lagom paper's
 # "684 KB" chunk is 684 x 1024 bytes (a 1368 KiB NCCL_BUFFSIZE / 2).
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
           "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
-_KEYS = {"channels": "channels", "nc": "channels", "threads": "threads", "nt": "threads", "chunk": "chunk_bytes",
-         "chunk_bytes": "chunk_bytes", "algorithm": "algorithm", "algo": "algorithm", "protocol": "protocol",
-         "proto": "protocol", "path": "path"}
+_KEYS = {name: knob.field for name, knob in BY_CLI_NAME.items()}  # --set spellings (nccl_env.knob_table)
+
+
+_SET_ORDER = (CHANNELS, THREADS, CHUNK, *CHOICE_KNOBS, PATH)  # how --set's error lists them
+
+
+def parse_nccl_version_arg(text: str | None, flag: str = "--nccl-version") -> NcclVersion | None:
+    """``--nccl-version``'s NCCL release (None when not given); a version NCCL never released is an error."""
+    return None if text is None else released_version(text, flag)
 
 
 def parse_size(text: str) -> int:
@@ -38,8 +47,8 @@ def parse_set(text: str) -> CommConfig:
         key, sep, value = item.partition("=")
         field = _KEYS.get(key.strip().lower())
         if not sep or field is None:
-            raise LagomError(f"--set: bad item {item!r}: expected KNOB=VALUE with KNOB one of channels, threads, "
-                             "chunk, algorithm, protocol, path")
+            raise LagomError(f"--set: bad item {item!r}: expected KNOB=VALUE with KNOB one of "
+                             f"{', '.join(k.cli_names[0] for k in _SET_ORDER)}")
         value = value.strip()
         if field in values:
             raise LagomError(f"--set: {field} is given twice ({item!r}); give each knob once")

@@ -27,10 +27,7 @@ from nccl_env.rules import (
 
 
 def _version(cfg: TunedConfig) -> NcclVersion | None:
-    try:
-        return NcclVersion.parse(cfg.nccl_version) if cfg.nccl_version else None
-    except LagomError:
-        return None
+    return cfg.nccl_version
 
 
 def _table(cfg: TunedConfig) -> tuple[list[PluginEntry], list[str]]:

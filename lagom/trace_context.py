@@ -81,7 +81,7 @@ def presets_for_gpu(device_name: str | None) -> list[str]:
 
 
 def resolve_cluster(workload: Workload, from_trace: bool, cluster_arg: str | None,
-                    nccl_version_arg: str | None = None) -> ClusterChoice:
+                    nccl_version_arg: NcclVersion | None = None) -> ClusterChoice:
     """The cluster (and NCCL version) to model ``workload`` on; see the module doc."""
     if not from_trace:
         if cluster_arg is None:
@@ -97,7 +97,7 @@ def resolve_cluster(workload: Workload, from_trace: bool, cluster_arg: str | Non
                                    f"{choice.cluster.gpu.name}: predictions are for that GPU, not the trace's")
     traced = _trace_version(workload, choice.warnings)
     if nccl_version_arg is not None:
-        version = NcclVersion.parse(nccl_version_arg)
+        version = nccl_version_arg
         if traced is not None and version != traced:
             choice.warnings.append(f"the trace ran NCCL {traced} but --nccl-version is {version}: "
                                    f"tuning for {version}, whose knobs and defaults may differ")
@@ -105,12 +105,12 @@ def resolve_cluster(workload: Workload, from_trace: bool, cluster_arg: str | Non
         version = traced
         if choice.derived:
             choice.notes.append(f"NCCL {traced} from the trace's distributedInfo")
-        elif str(traced) != choice.cluster.nccl_version:
+        elif traced != choice.cluster.nccl_version:
             choice.notes.append(f"NCCL {traced} from the trace's distributedInfo "
                                 f"({choice.cluster_arg} says {choice.cluster.nccl_version})")
     else:
-        version = NcclVersion.parse(choice.cluster.nccl_version)
-    choice.cluster = with_nccl_version(choice.cluster, str(version))
+        version = choice.cluster.nccl_version
+    choice.cluster = with_nccl_version(choice.cluster, version)
     if choice.derived:
         path = _write_derived(choice.cluster)
         choice.cluster.source = choice.cluster_arg = str(path)

@@ -44,7 +44,8 @@ from nccl_env.env_names import check_env_names
 from nccl_env.env_values import validate_env
 from nccl_env.errors import LagomError
 from nccl_env.files import check_keys, check_not_empty, read_yaml
-from nccl_env.knobs import CollectiveType, CommConfig
+from nccl_env.knobs import CollectiveType, CommConfig, cta_policy_value
+from nccl_env.nccl_releases import released_version
 from nccl_env.plan import Plan, Signature
 from nccl_env.rules import (
     ALGORITHM_SINCE,
@@ -116,7 +117,7 @@ class CollectiveEntry:
 @dataclass
 class TunedConfig:
     cluster: str = ""
-    nccl_version: str = ""
+    nccl_version: NcclVersion | None = None  # a release (nccl_env.nccl_releases); None: the file names none
     workload: str = ""
     method: str = ""
     env: dict[str, str] = field(default_factory=dict)
@@ -153,7 +154,7 @@ class TunedConfig:
             "format": FORMAT,
             "version": VERSION,
             "cluster": self.cluster,
-            "nccl_version": self.nccl_version,
+            "nccl_version": str(self.nccl_version or ""),
             "workload": self.workload,
             "method": self.method,
             "env": dict(self.env),
@@ -206,7 +207,8 @@ def parse_tuned_config(data: object, origin: str = "<config>", nccl_version: Ncc
         raise bad(f"'version' must be an integer, got {data.get('version')!r}") from None
     if version < 1 or version > VERSION:
         raise bad(f"version {version} is not one this Lagom reads (1..{VERSION})")
-    in_force = nccl_version or _file_nccl_version(data.get("nccl_version"), bad) or NEWEST_RULES
+    file_version = _file_nccl_version(data.get("nccl_version"), bad)
+    in_force = nccl_version or file_version or NEWEST_RULES
     env = data.get("env") or {}
     if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
         raise bad("'env' must map variable names to values")
@@ -263,7 +265,7 @@ def parse_tuned_config(data: object, origin: str = "<config>", nccl_version: Ncc
         raise bad("'requirements' must be a list")
     return TunedConfig(
         cluster=str(data.get("cluster", "")),
-        nccl_version=str(data.get("nccl_version", "")),
+        nccl_version=file_version,
         workload=str(data.get("workload", "")),
         method=str(data.get("method", "")),
         env={k: str(v) for k, v in env.items()},
@@ -276,21 +278,18 @@ def parse_tuned_config(data: object, origin: str = "<config>", nccl_version: Ncc
 
 
 def _file_nccl_version(value: object, bad) -> NcclVersion | None:
-    """The file's ``nccl_version`` (None when absent); a float (YAML reads 2.20 as 2.2) or a non-version is an error."""
+    """The file's ``nccl_version`` (None when absent); a float (YAML reads 2.20 as 2.2), a non-version or a
+    version NCCL never released is an error."""
     if value is None or value == "":
         return None
-    if not isinstance(value, str):
-        raise bad(f"nccl_version must be a quoted string such as \"2.18.3\", got {value!r}")
     try:
-        return NcclVersion.parse(value)
+        return released_version(value, "nccl_version")
     except LagomError as exc:
-        raise bad(f"nccl_version {value!r} is not a NCCL version ({exc})") from None
+        raise bad(str(exc)) from None
 
 
 def _group_problem(settings: dict[str, int | str], version: NcclVersion) -> str | None:
     """What NCCL ``version`` would not take in one process group's ncclConfig_t settings, or None."""
-    from lagom.runtime.process_groups import cta_policy_value  # the runtime imports this module
-
     top = max_channels(version)
     for key, value in settings.items():
         if key == "cta_policy":

@@ -68,11 +68,11 @@ class ScaledEvaluator:
         return self.inner.evaluate(workload, plan, self.scale)
 
 
-def with_nccl_version(cluster: ClusterSpec, version: str | None) -> ClusterSpec:
+def with_nccl_version(cluster: ClusterSpec, version: NcclVersion | None) -> ClusterSpec:
     """The cluster running another NCCL (the tuner's doors and MAXCHANNELS follow it)."""
     if version is None:
         return cluster
-    return replace(cluster, nccl_version=str(NcclVersion.parse(version)))
+    return replace(cluster, nccl_version=version)
 
 
 def _enabled_pairs(cluster: ClusterSpec, signature: Signature):
@@ -214,7 +214,7 @@ def tuned_config(outcome: TuneOutcome, cluster: ClusterSpec, cluster_arg: str, w
     groups: dict[str, dict] = {}
     if result.plan.entries:
         delivery = deliver(Plan(entries={s: result.plan.config_for(s) for s in space.signatures}),
-                           NcclVersion.parse(space.nccl_version))
+                           space.nccl_version)
         env = dict(delivery.env)
         groups = {name: {k: v for k, v in values.items() if v is not None}
                   for name, values in delivery.group_configs.items()}
@@ -253,7 +253,7 @@ def tuned_config(outcome: TuneOutcome, cluster: ClusterSpec, cluster_arg: str, w
 def path_requirement_lines(space: SearchSpace, plan: Plan) -> list[str]:
     """What each process group's path needs the user to turn on, one line each: which of its
     collectives the path moves (registered buffers) and the versions it needs."""
-    version = NcclVersion.parse(space.nccl_version)
+    version = space.nccl_version
     lines = []
     for group, path in group_paths(plan).items():
         moved = sorted({s.collective for s in space.signatures

@@ -16,9 +16,8 @@ from traces.workload import Workload
 from traces.workload_io import is_workload_file, load_workload
 
 
-def load_workload_arg(text: str, cluster=None) -> Workload:
-    """:func:`read_workload_arg`'s workload. ``cluster`` is accepted for callers that pass
-    it; a trace does not need it."""
+def load_workload_arg(text: str) -> Workload:
+    """:func:`read_workload_arg`'s workload."""
     return read_workload_arg(text)[0]
 
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from nccl_env.errors import LagomError
+from nccl_env.knob_table import ALGORITHM, CHANNELS, KNOBS, PROTOCOL, THREADS
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, CommPath, CtaPolicy, Protocol
 from nccl_env.plan import Plan, Signature
 from nccl_env.plugin_table import PLUGIN_COLLECTIVES, PluginEntry, check_entry
@@ -78,22 +79,15 @@ ENV_ALGO_NAME = {
 ENV_PROTO_NAME = {Protocol.LL: "LL", Protocol.LL128: "LL128", Protocol.SIMPLE: "Simple"}
 
 # The CommConfig fields a plugin table line can carry (threads never: no plugin ABI sets them).
-PLUGIN_SETTINGS = ("algorithm", "protocol", "channels", "chunk_bytes")
+PLUGIN_SETTINGS = tuple(k.field for k in KNOBS if k.plugin_column is not None)
 
-# Every env name deliver() can set (lagom doctor checks the library knows them).
+# Every env name deliver() can set (lagom doctor checks the library knows them): the knob
+# table's, point-to-point's step sizes, and the plugin's own.
 ENV_NAMES = (
-    "NCCL_NTHREADS",
-    "NCCL_LL128_NTHREADS",
-    "NCCL_BUFFSIZE",
+    *(name for knob in KNOBS for name in knob.env),
     P2P_NET_CHUNK_ENV,
     P2P_NVL_CHUNK_ENV,
     P2P_PCI_CHUNK_ENV,
-    "NCCL_MIN_CTAS",
-    "NCCL_MAX_CTAS",
-    "NCCL_MIN_NCHANNELS",
-    "NCCL_MAX_NCHANNELS",
-    "NCCL_ALGO",
-    "NCCL_PROTO",
     "NCCL_TUNER_PLUGIN",
 )
 
@@ -188,7 +182,7 @@ def deliver(plan: Plan, version: NcclVersion, use_plugin: bool = True, own_commu
     _plugin_part(items, plan.default, per_coll, out)
     for sig, cfg in items:
         if sig.collective in P2P_COLLECTIVES:
-            asked = [k for k in ("algorithm", "protocol", "channels", "threads") if getattr(cfg, k) is not None]
+            asked = [k.field for k in (ALGORITHM, PROTOCOL, CHANNELS, THREADS) if getattr(cfg, k.field) is not None]
             if asked:
                 out.compromises.append(
                     f"{sig.label()}: {', '.join(asked)} not delivered: NCCL consults no tuner plugin, "
@@ -393,7 +387,8 @@ def _channels(items, default: CommConfig, version: NcclVersion, per_coll, out: D
 
 
 def _algo_proto(items, default: CommConfig, version: NcclVersion, per_coll, out: Delivery) -> None:
-    for knob, var, names in (("algorithm", "NCCL_ALGO", ENV_ALGO_NAME), ("protocol", "NCCL_PROTO", ENV_PROTO_NAME)):
+    for row, names in ((ALGORITHM, ENV_ALGO_NAME), (PROTOCOL, ENV_PROTO_NAME)):
+        knob, (var,) = row.field, row.env  # NCCL_ALGO / NCCL_PROTO
         if knob in per_coll:
             continue  # the plugin carries it (the default went into a wildcard entry)
         wanted = [(s, getattr(c, knob)) for s, c in items

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from nccl_env.delivery import ENV_ALGO_NAME, ENV_FUNC_NAME, ENV_PROTO_NAME
 from nccl_env.errors import LagomError
+from nccl_env.knob_table import ALGORITHM, CHANNELS, CHUNK, PROTOCOL
 from nccl_env.rules import (
     ALGORITHM_SINCE,
     LL128_THREADS_MAX,
@@ -30,9 +31,9 @@ from nccl_env.rules import (
 )
 
 # Byte sizes NCCL takes as a positive integer (init.cc computeBuffSizes); at most 2^40, more than any GPU holds.
-_BYTES_ENV = ("NCCL_BUFFSIZE", P2P_NET_CHUNK_ENV, P2P_NVL_CHUNK_ENV, P2P_PCI_CHUNK_ENV)
+_BYTES_ENV = (*CHUNK.env, P2P_NET_CHUNK_ENV, P2P_NVL_CHUNK_ENV, P2P_PCI_CHUNK_ENV)
 MAX_ENV_BYTES = 1 << 40
-_CHANNELS_ENV = ("NCCL_MIN_CTAS", "NCCL_MAX_CTAS", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")
+_CHANNELS_ENV = CHANNELS.env
 _ALGO_NAMES = {name.lower(): algo for algo, name in ENV_ALGO_NAME.items()}
 _PROTO_NAMES = {name.lower() for name in ENV_PROTO_NAME.values()}
 _FUNC_NAMES = {name.lower() for name in ENV_FUNC_NAME.values()}
@@ -59,9 +60,9 @@ def validate_env(env: Mapping[str, object], version: NcclVersion) -> None:
             top = max_channels(version)
             if not _integer_in(value, 1, top):
                 raise bad(f"an integer in 1-{top}")
-        elif name == "NCCL_ALGO":
+        elif name in ALGORITHM.env:
             _names(value, version, {k: ALGORITHM_SINCE[a] for k, a in _ALGO_NAMES.items()}, bad)
-        elif name == "NCCL_PROTO":
+        elif name in PROTOCOL.env:
             _names(value, version, dict.fromkeys(_PROTO_NAMES, NcclVersion(2, 0)), bad)
 
 

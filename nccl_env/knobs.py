@@ -56,6 +56,24 @@ class CtaPolicy(enum.IntEnum):
         return self.name.lower()
 
 
+# ncclConfig_t.CTAPolicy flag values by name.
+CTA_POLICIES = {p.nccl_name: int(p) for p in CtaPolicy}
+
+
+def cta_policy_value(value: int | str) -> int:
+    """``"efficiency"`` / ``1`` -> 1; flags may be combined as ints. ValueError otherwise."""
+    if isinstance(value, str) and not value.strip().isdigit():
+        try:
+            return CTA_POLICIES[value.strip().lower()]
+        except KeyError:
+            raise ValueError(f"unknown cta_policy {value!r} (expected one of {', '.join(sorted(CTA_POLICIES))} "
+                             f"or an int)") from None
+    number = int(value)
+    if number < 0 or number > (CTA_POLICIES["efficiency"] | CTA_POLICIES["zero"]):
+        raise ValueError(f"cta_policy {number} is out of range 0..3")
+    return number
+
+
 class CommPath(enum.Enum):
     """How a process group's collectives move data: Lagom's per-group decision.
 
@@ -84,11 +102,6 @@ class CommPath(enum.Enum):
         if self is CommPath.EFFICIENCY:
             return CtaPolicy.EFFICIENCY
         return CtaPolicy.DEFAULT
-
-    @property
-    def registers_buffers(self) -> bool:
-        """Whether the path needs the collectives' buffers in NCCL symmetric windows."""
-        return self is not CommPath.SM
 
 
 class CollectiveType(enum.Enum):

@@ -20,7 +20,7 @@ from nccl_env.plan import Plan, Signature
 from nccl_env.rules import NcclVersion
 
 V = NcclVersion.parse
-VERSIONS = ["2.17.1", "2.18.3", "2.21.5", "2.24.3", "2.25.1", "2.30.1"]
+VERSIONS = ["2.17.1", "2.18.3", "2.21.5", "2.24.3", "2.25.1", "2.30.3"]
 
 
 def _plan() -> Plan:
@@ -81,7 +81,7 @@ def test_a_misspelled_key_gets_the_closest_one_in_a_tuned_file_and_a_cluster_fil
 
 
 def test_the_version_in_force_decides(tmp_path):
-    doc = {"format": "lagom.tuned-config", "version": 1, "nccl_version": "2.30.1",
+    doc = {"format": "lagom.tuned-config", "version": 1, "nccl_version": "2.30.3",
            "collectives": [{"match": {"collective": "allgather"}, "set": {"channels": 48}}]}
     parse_tuned_config(doc, "t.yaml")  # 64 channels from 2.25
     with pytest.raises(LagomError, match=r"collectives\[0\]: channels=48 is not valid on NCCL 2.18.3: allowed 1-32"):

@@ -6,6 +6,7 @@ import pytest
 
 from lagom.tuned_config import CollectiveEntry, Match, TunedConfig, load_tuned_config
 from nccl_env import Algorithm, CollectiveType, CommConfig, LagomError, Protocol, Signature
+from nccl_env.rules import NcclVersion
 from traces import (
     CollectiveOp,
     ComputeOp,
@@ -84,7 +85,7 @@ def test_comm_config_merge_and_dict():
 
 def test_tuned_config_round_trip_and_lookup(tmp_path):
     cfg = TunedConfig(
-        cluster="low-bw", nccl_version="2.18.3", method="lagom", env={"NCCL_NTHREADS": "256"},
+        cluster="low-bw", nccl_version=NcclVersion.parse("2.18.3"), method="lagom", env={"NCCL_NTHREADS": "256"},
         process_groups={"0": {"min_ctas": 2, "max_ctas": 8}},
         collectives=[CollectiveEntry(Match(CollectiveType.ALLGATHER, "0", 1000, 2000, 8, 1),
                                      CommConfig(Algorithm.RING, Protocol.SIMPLE, channels=2, chunk_bytes=700416))],

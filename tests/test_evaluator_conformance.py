@@ -26,6 +26,8 @@ from nccl_env.rules import Mechanism, NcclVersion, collective_mechanism
 from traces import CollectiveOp, Dependency, ProcessGroup, Stream, StreamKind, Workload
 from traces.generate import generate_workload
 
+V = NcclVersion.parse
+
 # name -> how to build it on a cluster, exact (no measurement noise)
 EVALUATORS: dict[str, Callable[[ClusterSpec], Evaluator]] = {
     "analytic": AnalyticEvaluator,
@@ -171,7 +173,7 @@ class TestTimings:
 
 @pytest.fixture(scope="module")
 def nvswitch() -> ClusterSpec:
-    return replace(load_cluster("h100-nvswitch"), nccl_version="2.30.7")
+    return replace(load_cluster("h100-nvswitch"), nccl_version=V("2.30.7"))
 
 
 def _gemm_beside_allgather(message_bytes: int) -> Workload:
@@ -217,7 +219,7 @@ class TestPaths:
         to its kernels: the evaluators too."""
         w = _gemm_beside_allgather(64 * MIB)
         sig = w.signature(w.collectives[0])
-        for where in (replace(nvswitch, nccl_version="2.27.3"), replace(cluster, nccl_version="2.30.7")):
+        for where in (replace(nvswitch, nccl_version=V("2.27.3")), replace(cluster, nccl_version=V("2.30.7"))):
             ev = make(where)
             default = ev.evaluate(w, Plan())
             ce = ev.evaluate(w, Plan({sig: CommConfig(path=CommPath.COPY_ENGINE)}))
@@ -231,7 +233,7 @@ def test_both_evaluators_time_the_paths_alike(nvswitch):
         for size in (MIB, 64 * MIB, 512 * MIB):
             sig = Signature("g", collective, size, 8, 1)
             for path in (CommPath.SYMMETRIC, CommPath.COPY_ENGINE):
-                if collective_mechanism(path, collective, 1, NcclVersion.parse("2.30.7"),
+                if collective_mechanism(path, collective, 1, V("2.30.7"),
                                         nvswitch.path_topology()) is Mechanism.SM_KERNEL:
                     continue  # NCCL's kernels: the two evaluators' own forms (test_model_accuracy)
                 config = CommConfig(path=path)

@@ -216,7 +216,7 @@ def test_simulate_and_tune_a_b200_trace_end_to_end(tmp_path, capsys):
     assert code == 0, err
     assert "note: cluster derived from the trace" in err and "the model reproduces 2 steps" in out
     config = load_tuned_config(tmp_path / "b200.yaml")
-    assert load_cluster(config.cluster).gpu.name == "B200-SXM-180GB" and config.nccl_version == "2.21.5"
+    assert load_cluster(config.cluster).gpu.name == "B200-SXM-180GB" and str(config.nccl_version) == "2.21.5"
     code, out, err = run_cli(capsys, "simulate", str(trace), "--cluster", config.cluster, "--json", "--noise", "0")
     assert code == 0 and json.loads(out)["cluster"] == "derived-B200-SXM-180GB" and "warning" not in err
 

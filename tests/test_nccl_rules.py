@@ -112,12 +112,12 @@ def test_plugin_era_per_collective_and_chunk_from_2_30():
     assert d.env == {"NCCL_NTHREADS": "512", "NCCL_BUFFSIZE": str(1398784 * 2)}
     # NCCL caps a plugin's channels at the communicator's: minCTAs lets the plugin ask for the most.
     assert d.group_configs == {"0": {"min_ctas": 4}, "1": {"min_ctas": 8}}
-    d = deliver(_plan(), V("2.30.1"))
+    d = deliver(_plan(), V("2.30.3"))
     assert [e.chunk_bytes for e in d.plugin_entries] == [700416, 1398784, None]
     assert "NCCL_BUFFSIZE" not in d.env  # 1398784 fits NCCL's default 4 MiB buffer (ceiling 2 MiB)
     assert d.plugin_entries[2] == PluginEntry(AR, 64 << 20, 64 << 20, Algorithm.TREE, Protocol.LL128, 8, 2, 16)
     big = Plan({Signature("0", AG, 1 << 30, 8, 1): CommConfig(chunk_bytes=8 << 20)})
-    assert deliver(big, V("2.30.1")).env["NCCL_BUFFSIZE"] == str(16 << 20)
+    assert deliver(big, V("2.30.3")).env["NCCL_BUFFSIZE"] == str(16 << 20)
 
 
 def test_without_plugin_per_function_env_syntax_from_2_24():
@@ -155,7 +155,7 @@ def test_point_to_point_takes_its_step_from_the_p2p_env_never_buffsize_or_thread
     capped = deliver(plan, V("2.21.5"))  # BUFFSIZE 256 KiB sets the allgather's chunk: steps cut to 32 KiB
     assert capped.env["NCCL_P2P_NET_CHUNKSIZE"] == capped.env["NCCL_P2P_PCI_CHUNKSIZE"] == str(1 << 15)
     assert sum("cut to 32768" in c for c in capped.compromises) == 2
-    free = deliver(plan, V("2.30.1"))  # the plugin carries the allgather's chunk: BUFFSIZE grows to fit 1 MiB
+    free = deliver(plan, V("2.30.3"))  # the plugin carries the allgather's chunk: BUFFSIZE grows to fit 1 MiB
     assert free.env["NCCL_BUFFSIZE"] == str(8 << 20) and free.env["NCCL_P2P_NVL_CHUNKSIZE"] == str(1 << 20)
     assert not any("cut to" in c for c in free.compromises)
 
@@ -168,7 +168,7 @@ def test_invalid_plan_names_the_signature():
 
 def test_delivered_table_makes_the_real_plugin_apply_the_plan():
     plan = _plan()
-    d = deliver(plan, V("2.30.1"))
+    d = deliver(plan, V("2.30.3"))
     text = format_table(d.plugin_entries)
     assert parse_table(text) == (d.plugin_entries, [])
     lib = TunerLibrary(build_plugin())

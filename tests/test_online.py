@@ -38,12 +38,12 @@ from nccl_env.rules import NcclVersion
 from tuner.space import Scope, online_space
 
 SPEC = "tp:phi2:tp=8,dp=1"  # one signature: the fastest workload to tune
-VERSION = "2.30.1"
+VERSION = "2.30.3"
 
 
 def _setup(preset: str = "low-bw", spec: str = SPEC, version: str = VERSION):
-    cluster = tuning.with_nccl_version(load_cluster(preset), version)
-    workload = tuning.load_workload_arg(spec, cluster)
+    cluster = tuning.with_nccl_version(load_cluster(preset), NcclVersion.parse(version))
+    workload = tuning.load_workload_arg(spec)
     return cluster, workload, tuning.space_for(workload, cluster)
 
 
@@ -190,11 +190,11 @@ def _lagom_run(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("args, message", [
     (["--nccl-version", "2.18.3", "--simulate", SPEC, "--cluster", "low-bw"], "needs NCCL >= 2.21"),
-    (["--nccl-version", "2.30.1"], "needs --config SEED.yaml from lagom tune"),
-    (["--nccl-version", "2.30.1", "--simulate", SPEC, "--cluster", "low-bw", "--collective-timing"],
+    (["--nccl-version", "2.30.3"], "needs --config SEED.yaml from lagom tune"),
+    (["--nccl-version", "2.30.3", "--simulate", SPEC, "--cluster", "low-bw", "--collective-timing"],
      "does not go with --simulate"),
-    (["--nccl-version", "2.30.1", "--simulate", SPEC], "needs --cluster"),
-    (["--nccl-version", "2.30.1", "--simulate", "tp:nosuchmodel", "--cluster", "low-bw"], "unknown model"),
+    (["--nccl-version", "2.30.3", "--simulate", SPEC], "needs --cluster"),
+    (["--nccl-version", "2.30.3", "--simulate", "tp:nosuchmodel", "--cluster", "low-bw"], "unknown model"),
 ])
 def test_online_refusals_are_one_line_and_exit_2(args, message):
     pytest.importorskip("torch")
@@ -211,7 +211,7 @@ def test_a_single_process_job_tunes_through_explicit_steps_and_saves_the_plan(tm
     from lagom.runtime import online
     from lagom.tuned_config import load_tuned_config
 
-    settings = online.OnlineSettingsFile(nccl_version=VERSION, plugin=str(build_plugin()),
+    settings = online.OnlineSettingsFile(nccl_version=NcclVersion.parse(VERSION), plugin=str(build_plugin()),
                                          result_path=str(tmp_path / "tuned.yaml"), simulate=SPEC, cluster="low-bw",
                                          noise=0.02, budget_steps=60)
     monkeypatch.setenv("LAGOM_ONLINE", str(settings.write(tmp_path / "online.json")))
@@ -231,6 +231,6 @@ def test_a_single_process_job_tunes_through_explicit_steps_and_saves_the_plan(tm
         assert session.summary([])["steps_spent"] <= 60
         assert any("online tuning done" in line for line in lines)
         saved = load_tuned_config(tmp_path / "tuned.yaml")
-        assert saved.nccl_version == VERSION and saved.collectives and saved.method == "lagom-online"
+        assert str(saved.nccl_version) == VERSION and saved.collectives and saved.method == "lagom-online"
     finally:
         online.uninstall()

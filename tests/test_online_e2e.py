@@ -24,10 +24,11 @@ from lagom import tuning
 from lagom.tuned_config import load_tuned_config
 from nccl_env.plan import Plan
 from nccl_env.plugin_build import build_plugin
+from nccl_env.rules import NcclVersion
 
 JOB = REPO_ROOT / "tests" / "online_job.py"
 SPEC = "fsdp:phi2:gpus=16"  # two nodes: the presets' inter-node links differ, and so do their plans
-VERSION = "2.30.1"
+VERSION = "2.30.3"
 STEPS = 260
 BUDGET = 240
 
@@ -35,8 +36,8 @@ pytestmark = pytest.mark.slow
 
 
 def _tuned(preset: str, path) -> Plan:
-    cluster = tuning.with_nccl_version(load_cluster(preset), VERSION)
-    workload = tuning.load_workload_arg(SPEC, cluster)
+    cluster = tuning.with_nccl_version(load_cluster(preset), NcclVersion.parse(VERSION))
+    workload = tuning.load_workload_arg(SPEC)
     outcome = tuning.tune(workload, cluster, tuning.make_evaluator("sim", cluster), with_autoccl=False)
     tuning.tuned_config(outcome, cluster, preset, SPEC).dump(path)
     return outcome.result.plan
@@ -99,8 +100,8 @@ def test_online_result_matches_the_measuring_clusters_offline_plan(runs, tmp_pat
     tmp, seed, results = runs
     status, err, _ = results["online"]
     assert status == 0, err[-3000:]
-    cluster = tuning.with_nccl_version(load_cluster("high-bw"), VERSION)
-    workload = tuning.load_workload_arg(SPEC, cluster)
+    cluster = tuning.with_nccl_version(load_cluster("high-bw"), NcclVersion.parse(VERSION))
+    workload = tuning.load_workload_arg(SPEC)
     signatures = tuning.space_for(workload, cluster).signatures
     judge = tuning.make_evaluator("sim", cluster, noise=0.0)
     offline_us = judge.evaluate(workload, _tuned("high-bw", tmp_path / "offline.yaml")).iteration_us
@@ -136,8 +137,7 @@ def test_every_rank_ran_the_same_epochs_and_the_audit_says_so(runs):
     epochs = [document["per_rank"][r]["online"]["epochs"] for r in ("0", "1")]
     assert epochs[0] == epochs[1]  # same plan hash from the same step on every rank
     assert [e[2] for e in epochs[0]] == sorted(e[2] for e in epochs[0])
-    cluster = tuning.with_nccl_version(load_cluster("high-bw"), VERSION)
-    calls_per_step = len(tuning.load_workload_arg(SPEC, cluster).collectives)  # all-gathers and reduce-scatters
+    calls_per_step = len(tuning.load_workload_arg(SPEC).collectives)  # all-gathers and reduce-scatters
     for rank in ("0", "1"):
         tables = document["per_rank"][rank]["online"]["tables"]
         assert len(tables) == len(epochs[0]) and all(t["entries"] == 4 for t in tables)  # each swap reached the plugin

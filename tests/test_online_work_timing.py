@@ -20,6 +20,9 @@ from lagom.runtime import launcher
 from lagom.runtime.env import ENV_ONLINE
 from lagom.runtime.online import OnlineSettingsFile
 from nccl_env.errors import LagomError
+from nccl_env.rules import NcclVersion
+
+V = NcclVersion.parse
 
 SPEC = "tp:phi2:tp=8,dp=1"
 SEED = {"format": "lagom.tuned-config", "version": 1, "cluster": "low-bw", "nccl_version": "2.18.3",
@@ -35,7 +38,7 @@ def seed_file(tmp_path):
 
 def _install(seed_file, tmp_path, monkeypatch, online: bool, collective_timing: bool = True):
     if online:  # the settings are read by install only: no session here
-        settings = OnlineSettingsFile(nccl_version="2.30.1", plugin="", result_path="",
+        settings = OnlineSettingsFile(nccl_version=V("2.30.3"), plugin="", result_path="",
                                       collective_timing=collective_timing)
         monkeypatch.setenv(ENV_ONLINE, str(settings.write(tmp_path / "online.json")))
     else:
@@ -82,8 +85,8 @@ def test_without_collective_timing_the_hook_keeps_its_plain_wrappers(world, seed
 
 
 def test_a_call_maps_to_its_workload_signature_and_its_time_is_spread_over_its_ops():
-    cluster = tuning.with_nccl_version(load_cluster("low-bw"), "2.30.1")
-    space = tuning.space_for(tuning.load_workload_arg(SPEC, cluster), cluster)
+    cluster = tuning.with_nccl_version(load_cluster("low-bw"), V("2.30.3"))
+    space = tuning.space_for(tuning.load_workload_arg(SPEC), cluster)
     (sig, ids), *_ = space.collective_ids.items()
     call = (sig.collective.value, "torch-group-name", sig.ranks, None, sig.message_bytes)
     assert op_ids_of_call(space.collective_ids, call) == ids
@@ -97,38 +100,37 @@ def test_the_launcher_leaves_nccl_timing_alone_unless_collective_timing_is_asked
                                                                                   gpu):
     monkeypatch.setattr(launcher, "_has_gpu", lambda: gpu)  # the GPU path's settings, on a machine without one
     monkeypatch.delenv(launcher.TIMING_ENV, raising=False)
-    default = launcher.prepare_online(launcher.OnlineRequest(nccl_version="2.30.1"), seed_file, tmp_path / "a")
+    default = launcher.prepare_online(launcher.OnlineRequest(nccl_version=V("2.30.3")), seed_file, tmp_path / "a")
     assert launcher.TIMING_ENV not in default.env
     assert not OnlineSettingsFile.read(default.env[ENV_ONLINE]).collective_timing
     assert any(("CUDA events" if gpu else "host clock") in m for m in default.messages)
     # a value the user set stays exactly as it is, and nothing is said about it
     monkeypatch.setenv(launcher.TIMING_ENV, "0")
-    kept = launcher.prepare_online(launcher.OnlineRequest(nccl_version="2.30.1"), seed_file, tmp_path / "b")
+    kept = launcher.prepare_online(launcher.OnlineRequest(nccl_version=V("2.30.3")), seed_file, tmp_path / "b")
     assert kept.env[launcher.TIMING_ENV] == "0" and not any(launcher.TIMING_ENV in m for m in kept.messages)
     monkeypatch.delenv(launcher.TIMING_ENV)
-    request = launcher.OnlineRequest(nccl_version="2.30.1", collective_timing=True)
+    request = launcher.OnlineRequest(nccl_version=V("2.30.3"), collective_timing=True)
     asked = launcher.prepare_online(request, seed_file, tmp_path / "c")
     assert asked.env[launcher.TIMING_ENV] == "1" and OnlineSettingsFile.read(asked.env[ENV_ONLINE]).collective_timing
     assert any("costs overlap" in m for m in asked.messages)
-    # a 2.18 seed run on 2.30.1: the note follows the NCCL in force, which loads the plugin
+    # a 2.18 seed run on 2.30.3: the note follows the NCCL in force, which loads the plugin
     assert any(" via tuner plugin " in m for m in asked.messages)
     assert not any("does not load" in m for m in asked.messages)
     monkeypatch.setenv(launcher.TIMING_ENV, "0")  # asked, but the user's own value still wins, and one line says so
     mine = launcher.prepare_online(request, seed_file, tmp_path / "d")
     assert mine.env[launcher.TIMING_ENV] == "0" and any(launcher.TIMING_ENV in m for m in mine.messages)
     monkeypatch.delenv(launcher.TIMING_ENV)
-    simulated = launcher.prepare_online(launcher.OnlineRequest(nccl_version="2.30.1", simulate=SPEC, cluster="low-bw"),
-                                        seed_file, tmp_path / "e")
+    request = launcher.OnlineRequest(nccl_version=V("2.30.3"), simulate=SPEC, cluster="low-bw")
+    simulated = launcher.prepare_online(request, seed_file, tmp_path / "e")
     assert launcher.TIMING_ENV not in simulated.env  # the simulator's clock reads no Work
     with pytest.raises(LagomError, match="does not go with --simulate"):
-        launcher.prepare_online(launcher.OnlineRequest(nccl_version="2.30.1", simulate=SPEC, cluster="low-bw",
+        launcher.prepare_online(launcher.OnlineRequest(nccl_version=V("2.30.3"), simulate=SPEC, cluster="low-bw",
                                                        collective_timing=True), seed_file, tmp_path / "f")
 
 
 def test_the_plugin_note_names_the_nccl_in_force(seed_file, tmp_path):
-    from nccl_env.rules import NcclVersion
 
     assert any("which the file's NCCL 2.18.3 does not load" in m
                for m in launcher.prepare(seed_file, tmp_path / "a").messages)
-    in_force = launcher.prepare(seed_file, tmp_path / "b", nccl_version=NcclVersion.parse("2.30.1"))
+    in_force = launcher.prepare(seed_file, tmp_path / "b", nccl_version=V("2.30.3"))
     assert not any("does not load" in m for m in in_force.messages)

@@ -32,7 +32,7 @@ AG, AR, RS, A2A = (CollectiveType.ALLGATHER, CollectiveType.ALLREDUCE, Collectiv
 
 @pytest.fixture(scope="module")
 def h100() -> object:
-    return replace(load_cluster("h100-nvswitch"), nccl_version="2.30.7")
+    return replace(load_cluster("h100-nvswitch"), nccl_version=NcclVersion.parse("2.30.7"))
 
 
 def test_copy_engines_from_2_28_on_one_nvlink_node_and_across_nodes_from_2_30_6():
@@ -99,7 +99,7 @@ def test_delivery_sets_the_cta_policy_per_group_and_refuses_it_where_nccl_has_no
 
 
 def _tune(spec: str, cluster, evaluator) -> tuple:
-    workload = tuning.load_workload_arg(spec, cluster)
+    workload = tuning.load_workload_arg(spec)
     space = tuning.space_for(workload, cluster)
     return workload, space, LagomSearch().tune(workload, evaluator, space)
 
@@ -108,7 +108,7 @@ def test_when_nothing_overlaps_the_search_keeps_nccls_kernels(h100):
     """An FSDP job's collectives with no compute beside them: the copy engines alone are
     slower than NCCL's ring (two barriers of one copy per peer; the ring's bandwidth at best),
     so the search leaves every group on NCCL's kernels."""
-    workload = bench_matrix.comm_only(tuning.load_workload_arg("fsdp:phi2:gpus=8", h100))
+    workload = bench_matrix.comm_only(tuning.load_workload_arg("fsdp:phi2:gpus=8"))
     space = tuning.space_for(workload, h100)
     assert space.path_units  # the paths were on offer
     result = LagomSearch().tune(workload, AnalyticEvaluator(h100), space)

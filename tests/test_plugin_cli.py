@@ -79,7 +79,7 @@ CONFIG = """\
 format: lagom.tuned-config
 version: 1
 cluster: low-bw
-nccl_version: "2.30.1"
+nccl_version: "2.30.3"
 method: lagom
 env: {NCCL_NTHREADS: "256"}
 collectives:
@@ -189,7 +189,7 @@ def test_plugin_table_says_when_its_nccl_loads_no_plugin():
     mid = comments("2.24.3")
     assert not any("loads none" in c for c in mid)
     assert any("chunk_bytes is applied only by NCCL >= 2.30.0" in c for c in mid)
-    assert not any("loads none" in c or "chunk_bytes is applied only" in c for c in comments("2.30.1"))
+    assert not any("loads none" in c or "chunk_bytes is applied only" in c for c in comments("2.30.3"))
 
 
 def test_unknown_nccl_env_name_in_a_config_is_refused_with_a_suggestion(tmp_path, capsys):

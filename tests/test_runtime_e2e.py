@@ -47,7 +47,7 @@ CONFIG = {
     "format": "lagom.tuned-config",
     "version": 1,
     "cluster": "low-bw",
-    "nccl_version": "2.30.1",  # loads the plugin: the table carries every per-collective setting
+    "nccl_version": "2.30.3",  # loads the plugin: the table carries every per-collective setting
     "method": "lagom",
     "env": {"NCCL_NTHREADS": "256", "NCCL_BUFFSIZE": "2097152"},
     "process_groups": {"0": {"min_ctas": 2, "max_ctas": 8}},
@@ -156,7 +156,7 @@ def test_the_users_own_nccl_env_wins_and_is_logged(runs):
     # the tuned options for group "0" are reported once, as not applicable to gloo
     notes = _lagom_lines(err, "note")
     assert "lagom: note: process group '0' does not use NCCL: its tuned options do not apply" in notes
-    # the workers' note once; the launcher has none (the file's NCCL 2.30.1 loads the plugin)
+    # the workers' note once; the launcher has none (the file's NCCL 2.30.3 loads the plugin)
     assert len([n for n in notes if n.startswith("lagom: ")]) == 1
     assert not [n for n in notes if n.startswith("lagom run: ")]
 

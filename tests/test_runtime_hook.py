@@ -24,8 +24,9 @@ import lagom.runtime as runtime
 from lagom.runtime import audit
 from lagom.runtime.collectives import SPECS
 from lagom.runtime.env import merge_env
-from lagom.runtime.process_groups import build_nccl_options, cta_policy_value, settings_for
+from lagom.runtime.process_groups import build_nccl_options, settings_for
 from lagom.tuned_config import TunedConfig, parse_tuned_config
+from nccl_env.knobs import cta_policy_value
 
 CONFIG = {
     "format": "lagom.tuned-config",

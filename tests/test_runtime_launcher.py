@@ -174,7 +174,7 @@ def test_a_file_for_an_nccl_without_tuner_plugins_says_the_plugin_door_is_closed
     err = capsys.readouterr().err
     assert "which the file's NCCL 2.18.3 does not load" in err and " via tuner plugin" not in err, err
     newer = tmp_path / "newer.yaml"
-    newer.write_text(yaml.safe_dump(dict(CONFIG, nccl_version="2.30.1")))
+    newer.write_text(yaml.safe_dump(dict(CONFIG, nccl_version="2.30.3")))
     assert main(["run", "--config", str(newer), "--", "true"]) == 0
     err = capsys.readouterr().err
     assert " via tuner plugin " in err and "does not load" not in err, err

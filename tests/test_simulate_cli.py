@@ -7,7 +7,6 @@ import json
 import pytest
 from conftest import trace_path
 
-from costmodel.cluster import load_cluster
 from lagom.cli import main
 from lagom.knob_args import parse_set, parse_size
 from lagom.tuned_config import CollectiveEntry, Match, TunedConfig
@@ -66,11 +65,8 @@ def test_workload_file_and_trace_arguments(tmp_path, capsys):
     loaded = load_workload_arg(str(tmp_path / "w.json"))
     assert loaded.to_dict() == w.to_dict()
     trace = trace_path("a100_w2_allreduce_broadcast.json.gz")
-    observed = load_workload_arg(str(trace))
-    recovered = load_workload_arg(str(trace), load_cluster("a100-nvswitch"))
+    recovered = load_workload_arg(str(trace))
     assert recovered.rank == 0 and len(recovered.collectives) == 21
-    # a trace keeps its measured kernel times whatever the cluster (the replay anchors at them)
-    assert [o.duration_us for o in recovered.compute_ops] == [o.duration_us for o in observed.compute_ops]
     out = run_json(capsys, str(trace), "--cluster", "a100-nvswitch")
     assert out["collectives"] == 21 and out["iteration_us"] > 0
 

@@ -11,6 +11,7 @@ from kineto_builder import TraceBuilder
 
 from lagom.trace_context import gpu_model, presets_for_gpu, resolve_cluster
 from lagom.tuned_config import load_tuned_config
+from nccl_env.rules import NcclVersion
 from traces.kineto import read_trace
 
 TRACES = trace_dir()
@@ -45,7 +46,7 @@ def test_tune_without_cluster_takes_gpu_and_nccl_from_the_trace(tmp_path, capsys
     assert code == 0, err
     assert json.loads(out)["cluster"] == "a100-nvswitch"
     config = load_tuned_config(out_file)
-    assert (config.cluster, config.nccl_version) == ("a100-nvswitch", "2.17.1")
+    assert (config.cluster, str(config.nccl_version)) == ("a100-nvswitch", "2.17.1")
     assert ("note: cluster a100-nvswitch: the preset for the trace's GPU (NVIDIA A100-PG509-200); "
             "1 node for the job's 2 ranks; its GPU is the table's A100-SXM4-40GB (matched by name A100, 42.3 GB), "
             "not the preset's A100-SXM4-80GB: memory GB/s 2039 -> 1555") in err
@@ -65,17 +66,17 @@ def test_simulate_without_cluster_uses_the_traces_gpu(capsys):
 
 @needs_traces
 def test_a_cluster_or_nccl_that_disagrees_with_the_trace_gets_one_warning(tmp_path, capsys):
-    code, _, err = run_cli(capsys, "tune", str(W2), "--cluster", "high-bw", "--nccl-version", "2.18",
+    code, _, err = run_cli(capsys, "tune", str(W2), "--cluster", "high-bw", "--nccl-version", "2.18.5",
                            "--evaluator", "sim", "--budget", "2", "--no-autoccl", "-o", str(tmp_path / "x.yaml"))
     assert code == 0, err
     warnings = [line for line in err.splitlines() if line.startswith("warning:")]
     assert warnings == [
         ("warning: the trace ran on NVIDIA A100-PG509-200 but --cluster high-bw models A40: predictions are "
          "for that GPU, not the trace's"),
-        ("warning: the trace ran NCCL 2.17.1 but --nccl-version is 2.18.0: tuning for 2.18.0, whose knobs and "
+        ("warning: the trace ran NCCL 2.17.1 but --nccl-version is 2.18.5: tuning for 2.18.5, whose knobs and "
          "defaults may differ"),
     ]
-    assert load_tuned_config(tmp_path / "x.yaml").nccl_version == "2.18.0"
+    assert str(load_tuned_config(tmp_path / "x.yaml").nccl_version) == "2.18.5"
 
 
 def _trace(tmp_path, device: str, **distributed):
@@ -107,15 +108,16 @@ def test_an_a40_trace_is_derived_and_names_both_a40_presets(tmp_path, capsys):
     assert "the presets high-bw and low-bw both model NVIDIA A40" in note and "--cluster picks one" in note
     (w,) = read_trace(trace)
     choice = resolve_cluster(w, True, "low-bw")
-    assert (choice.cluster.name, choice.cluster.nccl_version, choice.warnings) == ("low-bw", "2.18.3", [])
+    assert (choice.cluster.name, str(choice.cluster.nccl_version), choice.warnings) == ("low-bw", "2.18.3", [])
 
 
 def test_an_nccl_227_trace_is_tuned_as_227_unless_told_otherwise(tmp_path):
     (w,) = read_trace(_trace(tmp_path, "NVIDIA H100 80GB HBM3", nccl_version="2.27.3"))
     choice = resolve_cluster(w, True, None)
-    assert (choice.cluster_arg, choice.cluster.nccl_version, choice.cluster.nodes) == ("h100-nvswitch", "2.27.3", 1)
-    choice = resolve_cluster(w, True, "h100-nvswitch", "2.18.3")
-    assert choice.cluster.nccl_version == "2.18.3"
+    assert (choice.cluster_arg, str(choice.cluster.nccl_version), choice.cluster.nodes) == \
+        ("h100-nvswitch", "2.27.3", 1)
+    choice = resolve_cluster(w, True, "h100-nvswitch", NcclVersion(2, 18, 3))
+    assert str(choice.cluster.nccl_version) == "2.18.3"
     assert choice.warnings == [("the trace ran NCCL 2.27.3 but --nccl-version is 2.18.3: tuning for 2.18.3, "
                                 "whose knobs and defaults may differ")]
 

@@ -17,6 +17,7 @@ from lagom import tuning
 from lagom.tuned_config import load_tuned_config
 from nccl_env.knobs import CollectiveType, CommConfig
 from nccl_env.plan import Plan
+from nccl_env.rules import NcclVersion
 from traces.comm_names import (
     collective_from_kernel_name,
     is_comm_kernel,
@@ -167,7 +168,7 @@ def test_sizes_of_one_range_share_their_per_collective_settings():
     (w,) = read_trace(TRACES / "w128_sendrecv_rank0.json.gz")
     assert ("0", CollectiveType.ALLREDUCE) in varying_families(w)
     cluster = load_cluster("a100-nvswitch")
-    cluster.nccl_version = "2.21.5"
+    cluster.nccl_version = NcclVersion.parse("2.21.5")
     space = build_space(w, cluster)
     sizes = sorted(s.message_bytes for s in space.signatures if s.collective is CollectiveType.ALLREDUCE)
     in_range = [s for s in sizes if 1 << 26 <= s < 1 << 27]

@@ -17,6 +17,7 @@ from costmodel.sim.simulator import Simulator
 from lagom.tuned_config import load_tuned_config
 from nccl_env.knobs import CollectiveType
 from nccl_env.plan import Plan
+from nccl_env.rules import NcclVersion
 from traces.generate import generate_workload
 from tuner.space import workload_signatures
 
@@ -181,7 +182,7 @@ def test_readme_setup_command_tunes_the_bundled_trace(tmp_path):
     assert "nothing for NCCL's settings to gain here" in flat
     assert "the model reproduces 2 steps of this trace within 0.0%" in flat
     config = load_tuned_config(tmp_path / "lagom.yaml")
-    assert config.nccl_version == "2.17.1"  # the trace's own NCCL, not the preset's 2.18.3
+    assert str(config.nccl_version) == "2.17.1"  # the trace's own NCCL, not the preset's 2.18.3
     pointer = re.search(r"`lagom tune (traces/examples/\S+)`", readme)
     assert pointer is not None, "the README points at a bundled trace that has something to gain"
     proc = subprocess.run([sys.executable, "-m", "lagom", "tune", str(REPO_ROOT / pointer.group(1)), "--json"],
@@ -233,7 +234,7 @@ def test_tune_puts_a_group_on_the_copy_engines_and_says_what_to_turn_on(tmp_path
     flat = " ".join(out.split())  # the table wraps long cells
     assert "copy-engine" in flat  # the table names the path (its cell may wrap after the '>')
     assert flat.count("requires: group 0 (copy_engine)") == len(config.requirements)
-    cluster = replace(load_cluster("h100-nvswitch"), nccl_version="2.30.7")
+    cluster = replace(load_cluster("h100-nvswitch"), nccl_version=NcclVersion.parse("2.30.7"))
     workload = generate_workload(spec)
     again = Simulator(cluster, noise=0.0).evaluate(workload, config.to_plan(workload_signatures(workload, 8)))
     assert again.iteration_us == pytest.approx(config.predictions["tuned_us"], rel=1e-6)

@@ -17,9 +17,11 @@ from costmodel.cluster import load_cluster
 from nccl_env.errors import LagomError
 from nccl_env.knobs import Algorithm, CommPath, Protocol
 from nccl_env.plan import Plan
-from nccl_env.rules import Mechanism
+from nccl_env.rules import Mechanism, NcclVersion
 from tuner import METHODS, AutoCCL, Exhaustive, LagomSearch, NcclDefault, OptunaTPE, Scope, SearchMethod, build_space
 from tuner.space import knob_scopes
+
+V = NcclVersion.parse
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,7 @@ def small_case(cluster):
 @pytest.fixture(scope="module")
 def nvswitch():
     """An NVSwitch node on NCCL 2.30.7: its group may take symmetric kernels or copy engines."""
-    return replace(load_cluster("h100-nvswitch"), nccl_version="2.30.7")
+    return replace(load_cluster("h100-nvswitch"), nccl_version=V("2.30.7"))
 
 
 def path_case(cluster):
@@ -165,11 +167,11 @@ def test_lagom_with_paths_is_within_two_percent_of_exhaustive_and_never_behind_i
 
 def test_paths_are_offered_only_where_nccl_and_the_cluster_have_them(nvswitch, cluster):
     workload = layered_workload(2, [8 << 20])
-    assert build_space(workload, cluster, nccl_version="2.30.7").path_units == []  # PCIe: no NVLink domain
-    assert build_space(workload, nvswitch, nccl_version="2.18.3").path_units == []  # before 2.27
-    symmetric_only = build_space(workload, nvswitch, nccl_version="2.27.3")  # no copy engines before 2.28
+    assert build_space(workload, cluster, nccl_version=V("2.30.7")).path_units == []  # PCIe: no NVLink domain
+    assert build_space(workload, nvswitch, nccl_version=V("2.18.3")).path_units == []  # before 2.27
+    symmetric_only = build_space(workload, nvswitch, nccl_version=V("2.27.3"))  # no copy engines before 2.28
     assert [space_paths for space_paths in symmetric_only.path_options.values()] == [(CommPath.SYMMETRIC,)]
-    both = build_space(workload, nvswitch, nccl_version="2.28.3")
+    both = build_space(workload, nvswitch, nccl_version=V("2.28.3"))
     assert list(both.path_options.values()) == [(CommPath.SYMMETRIC, CommPath.COPY_ENGINE)]
 
 
@@ -190,7 +192,7 @@ def test_lagom_evaluations_grow_linearly_with_signatures():
     for n in (1, 2, 4, 8):
         sizes = [(4 + 3 * i) << 20 for i in range(n)]
         workload = layered_workload(n, sizes)
-        space = build_space(workload, cluster, nccl_version="2.30.1")
+        space = build_space(workload, cluster, nccl_version=V("2.30.3"))
         assert space.axes["chunk_bytes"].scope is Scope.COLLECTIVE
         result = LagomSearch().tune(workload, ToyEvaluator(cluster), space)
         counts.append(result.evaluations)
@@ -202,17 +204,17 @@ def test_lagom_evaluations_grow_linearly_with_signatures():
 
 
 def test_scopes_follow_the_nccl_version():
-    old = knob_scopes("2.18.3")
+    old = knob_scopes(V("2.18.3"))
     assert old["threads"] is Scope.PROCESS and old["chunk_bytes"] is Scope.PROCESS
     assert old["channels"] is Scope.GROUP and old["algorithm"] is Scope.PROCESS
-    new = knob_scopes("2.30.1")
+    new = knob_scopes(V("2.30.3"))
     assert new["chunk_bytes"] is Scope.COLLECTIVE and new["channels"] is Scope.COLLECTIVE
     assert new["threads"] is Scope.PROCESS
 
 
 def test_exhaustive_refuses_large_spaces(cluster):
     workload = layered_workload(4, [1 << 20, 2 << 20, 3 << 20, 4 << 20])
-    space = build_space(workload, cluster, nccl_version="2.30.1")
+    space = build_space(workload, cluster, nccl_version=V("2.30.3"))
     with pytest.raises(LagomError, match="points"):
         Exhaustive(max_points=1000).tune(workload, ToyEvaluator(cluster), space)
 
@@ -224,7 +226,7 @@ def test_workload_without_collectives_is_a_lagom_error(cluster):
         build_space(workload, cluster)
 
 
-@pytest.mark.parametrize("version", ["2.18.3", "2.21.5", "2.30.1"])
+@pytest.mark.parametrize("version", ["2.18.3", "2.21.5", "2.30.3"])
 def test_point_to_point_gets_its_own_step_unit_and_plans_match_what_nccl_will_run(version):
     """AllToAll takes only a step size (NCCL_P2P_*_CHUNKSIZE); every plan the space emits is
     exactly what delivery hands NCCL, including the 2.19+ cut to NCCL_BUFFSIZE / 8."""
@@ -235,7 +237,7 @@ def test_point_to_point_gets_its_own_step_unit_and_plans_match_what_nccl_will_ru
 
     cluster = load_cluster("low-bw")
     workload = generate_workload("ep:olmoe-1b-7b:ep=8,gpus=16")
-    space = build_space(workload, cluster, nccl_version=version)
+    space = build_space(workload, cluster, nccl_version=V(version))
     p2p = [u for u in space.resource_units if any(s.collective.value == "alltoall" for s in u.signatures)]
     assert [(u.key, u.axes) for u in p2p] == [("p2p intra", ("chunk_bytes",))]
     assert all(s.collective.value != "alltoall" for u in space.resource_units if u not in p2p for s in u.signatures)

@@ -18,7 +18,7 @@ from costmodel.cluster import ClusterSpec
 from costmodel.evaluator import OpTiming, Timing
 from nccl_env.knobs import CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Plan
-from nccl_env.rules import Mechanism, NcclVersion, collective_mechanism
+from nccl_env.rules import Mechanism, collective_mechanism
 from traces.intervals import intersection, union
 from traces.workload import CollectiveOp, ComputeOp, Dependency, Op, ProcessGroup, Stream, StreamKind, Workload
 
@@ -33,7 +33,7 @@ class ToyEvaluator:
 
     def mechanism(self, workload: Workload, op: CollectiveOp, cfg: CommConfig) -> Mechanism:
         sig = workload.signature(op, self.cluster.gpus_per_node)
-        return collective_mechanism(cfg.path, sig.collective, sig.nodes, NcclVersion.parse(self.cluster.nccl_version),
+        return collective_mechanism(cfg.path, sig.collective, sig.nodes, self.cluster.nccl_version,
                                     self.cluster.path_topology())
 
     def collective_us(self, workload: Workload, op: CollectiveOp, cfg: CommConfig) -> float:

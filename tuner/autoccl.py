@@ -25,12 +25,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nccl_env.errors import LagomError
+from nccl_env.knob_table import REPORT_ORDER
 from tuner.method import SearchMethod
 from tuner.objective import BudgetExhausted, Measured, Objective, Search, answer_with
 from tuner.result import Step, TuningResult
 from tuner.space import Point, SearchSpace
 
-AXIS_ORDER = ("channels", "threads", "chunk_bytes")  # AutoCCL's order: NC, NT, C
+AXIS_ORDER = tuple(k.field for k in REPORT_ORDER)  # AutoCCL's order: NC, NT, C (the rows' prefixes)
 
 
 @dataclass

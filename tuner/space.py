@@ -43,7 +43,6 @@ NCCL picks the symmetric kernel's CTAs itself, and the copy engines have none.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -51,13 +50,19 @@ from dataclasses import dataclass, field
 from costmodel.cluster import ClusterSpec
 from nccl_env.delivery import largest_message
 from nccl_env.errors import LagomError
+from nccl_env.knob_table import (
+    CHANNELS,
+    KERNEL_KNOBS,
+    RESOURCE_AXES,
+    RESOURCE_KNOBS,
+    Scope,
+    knob_scopes,
+)
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, CommPath, Protocol
 from nccl_env.plan import Plan, Signature
 from nccl_env.rules import (
-    CTAS_ENV_SINCE,
     P2P_CHUNK_CAPPED_SINCE,
     P2P_COLLECTIVES,
-    PER_FUNCTION_ALGO_SINCE,
     Mechanism,
     NcclVersion,
     algorithms_available,
@@ -69,24 +74,6 @@ from nccl_env.rules import (
 )
 from traces.size_ranges import signature_ranges
 from traces.workload import Workload
-
-RESOURCE_AXES = ("channels", "chunk_bytes", "threads")
-
-# NCCL_NTHREADS: a multiple of 32 in 64..512 (NCCL src/init.cc, ncclParamNthreads checks).
-THREAD_LADDER = (64, 128, 192, 256, 384, 512)
-# Channels: roughly x1.5 rungs up to NCCL's MAXCHANNELS (32 before 2.25, 64 from 2.25).
-CHANNEL_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-# Chunk bytes: x sqrt(2) rungs from 128 KiB to 4 MiB (NCCL's Simple ring default is 2 MiB,
-# BUFFSIZE 4 MiB / 8 steps x 4; docs/reference.md §3), rounded to 4 KiB.
-CHUNK_MIN_BYTES = 128 * 1024
-CHUNK_MAX_BYTES = 4 * 1024 * 1024
-
-
-class Scope(enum.Enum):
-    COLLECTIVE = "collective"
-    GROUP = "group"
-    FUNCTION = "function"
-    PROCESS = "process"
 
 
 def scope_key(scope: Scope, signature: Signature, byte_range: tuple[int, int] | None = None) -> str:
@@ -104,48 +91,10 @@ def scope_key(scope: Scope, signature: Signature, byte_range: tuple[int, int] | 
     return "process"
 
 
-def chunk_ladder() -> tuple[int, ...]:
-    values = []
-    value = float(CHUNK_MIN_BYTES)
-    while value <= CHUNK_MAX_BYTES * 1.0001:
-        values.append(int(round(value / 4096)) * 4096)
-        value *= math.sqrt(2.0)
-    return tuple(values)
-
-
 # ---- NCCL version rules (nccl_env.rules) ------------------------------------------------
 
 
-def _version(version: str) -> NcclVersion:
-    return NcclVersion.parse(version)
-
-
-def knob_scopes(version: str, use_plugin: bool = True) -> dict[str, Scope]:
-    """The narrowest scope each CommConfig field can be delivered at on this NCCL
-    (the doors of :func:`nccl_env.delivery.deliver`; ``use_plugin=False``: without Lagom's
-    tuner plugin, as ``deliver(..., use_plugin=False)``)."""
-    v = _version(version)
-    per_coll = per_collective_knobs(v) if use_plugin else frozenset()
-    scopes: dict[str, Scope] = {}
-    for knob in ("algorithm", "protocol"):
-        if knob in per_coll:
-            scopes[knob] = Scope.COLLECTIVE
-        elif v >= PER_FUNCTION_ALGO_SINCE:
-            scopes[knob] = Scope.FUNCTION
-        else:
-            scopes[knob] = Scope.PROCESS
-    if "channels" in per_coll:
-        scopes["channels"] = Scope.COLLECTIVE
-    elif v >= CTAS_ENV_SINCE:  # ncclConfig_t minCTAs/maxCTAs per communicator
-        scopes["channels"] = Scope.GROUP
-    else:
-        scopes["channels"] = Scope.PROCESS
-    scopes["chunk_bytes"] = Scope.COLLECTIVE if "chunk_bytes" in per_coll else Scope.PROCESS
-    scopes["threads"] = Scope.COLLECTIVE if "threads" in per_coll else Scope.PROCESS
-    return scopes
-
-
-def pairs_for(signature: Signature, version: str, intra_kind: str) -> tuple[tuple[Algorithm, Protocol], ...]:
+def pairs_for(signature: Signature, version: NcclVersion, intra_kind: str) -> tuple[tuple[Algorithm, Protocol], ...]:
     """(algorithm, protocol) subspaces for one signature.
 
     Ring everywhere; Tree for AllReduce (NCCL implements Tree only for AllReduce).
@@ -158,7 +107,7 @@ def pairs_for(signature: Signature, version: str, intra_kind: str) -> tuple[tupl
     if signature.collective in P2P_COLLECTIVES:
         return ()
     algos = [Algorithm.RING]
-    if signature.collective is CollectiveType.ALLREDUCE and Algorithm.TREE in algorithms_available(_version(version)):
+    if signature.collective is CollectiveType.ALLREDUCE and Algorithm.TREE in algorithms_available(version):
         algos.append(Algorithm.TREE)
     protos = [Protocol.LL, Protocol.SIMPLE]
     if intra_kind in ("nvlink", "nvswitch"):
@@ -235,7 +184,7 @@ class Point:
 class SearchSpace:
     """Everything a search method needs to know about what it may set."""
 
-    nccl_version: str
+    nccl_version: NcclVersion
     signatures: tuple[Signature, ...]
     collective_ids: dict[Signature, tuple[int, ...]]  # op ids of each signature's collectives
     axes: dict[str, Axis]
@@ -337,7 +286,7 @@ class SearchSpace:
         for sig, cfg in configs.items():  # the point's paths, or the online space's pinned ones
             path = cfg.get("path")
             if isinstance(path, CommPath) and self.mechanism(sig, path) is not Mechanism.SM_KERNEL:
-                for knob in ("algorithm", "protocol", "channels", "threads", "chunk_bytes"):
+                for knob in KERNEL_KNOBS:
                     cfg.pop(knob, None)  # NCCL's kernels do not run it: no knob reaches it
         self._cap_p2p_chunks(configs)
         return Plan(entries={s: CommConfig(**c) for s, c in configs.items()})
@@ -346,7 +295,7 @@ class SearchSpace:
         """From NCCL 2.19 a p2p step is kept within NCCL_BUFFSIZE / 8; where NCCL_BUFFSIZE sets
         the collectives' chunk (before 2.30), the step is cut as NCCL will cut it
         (with ``nccl_env.delivery``'s own rule for NCCL_BUFFSIZE: the largest message's chunk)."""
-        version = _version(self.nccl_version)
+        version = self.nccl_version
         if version < P2P_CHUNK_CAPPED_SINCE or self.scopes["chunk_bytes"] is Scope.COLLECTIVE:
             return  # no cap, or the plugin carries the collectives' chunks and NCCL_BUFFSIZE is raised to fit
         sized = [(s, c) for s, c in configs.items() if s.collective not in P2P_COLLECTIVES and c.get("chunk_bytes")]
@@ -409,7 +358,7 @@ def build_space(
     workload: Workload,
     cluster: ClusterSpec,
     defaults: Callable[[ClusterSpec, Signature], CommConfig] | None = None,
-    nccl_version: str | None = None,
+    nccl_version: NcclVersion | None = None,
     enabled_pairs: Callable[[ClusterSpec, Signature], Iterable[tuple[Algorithm, Protocol]]] | None = None,
     use_plugin: bool = True,
 ) -> SearchSpace:
@@ -432,12 +381,9 @@ def build_space(
     signatures = tuple(sig_ids)
     ranges = signature_ranges(workload, signatures)
     scopes = knob_scopes(version, use_plugin)
-    max_nc = min(max_channels(_version(version)), max(1, cluster.gpu.sm_count // 2))
-    axes = {
-        "channels": Axis("channels", tuple(c for c in CHANNEL_LADDER if c <= max_nc), scopes["channels"]),
-        "chunk_bytes": Axis("chunk_bytes", chunk_ladder(), scopes["chunk_bytes"]),
-        "threads": Axis("threads", THREAD_LADDER, scopes["threads"]),
-    }
+    max_nc = min(max_channels(version), max(1, cluster.gpu.sm_count // 2))
+    axes = {k.field: Axis(k.field, tuple(v for v in k.ladder if k is not CHANNELS or v <= max_nc), scopes[k.field])
+            for k in RESOURCE_KNOBS}
     # resource units: axes grouped by scope, then signatures grouped by scope key
     by_scope: dict[Scope, list[str]] = {}
     for axis in RESOURCE_AXES:
@@ -447,7 +393,7 @@ def build_space(
         if scope in by_scope:
             resource_units += _units(signatures, scope, tuple(by_scope[scope]), len(resource_units), ranges)
     resource_units += _p2p_units(signatures, len(resource_units))
-    available = set(algorithms_available(_version(version)))
+    available = set(algorithms_available(version))
     pairs = {}
     for sig in signatures:
         enabled = () if enabled_pairs is None or sig.collective in P2P_COLLECTIVES else tuple(
@@ -462,7 +408,7 @@ def build_space(
             notes.append(f"{axis} is {axes[axis].scope.value}-wide on NCCL {version}: one value per "
                          f"{axes[axis].scope.value}")
     default_cfg = {s: (defaults(cluster, s) if defaults else CommConfig()) for s in signatures}
-    path_units, path_options, mechanisms = _path_units(signatures, cluster, _version(version))
+    path_units, path_options, mechanisms = _path_units(signatures, cluster, version)
     if path_units:
         notes.append("paths: " + "; ".join(
             f"{u.key} may take {', '.join(p.value for p in path_options[u.index])}" for u in path_units))
@@ -528,13 +474,13 @@ def online_space(space: SearchSpace, seed: Callable[[Signature], CommConfig]) ->
     each plan carries the seed's values for them (``SearchSpace.pinned``). Raises
     LagomError when this NCCL loads no tuner plugin (nothing could change).
     """
-    version = _version(space.nccl_version)
+    version = space.nccl_version
     per_coll = per_collective_knobs(version)
     if "channels" not in per_coll:
         raise LagomError(f"online tuning needs NCCL >= 2.21 (its tuner plugin sets channels and algorithm per call); "
                          f"this is NCCL {space.nccl_version}")
     kept = [u for u in space.resource_units if u.scope is Scope.COLLECTIVE]
-    fixed_knobs = [k for k in ("channels", "chunk_bytes", "threads", "algorithm", "protocol") if k not in per_coll]
+    fixed_knobs = [k for k in KERNEL_KNOBS if k not in per_coll]
     pinned: dict[Signature, dict[str, object]] = {}
     for sig in space.signatures:
         config = seed(sig)

@@ -60,7 +60,7 @@ from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
-from nccl_env.rules import P2P_COLLECTIVES, Mechanism, NcclVersion, collective_mechanism
+from nccl_env.rules import P2P_COLLECTIVES, Mechanism, collective_mechanism
 from traces.workload import CollectiveOp, ComputeOp, Op, Workload
 
 _EPS = 1e-9
@@ -151,7 +151,7 @@ class AnalyticEvaluator:
                                            g.max_blocks_per_sm, g.max_threads_per_sm, self.params["mem_efficiency"],
                                            g.fp32_tflops)
         self.evaluations = 0
-        self._version = NcclVersion.parse(cluster.nccl_version)
+        self._version = cluster.nccl_version
         self._topology = cluster.path_topology()
         self._statics: WorkloadCache[_Static] = WorkloadCache(self._build_static, _CACHE_WORKLOADS)
         self._est_cache: dict[tuple[Signature, CommConfig], CollectiveEstimate] = {}

@@ -103,7 +103,7 @@ class TorchBackend:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         self.device = torch.device("cuda") if self.on_gpu else torch.device("cpu")
         self.cluster = cluster
-        self.nccl_version = _running_nccl(torch) if self.on_gpu else NcclVersion.parse(cluster.nccl_version)
+        self.nccl_version = _running_nccl(torch) if self.on_gpu else cluster.nccl_version
         self.name = "torch:nccl" if self.on_gpu else "torch:gloo"
         self.is_leader = self.rank == 0
         self.repeats = repeats

@@ -48,7 +48,7 @@ from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
-from nccl_env.rules import Mechanism, NcclVersion, collective_mechanism
+from nccl_env.rules import Mechanism, collective_mechanism
 from traces.intervals import intersection, union
 from traces.workload import CollectiveOp, ComputeOp, ProcessGroup, Stream, StreamKind, Workload
 
@@ -127,7 +127,7 @@ class Simulator:
         self._replay_cache: dict = {}
         self._l2 = float(cluster.gpu.l2_bytes)
         self._bw = cluster.gpu.mem_bw_gb_per_s * 1e3 * self.params.mem_efficiency
-        self._version = NcclVersion.parse(cluster.nccl_version)
+        self._version = cluster.nccl_version
         self._topology = cluster.path_topology()
 
     def reseed(self, seed: int | tuple[int, ...]) -> None:

@@ -34,6 +34,7 @@ from rich.table import Table
 from costmodel.cluster import load_cluster
 from lagom import bench_matrix, tuning
 from lagom.console import stdout_console
+from lagom.knob_args import parse_nccl_version_arg
 from lagom.output_paths import OutputFormat, check_output, save_figure
 from nccl_env.errors import LagomError
 
@@ -72,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                              + ", ".join(f"{k} {v}" for k, v in bench_matrix.EXHAUSTIVE_MAX_POINTS.items())
                              + "; 0 = never)")
     parser.add_argument("--nccl-version", default=None,
-                        help="tune for this NCCL instead of the preset's (e.g. 2.30.1: every knob but threads per "
+                        help="tune for this NCCL instead of the preset's (e.g. 2.30.3: every knob but threads per "
                              "collective; the NVLink presets' cells default to 2.30.7)")
     parser.add_argument("--json", action="store_true", help="print cells and summary as JSON")
     parser.add_argument("--plot", metavar="FILE.png", default=None, help="bar chart of speedups per cell")
@@ -123,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
     clusters = tuple(args.cluster) if args.cluster else None
     for name in clusters or ():
         load_cluster(name)  # a bad name or file: one line before the matrix runs
-    cells = bench_matrix.matrix_cells(args.quick, clusters, args.nccl_version)
+    version = parse_nccl_version_arg(args.nccl_version)
+    cells = bench_matrix.matrix_cells(args.quick, clusters, version)
     total = len(cells)
     done = [0]
 
@@ -139,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     summary = bench_matrix.summarize(results)
     missed = check_targets(summary, results, quick=args.quick)
     summary["evaluator"] = evaluator
-    summary["nccl_version"] = args.nccl_version or "preset"
+    summary["nccl_version"] = str(version) if version else "preset"
     summary["missed_targets"] = missed
     if args.plot:
         _plot(results, args.plot)

@@ -110,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
             raise LagomError("lagom run needs --config FILE (or --online)")
         return launch(args.config, command, audit_path=args.audit, workdir=args.workdir, use_plugin=not args.no_plugin,
                       force=args.force)
+    from lagom.knob_args import parse_nccl_version_arg
     from lagom.online import DEFAULT_BUDGET_STEPS
     from lagom.runtime.launcher import OnlineRequest
 
@@ -119,8 +120,9 @@ def run(args: argparse.Namespace) -> int:
         if online_only[flag] is not None and args.simulate is None:
             raise LagomError(f"{flag} goes with --simulate WORKLOAD")
     budget_steps = args.budget_steps if args.budget_steps is not None else DEFAULT_BUDGET_STEPS
-    request = OnlineRequest(save=args.save, budget_steps=budget_steps, nccl_version=args.nccl_version,
-                            simulate=args.simulate, cluster=args.cluster,
+    request = OnlineRequest(save=args.save, budget_steps=budget_steps,
+                            nccl_version=parse_nccl_version_arg(args.nccl_version), simulate=args.simulate,
+                            cluster=args.cluster,
                             noise=args.noise if args.noise is not None else 0.0,
                             collective_timing=args.collective_timing)
     return launch(args.config, command, audit_path=args.audit, workdir=args.workdir, online=request, force=args.force)

@@ -138,9 +138,9 @@ def run(args: argparse.Namespace) -> int:
     for note in choice.notes:
         print(f"note: {note}", file=sys.stderr)
     warnings = choice.warnings + fit_warnings(workload, cluster)
-    from nccl_env.rules import NcclVersion, validate_config
+    from nccl_env.rules import validate_config
 
-    version = NcclVersion.parse(cluster.nccl_version)  # checked when the cluster was loaded
+    version = cluster.nccl_version
 
     def check(config, origin: str) -> None:
         """Values the cluster's NCCL would refuse, or the evaluators cannot model, are an error."""

@@ -72,6 +72,7 @@ from costmodel.evaluator import DurationScale, Evaluator
 from costmodel.replay.fidelity import fidelity
 from lagom import tuning
 from lagom.console import StageProgress, mib, stdout_console
+from lagom.knob_args import parse_nccl_version_arg
 from lagom.output_paths import OutputFormat, check_output
 from lagom.rank_args import add_arguments, reading_from_args
 from lagom.record_overhead import (
@@ -88,6 +89,7 @@ from lagom.tune_report import tune_report
 from lagom.workload_arg import read_workload_arg
 from lagom.workload_fit import fit_warnings, untunable_warnings
 from nccl_env.errors import LagomError
+from nccl_env.knob_table import REPORT_ORDER, value_of
 from nccl_env.knobs import CommConfig
 from nccl_env.rules import Mechanism
 from tuner import METHODS
@@ -145,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     if refusal:
         raise LagomError(refusal)
     cpu_only = bool(from_trace and workload.collectives and not any(c.on_gpu for c in workload.collectives))
-    choice = resolve_cluster(workload, from_trace, args.cluster, args.nccl_version)
+    choice = resolve_cluster(workload, from_trace, args.cluster, parse_nccl_version_arg(args.nccl_version))
     cluster = choice.cluster
     evaluator_name = args.evaluator or tuning.DEFAULT_EVALUATOR
     err = Console(stderr=True)
@@ -269,16 +271,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _parts(cfg: CommConfig) -> list[tuple[str, str]]:
-    """(prefix, value) per knob set: algorithm/protocol, nc channels, nt threads, c chunk."""
+    """(prefix, value) per knob set: algorithm/protocol, then each resource knob by its row's prefix
+    (nc channels, nt threads, c chunk: nccl_env.knob_table)."""
     parts = []
     if cfg.algorithm is not None:
         parts.append(("", f"{cfg.algorithm.nccl_name}/{cfg.protocol.nccl_name if cfg.protocol is not None else '?'}"))
-    if cfg.channels is not None:
-        parts.append(("nc", str(cfg.channels)))
-    if cfg.threads is not None:
-        parts.append(("nt", str(cfg.threads)))
-    if cfg.chunk_bytes is not None:
-        parts.append(("c", mib(cfg.chunk_bytes, unit=False)))
+    for knob in REPORT_ORDER:
+        value = value_of(cfg, knob)
+        if isinstance(value, int):
+            parts.append((knob.prefix, mib(value, unit=False) if knob.in_bytes else str(value)))
     return parts
 
 

@@ -42,12 +42,11 @@ from lagom.plugin_export import plugin_entries_from_config, write_plugin_table
 from lagom.runtime import audit, nccl_paths
 from lagom.runtime.bootstrap import SITECUSTOMIZE
 from lagom.runtime.env import ENV_CONFIG, ENV_HOME, ENV_ONLINE, ENV_RUN_DIR, merge_env
-from lagom.runtime.process_groups import cta_policy_value
 from lagom.tuned_config import TunedConfig, load_tuned_config
 from lagom.workload_arg import read_workload_arg
 from nccl_env.delivery import online_ceilings, plugin_env
 from nccl_env.errors import LagomError
-from nccl_env.knobs import CommPath, CtaPolicy
+from nccl_env.knobs import CommPath, CtaPolicy, cta_policy_value
 from nccl_env.plugin_build import PluginBuildError, build_plugin
 from nccl_env.rules import (
     TUNER_SYMBOL_SINCE,
@@ -184,7 +183,7 @@ def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[st
     write_bootstrap(run_dir, env)
     env[ENV_CONFIG] = str(run_dir / "lagom.yaml")
     entries = f"{len(config.collectives)} collective entr{'y' if len(config.collectives) == 1 else 'ies'}"
-    in_force = nccl_version or (NcclVersion.parse(config.nccl_version) if config.nccl_version else None)
+    in_force = nccl_version or config.nccl_version
     if setup.plugin_path and in_force is not None and not tuner_symbols(in_force):
         # the NCCL in force: the job's (--online --nccl-version) when given, else the file's
         whose = "the file's" if nccl_version is None else "the job's"
@@ -227,7 +226,7 @@ def check_command(argv: list[str], example: str) -> None:
 
 
 def _file_version(config: TunedConfig) -> NcclVersion | None:
-    return NcclVersion.parse(config.nccl_version) if config.nccl_version else None
+    return config.nccl_version
 
 
 def uses_paths(config: TunedConfig) -> bool:
@@ -390,7 +389,7 @@ class OnlineRequest:
 
     save: str | None = None
     budget_steps: int = DEFAULT_BUDGET_STEPS
-    nccl_version: str | None = None
+    nccl_version: NcclVersion | None = None  # --nccl-version, a release (lagom.knob_args.parse_nccl_version_arg)
     simulate: str | None = None  # workload spec whose simulated times every rank measures
     cluster: str | None = None
     noise: float = 0.0
@@ -400,12 +399,9 @@ class OnlineRequest:
 
 def _online_version(request: OnlineRequest, seed: TunedConfig | None) -> NcclVersion:
     """--nccl-version, else the seed file's, else the installed NCCL's."""
-    text = request.nccl_version or (seed.nccl_version if seed is not None else "")
-    if text:
-        try:
-            return NcclVersion.parse(text)
-        except (ValueError, LagomError) as exc:
-            raise LagomError(f"--nccl-version {text!r} is not a NCCL version ({exc})") from None
+    chosen = request.nccl_version or (seed.nccl_version if seed is not None else None)
+    if chosen is not None:
+        return chosen
     from nccl_env.libnccl import find_libnccl, nccl_version
 
     return nccl_version(find_libnccl().path)
@@ -426,7 +422,7 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
     communicators' ceilings raised (:func:`nccl_env.delivery.online_ceilings`) and
     ``LAGOM_ONLINE`` naming the settings every rank reads."""
     from lagom.runtime.online import OnlineSettingsFile
-    from tuner.space import CHUNK_MAX_BYTES
+    from nccl_env.knob_table import CHUNK_MAX_BYTES
 
     forced = _online_version(request, None) if request.nccl_version else None  # the seed is checked against it
     seed = load_tuned_config(config_path, forced) if config_path is not None else None
@@ -460,7 +456,7 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
     try:
         if config_path is None:
             seed_path = scratch / "seed.yaml"
-            TunedConfig(cluster=request.cluster or "", nccl_version=str(version), workload=request.simulate or "",
+            TunedConfig(cluster=request.cluster or "", nccl_version=version, workload=request.simulate or "",
                         method="nccl").dump(seed_path)
         else:
             seed_path = Path(config_path)
@@ -486,7 +482,7 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
             setup.messages.append(f"lagom run: {timing.kept_line()} "
                                   "(without it the online search judges by step time only)")
     settings = OnlineSettingsFile(
-        nccl_version=str(version),
+        nccl_version=version,
         plugin=str(setup.plugin_path),
         result_path=str(setup.run_dir / ONLINE_RESULT),
         seed_config=str(setup.run_dir / "lagom.yaml") if seed is not None else None,

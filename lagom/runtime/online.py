@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # the session imports these at its first step: installing run
     from lagom.runtime.audit import SignatureCount
     from nccl_env.plan import Plan
     from nccl_env.plugin_abi import TunerLibrary
+    from nccl_env.rules import NcclVersion
     from tuner import SearchSpace
 
 FAILED_STATUS = 3
@@ -52,7 +53,7 @@ STORE_PREFIX = "lagom/online/"
 class OnlineSettingsFile:
     """What the launcher tells every rank (written as JSON into the run folder)."""
 
-    nccl_version: str
+    nccl_version: NcclVersion
     plugin: str
     result_path: str  # rank 0 writes the tuned file here
     seed_config: str | None = None
@@ -64,12 +65,15 @@ class OnlineSettingsFile:
     collective_timing: bool = False  # --collective-timing: also read the Work handles' durations
 
     def write(self, path: Path) -> Path:
-        path.write_text(json.dumps(asdict(self), indent=1))
+        path.write_text(json.dumps({**asdict(self), "nccl_version": str(self.nccl_version)}, indent=1))
         return path
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> OnlineSettingsFile:
-        return cls(**json.loads(Path(path).read_text()))
+        from nccl_env.rules import NcclVersion
+
+        data = json.loads(Path(path).read_text())
+        return cls(**{**data, "nccl_version": NcclVersion.parse(data["nccl_version"])})  # the launcher wrote it
 
 
 class Session:
@@ -104,17 +108,16 @@ class Session:
         from lagom.tuned_config import load_tuned_config
         from nccl_env.errors import LagomError
         from nccl_env.plugin_abi import TunerLibrary
-        from nccl_env.rules import NcclVersion
 
         s = self.settings
-        version = NcclVersion.parse(s.nccl_version)
+        version = s.nccl_version
         seed_config = load_tuned_config(s.seed_config) if s.seed_config else None
         cluster_arg = s.cluster or (seed_config.cluster if seed_config else "")
         if not cluster_arg:
             raise LagomError("online tuning needs a cluster (--cluster, or the seed file's cluster)")
         cluster = tuning.with_nccl_version(load_cluster(cluster_arg), s.nccl_version)
         spec = s.simulate or (seed_config.workload if seed_config else "")
-        workload = tuning.load_workload_arg(spec, cluster)
+        workload = tuning.load_workload_arg(spec)
         self._cluster, self._cluster_arg, self._workload_label = cluster, cluster_arg, spec
         space = tuning.space_for(workload, cluster)
         self._space = space
@@ -156,11 +159,10 @@ class Session:
     def _apply(self, plan: Plan) -> None:
         from nccl_env.delivery import deliver
         from nccl_env.plugin_table import format_table
-        from nccl_env.rules import NcclVersion
 
         assert self._library is not None
         self._record_counts()
-        entries = deliver(plan, NcclVersion.parse(self.settings.nccl_version)).plugin_entries
+        entries = deliver(plan, self.settings.nccl_version).plugin_entries
         self._epoch_entries = self._library.set_table(format_table(entries))
 
     def _record_counts(self) -> None:

@@ -20,27 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nccl_env.knobs import CtaPolicy
+from nccl_env.knobs import cta_policy_value
 
-# ncclConfig_t.CTAPolicy flag values by name (nccl_env.knobs.CtaPolicy: nccl.h, DEFAULT 0x00 and
-# EFFICIENCY 0x01 from NCCL 2.27, ZERO 0x02 from 2.28).
-CTA_POLICIES = {p.nccl_name: int(p) for p in CtaPolicy}
 # tuned-file key -> attribute of ProcessGroupNCCL.Options().config
 CONFIG_FIELDS = {"min_ctas": "min_ctas", "max_ctas": "max_ctas", "cta_policy": "cta_policy"}
-
-
-def cta_policy_value(value: int | str) -> int:
-    """``"efficiency"`` / ``1`` -> 1; flags may be combined as ints. ValueError otherwise."""
-    if isinstance(value, str) and not value.strip().isdigit():
-        try:
-            return CTA_POLICIES[value.strip().lower()]
-        except KeyError:
-            raise ValueError(f"unknown cta_policy {value!r} (expected one of {', '.join(sorted(CTA_POLICIES))} "
-                             f"or an int)") from None
-    number = int(value)
-    if number < 0 or number > (CTA_POLICIES["efficiency"] | CTA_POLICIES["zero"]):
-        raise ValueError(f"cta_policy {number} is out of range 0..3")
-    return number
 
 
 @dataclass

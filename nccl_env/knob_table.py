@@ -1,0 +1,128 @@
+"""NCCL's knobs as Lagom sets them: one row per ``CommConfig`` field.
+
+A row says how the knob is spelled (``CommConfig`` field, ``--set`` names, env variables,
+plugin-table column, the report's short prefix), through which door it reaches NCCL on a
+given version (:meth:`Knob.scope`) and which values the search space tries
+(:attr:`Knob.ladder`). The search space, ``--set``, delivery's env names and the tests
+read the rows instead of naming knobs. When NCCL adds or moves a knob (2.30's
+``getChunkSize``, 2.31's per-call ``ncclCollConfig_t``), its row changes here.
+
+Doors (``nccl_env.delivery``, sources in ``nccl_env.rules``): per collective through Lagom's
+tuner plugin (algorithm, protocol, channels from 2.21; chunk from 2.30, v6 getChunkSize);
+per function for NCCL_ALGO/NCCL_PROTO's ``func:list`` syntax from 2.24; per process group
+(``ncclConfig_t`` minCTAs/maxCTAs from 2.17, CTAPolicy for the path); else process-wide env.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+from nccl_env.knobs import CommConfig
+from nccl_env.rules import (
+    CHUNK_PLUGIN_SINCE,
+    CTAS_ENV_SINCE,
+    PER_FUNCTION_ALGO_SINCE,
+    TUNER_SYMBOL_SINCE,
+    NcclVersion,
+)
+
+
+class Scope(enum.Enum):
+    """The narrowest set of collectives that must share one value of a knob."""
+
+    COLLECTIVE = "collective"
+    GROUP = "group"
+    FUNCTION = "function"
+    PROCESS = "process"
+
+
+# NCCL_NTHREADS: a multiple of 32 in 64..512 (NCCL src/init.cc, ncclParamNthreads checks).
+THREAD_LADDER = (64, 128, 192, 256, 384, 512)
+# Channels: roughly x1.5 rungs up to NCCL's MAXCHANNELS (32 before 2.25, 64 from 2.25).
+CHANNEL_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# Chunk bytes: x sqrt(2) rungs from 128 KiB to 4 MiB (NCCL's Simple ring default is 2 MiB,
+# BUFFSIZE 4 MiB / 8 steps x 4; docs/tuner.md), rounded to 4 KiB.
+CHUNK_MIN_BYTES = 128 * 1024
+CHUNK_MAX_BYTES = 4 * 1024 * 1024
+
+
+def chunk_ladder() -> tuple[int, ...]:
+    values = []
+    value = float(CHUNK_MIN_BYTES)
+    while value <= CHUNK_MAX_BYTES * 1.0001:
+        values.append(int(round(value / 4096)) * 4096)
+        value *= math.sqrt(2.0)
+    return tuple(values)
+
+
+PLUGIN_SINCE = min(TUNER_SYMBOL_SINCE.values())  # the oldest tuner-plugin ABI Lagom's plugin exports (v2, 2.21)
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One NCCL knob (see the module doc). ``None`` in a ``*_since`` field: never through that door."""
+
+    field: str  # the CommConfig field
+    cli_names: tuple[str, ...]  # --set spellings, the first the one errors name
+    env: tuple[str, ...]  # the NCCL_* variables that carry it process-wide (empty: none)
+    plugin_column: str | None  # the plugin table's column (nccl_env.plugin_table), None: not carried
+    prefix: str  # the report's short name for it
+    plugin_since: NcclVersion | None  # per collective through Lagom's tuner plugin
+    function_since: NcclVersion | None = None  # per collective function (NCCL_ALGO's "func:list")
+    group_since: NcclVersion | None = None  # per process group (ncclConfig_t)
+    resource: bool = False  # a resource axis of the search (a number the space climbs), not a choice
+    in_bytes: bool = False  # a size (reports show it in KiB/MiB)
+    ladder_fn: Callable[[], tuple[int, ...]] | None = None  # the values the search tries (resource axes)
+
+    @property
+    def ladder(self) -> tuple[int, ...]:
+        return self.ladder_fn() if self.ladder_fn is not None else ()
+
+    def scope(self, version: NcclVersion, use_plugin: bool = True) -> Scope:
+        """The narrowest scope this knob is delivered at on ``version`` (``use_plugin=False``:
+        without Lagom's tuner plugin, as ``deliver(..., use_plugin=False)``)."""
+        if use_plugin and self.plugin_since is not None and version >= self.plugin_since >= PLUGIN_SINCE:
+            return Scope.COLLECTIVE
+        if self.function_since is not None and version >= self.function_since:
+            return Scope.FUNCTION
+        if self.group_since is not None and version >= self.group_since:
+            return Scope.GROUP
+        return Scope.PROCESS
+
+
+ALGORITHM = Knob("algorithm", ("algorithm", "algo"), ("NCCL_ALGO",), "algorithm", "a", PLUGIN_SINCE,
+                 function_since=PER_FUNCTION_ALGO_SINCE)
+PROTOCOL = Knob("protocol", ("protocol", "proto"), ("NCCL_PROTO",), "protocol", "p", PLUGIN_SINCE,
+                function_since=PER_FUNCTION_ALGO_SINCE)
+CHANNELS = Knob("channels", ("channels", "nc"), ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_CTAS",
+                                                 "NCCL_MAX_CTAS"),
+                "channels", "nc", PLUGIN_SINCE, group_since=CTAS_ENV_SINCE, resource=True,
+                ladder_fn=lambda: CHANNEL_LADDER)
+CHUNK = Knob("chunk_bytes", ("chunk", "chunk_bytes"), ("NCCL_BUFFSIZE",), "chunk_bytes", "c", CHUNK_PLUGIN_SINCE,
+             resource=True, in_bytes=True, ladder_fn=chunk_ladder)
+THREADS = Knob("threads", ("threads", "nt"), ("NCCL_NTHREADS", "NCCL_LL128_NTHREADS"), None, "nt", None,
+               resource=True, ladder_fn=lambda: THREAD_LADDER)
+PATH = Knob("path", ("path",), ("NCCL_CTA_POLICY",), None, "path", None, group_since=NcclVersion(2, 0))
+
+KNOBS: tuple[Knob, ...] = (ALGORITHM, PROTOCOL, CHANNELS, CHUNK, THREADS, PATH)
+BY_FIELD: dict[str, Knob] = {k.field: k for k in KNOBS}
+BY_CLI_NAME: dict[str, Knob] = {name: k for k in KNOBS for name in k.cli_names}
+RESOURCE_KNOBS: tuple[Knob, ...] = (CHANNELS, CHUNK, THREADS)  # the space's resource axes, in its order
+RESOURCE_AXES: tuple[str, ...] = tuple(k.field for k in RESOURCE_KNOBS)
+REPORT_ORDER: tuple[Knob, ...] = (CHANNELS, THREADS, CHUNK)  # "ring/simple nc2 nt512 c2M" (AutoCCL's NC, NT, C)
+CHOICE_KNOBS: tuple[Knob, ...] = (ALGORITHM, PROTOCOL)  # chosen together, as (algorithm, protocol) pairs
+KERNEL_KNOBS: tuple[str, ...] = RESOURCE_AXES + tuple(k.field for k in CHOICE_KNOBS)  # what NCCL's SM kernels run
+assert set(BY_FIELD) == {f.name for f in fields(CommConfig)}, "every CommConfig field has a row"
+
+
+def knob_scopes(version: NcclVersion, use_plugin: bool = True) -> dict[str, Scope]:
+    """Each non-path knob's narrowest scope on this NCCL (the path is one value per group)."""
+    return {k.field: k.scope(version, use_plugin) for k in KNOBS if k is not PATH}
+
+
+def value_of(config: CommConfig, knob: Knob) -> object:
+    """``config``'s value of ``knob`` (None: NCCL decides)."""
+    return getattr(config, knob.field)

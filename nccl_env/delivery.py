@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from nccl_env.errors import LagomError
-from nccl_env.knob_table import ALGORITHM, CHANNELS, KNOBS, PROTOCOL, THREADS
+from nccl_env.knob_table import ALGORITHM, CHANNELS, CHUNK, KNOBS, PROTOCOL, THREADS, validate_config
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, CommPath, CtaPolicy, Protocol
 from nccl_env.plan import Plan, Signature
 from nccl_env.plugin_table import PLUGIN_COLLECTIVES, PluginEntry, check_entry
@@ -56,7 +56,6 @@ from nccl_env.rules import (
     p2p_chunk_ceiling,
     p2p_chunk_envs,
     per_collective_knobs,
-    validate_config,
 )
 
 # Spellings NCCL_ALGO / NCCL_PROTO parse (init.cc ncclFuncStr / ncclAlgoStr / ncclProtoStr; case-insensitive).
@@ -268,9 +267,9 @@ def _plugin_part(items: list[tuple[Signature, CommConfig]], default: CommConfig,
 
 def _threads(items: list[tuple[Signature, CommConfig]], default: CommConfig, out: Delivery) -> None:
     for var, ll128 in (("NCCL_NTHREADS", False), ("NCCL_LL128_NTHREADS", True)):
-        wanted = [(s, c.threads) for s, c in items if c.threads is not None and (c.protocol is Protocol.LL128) == ll128]
-        if not wanted and default.threads is not None and (default.protocol is Protocol.LL128) == ll128:
-            out.env[var] = str(default.threads)
+        wanted = THREADS.set_in((s, c) for s, c in items if (PROTOCOL.get(c) is Protocol.LL128) == ll128)
+        if not wanted and THREADS.get(default) is not None and (PROTOCOL.get(default) is Protocol.LL128) == ll128:
+            out.env[var] = str(THREADS.get(default))
             continue
         if wanted:
             _, value = _one_value("threads", wanted, "in one process",
@@ -279,26 +278,33 @@ def _threads(items: list[tuple[Signature, CommConfig]], default: CommConfig, out
 
 
 def _chunk(items, default: CommConfig, version: NcclVersion, per_coll, door_knobs, out: Delivery) -> None:
-    wanted = [(s, c) for s, c in items if c.chunk_bytes is not None]
-    if "chunk_bytes" in per_coll:
+    wanted = [(s, c) for s, c in items if CHUNK.get(c) is not None]
+    if CHUNK.field in per_coll:
         # Per collective through getChunkSize, but NCCL clamps to the buffer: make it big enough.
-        needs = [buffsize_for_chunk(c.chunk_bytes, c.algorithm) for s, c in wanted if "chunk_bytes" in door_knobs(s)]
-        if default.chunk_bytes is not None:
-            needs.append(buffsize_for_chunk(default.chunk_bytes, default.algorithm))
+        needs = [_buffsize_for(c) for s, c in wanted if CHUNK.field in door_knobs(s)]
+        if CHUNK.get(default) is not None:
+            needs.append(_buffsize_for(default))
         need = max(needs, default=0)
         if need > DEFAULT_BUFFSIZE_BYTES:
             out.env["NCCL_BUFFSIZE"] = str(1 << (need - 1).bit_length())  # NCCL recommends powers of two
         return
     if not wanted:
-        if default.chunk_bytes is not None:
-            out.env["NCCL_BUFFSIZE"] = str(buffsize_for_chunk(default.chunk_bytes, default.algorithm))
+        if CHUNK.get(default) is not None:
+            out.env["NCCL_BUFFSIZE"] = str(_buffsize_for(default))
         return
     sig, cfg = _one_value(
         "chunk_bytes", wanted, "in one process",
         f"NCCL {version} has no per-collective chunk size (tuner getChunkSize needs 2.30) and NCCL_BUFFSIZE is "
-        f"one value per process", out.compromises, show=lambda c: str(c.chunk_bytes),
+        f"one value per process", out.compromises, show=lambda c: str(CHUNK.get(c)),
     )
-    out.env["NCCL_BUFFSIZE"] = str(buffsize_for_chunk(cfg.chunk_bytes, cfg.algorithm))
+    out.env["NCCL_BUFFSIZE"] = str(_buffsize_for(cfg))
+
+
+def _buffsize_for(cfg: CommConfig) -> int:
+    """The NCCL_BUFFSIZE that admits ``cfg``'s chunk (which it sets) on its algorithm."""
+    chunk = CHUNK.get(cfg)
+    assert chunk is not None
+    return buffsize_for_chunk(chunk, ALGORITHM.get(cfg))
 
 
 def _p2p_chunk(items: list[tuple[Signature, CommConfig]], version: NcclVersion, buffsize_free: bool,
@@ -312,9 +318,9 @@ def _p2p_chunk(items: list[tuple[Signature, CommConfig]], version: NcclVersion, 
     """
     wanted: dict[str, list[tuple[Signature, int]]] = defaultdict(list)
     for sig, cfg in items:
-        if cfg.chunk_bytes is not None:
+        if (step_bytes := CHUNK.get(cfg)) is not None:
             for env in p2p_chunk_envs(sig.nodes):
-                wanted[env].append((sig, int(cfg.chunk_bytes)))
+                wanted[env].append((sig, int(step_bytes)))
     for env, values in sorted(wanted.items()):
         if env == P2P_PCI_CHUNK_ENV and P2P_NVL_CHUNK_ENV in wanted:
             out.env[env] = out.env[P2P_NVL_CHUNK_ENV]  # the same signatures: said once already
@@ -341,9 +347,9 @@ def _channels(items, default: CommConfig, version: NcclVersion, per_coll, out: D
         # minCTAs = the most any collective of the group asks for lets it ask that many;
         # below NCCL's own count it changes nothing, since NCCL keeps max(its count, minCTAs).
         most: dict[str, int] = {}
-        for sig, cfg in items:
-            if cfg.channels is not None and sig.collective in PLUGIN_COLLECTIVES:
-                most[sig.group] = max(most.get(sig.group, 0), int(cfg.channels))
+        for sig, count in CHANNELS.set_in(items):
+            if sig.collective in PLUGIN_COLLECTIVES:
+                most[sig.group] = max(most.get(sig.group, 0), int(count))
         symmetric = {g for g, p in group_paths(Plan(dict(items))).items() if p is CommPath.SYMMETRIC}
         for group, value in sorted(most.items()):
             if group in symmetric:
@@ -357,8 +363,8 @@ def _channels(items, default: CommConfig, version: NcclVersion, per_coll, out: D
             if version >= CTAS_ENV_SINCE:
                 out.group_configs[group] = {"min_ctas": value}
         return
-    wanted = [(s, c.channels) for s, c in items if c.channels is not None and s.collective in PLUGIN_COLLECTIVES]
-    default_channels = default.channels
+    wanted = [(s, count) for s, count in CHANNELS.set_in(items) if s.collective in PLUGIN_COLLECTIVES]
+    default_channels = CHANNELS.get(default)
     if version < CTAS_ENV_SINCE:
         if wanted:
             _, value = _one_value("channels", wanted, "in one process",

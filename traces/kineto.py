@@ -460,7 +460,7 @@ class _WorkloadBuilder:
         and each one's thread (by ``id`` of the op)."""
         o = self.origin
         ops: list[CollectiveOp] = []
-        threads: dict[int, tuple] = {}
+        op_threads: dict[int, tuple] = {}
         thread_stream: dict[tuple, int] = {}
         seen: set[tuple] = set()
         for thread, calls in self.calls_by_thread.items():
@@ -484,11 +484,11 @@ class _WorkloadBuilder:
                     continue  # a wait or an unknown call
                 stream = thread_stream.setdefault(thread, -(len(thread_stream) + 1))
                 ops.append(self._collective(info, outer.name, stream, outer.ts - o, outer.end - outer.ts, False, None))
-                threads[id(ops[-1])] = thread
+                op_threads[id(ops[-1])] = thread
         streams = [
             Stream(sid, StreamKind.COMMUNICATION, f"cpu thread {thread[1]}") for thread, sid in thread_stream.items()
         ]
-        return ops, streams, threads
+        return ops, streams, op_threads
 
     def _dependencies(self, op_corr: list) -> list[Dependency]:
         """Event record/wait pairs (CUDA sync events): last op recorded on the producer stream

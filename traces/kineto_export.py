@@ -75,7 +75,7 @@ def write_moved_trace(workload: Workload, moved: MovedOps, out: Path, stamp: dic
             by_corr[corr] = new_ts
     for stream_spans in spans.values():
         stream_spans.sort()
-    threads = {name: i for i, name in enumerate(workload.exec_graph.threads)}
+    thread_index = {name: i for i, name in enumerate(workload.exec_graph.cpu_threads)}
     gpu_ids = {id(e) for e in matched}
     for e in events:
         if not isinstance(e, dict) or id(e) in gpu_ids or type(e.get("ts")) not in (int, float):
@@ -87,7 +87,7 @@ def write_moved_trace(workload: Workload, moved: MovedOps, out: Path, stamp: dic
             e["ts"] = by_corr[to_int(e.get("id")) or 0]
         else:
             key = thread_key(e)
-            index = threads.get(f"{key[0]}/{key[1]}")
+            index = thread_index.get(f"{key[0]}/{key[1]}")
             if index is not None:
                 t = e["ts"] + offset
                 e["ts"] += moved.cpu_us(index, t) - t

@@ -163,6 +163,10 @@ class AlgoEstimate:
     bw_gb_per_s: float  # algorithm bandwidth, NCCL's model
     time_us: float
 
+    @property
+    def pair(self) -> tuple[Algorithm, Protocol]:
+        return self.algorithm, self.protocol
+
 
 def _compcap_index(cc: int) -> int:
     return 2 if cc >= 90 else 1 if cc >= 80 else 0

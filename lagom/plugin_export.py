@@ -16,6 +16,7 @@ from lagom.output_paths import write_output
 from lagom.tuned_config import TunedConfig
 from nccl_env.delivery import PLUGIN_SETTINGS, PluginRule, plugin_lines
 from nccl_env.errors import LagomError
+from nccl_env.knob_table import CHUNK, THREADS
 from nccl_env.plugin_table import PLUGIN_COLLECTIVES, PluginEntry, format_table
 from nccl_env.rules import (
     CHUNK_PLUGIN_SINCE,
@@ -67,10 +68,10 @@ def plugin_table_comments(cfg: TunedConfig) -> list[str]:
         oldest = min(TUNER_SYMBOL_SINCE.values())
         comments.append(f"NCCL {version} loads none of the plugin's ABIs (the oldest, v2, needs NCCL >= {oldest}): "
                         "this table has no lines; the config's env and process_groups carry what that NCCL takes")
-    elif version is not None and version < CHUNK_PLUGIN_SINCE and any(e.config.chunk_bytes is not None for e in asked):
+    elif version is not None and version < CHUNK_PLUGIN_SINCE and any(CHUNK.get(e.config) is not None for e in asked):
         comments.append(f"chunk_bytes is applied only by NCCL >= {CHUNK_PLUGIN_SINCE} (tuner getChunkSize), so this "
                         f"table leaves it out; on NCCL {version} NCCL_BUFFSIZE (the config's env) carries it")
-    if any(e.config.threads is not None for e in cfg.collectives):
+    if any(THREADS.get(e.config) is not None for e in cfg.collectives):
         comments.append("threads are process-wide (NCCL_NTHREADS in the config's env), not in this table")
     return comments
 

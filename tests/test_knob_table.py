@@ -40,18 +40,11 @@ PENDING_MERGE = {
 # only go). RecordedSettings (traces/exec_graph.py) keeps the knobs' names while
 # costmodel/replay/anchor.py, being rewritten, reads them; it becomes recorded_* after the merge.
 STILL_NAMING: dict[str, set[str]] = {
-    "algorithm": {"costmodel/calibration/calibrate.py", "costmodel/evaluator.py", "lagom/online/controller.py",
-                  "lagom/online/plugin_view.py", "lagom/tuning.py", "nccl_env/plugin_abi.py",
-                  "nccl_env/plugin_table.py", "traces/exec_graph.py", "tuner/space.py"},
-    "protocol": {"costmodel/calibration/calibrate.py", "lagom/online/controller.py", "lagom/online/plugin_view.py",
-                 "lagom/tuning.py", "nccl_env/plugin_abi.py", "nccl_env/plugin_table.py", "traces/exec_graph.py",
-                 "tuner/space.py"},
-    "channels": {"costmodel/calibration/calibrate.py", "lagom/online/plugin_view.py", "nccl_env/plugin_table.py",
-                 "traces/exec_graph.py"},
-    "chunk_bytes": {"costmodel/calibration/calibrate.py", "lagom/online/plugin_view.py", "lagom/plugin_export.py",
-                    "nccl_env/plugin_abi.py", "nccl_env/plugin_table.py"},
-    "threads": {"costmodel/calibration/calibrate.py", "lagom/online/plugin_view.py", "lagom/plugin_export.py",
-                "traces/exec_graph.py"},
+    "algorithm": {"nccl_env/plugin_table.py", "traces/exec_graph.py"},
+    "protocol": {"nccl_env/plugin_table.py", "traces/exec_graph.py"},
+    "channels": {"nccl_env/plugin_table.py", "traces/exec_graph.py"},
+    "chunk_bytes": {"nccl_env/plugin_table.py"},
+    "threads": {"traces/exec_graph.py"},
     "path": set(),
 }
 # CommConfig.path becomes comm_path (the word names file paths in ~40 modules) once the pending

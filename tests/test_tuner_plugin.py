@@ -148,17 +148,17 @@ def test_v2_sets_algorithm_and_protocol_when_supported(lib, log):
                   "allgather,0,-1,pat,simple,2,-1,-1\nbroadcast,0,-1,tree,-1,3,-1,-1\n")
     with lib.open(2, 8, 1, log) as comm:
         r = comm.get_coll_info(ALLREDUCE, 100, coll_net_support=1)
-        assert (r.algorithm, r.protocol, r.n_channels) == (CN_DIRECT, SIMPLE, 4)
+        assert (r.algo, r.proto, r.n_channels) == (CN_DIRECT, SIMPLE, 4)
         r = comm.get_coll_info(ALLREDUCE, 100, coll_net_support=0)
-        assert (r.algorithm, r.protocol, r.n_channels) == (-1, -1, 4)
+        assert (r.algo, r.proto, r.n_channels) == (-1, -1, 4)
         r = comm.get_coll_info(ALLREDUCE, 1 << 20)
-        assert (r.algorithm, r.protocol, r.n_channels) == (RING, LL128, 0)
+        assert (r.algo, r.proto, r.n_channels) == (RING, LL128, 0)
         r = comm.get_coll_info(ALLGATHER, 100)  # NCCL 2.21 has no PAT
-        assert (r.algorithm, r.protocol, r.n_channels) == (-1, -1, 2)
+        assert (r.algo, r.proto, r.n_channels) == (-1, -1, 2)
         r = comm.get_coll_info(BCAST, 100)  # v2 cannot set an algorithm alone
-        assert (r.algorithm, r.protocol, r.n_channels) == (-1, -1, 3)
+        assert (r.algo, r.proto, r.n_channels) == (-1, -1, 3)
         r = comm.get_coll_info(REDUCE, 100)
-        assert (r.algorithm, r.protocol, r.n_channels) == (-1, -1, 0)
+        assert (r.algo, r.proto, r.n_channels) == (-1, -1, 0)
     assert any("together only" in w for w in warnings(log))
 
 

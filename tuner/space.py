@@ -51,8 +51,10 @@ from costmodel.cluster import ClusterSpec
 from nccl_env.delivery import largest_message
 from nccl_env.errors import LagomError
 from nccl_env.knob_table import (
+    ALGORITHM,
     CHANNELS,
     KERNEL_KNOBS,
+    PROTOCOL,
     RESOURCE_AXES,
     RESOURCE_KNOBS,
     Scope,
@@ -257,7 +259,7 @@ class SearchSpace:
                 levels.append((unit.index, axis, rung))
         pairs: list[tuple[int, tuple[Algorithm, Protocol] | None]] = []
         for sub in self.subspace_units:
-            wanted_pairs = {(configs(s).algorithm, configs(s).protocol) for s in sub.signatures}
+            wanted_pairs = {(ALGORITHM.get(configs(s)), PROTOCOL.get(configs(s))) for s in sub.signatures}
             pair = next(iter(wanted_pairs)) if with_pairs and len(wanted_pairs) == 1 else None
             pairs.append((sub.index, pair if pair in self.unit_pairs(sub) else None))
         return Point(tuple(sorted(levels)), tuple(pairs), self._sm_paths())

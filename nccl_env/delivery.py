@@ -40,7 +40,7 @@ from nccl_env.errors import LagomError
 from nccl_env.knob_table import ALGORITHM, CHANNELS, CHUNK, KNOBS, PROTOCOL, THREADS, validate_config
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, CommPath, CtaPolicy, Protocol
 from nccl_env.plan import Plan, Signature
-from nccl_env.plugin_table import PLUGIN_COLLECTIVES, PluginEntry, check_entry
+from nccl_env.plugin_table import PLUGIN_COLLECTIVES, PluginEntry, check_entry, plugin_settings
 from nccl_env.rules import (
     CTAS_ENV_SINCE,
     DEFAULT_BUFFSIZE_BYTES,
@@ -227,10 +227,10 @@ def plugin_lines(rules: list[PluginRule], per_coll: frozenset[str]) -> tuple[lis
         if e.collective is not None and e.collective not in PLUGIN_COLLECTIVES:
             continue
         check_entry(e, index)
-        settings = {k: getattr(e, k) if k in per_coll else None for k in PLUGIN_SETTINGS}
-        if all(v is None for v in settings.values()):
+        settings = plugin_settings(e.settings, per_coll)
+        if settings == CommConfig():
             continue
-        line = replace(e, **settings)
+        line = replace(e, settings=settings)
         key = (e.collective, e.min_bytes, e.max_bytes, e.ranks, e.nodes, e.pipe_ops, e.reg_buff)
         if key in first_by_match:
             first_rule, first_line = first_by_match[key]
@@ -253,16 +253,16 @@ def _plugin_part(items: list[tuple[Signature, CommConfig]], default: CommConfig,
     rules = [
         PluginRule(PluginEntry(collective=sig.collective, min_bytes=sig.message_bytes or None,
                                max_bytes=sig.message_bytes, nodes=sig.nodes, ranks=sig.ranks,
-                               **{k: getattr(cfg, k) for k in PLUGIN_SETTINGS}),
+                               settings=plugin_settings(cfg)),
                    sig.group, sig.label())
         for sig, cfg in items
     ]
     lines, compromises = plugin_lines(rules, per_coll)
     out.plugin_entries += lines
     out.compromises += compromises
-    fallback = {k: getattr(default, k) for k in per_coll if getattr(default, k) is not None}
-    if fallback:
-        out.plugin_entries.append(PluginEntry(**fallback))  # wildcard last: first match wins
+    fallback = plugin_settings(default, per_coll)
+    if fallback != CommConfig():
+        out.plugin_entries.append(PluginEntry(settings=fallback))  # wildcard last: first match wins
 
 
 def _threads(items: list[tuple[Signature, CommConfig]], default: CommConfig, out: Delivery) -> None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from nccl_env.errors import LagomError
-from nccl_env.knob_table import ALGORITHM, CHANNELS, CHUNK, KNOBS, PROTOCOL, THREADS, validate_config
+from nccl_env.knob_table import ALGORITHM, CHANNELS, CHUNK, KNOBS, PATH, PROTOCOL, THREADS, validate_config
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, CommPath, CtaPolicy, Protocol
 from nccl_env.plan import Plan, Signature
 from nccl_env.plugin_table import PLUGIN_COLLECTIVES, PluginEntry, check_entry, plugin_settings
@@ -433,9 +433,8 @@ def group_paths(plan: Plan) -> dict[str, CommPath]:
     """Each process group's path in ``plan`` (groups without one are left out: NCCL's kernels);
     where a group's signatures disagree, the largest message's (as :func:`deliver` delivers)."""
     by_group: dict[str, list[tuple[Signature, CommPath]]] = defaultdict(list)
-    for sig, cfg in sorted(plan.entries.items()):
-        if cfg.path is not None:
-            by_group[sig.group].append((sig, cfg.path))
+    for sig, comm_path in PATH.set_in(sorted(plan.entries.items())):
+        by_group[sig.group].append((sig, comm_path))
     return {group: largest_message(items)[1] for group, items in sorted(by_group.items())}
 
 
@@ -443,9 +442,8 @@ def _paths(items: list[tuple[Signature, CommConfig]], out: Delivery) -> None:
     """Per group, the CTA policy its path needs (ncclConfig_t.CTAPolicy; validate_config checked the
     version); a group asked for two paths gets the largest message's, and a compromise says so."""
     by_group: dict[str, list[tuple[Signature, CommPath]]] = defaultdict(list)
-    for sig, cfg in items:
-        if cfg.path is not None:
-            by_group[sig.group].append((sig, cfg.path))
+    for sig, comm_path in PATH.set_in(items):
+        by_group[sig.group].append((sig, comm_path))
     chosen: set[CommPath] = set()
     for group, group_items in sorted(by_group.items()):
         _, path = _one_value("path", group_items, f"in process group {group!r}",

@@ -53,7 +53,9 @@ from nccl_env.errors import LagomError
 from nccl_env.knob_table import (
     ALGORITHM,
     CHANNELS,
+    CHUNK,
     KERNEL_KNOBS,
+    PATH,
     PROTOCOL,
     RESOURCE_AXES,
     RESOURCE_KNOBS,
@@ -487,11 +489,11 @@ def online_space(space: SearchSpace, seed: Callable[[Signature], CommConfig]) ->
     for sig in space.signatures:
         config = seed(sig)
         # a point-to-point step is NCCL_P2P_*_CHUNKSIZE's, read at start, whatever the version
-        knobs = ("chunk_bytes",) if sig.collective in P2P_COLLECTIVES else fixed_knobs
+        knobs = (CHUNK.field,) if sig.collective in P2P_COLLECTIVES else fixed_knobs
         values = {k: getattr(config, k) for k in knobs}
         pinned[sig] = {k: v for k, v in values.items() if v is not None}
-        if config.path is not None:
-            pinned[sig]["path"] = config.path  # the CTA policy and the buffers are set up at start
+        if (comm_path := PATH.get(config)) is not None:
+            pinned[sig][PATH.field] = comm_path  # the CTA policy and the buffers are set up at start
     subspaces = space.subspace_units if space.scopes["algorithm"] is Scope.COLLECTIVE else []
     notes = [f"online: {', '.join(fixed_knobs)} fixed at the seed's values (read when a communicator is created)"]
     return dataclasses.replace(space, resource_units=kept, subspace_units=subspaces, notes=notes, pinned=pinned,

@@ -46,6 +46,7 @@ from lagom.tuned_config import TunedConfig, load_tuned_config
 from lagom.workload_arg import read_workload_arg
 from nccl_env.delivery import online_ceilings, plugin_env
 from nccl_env.errors import LagomError
+from nccl_env.knob_table import PATH
 from nccl_env.knobs import CommPath, CtaPolicy, cta_policy_value
 from nccl_env.plugin_build import PluginBuildError, build_plugin
 from nccl_env.rules import (
@@ -232,7 +233,7 @@ def _file_version(config: TunedConfig) -> NcclVersion | None:
 def uses_paths(config: TunedConfig) -> bool:
     """Whether the file puts a group on a path off NCCL's SM kernels (a CTA policy or a path entry)."""
     policies = any(cta_policy_value(g.get("cta_policy", 0)) for g in config.process_groups.values())
-    return policies or any(e.config.path not in (None, CommPath.SM) for e in config.collectives)
+    return policies or any(PATH.get(e.config) not in (None, CommPath.SM) for e in config.collectives)
 
 
 def observe_paths(setup: RunSetup) -> bool:

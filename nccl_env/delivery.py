@@ -123,7 +123,7 @@ def online_ceilings(version: NcclVersion, max_chunk_bytes: int, env: dict[str, s
     """
     ceiling = str(max_channels(version))
     out = {"NCCL_MIN_CTAS": ceiling, "NCCL_MAX_CTAS": ceiling}
-    if "chunk_bytes" in per_collective_knobs(version):
+    if CHUNK.field in per_collective_knobs(version):
         needed = buffsize_for_chunk(max_chunk_bytes, Algorithm.TREE)
         given = env.get("NCCL_BUFFSIZE", "")
         out["NCCL_BUFFSIZE"] = str(max(needed, int(given) if given.isdigit() else 0))
@@ -190,7 +190,7 @@ def deliver(plan: Plan, version: NcclVersion, use_plugin: bool = True, own_commu
     collectives = [(s, c) for s, c in items if s.collective not in P2P_COLLECTIVES]
     _threads(collectives, plan.default, out)
     _chunk(collectives, plan.default, version, per_coll, door_knobs, out)
-    buffsize_free = "chunk_bytes" in per_coll or (own_communicator and "NCCL_BUFFSIZE" not in out.env)
+    buffsize_free = CHUNK.field in per_coll or (own_communicator and "NCCL_BUFFSIZE" not in out.env)
     _p2p_chunk([(s, c) for s, c in items if s.collective in P2P_COLLECTIVES], version, buffsize_free, out)
     _channels(items, plan.default, version, per_coll, out)
     _algo_proto(items, plan.default, version, per_coll, out)
@@ -272,7 +272,7 @@ def _threads(items: list[tuple[Signature, CommConfig]], default: CommConfig, out
             out.env[var] = str(THREADS.get(default))
             continue
         if wanted:
-            _, value = _one_value("threads", wanted, "in one process",
+            _, value = _one_value(THREADS.field, wanted, "in one process",
                                   f"{var} is read once per process and no plugin ABI sets threads", out.compromises)
             out.env[var] = str(value)
 
@@ -293,7 +293,7 @@ def _chunk(items, default: CommConfig, version: NcclVersion, per_coll, door_knob
             out.env["NCCL_BUFFSIZE"] = str(_buffsize_for(default))
         return
     sig, cfg = _one_value(
-        "chunk_bytes", wanted, "in one process",
+        CHUNK.field, wanted, "in one process",
         f"NCCL {version} has no per-collective chunk size (tuner getChunkSize needs 2.30) and NCCL_BUFFSIZE is "
         f"one value per process", out.compromises, show=lambda c: str(CHUNK.get(c)),
     )
@@ -341,7 +341,7 @@ def _p2p_chunk(items: list[tuple[Signature, CommConfig]], version: NcclVersion, 
 
 
 def _channels(items, default: CommConfig, version: NcclVersion, per_coll, out: Delivery) -> None:
-    if "channels" in per_coll:
+    if CHANNELS.field in per_coll:
         # The plugin carries them (the default went into a wildcard entry), but NCCL caps a
         # plugin's channel count at the communicator's (enqueue.cc: nc <= comm->nChannels).
         # minCTAs = the most any collective of the group asks for lets it ask that many;
@@ -367,7 +367,7 @@ def _channels(items, default: CommConfig, version: NcclVersion, per_coll, out: D
     default_channels = CHANNELS.get(default)
     if version < CTAS_ENV_SINCE:
         if wanted:
-            _, value = _one_value("channels", wanted, "in one process",
+            _, value = _one_value(CHANNELS.field, wanted, "in one process",
                                   f"NCCL {version} has neither a tuner plugin nor per-communicator CTAs",
                                   out.compromises)
             out.env["NCCL_MIN_NCHANNELS"] = out.env["NCCL_MAX_NCHANNELS"] = str(value)
@@ -378,7 +378,7 @@ def _channels(items, default: CommConfig, version: NcclVersion, per_coll, out: D
     for sig, value in wanted:
         by_group[sig.group].append((sig, value))
     for group, group_items in sorted(by_group.items()):
-        _, value = _one_value("channels", group_items, f"in process group {group!r}",
+        _, value = _one_value(CHANNELS.field, group_items, f"in process group {group!r}",
                               "without the tuner plugin channels are set per communicator (minCTAs/maxCTAs)",
                               out.compromises)
         out.group_configs[group] = {"min_ctas": int(value), "max_ctas": int(value)}
@@ -446,7 +446,7 @@ def _paths(items: list[tuple[Signature, CommConfig]], out: Delivery) -> None:
         by_group[sig.group].append((sig, comm_path))
     chosen: set[CommPath] = set()
     for group, group_items in sorted(by_group.items()):
-        _, path = _one_value("path", group_items, f"in process group {group!r}",
+        _, path = _one_value(PATH.field, group_items, f"in process group {group!r}",
                              "a communicator has one CTA policy and its collectives one buffer registration",
                              out.compromises, show=lambda p: p.value)
         if path.cta_policy is not CtaPolicy.DEFAULT:

@@ -141,6 +141,7 @@ class Knob(Generic[V]):
     in_bytes: bool = False  # a size (reports show it in KiB/MiB)
     ladder_fn: Callable[[], tuple[int, ...]] | None = None  # the values the search tries (resource axes)
     validator: Validator | None = None  # the values NCCL takes (None: any value of the field's type)
+    choices: tuple[Any, ...] = ()  # a choice knob's values, each spelled by its nccl_name (empty: a number)
 
     def get(self, config: CommConfig) -> V | None:
         """``config``'s value of this knob (None: NCCL decides)."""
@@ -176,10 +177,10 @@ class Knob(Generic[V]):
 
 ALGORITHM: Knob[Algorithm] = Knob(
     "algorithm", ("algorithm", "algo"), ("NCCL_ALGO",), "algorithm", "a", PLUGIN_SINCE,
-    function_since=PER_FUNCTION_ALGO_SINCE, validator=_check_algorithm)
+    function_since=PER_FUNCTION_ALGO_SINCE, validator=_check_algorithm, choices=tuple(Algorithm))
 PROTOCOL: Knob[Protocol] = Knob(
     "protocol", ("protocol", "proto"), ("NCCL_PROTO",), "protocol", "p", PLUGIN_SINCE,
-    function_since=PER_FUNCTION_ALGO_SINCE)
+    function_since=PER_FUNCTION_ALGO_SINCE, choices=tuple(Protocol))
 CHANNELS: Knob[int] = Knob(
     "channels", ("channels", "nc"), ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS"),
     "channels", "nc", PLUGIN_SINCE, group_since=CTAS_ENV_SINCE, resource=True,
@@ -192,7 +193,7 @@ THREADS: Knob[int] = Knob(
     resource=True, ladder_fn=lambda: THREAD_LADDER, validator=_check_threads)
 PATH: Knob[CommPath] = Knob(
     "path", ("path",), ("NCCL_CTA_POLICY",), None, "path", None, group_since=NcclVersion(2, 0),
-    validator=_check_path)
+    validator=_check_path, choices=tuple(CommPath))
 
 KNOBS: tuple[Knob[Any], ...] = (ALGORITHM, PROTOCOL, CHANNELS, CHUNK, THREADS, PATH)
 BY_FIELD: dict[str, Knob[Any]] = {k.field: k for k in KNOBS}

@@ -46,7 +46,7 @@ from lagom.tuned_config import TunedConfig, load_tuned_config
 from lagom.workload_arg import read_workload_arg
 from nccl_env.delivery import online_ceilings, plugin_env
 from nccl_env.errors import LagomError
-from nccl_env.knob_table import PATH
+from nccl_env.knob_table import CHANNELS, PATH
 from nccl_env.knobs import CommPath, CtaPolicy, cta_policy_value
 from nccl_env.plugin_build import PluginBuildError, build_plugin
 from nccl_env.rules import (
@@ -428,7 +428,7 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
     forced = _online_version(request, None) if request.nccl_version else None  # the seed is checked against it
     seed = load_tuned_config(config_path, forced) if config_path is not None else None
     version = forced or _online_version(request, seed)
-    if "channels" not in per_collective_knobs(version):
+    if CHANNELS.field not in per_collective_knobs(version):
         raise LagomError(f"lagom run --online needs NCCL >= 2.21 (its tuner plugin changes a collective's channels and "
                          f"algorithm per call); NCCL {version} only takes settings at start: use lagom run --config")
     if not 1 <= request.budget_steps <= MAX_BUDGET_STEPS:

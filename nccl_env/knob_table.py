@@ -125,7 +125,7 @@ V = TypeVar("V")  # the knob's value type (Algorithm, int, CommPath)
 K = TypeVar("K")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # a row is its own identity (sets and dicts of rows hash by it)
 class Knob(Generic[V]):
     """One NCCL knob (see the module doc). ``None`` in a ``*_since`` field: never through that door."""
 

@@ -27,7 +27,7 @@ import orjson
 from costmodel.evaluator import Timing
 from costmodel.replay.schedule import moved_times
 from lagom import __version__
-from lagom.output_paths import OutputFormat, check_output
+from lagom.output_paths import OutputFormat, check_output, write_output
 from nccl_env.errors import LagomError
 from traces.kineto_events import CATEGORY, GPU_ANNOTATION, KERNEL, MEMCPY, MEMSET, thread_key, to_int
 from traces.kineto_json import read_bytes
@@ -113,17 +113,7 @@ def export_trace(workload: Workload, timing: Timing, out: Path, what: str) -> in
     doc[EXPORT_KEY] = {"by": f"lagom {__version__}", "source": str(source), "predicted": what,
                        "note": "every event moved to the replay's prediction (docs/replay.md)"}
     data = orjson.dumps(doc)
-    tmp = out.with_name(out.name + ".tmp")
-    try:
-        if out.name.endswith(".gz"):
-            with gzip.open(tmp, "wb", compresslevel=6) as f:
-                f.write(data)
-        else:
-            tmp.write_bytes(data)
-        tmp.replace(out)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise LagomError(f"--export-trace {out}: cannot write: {exc.strerror or exc}") from None
+    write_output(out, gzip.compress(data, compresslevel=6) if out.name.endswith(".gz") else data, "--export-trace")
     return len(matched)
 
 

@@ -65,6 +65,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from nccl_env.errors import LagomError
+from nccl_env.files import PathKind, check_path_kind
 from nccl_env.knobs import CollectiveType, CommPath
 from traces.comm_names import collective_from_kernel_name, is_nccl_kernel, is_symmetric_kernel
 from traces.exec_graph import WAIT_BASIS_FASTEST, WAIT_BASIS_RANKS
@@ -125,11 +126,15 @@ def trace_files(path: str | Path) -> list[Path]:
     if not str(path).strip():
         raise LagomError("an empty path: give a trace file or a folder of trace files")
     path = Path(path)
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and _is_trace_name(p.name))
+    kind = check_path_kind(path, str(path), folder=True)
+    if kind is PathKind.FOLDER:
+        named = sorted(p for p in path.iterdir() if _is_trace_name(p.name))
+        for member in named:  # a trace's name on a FIFO, a device or a link loop: refused, never opened
+            check_path_kind(member, str(member), folder=True)
+        files = [p for p in named if p.is_file()]
         if not files:
             raise LagomError(f"{path}: directory holds no .json or .json.gz trace files")
-    elif path.exists():
+    elif kind is PathKind.FILE:
         files = [path]
     else:
         raise LagomError(f"{path}: no such file or directory")

@@ -16,9 +16,7 @@ the precise error for malformed input.
 
 from __future__ import annotations
 
-import gzip
 import re
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -26,6 +24,8 @@ from typing import Protocol, TypeVar
 import orjson
 
 from nccl_env.errors import LagomError
+from nccl_env.files import PathKind, path_kind, read_bounded
+from traces import limits
 
 CHUNK_BYTES = 4 << 20
 _BOUNDARY = re.compile(rb"\}\s*,")
@@ -34,23 +34,21 @@ _SPACE = re.compile(rb"\s*")
 
 
 def read_bytes(path: Path) -> bytes:
-    """The file's bytes, gunzipped when they are gzip (detected by content)."""
+    """The file's bytes, gunzipped when they are gzip (detected by content): a regular file only
+    (a device, a FIFO, a socket, a link loop: LagomError before it is opened), read no further than
+    :func:`traces.limits.trace_json_limit_bytes` (a gzip stream's bytes counted as they come)."""
+    if path.is_dir():
+        raise LagomError(f"{path}: is a directory, expected a trace file")
+    if path_kind_missing(path):
+        raise LagomError(f"{path}: no such file or directory")
+    return read_bounded(path, limits.trace_json_limit_bytes(), str(path), "a trace")
+
+
+def path_kind_missing(path: Path) -> bool:
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise LagomError(f"{path}: no such file or directory") from None
-    except IsADirectoryError:
-        raise LagomError(f"{path}: is a directory, expected a trace file") from None
-    except OSError as exc:
-        raise LagomError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except EOFError:
-            raise LagomError(f"{path}: truncated gzip file (compressed stream ended early)") from None
-        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
-            raise LagomError(f"{path}: corrupt gzip file: {exc}") from None
-    return raw
+        return path_kind(path) is PathKind.MISSING
+    except OSError:
+        return False  # the read says why
 
 
 class EventSink(Protocol):

@@ -243,6 +243,7 @@ class _ParsedTrace:
     sync_events: list[SyncEvent] = field(default_factory=list)
     step_marks: list[StepMark] = field(default_factory=list)
     thread_events: dict[tuple, ThreadEvents] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # events dropped for their times (one line)
 
     def header(self) -> TraceHeader:
         return TraceHeader(self.path, self.rank, self.world_size, self.device_name, self.nccl_version,
@@ -275,9 +276,28 @@ def _parse_file(path: Path) -> _ParsedTrace:
     parsed.sync_events = events.sync_events
     parsed.step_marks = events.step_marks
     parsed.thread_events = events.thread_events()
+    parsed.warnings = _dropped_events(path, events.bad_events, events.timed_events(), events.first_bad)
     if not parsed.gpu_ops and not any(collective_from_call(c) for c in parsed.comm_calls):
         raise LagomError(f"{path}: trace has neither GPU kernels nor collectives (nothing to analyse)")
     return parsed
+
+
+# A trace where more than 1 in 100 timed events has a time that cannot be (no ts, a negative duration)
+# has a broken clock or writer: refused. Fewer are dropped with one warning line (a judgment: no real
+# trace among the shared and test ones has any).
+MAX_BAD_EVENT_FRACTION = 0.01
+
+
+def _dropped_events(path: Path, bad: int, kept: int, first: str | None) -> list[str]:
+    """The warning for events dropped for their times, or LagomError when they are the bulk."""
+    if not bad:
+        return []
+    total = bad + kept
+    if bad > MAX_BAD_EVENT_FRACTION * total:
+        raise LagomError(f"{path}: {bad:,} of {total:,} timed events have a time that cannot be (no ts or a "
+                         f"negative duration), first {first}; more than {MAX_BAD_EVENT_FRACTION:.0%}: not read")
+    return [f"{path}: dropped {bad:,} of {total:,} timed events whose time cannot be (no ts or a negative "
+            f"duration), first {first}"]
 
 
 def _show(value: object) -> str:
@@ -505,6 +525,7 @@ class _WorkloadBuilder:
             world_size_known=self.world_size_known,
             exec_graph=graph,
             recorded_steps=p.recorded_steps,
+            input_warnings=list(p.warnings),
         )
 
     def _comm_info(self, g: GpuOp) -> CommInfo:

@@ -72,10 +72,14 @@ def prepare_record(out_dir: str | os.PathLike, window: record.StepWindow, argv: 
         run_dir = Path(tempfile.mkdtemp(prefix="lagom-record-")).resolve()
     recording = new_recording_folder(out)
     env = dict(os.environ if base_env is None else base_env)
-    write_bootstrap(run_dir, env)
-    settings = record.RecordSettings(str(recording), str(run_dir), record.new_job_id(), window.skip, window.timed,
-                                     window.warmup, window.active)
-    env[ENV_RECORD] = str(settings.write(run_dir / "record.json"))
+    try:
+        write_bootstrap(run_dir, env)
+        settings = record.RecordSettings(str(recording), str(run_dir), record.new_job_id(), window.skip,
+                                         window.timed, window.warmup, window.active)
+        env[ENV_RECORD] = str(settings.write(run_dir / "record.json"))
+    except BaseException:
+        shutil.rmtree(recording, ignore_errors=True)
+        raise
     messages = [f"lagom record: into {out_dir}: {window.describe()} (steps count optimizer steps from 0)"]
     if earlier:
         messages.append(f"lagom record: {out_dir} holds an earlier recording ({len(earlier)} trace(s)): replaced "

@@ -13,7 +13,7 @@ object says what was predicted; the rest of the metadata is the original's.
 
 A gloo job's trace (no GPU op) replays its collectives' CPU calls: each moves with its
 thread and takes its predicted duration. Only the first rank of a folder is replayed, so
-only its file is exported. The rewrite is the trace's reader's (``TraceReader.write_moved``,
+only its file is exported. The rewrite is the trace's reader's (``TraceReader.moved_trace``,
 :mod:`traces.reader`); this module checks the output and says what was predicted.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from costmodel.evaluator import Timing
 from costmodel.replay.schedule import moved_times
 from lagom import __version__
-from lagom.output_paths import OutputFormat, check_output
+from lagom.output_paths import OutputFormat, check_output, write_output
 from nccl_env.errors import LagomError
 from traces.reader import reader_for
 from traces.workload import Workload
@@ -49,4 +49,7 @@ def export_trace(workload: Workload, timing: Timing, out: Path, what: str) -> in
     moved = moved_times(workload, timing)
     stamp = {"by": f"lagom {__version__}", "source": str(Path(workload.source)), "predicted": what,
              "note": "every event moved to the replay's prediction (docs/replay.md)"}
-    return reader_for(workload.source).write_moved(workload, moved, out, {EXPORT_KEY: stamp})
+    data, count = reader_for(workload.source).moved_trace(workload, moved, out.name.endswith(".gz"),
+                                                          {EXPORT_KEY: stamp})
+    write_output(out, data, "--export-trace")
+    return count

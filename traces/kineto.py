@@ -63,6 +63,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from nccl_env.errors import LagomError
+from nccl_env.files import PathKind, check_path_kind
 from nccl_env.knobs import CollectiveType, CommPath
 from traces.comm_names import collective_from_kernel_name, is_nccl_kernel, is_symmetric_kernel
 from traces.exec_graph_build import build_cpu_graph, build_exec_graph
@@ -119,11 +120,15 @@ def trace_files(path: str | Path) -> list[Path]:
     if not str(path).strip():
         raise LagomError("an empty path: give a trace file or a folder of trace files")
     path = Path(path)
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and is_trace_name(p.name))
+    kind = check_path_kind(path, str(path), folder=True)
+    if kind is PathKind.FOLDER:
+        named = sorted(p for p in path.iterdir() if is_trace_name(p.name))
+        for member in named:  # a trace's name on a FIFO, a device or a link loop: refused, never opened
+            check_path_kind(member, str(member), folder=True)
+        files = [p for p in named if p.is_file()]
         if not files:
             raise LagomError(f"{path}: directory holds no .json or .json.gz trace files")
-    elif path.exists():
+    elif kind is PathKind.FILE:
         files = [path]
     else:
         raise LagomError(f"{path}: no such file or directory")
@@ -181,6 +186,7 @@ class _ParsedTrace:
     sync_events: list[SyncEvent] = field(default_factory=list)
     step_marks: list[StepMark] = field(default_factory=list)
     thread_events: dict[tuple, ThreadEvents] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # events dropped for their times (one line)
 
     def header(self) -> TraceHeader:
         return TraceHeader(self.path, self.rank, self.world_size, self.device_name, self.nccl_version,
@@ -213,9 +219,28 @@ def _parse_file(path: Path) -> _ParsedTrace:
     parsed.sync_events = events.sync_events
     parsed.step_marks = events.step_marks
     parsed.thread_events = events.thread_events()
+    parsed.warnings = _dropped_events(path, events.bad_events, events.timed_events(), events.first_bad)
     if not parsed.gpu_ops and not any(collective_from_call(c) for c in parsed.comm_calls):
         raise LagomError(f"{path}: trace has neither GPU kernels nor collectives (nothing to analyse)")
     return parsed
+
+
+# A trace where more than 1 in 100 timed events has a time that cannot be (no ts, a negative duration)
+# has a broken clock or writer: refused. Fewer are dropped with one warning line (a judgment: no real
+# trace among the shared and test ones has any).
+MAX_BAD_EVENT_FRACTION = 0.01
+
+
+def _dropped_events(path: Path, bad: int, kept: int, first: str | None) -> list[str]:
+    """The warning for events dropped for their times, or LagomError when they are the bulk."""
+    if not bad:
+        return []
+    total = bad + kept
+    if bad > MAX_BAD_EVENT_FRACTION * total:
+        raise LagomError(f"{path}: {bad:,} of {total:,} timed events have a time that cannot be (no ts or a "
+                         f"negative duration), first {first}; more than {MAX_BAD_EVENT_FRACTION:.0%}: not read")
+    return [f"{path}: dropped {bad:,} of {total:,} timed events whose time cannot be (no ts or a negative "
+            f"duration), first {first}"]
 
 
 def _show(value: object) -> str:
@@ -381,6 +406,7 @@ class _WorkloadBuilder:
             world_size_known=self.world_size_known,
             exec_graph=graph,
             recorded_steps=p.recorded_steps,
+            input_warnings=list(p.warnings),
         )
 
     def _comm_info(self, g: GpuOp) -> CommInfo:

@@ -47,9 +47,10 @@ def _is_gpu_op(event: dict) -> bool:
     return type(event.get("name")) is str and isinstance(args, dict) and to_int(args.get("stream")) is not None
 
 
-def write_moved_trace(workload: Workload, moved: MovedOps, out: Path, stamp: dict) -> int:
-    """Write ``workload``'s trace file moved to ``moved`` to ``out`` (.json or .json.gz), ``stamp``'s
-    entries added to its top-level object; returns the number of GPU ops written."""
+def moved_trace(workload: Workload, moved: MovedOps, gzipped: bool, stamp: dict) -> tuple[bytes, int]:
+    """``workload``'s trace file with every event moved to ``moved`` and ``stamp``'s entries added to
+    its top-level object, as the bytes of a .json (or, ``gzipped``, a .json.gz) file, and the number
+    of GPU ops moved; the caller writes them (lagom.output_paths.write_output, atomically)."""
     assert workload.exec_graph is not None
     source = Path(workload.source)
     try:
@@ -93,18 +94,7 @@ def write_moved_trace(workload: Workload, moved: MovedOps, out: Path, stamp: dic
                 e["ts"] += moved.cpu_us(index, t) - t
     doc.update(stamp)
     data = orjson.dumps(doc)
-    tmp = out.with_name(out.name + ".tmp")
-    try:
-        if out.name.endswith(".gz"):
-            with gzip.open(tmp, "wb", compresslevel=6) as f:
-                f.write(data)
-        else:
-            tmp.write_bytes(data)
-        tmp.replace(out)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise LagomError(f"--export-trace {out}: cannot write: {exc.strerror or exc}") from None
-    return len(matched)
+    return (gzip.compress(data, compresslevel=6) if gzipped else data), len(matched)
 def _op_events(source: Path, ops: list[Op], events: list) -> tuple[list[dict], float]:
     """Each replayed op's event, in the ops' order, and the offset from trace time to workload
     time. GPU ops are the kernels, copies and sets; a trace with none (a gloo job) replays its

@@ -127,6 +127,8 @@ def _analyze_here(args: argparse.Namespace) -> tuple[list[dict], Workload | None
                 print(f"warning: {workload.source}: given more than once, analysed once", file=sys.stderr)
                 continue
             seen.add(source)
+            for line in workload.input_warnings:  # events the reader dropped (traces.kineto)
+                print(f"warning: {line}", file=sys.stderr)
             workloads.append(workload)
     views = [trim_to_profiler_steps(w, include_last_step=args.include_last_step) for w in workloads]
     reports = [

@@ -76,15 +76,14 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(text)
         return 0
     if args.action == "check":
+        from nccl_env.files import MAX_TEXT_BYTES, read_bounded
         from nccl_env.plugin_table import parse_table
 
         path = Path(args.table)
-        try:
-            text = path.read_bytes().decode("utf-8", errors="replace")  # the C parser reads bytes too
-        except FileNotFoundError:
-            raise LagomError(f"{path}: no such file") from None
-        except OSError as exc:
-            raise LagomError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        raw = read_bounded(path, MAX_TEXT_BYTES, str(path), "a plugin table", gunzip=False)  # a FIFO: refused
+        if raw[:2] == b"\x1f\x8b":
+            raise LagomError(f"{path}: is gzip-compressed data (a trace?), expected a plugin table (CSV)")
+        text = raw.decode("utf-8", errors="replace")  # the C parser reads bytes too
         entries, warnings = parse_table(text)
         for w in warnings:
             print(f"{path}: {w}")

@@ -21,9 +21,11 @@ in force (docs/record.md). ``lagom analyze DIR`` and ``lagom tune DIR`` read the
 as it is and print the profiler's overhead (profiled against unprofiled mean step).
 
 DIR is checked before the job starts: it exists or can be created, it is writable and
-holds nothing lagom record did not write (an earlier recording's traces there are
-replaced; anything else is an error, exit 2). The job's exit status is lagom's; a
-rank that ends before the window's last step writes no trace and one line says so.
+holds nothing but what its manifest (lagom-record.txt) lists (anything else is an error,
+exit 2). The ranks record into a fresh folder beside DIR; an earlier recording in DIR is
+replaced only once the new one is complete (the job succeeded, every rank wrote its
+trace), else DIR is left as it was. The job's exit status is lagom's; a rank that ends
+before the window's last step writes no trace and one line says so.
 """
 
 from __future__ import annotations

@@ -67,7 +67,8 @@ def check_export_path(out: str, inputs: list[tuple[str, object]], force: bool = 
 def export_trace(workload: Workload, timing: Timing, out: Path, what: str) -> int:
     """Write ``workload``'s trace file moved to ``timing`` (a replay of it) to ``out`` (.json or
     .json.gz); returns the number of GPU ops written. ``what`` says what was predicted."""
-    if workload.exec_graph is None or not workload.source:
+    replay_data = timing.replay
+    if replay_data is None or not workload.source:
         raise LagomError("--export-trace: only a trace's replay can be exported")
     source = Path(workload.source)
     try:
@@ -79,7 +80,7 @@ def export_trace(workload: Workload, timing: Timing, out: Path, what: str) -> in
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
     if not isinstance(events, list):
         raise LagomError(f"{source}: not a PyTorch profiler trace (no 'traceEvents' list)")
-    moved = moved_times(workload, timing)
+    moved = moved_times(replay_data.static, replay_data.graph, timing)
     ops: list[Op] = sorted((*workload.compute_ops, *workload.collectives),
                            key=lambda o: (o.start_us, o.stream, o.op_id))
     matched, offset = _op_events(source, ops, events)
@@ -94,7 +95,7 @@ def export_trace(workload: Workload, timing: Timing, out: Path, what: str) -> in
             by_corr[corr] = new_ts
     for stream_spans in spans.values():
         stream_spans.sort()
-    threads = {name: i for i, name in enumerate(workload.exec_graph.threads)}
+    threads = {name: i for i, name in enumerate(replay_data.graph.threads)}
     gpu_ids = {id(e) for e in matched}
     for e in events:
         if not isinstance(e, dict) or id(e) in gpu_ids or type(e.get("ts")) not in (int, float):

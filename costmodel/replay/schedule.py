@@ -41,8 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from costmodel.evaluator import LazyOpValues, OpTiming, StepTiming, Timing
-from costmodel.workload_cache import WorkloadCache
+from costmodel.evaluator import LazyOpValues, OpTiming, StepTiming, Timing, check_workload
 from nccl_env.errors import LagomError
 from traces.exec_graph import ExecGraph
 from traces.gc_pause import no_cyclic_gc
@@ -105,19 +104,14 @@ class ReplayStatic:
     step_unexplained_us: list[float] = field(default_factory=list)  # per step: that idle, summed
 
 
-def _build_static(workload: Workload) -> ReplayStatic:
+def replay_static(workload: Workload) -> ReplayStatic:
+    """The workload's replay data, built (and the workload checked) on every call: hold it
+    (:class:`costmodel.replay.data.ReplayData` does) rather than build it twice."""
+    check_workload(workload)
     if workload.exec_graph is None:
         raise LagomError(f"{workload.source or 'workload'}: not read from a trace (no execution graph to replay)")
     with no_cyclic_gc():
         return _build(workload, workload.exec_graph)
-
-
-_STATICS: WorkloadCache[ReplayStatic] = WorkloadCache(_build_static, max_workloads=16)
-
-
-def replay_static(workload: Workload) -> ReplayStatic:
-    """Built once per workload object (cached while the workload lives)."""
-    return _STATICS.get(workload)
 
 
 @dataclass
@@ -518,13 +512,12 @@ class _LazyOps(Mapping):
         return op_id in self._all()
 
 
-def replay(workload: Workload, durations: list[float], uncontended: list[float] | None = None,
+def replay(st: ReplayStatic, durations: list[float], uncontended: list[float] | None = None,
            cpu: float = 1.0) -> Timing:
-    """Schedule the workload's execution graph with ``durations`` (one per op, in the
-    order of :attr:`ReplayStatic.op_ids`); per-step figures against the trace's own.
+    """Schedule a trace's execution graph (its replay data ``st``) with ``durations`` (one per
+    op, in the order of :attr:`ReplayStatic.op_ids`); per-step figures against the trace's own.
     ``uncontended``: the same ops' durations with no collective beside them; ``cpu``: the
     CPU's own time between calls scaled (1: as measured)."""
-    st = replay_static(workload)
     n = len(st.op_ids)
     starts, ends, clock, bind = _schedule(st, durations, cpu)
     figures = _step_figures(st, starts, ends, clock, bind)
@@ -553,6 +546,12 @@ def replay(workload: Workload, durations: list[float], uncontended: list[float] 
     )
 
 
+def as_measured(workload: Workload) -> Timing:
+    """The trace's replay with its measured durations (its data built for it)."""
+    st = replay_static(workload)
+    return replay(st, st.measured_dur)
+
+
 @dataclass
 class MovedTimes:
     """Where a replay put everything: each op's start and end (by op id) and, for any CPU
@@ -568,12 +567,9 @@ class MovedTimes:
         return self._clock.at(thread, self._waits.before(thread, t), t)
 
 
-def moved_times(workload: Workload, timing: Timing, cpu: float = 1.0) -> MovedTimes:
-    """The schedule behind ``timing`` (a replay of ``workload`` with the CPU's time scaled by
-    ``cpu``), with the CPU's moves."""
-    st = replay_static(workload)
-    graph = workload.exec_graph
-    assert graph is not None  # replay_static refused a workload without one
+def moved_times(st: ReplayStatic, graph: ExecGraph, timing: Timing, cpu: float = 1.0) -> MovedTimes:
+    """The schedule behind ``timing`` (a replay of the trace whose graph is ``graph`` and replay
+    data ``st``, with the CPU's time scaled by ``cpu``), with the CPU's moves."""
     durations = [timing.ops[i].duration_us for i in st.op_ids]
     starts, ends, clock, _ = _schedule(st, durations, cpu)
     return MovedTimes(dict(zip(st.op_ids, starts)), dict(zip(st.op_ids, ends)), _ThreadWaits(_waits(graph)), clock)

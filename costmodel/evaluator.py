@@ -11,6 +11,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+import numpy as np
+
 from nccl_env.errors import LagomError
 from nccl_env.knobs import Algorithm, CommConfig
 from nccl_env.plan import Plan
@@ -29,13 +31,14 @@ class LazyOpValues(Mapping):
     """op id -> value from two parallel sequences, made into a dict on first access (an evaluator
     fills ``Timing.uncontended_us`` on every evaluation; few readers ever look)."""
 
-    def __init__(self, op_ids: Sequence[int], values: Sequence[float]) -> None:
+    def __init__(self, op_ids: Sequence[int], values: Sequence[float] | np.ndarray) -> None:
         self._op_ids, self._values = op_ids, values
         self._map: dict[int, float] | None = None
 
     def _all(self) -> dict[int, float]:
         if self._map is None:
-            self._map = dict(zip(self._op_ids, self._values))
+            values = self._values.tolist() if isinstance(self._values, np.ndarray) else self._values
+            self._map = dict(zip(self._op_ids, values))
         return self._map
 
     def __getitem__(self, op_id: int) -> float:

@@ -288,3 +288,31 @@ def test_analyze_tables_name_the_group_alike_and_fit_100_columns(capsys):
     start = next(i for i, line in enumerate(lines) if line.startswith("NCCL kernel time"))
     end = next(i for i in range(start, len(lines)) if lines[i].startswith("└"))
     assert max(len(line) for line in lines[start:end + 1]) <= 100
+
+
+def test_the_compiled_pass_and_its_python_form_agree_to_the_last_bit():
+    """schedule_kernel's functions are compiled by numba; their plain Python form (py_func) is the
+    reference: the same starts, ends, binding causes, union lengths and sums, bit for bit."""
+    import numpy as np
+
+    from costmodel.replay.schedule_kernel import critical_comm, ordered_sum, schedule_pass, union_segments
+
+    w = trace(ALEXNET)
+    st = replay_static(w)
+    a = st.graph_arrays
+    durations = np.asarray(st.measured_dur, dtype=np.float64) * 1.37
+    for cpu in (1.0, 0.6):
+        args = (a.order, len(st.op_ids), a.pred_ptr, a.pred_idx, a.launch_call, a.launch_latency, a.launch_thread,
+                a.launch_wait, a.gap, a.measured_start, a.wait_thread, a.wait_prev, a.wait_begin, a.wait_own,
+                a.wait_end, a.wait_return, a.awaited_ptr, a.awaited_idx, a.wait_cause_thread, a.wait_cause,
+                a.wait_cause_us, a.anchor, cpu, durations)
+        compiled, plain = schedule_pass(*args), schedule_pass.py_func(*args)
+        for x, y in zip(compiled, plain):
+            assert np.array_equal(x, y)
+        starts, ends, new_end, bind = compiled
+        end = int(np.argmax(ends))
+        assert critical_comm(starts, ends, new_end, bind, a.is_coll, 0, end, -np.inf, True) == \
+            critical_comm.py_func(starts, ends, new_end, bind, a.is_coll, 0, end, -np.inf, True)
+        assert np.array_equal(union_segments(starts, ends), union_segments.py_func(starts, ends))
+        assert ordered_sum(ends, st.compute_index) == ordered_sum.py_func(ends, st.compute_index) == \
+            sum(ends[st.compute_index].tolist())

@@ -44,6 +44,8 @@ import itertools
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from costmodel.evaluator import DurationScale
 from costmodel.replay.mechanism import ReplayMechanism
 from costmodel.replay.ratio_cache import LruCache
@@ -99,6 +101,45 @@ class Anchor:
     recorded: list[CommConfig]
     overlapped: list[tuple[int, int, float, ComputeOp]]  # (op index, signature index, fraction, op)
     measured_slowdown: list[float]  # op index -> the slowdown the trace measured for its shape (0: none)
+    # the same as arrays (durations_under's arithmetic, one operation over every op at once)
+    durations_arr: np.ndarray = field(init=False, repr=False)
+    wait_arr: np.ndarray = field(init=False, repr=False)
+    coll_k: np.ndarray = field(init=False, repr=False)  # on-GPU tunable collectives (op index)
+    coll_j: np.ndarray = field(init=False, repr=False)  # their signature index
+    over_k: np.ndarray = field(init=False, repr=False)  # overlapped compute kernels (op index)
+    over_j: np.ndarray = field(init=False, repr=False)  # the signature each overlapped most
+    over_f: np.ndarray = field(init=False, repr=False)  # the fraction it overlapped
+    over_pair: np.ndarray = field(init=False, repr=False)  # index into pairs
+    over_measured: np.ndarray = field(init=False, repr=False)  # its measured slowdown (0: none)
+    pairs: list[tuple[tuple, int, ComputeOp]] = field(init=False, repr=False)
+    # (kernel shape, signature index, the first op of that shape): one slowdown question each
+    sig_pairs: list[np.ndarray] = field(init=False, repr=False)  # signature index -> its pairs
+    token: object = field(init=False, repr=False, compare=False)  # names these pairs in a ReplayMemo
+
+    def __post_init__(self) -> None:
+        self.durations_arr = np.asarray(self.durations, dtype=np.float64)
+        self.wait_arr = np.asarray(self.wait, dtype=np.float64)
+        coll = np.asarray(self.coll_sig, dtype=np.int64)
+        self.coll_k = np.flatnonzero(coll >= 0)
+        self.coll_j = coll[self.coll_k]
+        pair_index: dict[tuple[tuple, int], int] = {}
+        self.pairs = []
+        over_pair = []
+        for _, j, _, op in self.overlapped:
+            key = ((op.name, op.grid, op.block, op.duration_us), j)
+            p = pair_index.get(key)
+            if p is None:
+                p = pair_index[key] = len(self.pairs)
+                self.pairs.append((key[0], j, op))
+            over_pair.append(p)
+        self.over_k = np.array([k for k, _, _, _ in self.overlapped], dtype=np.int64)
+        self.over_j = np.array([j for _, j, _, _ in self.overlapped], dtype=np.int64)
+        self.over_f = np.array([f for _, _, f, _ in self.overlapped], dtype=np.float64)
+        self.over_pair = np.array(over_pair, dtype=np.int64)
+        self.over_measured = np.asarray(self.measured_slowdown, dtype=np.float64)[self.over_k]
+        self.sig_pairs = [np.array([p for p, (_, j, _) in enumerate(self.pairs) if j == i], dtype=np.int64)
+                          for i in range(len(self.signatures))]
+        self.token = object()
 
 
 def scaled_anchor(a: Anchor, st: ReplayStatic, scale: DurationScale) -> Anchor:
@@ -112,7 +153,9 @@ def scaled_anchor(a: Anchor, st: ReplayStatic, scale: DurationScale) -> Anchor:
             wait[k] *= scale.comm
         elif st.is_compute[k]:
             durations[k] *= scale.compute
-    return replace(a, durations=durations, wait=wait)
+    scaled = replace(a, durations=durations, wait=wait)
+    scaled.token = a.token  # the same kernels beside the same signatures: the same slowdowns
+    return scaled
 
 
 def build_anchor(workload: Workload, st: ReplayStatic, gpus_per_node: int | None) -> Anchor:
@@ -163,6 +206,7 @@ def build_anchor(workload: Workload, st: ReplayStatic, gpus_per_node: int | None
 
 RATIO_ENTRIES = 50_000  # (signature, new, recorded) -> time ratio: a long search's settings, many times over
 SLOWDOWN_ENTRIES = 200_000  # (kernel shape, signature, settings) -> slowdown: the shapes x settings a search meets
+SIGNATURE_ENTRIES = 20_000  # the same per signature of one trace, as a vector (a trace's signatures x settings)
 
 
 @dataclass
@@ -174,42 +218,68 @@ class ReplayMemo:
         default_factory=lambda: LruCache(RATIO_ENTRIES))
     slowdowns: LruCache[tuple[tuple, Signature, CommConfig], float] = field(
         default_factory=lambda: LruCache(SLOWDOWN_ENTRIES))
+    # (an anchor's token, signature index, settings) -> the slowdowns of that signature's pairs, in order
+    signature_slowdowns: LruCache[tuple[object, int, CommConfig], np.ndarray] = field(
+        default_factory=lambda: LruCache(SIGNATURE_ENTRIES))
 
 
 def durations_under(mechanism: ReplayMechanism, a: Anchor, plan: Plan,
-                    memo: ReplayMemo) -> tuple[list[float], list[float]]:
+                    memo: ReplayMemo) -> tuple[np.ndarray, np.ndarray]:
     """Every op's duration under ``plan`` (replay order) and its duration with no collective
-    beside it, from the anchor's measured times and the mechanism's ratios."""
+    beside it, from the anchor's measured times and the mechanism's ratios. The mechanism is
+    asked once per signature and once per (kernel shape, signature); the per-op arithmetic
+    runs over arrays, each op's the same operations in the same order as one at a time."""
     configs = [plan.config_for(s).merged_over(r) for s, r in zip(a.signatures, a.recorded)]
-    ratio = []
-    for sig, new, rec in zip(a.signatures, configs, a.recorded):
-        if new == rec:
-            ratio.append(1.0)
+    changed = [new != rec for new, rec in zip(configs, a.recorded)]
+    ratio = np.ones(len(a.signatures))
+    for j, (sig, new, rec) in enumerate(zip(a.signatures, configs, a.recorded)):
+        if not changed[j]:
             continue
         r = memo.ratios.get((sig, new, rec))
         if r is None:
             base = mechanism.collective_time_us(sig, rec)
             r = memo.ratios.put((sig, new, rec), mechanism.collective_time_us(sig, new) / base if base > 0 else 1.0)
-        ratio.append(r)
-    durations = list(a.durations)
-    for k, j in enumerate(a.coll_sig):
-        if j >= 0 and ratio[j] != 1.0:
-            durations[k] = a.wait[k] + (durations[k] - a.wait[k]) * ratio[j]
-    uncontended = list(durations)
-    for k, j, f, op in a.overlapped:
-        sig, new, rec = a.signatures[j], configs[j], a.recorded[j]
-        shape = (op.name, op.grid, op.block, op.duration_us)
-        s_rec = _slowdown(mechanism, memo, op, shape, sig, rec)
-        s_new = s_rec
-        if new != rec:
-            s_new = _slowdown(mechanism, memo, op, shape, sig, new)
-            durations[k] = a.durations[k] * (1.0 - f + f * s_new / s_rec)
-        # without contention: the slowdown the trace measured for this kernel shape (alone vs
-        # overlapped) taken out where it has one, under the recorded settings and moved by the
-        # mechanism's ratio under others; else the mechanism's slowdown, out of the overlapped part
-        measured = a.measured_slowdown[k] * s_new / s_rec if a.measured_slowdown[k] > 0 else 0.0
-        uncontended[k] = durations[k] / max(1.0, measured) if measured else durations[k] * (1.0 - f + f / s_new)
+        ratio[j] = r
+    durations = a.durations_arr.copy()
+    r_op = ratio[a.coll_j]
+    moved = r_op != 1.0
+    k, r_k = a.coll_k[moved], r_op[moved]
+    durations[k] = a.wait_arr[k] + (durations[k] - a.wait_arr[k]) * r_k
+    uncontended = durations.copy()
+    if not a.pairs:
+        return durations, uncontended
+    s_rec = np.empty(len(a.pairs))
+    s_new = np.empty(len(a.pairs))
+    for j, pairs in enumerate(a.sig_pairs):
+        if pairs.size:
+            s_rec[pairs] = s_new[pairs] = _slowdowns(mechanism, memo, a, j, a.recorded[j])
+            if changed[j]:
+                s_new[pairs] = _slowdowns(mechanism, memo, a, j, configs[j])
+    f, ks = a.over_f, a.over_k
+    sr, sn = s_rec[a.over_pair], s_new[a.over_pair]
+    kernel_changed = np.array(changed, dtype=np.bool_)[a.over_j]
+    base = durations[ks]
+    contended = np.where(kernel_changed, a.durations_arr[ks] * (1.0 - f + f * sn / sr), base)
+    durations[ks] = contended
+    # without contention: the slowdown the trace measured for this kernel shape (alone vs
+    # overlapped) taken out where it has one, under the recorded settings and moved by the
+    # mechanism's ratio under others; else the mechanism's slowdown, out of the overlapped part
+    measured = np.where(a.over_measured > 0, a.over_measured * sn / sr, 0.0)
+    uncontended[ks] = np.where(measured != 0, contended / np.maximum(1.0, measured),
+                               contended * (1.0 - f + f / sn))
     return durations, uncontended
+
+
+def _slowdowns(mechanism: ReplayMechanism, memo: ReplayMemo, a: Anchor, j: int, config: CommConfig) -> np.ndarray:
+    """The slowdowns of signature ``j``'s pairs (kernel shapes beside it) under ``config``."""
+    key = (a.token, j, config)
+    out = memo.signature_slowdowns.get(key)
+    if out is None:
+        sig = a.signatures[j]
+        out = memo.signature_slowdowns.put(key, np.array(
+            [_slowdown(mechanism, memo, a.pairs[p][2], a.pairs[p][0], sig, config) for p in a.sig_pairs[j].tolist()],
+            dtype=np.float64))
+    return out
 
 
 def _slowdown(mechanism: ReplayMechanism, memo: ReplayMemo, op: ComputeOp, shape: tuple, sig: Signature,

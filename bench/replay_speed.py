@@ -1,8 +1,10 @@
 """The replay's speed against an earlier commit's, side by side in one run (issue 25, part 7).
 
-    python3 bench/replay_speed.py [TRACE] [--old-commit a24a977] [--copies 1,4] [--rounds 2] [--no-tune]
+    python3 bench/replay_speed.py [TRACE] [--old-commit a24a977 | --old-tree DIR] [--copies 1,4] [--rounds 2]
+                                  [--no-tune]
 
-The earlier commit is exported (``git archive``) into a temporary folder and every measurement
+The earlier commit is exported (``git archive``) into a temporary folder (or ``--old-tree``
+names a folder holding it already) and every measurement
 runs in a fresh process with ``PYTHONPATH`` at one tree or the other, alternating old and new
 for ``--rounds`` rounds; the figure per tree is the median over rounds. For each size of the
 trace (its events repeated ``--copies`` times, as ``bench/trace_scaling.py`` does; 1 is the
@@ -88,7 +90,8 @@ def run(code: str, tree: Path, args: list[str], env_extra: dict[str, str] | None
 def main() -> int:
     args = sys.argv[1:]
     positional = [a for a in args if not a.startswith("--") and not a[0].isdigit()
-                  and (args.index(a) == 0 or args[args.index(a) - 1] not in ("--old-commit", "--copies", "--rounds"))]
+                  and (args.index(a) == 0
+                       or args[args.index(a) - 1] not in ("--old-commit", "--old-tree", "--copies", "--rounds"))]
     source = Path(positional[0]) if positional else ROOT.parent.parent / "shared" / "traces" / DEFAULT_TRACE
     if not source.is_file():
         source = Path("/work/shared/traces") / DEFAULT_TRACE
@@ -101,9 +104,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         old = tmp / "old"
-        old.mkdir()
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit], capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
+        if "--old-tree" in args:
+            old = Path(args[args.index("--old-tree") + 1])
+            commit = str(old)
+        else:
+            old.mkdir()
+            archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit], capture_output=True, check=True)
+            subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
         trees = {"old": old, "new": ROOT}
         print(f"{source.name}; old = {commit}, new = {ROOT}; medians of {rounds} rounds, old and new alternating")
         for n in copies:

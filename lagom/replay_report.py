@@ -8,8 +8,8 @@ from __future__ import annotations
 from rich.table import Table
 
 from costmodel.evaluator import StepTiming
+from costmodel.replay.data import ReplayData
 from costmodel.replay.fidelity import ReplayFidelity
-from costmodel.replay.schedule import replay_static
 from nccl_env.errors import LagomError
 from traces.workload import Workload
 
@@ -38,7 +38,7 @@ def measured_steps(workload: Workload) -> list[dict]:
     if workload.exec_graph is None:
         return []
     try:
-        st = replay_static(workload)
+        st = ReplayData(workload).static  # built for these figures alone (analyze replays nothing else)
     except LagomError:
         return []
     return [{"name": step.name, "iteration_us": round(m[0], 3), "comm_us": round(m[1], 3),

@@ -44,9 +44,10 @@ def check_export_path(out: str, inputs: list[tuple[str, object]], force: bool = 
 def export_trace(workload: Workload, timing: Timing, out: Path, what: str) -> int:
     """Write ``workload``'s trace file moved to ``timing`` (a replay of it) to ``out`` (.json or
     .json.gz); returns the number of GPU ops written. ``what`` says what was predicted."""
-    if workload.exec_graph is None or not workload.source:
+    replay_data = timing.replay
+    if replay_data is None or not workload.source:
         raise LagomError("--export-trace: only a trace's replay can be exported")
-    moved = moved_times(workload, timing)
+    moved = moved_times(replay_data.static, replay_data.graph, timing)
     stamp = {"by": f"lagom {__version__}", "source": str(Path(workload.source)), "predicted": what,
              "note": "every event moved to the replay's prediction (docs/replay.md)"}
     data, count = reader_for(workload.source).moved_trace(workload, moved, out.name.endswith(".gz"),

@@ -26,7 +26,6 @@ import enum
 from dataclasses import dataclass
 
 from costmodel.evaluator import Timing
-from costmodel.replay.schedule import replay_static
 from lagom.tuning import TuneOutcome
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Signature
@@ -193,9 +192,9 @@ def _rows(outcome: TuneOutcome, workload: Workload, kept: bool) -> list[Signatur
 
 def _counted_ops(workload: Workload, timing: Timing) -> tuple[set[int] | None, int]:
     """A trace's ops launched in its complete steps and how many steps; a generated workload: all, once."""
-    if not timing.steps or workload.exec_graph is None:
+    if not timing.steps or timing.replay is None:
         return None, 1
-    st = replay_static(workload)
+    st = timing.replay.static
     counted = {st.op_ids[k] for step in st.steps for k in step.op_index}
     return counted, len(st.steps)
 

@@ -1,7 +1,8 @@
 """What ``lagom tune`` and ``lagom bench`` share: pick an evaluator, run methods, write the file.
 
 The tuner never chooses an evaluator; this layer does: ``analytic`` (the fitted cost
-model, what Lagom is meant to tune with offline) or ``sim`` (the virtual cluster).
+model, what Lagom is meant to tune with offline) or ``sim`` (the virtual cluster); for a
+trace, the replay of it over that one's mechanism (costmodel.replay.trace_evaluator).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from costmodel.cluster import ClusterSpec, load_cluster, preset_names
 from costmodel.evaluator import DurationScale, Evaluator, Timing, TraceEvaluator
 from costmodel.nccl_defaults import algo_estimates, nccl_default_config
 from costmodel.replay.anchor import recorded_configs
+from costmodel.replay.trace_evaluator import ReplayEvaluator
 from costmodel.sim.simulator import Simulator
 from lagom.tuned_config import CollectiveEntry, Match, TunedConfig
 from lagom.workload_arg import load_workload_arg
@@ -40,13 +42,20 @@ MAX_BUDGET = 100_000
 __all__ = ["load_workload_arg"]  # re-exported: the commands and the bench read WORKLOAD arguments through here
 
 
-def make_evaluator(name: str, cluster: ClusterSpec, noise: float = 0.0, seed: int = 0) -> TraceEvaluator:
-    """``sim``: the simulator (noise-free unless asked); ``analytic``: the cost model."""
+def make_evaluator(name: str, cluster: ClusterSpec, noise: float = 0.0, seed: int = 0,
+                   workload: Workload | None = None) -> TraceEvaluator:
+    """``sim``: the simulator (noise-free unless asked); ``analytic``: the cost model. For
+    ``workload`` read from a trace: its replay, with that one as the mechanism."""
+    mechanism: Simulator | AnalyticEvaluator
     if name == "sim":
-        return Simulator(cluster, noise=noise, seed=seed)
-    if name == "analytic":
-        return AnalyticEvaluator(cluster)
-    raise LagomError(f"unknown evaluator {name!r} (choose from {', '.join(EVALUATORS)})")
+        mechanism = Simulator(cluster, noise=noise, seed=seed)
+    elif name == "analytic":
+        mechanism = AnalyticEvaluator(cluster)
+    else:
+        raise LagomError(f"unknown evaluator {name!r} (choose from {', '.join(EVALUATORS)})")
+    if workload is not None and workload.exec_graph is not None:
+        return ReplayEvaluator(mechanism, cluster.gpus_per_node)
+    return mechanism
 
 
 class ScaledEvaluator:

@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     if scale is not None and not from_trace:
         raise LagomError("--scale: applies to a trace's measured times (WORKLOAD is not a trace)")
     noise = 0.0 if from_trace else DEFAULT_NOISE if args.noise is None else args.noise
-    evaluator = make_evaluator(args.evaluator, cluster, noise, args.seed)
+    evaluator = make_evaluator(args.evaluator, cluster, noise, args.seed, workload)
     if args.unprofiled_cpu:
         if scale is not None and scale.cpu != 1.0:
             raise LagomError("--unprofiled-cpu chooses the CPU's scale itself: drop cpu= from --scale")

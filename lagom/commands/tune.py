@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
     model_cluster = tuning.tuning_cluster(cluster, choice.cluster_arg, evaluator_name,
                                           log=lambda m: err.print(m, highlight=False))
-    model = tuning.make_evaluator(evaluator_name, model_cluster)
+    model = tuning.make_evaluator(evaluator_name, model_cluster, workload=workload)
     evaluator: Evaluator = model
     if args.unprofiled_cpu:  # the bisection's evaluator serves the search too (its replay data are built)
         found = unprofiled_cpu(model, workload)

@@ -4,7 +4,8 @@
 write the trace they read with every event moved to where the replay puts it under the
 plan or what-if asked for (docs/replay.md): each GPU op (kernel, memcpy, memset) gets its
 predicted start and duration, every CPU event moves with its thread (its thread's last
-wait before it: a host sync or a hand-over), ``ac2g`` flow ends follow their kernels and
+wait before it: a host sync or a hand-over; a span's start and end each move so, and
+``ProfilerStep#N`` annotations tile the timeline as they did), ``ac2g`` flow ends follow their kernels and
 GPU annotations (``nccl:all_reduce`` spans) the kernel they wrap. Process, thread and
 stream layout, names and args stay the original's, so the prediction opens beside the
 measured trace in the same viewer, and ``lagom analyze OUT`` reads it as a trace (its
@@ -64,9 +65,10 @@ def check_export_path(out: str, inputs: list[tuple[str, object]], force: bool = 
     return check_output("--export-trace", out, OutputFormat.EXPORTED_TRACE, inputs, force=force)
 
 
-def export_trace(workload: Workload, timing: Timing, out: Path, what: str) -> int:
-    """Write ``workload``'s trace file moved to ``timing`` (a replay of it) to ``out`` (.json or
-    .json.gz); returns the number of GPU ops written. ``what`` says what was predicted."""
+def export_trace(workload: Workload, timing: Timing, out: Path, what: str, cpu: float = 1.0) -> int:
+    """Write ``workload``'s trace file moved to ``timing`` (a replay of it, with the CPU's time
+    scaled by ``cpu``) to ``out`` (.json or .json.gz); returns the number of GPU ops written.
+    ``what`` says what was predicted."""
     if workload.exec_graph is None or not workload.source:
         raise LagomError("--export-trace: only a trace's replay can be exported")
     source = Path(workload.source)
@@ -79,7 +81,7 @@ def export_trace(workload: Workload, timing: Timing, out: Path, what: str) -> in
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
     if not isinstance(events, list):
         raise LagomError(f"{source}: not a PyTorch profiler trace (no 'traceEvents' list)")
-    moved = moved_times(workload, timing)
+    moved = moved_times(workload, timing, cpu)
     ops: list[Op] = sorted((*workload.compute_ops, *workload.collectives),
                            key=lambda o: (o.start_us, o.stream, o.op_id))
     matched, offset = _op_events(source, ops, events)
@@ -107,9 +109,13 @@ def export_trace(workload: Workload, timing: Timing, out: Path, what: str) -> in
         else:
             key = thread_key(e)
             index = threads.get(f"{key[0]}/{key[1]}")
-            if index is not None:
+            if index is not None:  # both ends move with the thread, so a span keeps what it held
                 t = e["ts"] + offset
-                e["ts"] += moved.cpu_us(index, t) - t
+                start = moved.cpu_us(index, t)
+                dur = e.get("dur")
+                if isinstance(dur, (int, float)) and dur > 0:
+                    e["dur"] = max(0.0, moved.cpu_us(index, t + dur) - start)
+                e["ts"] += start - t
     doc[EXPORT_KEY] = {"by": f"lagom {__version__}", "source": str(source), "predicted": what,
                        "note": "every event moved to the replay's prediction (docs/replay.md)"}
     data = orjson.dumps(doc)

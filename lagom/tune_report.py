@@ -12,8 +12,10 @@ reason lines and ``--json``:
   it (``Timing.compute_slowdown``; for a trace, "alone" is the trace's own run of the
   same kernel shape where it has one);
 - per signature: its collectives' summed time per step (their union over every
-  signature is the step's collectives), and the compute slowdown of the kernels they
-  overlap, by the same definition.
+  signature is the step's collectives; the rows' sum, ``rows_total``, counts time where
+  collectives overlap each other as often as they do), and the compute slowdown of the
+  kernels they overlap, by the same definition (time-weighted: ``lagom analyze``'s
+  contention figure is a median of per-kernel ratios, a different figure).
 
 The bound of a step says what its time goes to under NCCL's settings: *idle* when the
 GPU is idle half of it or more, else *communication* when a quarter or more is exposed
@@ -37,6 +39,9 @@ from traces.workload import Workload
 IDLE_BOUND_FRACTION = 0.5  # the GPU idle half the step or more: the CPU or launches pace it
 COMM_BOUND_FRACTION = 0.25  # a quarter of the step exposed collectives: only faster collectives help
 NOTHING_TO_GAIN_FRACTION = 0.01  # critical-path collectives under 1% of the step: below --min-gain's default
+# Kineto times kernels in whole microseconds in many traces (HTA rounds to them): a kernel
+# alone for less than that has no measurable time to be slowed from
+MIN_ALONE_US = 1.0
 
 
 class Bound(enum.Enum):
@@ -129,7 +134,8 @@ class TuneReport:
                     if n.bound is Bound.IDLE else "")]
         if n.critical_ms is not None:
             lines.append(f"faster collectives can shorten a step by {n.critical_ms:,.2f} ms at most "
-                         f"(collective time on its critical path)"
+                         f"(collective time on its critical path; exposed is collective time no compute "
+                         f"overlaps, on that path or not)"
                          + (": nothing for NCCL's settings to gain here"
                             if n.critical_ms < NOTHING_TO_GAIN_FRACTION * n.step_ms else ""))
         change = (f"{t.step_ms:,.2f} ms (x{n.step_ms / t.step_ms:.3f}): exposed collectives {n.exposed_ms:,.2f} -> "
@@ -148,11 +154,20 @@ class TuneReport:
                          f"x{a.compute_slowdown:.3f}")
         return lines
 
+    @property
+    def rows_total_ms(self) -> tuple[float, float]:
+        """The rows' collective times summed (NCCL's settings, tuned): the step's collectives
+        (``collectives_ms``) count time where collectives overlap each other once, this sum as
+        often as they overlap, and leaves out collectives no setting reaches (unknown size)."""
+        return sum(r.old_ms for r in self.rows), sum(r.new_ms for r in self.rows)
+
     def to_dict(self) -> dict:
+        old, new = self.rows_total_ms
         return {"nccl": self.nccl.to_dict(), "tuned": self.tuned.to_dict(),
                 "autoccl": self.autoccl.to_dict() if self.autoccl else None, "kept": self.kept,
                 "gain": round(self.gain, 5), "min_gain": self.min_gain, "why": self.why(),
-                "rows": [r.to_dict() for r in self.rows]}
+                "rows": [r.to_dict() for r in self.rows],
+                "rows_total": {"nccl_ms": round(old, 4), "tuned_ms": round(new, 4)}}
 
 
 def tune_report(outcome: TuneOutcome, workload: Workload, min_gain: float) -> TuneReport:
@@ -205,7 +220,11 @@ def _time(timing: Timing, ids: tuple[int, ...]) -> float:
 
 
 def _slowdown(workload: Workload, timing: Timing, ids: tuple[int, ...]) -> float:
-    """The compute slowdown (contended over uncontended time) of the kernels these collectives overlap."""
+    """The compute slowdown of the kernels these collectives overlap: their summed time over the
+    same kernels' summed time alone (time-weighted, so long kernels weigh most; ``lagom analyze``'s
+    contention table is the median of per-run ratios, which a few long, much slowed kernels do not
+    move: the two differ by definition). A kernel whose time alone is under
+    :data:`MIN_ALONE_US` is left out: the trace cannot time it, and a ratio over it is noise."""
     spans = CoverIndex(union((timing.ops[i].start_us, timing.ops[i].end_us) for i in ids if i in timing.ops))
     contended = uncontended = 0.0
     for op in workload.compute_ops:
@@ -213,6 +232,9 @@ def _slowdown(workload: Workload, timing: Timing, ids: tuple[int, ...]) -> float
         if t is None or op.is_memory_op:
             continue
         if spans.covered(t.start_us, t.end_us) > 0:
+            alone = timing.uncontended_us.get(op.op_id, op.duration_us)
+            if alone < MIN_ALONE_US:
+                continue
             contended += t.duration_us
-            uncontended += timing.uncontended_us.get(op.op_id, op.duration_us)
+            uncontended += alone
     return contended / uncontended if uncontended > 0 else 1.0

@@ -97,3 +97,53 @@ def collective_from_call(call: CommCall) -> CollectiveType | None:
     info = CommInfo()
     info.absorb_call(call)
     return info.collective
+
+
+# The backends' own spans of a collective's work ("gloo:all_reduce" on gloo's worker thread);
+# "c10d::allreduce_" is the caller's call that hands the work over (comm_names.COMM_CALL_PREFIXES).
+BACKEND_CALL_PREFIXES = ("gloo:", "mpi:", "ucc:", "nccl:")
+
+
+@dataclass
+class CpuCollectiveCall:
+    """One nest of CPU comm calls on one thread (the outermost call and what it encloses)."""
+
+    outer: CommCall
+    info: CommInfo
+    backend: bool  # a backend's own span of the work, not the caller's hand-over
+
+
+def cpu_call_nest(outer: CommCall, members: list[CommCall]) -> CpuCollectiveCall:
+    info = CommInfo()
+    for call in members:
+        info.absorb_call(call)
+    return CpuCollectiveCall(outer, info, any(c.name.startswith(BACKEND_CALL_PREFIXES) for c in members))
+
+
+def issuing_calls(nests: list[CpuCollectiveCall]) -> dict[int, int]:
+    """The caller's hand-over calls that a backend's span on another thread ran: index of the
+    hand-over -> index of the backend span it handed over.
+
+    A gloo collective appears twice in a trace: ``c10d::allreduce_`` on the calling thread
+    (it queues the work and returns) and ``gloo:all_reduce`` on one of gloo's worker threads
+    (the work itself). Counting both counts the collective twice. Each hand-over pairs with
+    the first backend span on another thread that starts at or after it and is not yet
+    paired, of the same collective (and the same size where both record one): gloo's workers
+    take the queue in order."""
+    spans = sorted((i for i, n in enumerate(nests) if n.backend), key=lambda i: nests[i].outer.ts)
+    taken: set[int] = set()
+    out: dict[int, int] = {}
+    for i in sorted((i for i, n in enumerate(nests) if not n.backend), key=lambda i: nests[i].outer.ts):
+        call = nests[i]
+        for j in spans:
+            span = nests[j]
+            if (j in taken or span.outer.ts < call.outer.ts or span.outer.thread == call.outer.thread
+                    or span.info.collective != call.info.collective):
+                continue
+            a, b = span.info.message_bytes, call.info.message_bytes
+            if a is not None and b is not None and a != b:
+                continue
+            taken.add(j)
+            out[i] = j
+            break
+    return out

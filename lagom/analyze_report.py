@@ -142,7 +142,7 @@ def render(reports: list[dict], console: Console) -> None:
                 total = sum(c["total_us"] for c in r["collectives"])
                 exposed = sum(c["exposed_us"] for c in r["collectives"])
                 t.add_section()
-                t.add_row("all, summed", "", "", str(sum(c["count"] for c in r["collectives"])), _ms(total),
+                t.add_row("total", "", "", str(sum(c["count"] for c in r["collectives"])), _ms(total),
                           _ms(exposed), f"{100.0 * exposed / total if total > 0 else 0.0:.1f}")
             console.print(t)
         else:
@@ -160,7 +160,7 @@ def render(reports: list[dict], console: Console) -> None:
             if len(r["wait_transfer"]) > 1:
                 rows = r["wait_transfer"]
                 t.add_section()
-                t.add_row("all, summed", "", "", str(sum(c["count"] for c in rows)),
+                t.add_row("total", "", "", str(sum(c["count"] for c in rows)),
                           *(_ms(sum(c[k] for c in rows)) for k in ("total_us", "wait_us", "transfer_us")), "")
             console.print(t)
 

@@ -15,7 +15,9 @@ reason lines and ``--json``:
   signature is the step's collectives; the rows' sum, ``rows_total``, counts time where
   collectives overlap each other as often as they do), and the compute slowdown of the
   kernels they overlap, by the same definition (time-weighted: ``lagom analyze``'s
-  contention figure is a median of per-kernel ratios, a different figure).
+  contention figure is a median of per-kernel ratios, a different figure), with the share
+  of that compute's time whose slowdown the trace measured (the rest is the model's: a
+  kernel shape that never ran alone).
 
 The bound of a step says what its time goes to under NCCL's settings: *idle* when the
 GPU is idle half of it or more, else *communication* when a quarter or more is exposed
@@ -33,6 +35,7 @@ from lagom.tuning import TuneOutcome
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Signature
 from nccl_env.rules import Mechanism
+from traces.contention import measured_slowdowns
 from traces.intervals import CoverIndex, union
 from traces.workload import Workload
 
@@ -101,12 +104,23 @@ class SignatureRow:
     order: int | None  # position in which Lagom finished the unit holding its channels
     priority: float | None  # that unit's last H
     mechanism: Mechanism = Mechanism.SM_KERNEL  # what moves its data under the tuned plan
+    # of the compute its collectives overlap (under NCCL's settings), the share of time whose
+    # slowdown the trace measured (its kernel shape also ran alone); the rest is the model's.
+    # None: no compute beside them, or not a trace
+    measured_share: float | None = None
+
+    @property
+    def slowdown_mostly_modelled(self) -> bool:
+        return self.measured_share is not None and self.measured_share < 0.5
 
     def to_dict(self) -> dict:
         return {"signature": self.signature.label(), "nccl": self.old.to_dict(), "tuned": self.new.to_dict(),
                 "mechanism": self.mechanism.value, "kept": self.kept, "nccl_ms": round(self.old_ms, 4),
                 "tuned_ms": round(self.new_ms, 4), "nccl_compute_slowdown": round(self.old_slowdown, 4),
-                "tuned_compute_slowdown": round(self.new_slowdown, 4), "order": self.order,
+                "tuned_compute_slowdown": round(self.new_slowdown, 4),
+                "compute_slowdown_measured_share": (None if self.measured_share is None
+                                                    else round(self.measured_share, 4)),
+                "order": self.order,
                 "priority": self.priority}
 
 
@@ -190,6 +204,7 @@ def _rows(outcome: TuneOutcome, workload: Workload, kept: bool) -> list[Signatur
         if step.priority is not None:
             last_h[step.unit] = step.priority
     counted, per = _counted_ops(workload, outcome.baseline)
+    measured = measured_slowdowns(workload) if workload.exec_graph is not None else None
     rows = []
     for sig in space.signatures:
         ids = tuple(i for i in space.collective_ids[sig] if counted is None or i in counted)
@@ -200,6 +215,7 @@ def _rows(outcome: TuneOutcome, workload: Workload, kept: bool) -> list[Signatur
             old_ms=_time(outcome.baseline, ids) / per / 1e3, new_ms=_time(result.timing, ids) / per / 1e3,
             old_slowdown=_slowdown(workload, outcome.baseline, ids),
             new_slowdown=_slowdown(workload, result.timing, ids),
+            measured_share=None if measured is None else _measured_share(workload, outcome.baseline, ids, measured),
             order=(result.order.index(key) + 1) if key in result.order else None,
             priority=last_h.get(key) if key else None,
             mechanism=space.mechanism(sig, result.plan.config_for(sig).path)))
@@ -219,22 +235,35 @@ def _time(timing: Timing, ids: tuple[int, ...]) -> float:
     return sum(timing.ops[i].duration_us for i in ids if i in timing.ops)
 
 
+def _overlapped(workload: Workload, timing: Timing, ids: tuple[int, ...]) -> list[tuple[int, float, float]]:
+    """(op id, time, time alone) of each compute kernel these collectives overlap, at least
+    :data:`MIN_ALONE_US` alone."""
+    spans = CoverIndex(union((timing.ops[i].start_us, timing.ops[i].end_us) for i in ids if i in timing.ops))
+    out = []
+    for op in workload.compute_ops:
+        t = timing.ops.get(op.op_id)
+        if t is None or op.is_memory_op or spans.covered(t.start_us, t.end_us) <= 0:
+            continue
+        alone = timing.uncontended_us.get(op.op_id, op.duration_us)
+        if alone >= MIN_ALONE_US:
+            out.append((op.op_id, t.duration_us, alone))
+    return out
+
+
+def _measured_share(workload: Workload, timing: Timing, ids: tuple[int, ...],
+                    measured: dict[int, float]) -> float | None:
+    """Of the overlapped compute's time, the share whose slowdown the trace measured."""
+    kernels = _overlapped(workload, timing, ids)
+    total = sum(t for _, t, _ in kernels)
+    return sum(t for i, t, _ in kernels if i in measured) / total if total > 0 else None
+
+
 def _slowdown(workload: Workload, timing: Timing, ids: tuple[int, ...]) -> float:
     """The compute slowdown of the kernels these collectives overlap: their summed time over the
     same kernels' summed time alone (time-weighted, so long kernels weigh most; ``lagom analyze``'s
     contention table is the median of per-run ratios, which a few long, much slowed kernels do not
     move: the two differ by definition). A kernel whose time alone is under
     :data:`MIN_ALONE_US` is left out: the trace cannot time it, and a ratio over it is noise."""
-    spans = CoverIndex(union((timing.ops[i].start_us, timing.ops[i].end_us) for i in ids if i in timing.ops))
-    contended = uncontended = 0.0
-    for op in workload.compute_ops:
-        t = timing.ops.get(op.op_id)
-        if t is None or op.is_memory_op:
-            continue
-        if spans.covered(t.start_us, t.end_us) > 0:
-            alone = timing.uncontended_us.get(op.op_id, op.duration_us)
-            if alone < MIN_ALONE_US:
-                continue
-            contended += t.duration_us
-            uncontended += alone
+    kernels = _overlapped(workload, timing, ids)
+    contended, uncontended = sum(t for _, t, _ in kernels), sum(a for _, _, a in kernels)
     return contended / uncontended if uncontended > 0 else 1.0

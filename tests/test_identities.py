@@ -320,6 +320,8 @@ def _check_tune(r: TraceRuns, path: Path) -> None:
     for row in rows:
         for key in ("nccl_compute_slowdown", "tuned_compute_slowdown"):
             assert row[key] >= 1.0 and math.isfinite(row[key])
+        share = row["compute_slowdown_measured_share"]  # how much of that slowdown the trace measured
+        assert share is None or 0.0 <= share <= 1.0
     err = r.tune_stderr()
     if "no recorded message size" not in err:  # every collective is in a row: their sum covers the union
         assert total["nccl_ms"] >= n["collectives_ms"] - 2e-3

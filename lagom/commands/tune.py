@@ -238,13 +238,14 @@ def run(args: argparse.Namespace) -> int:
     for r in report.rows:
         s = r.signature
         label = escape(f"{s.collective.value}[{s.group}] {mib(s.message_bytes)} x{s.ranks}r/{s.nodes}n")
+        mark = "*" if r.slowdown_mostly_modelled else ""
         if r.kept:
-            table.add_row(label, _change(r.old, r.old) + " (kept)", f"{r.old_ms:,.2f}", f"{r.old_slowdown:.3f}")
+            table.add_row(label, _change(r.old, r.old) + " (kept)", f"{r.old_ms:,.2f}", f"{r.old_slowdown:.3f}{mark}")
         else:
             setting = (_change(r.old, r.new) if r.mechanism is Mechanism.SM_KERNEL
                        else f"{_change(r.old, r.old)} > {r.mechanism.value.replace(' ', '-')}")  # one word
             table.add_row(label, setting, f"{r.old_ms:,.2f}>{r.new_ms:,.2f}",
-                          f"{r.old_slowdown:.3f}>{r.new_slowdown:.3f}")
+                          f"{r.old_slowdown:.3f}>{r.new_slowdown:.3f}{mark}")
     if len(report.rows) > 1:
         total_old, total_new = report.rows_total_ms
         table.add_section()
@@ -253,8 +254,10 @@ def run(args: argparse.Namespace) -> int:
     out.print("X>Y: NCCL's settings > tuned; c: chunk, MiB; kept: the file keeps NCCL's (gain below --min-gain); "
               "coll. ms: the signature's collectives, summed (collectives that overlap each other count once in "
               "a step's coll.); slowdown: the compute they overlap, its time over its time alone (time-weighted; "
-              "analyze's contention is a median per-kernel ratio); --json adds the search's order and priority "
-              "per signature", highlight=False)
+              "analyze's contention is a median per-kernel ratio)"
+              + ("; *: mostly the model's, the trace never ran those kernels alone"
+                 if any(r.slowdown_mostly_modelled for r in report.rows) else "")
+              + "; --json adds the search's order and priority per signature", highlight=False)
     if outcome.baseline.steps:
         out.print(steps_table(outcome.baseline.steps, outcome.result.timing.steps))
     w = report.written

@@ -97,8 +97,8 @@ class TraceRuns:
         return self._json("export_analyze", "analyze", str(self.export), "--json", "--jobs", "1")
 
     def tune(self) -> dict | None:
-        return self._json("tune", "tune", str(self.path), "--json", *self.cluster, "-o", str(self.tmp / "t.yaml"),
-                          "--force")
+        return self._json("tune", "tune", str(self.path), "--json", "--no-autoccl", *self.cluster,
+                          "-o", str(self.tmp / "t.yaml"), "--force")
 
     def tune_stderr(self) -> str:
         self.tune()

@@ -243,9 +243,10 @@ def run(args: argparse.Namespace) -> int:
         table.add_column("measured", justify="right")
     table.add_column("what-if" if measured else "value", justify="right")
 
-    def add(label: str, value: str, key: str | None = None, unit: str = " ms") -> None:
+    def add(label: str, value: str, key: str | None = None, same: bool = False) -> None:
+        """A row; beside a what-if, the measured figure ``key`` first (``same``: the trace's, as is)."""
         if measured:
-            table.add_row(label, "-" if key is None else f"{measured[key] / 1e3:,.2f}{unit}", value)
+            table.add_row(label, value if same else "-" if key is None else f"{measured[key] / 1e3:,.2f} ms", value)
         else:
             table.add_row(label, value)
 
@@ -255,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
     add("exposed communication", f"{timing.exposed_comm_us / 1e3:,.2f} ms", "exposed_comm_us")
     add("compute without contention", f"{timing.compute_uncontended_us / 1e3:,.2f} ms")
     add("compute slowdown from contention", f"{timing.compute_slowdown:.3f}x")
-    add("ops / collectives", f"{result['ops']} / {result['collectives']}")
+    add("ops / collectives", f"{result['ops']} / {result['collectives']}", same=True)
     console = stdout_console()
     console.print(table)
     if timing.steps:

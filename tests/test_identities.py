@@ -351,3 +351,27 @@ def test_gloo_ddp_reads_each_all_reduce_once_at_gloos_worker_span_waited_for_by_
         assert {graph.launches[c.op_id].thread for c in w.collectives} == main
         waits = [s for s in graph.syncs if s.kind == "c10d work wait"]
         assert len(waits) >= 4 and {s.thread for s in waits} == main  # DDP's end of backward, once a step
+
+
+def test_hand_overs_pair_in_queue_order_however_deep_the_queue():
+    """100 all-reduces queued before gloo's workers start the first (an async loop of
+    ``dist.all_reduce(..., async_op=True)``): each pairs with its own span, in order, and a
+    span of another size or another collective is never taken."""
+    from traces.kineto_comm import cpu_call_nest, issuing_calls
+    from traces.kineto_events import CommCall
+
+    main, worker = (1, 1), (1, 2)
+    dims = {"Input Dims": [[1024]], "Input type": ["float"]}
+    calls = [CommCall(float(t), t + 0.5, "c10d::allreduce_", {}, main) for t in range(100)]
+    spans = [CommCall(1000.0 + 10 * t, 1005.0 + 10 * t, "gloo:all_reduce", dims, worker) for t in range(100)]
+    other = [CommCall(999.0, 999.5, "gloo:broadcast", dims, worker),
+             CommCall(999.6, 999.9, "gloo:all_reduce", {"Input Dims": [[8]], "Input type": ["float"]}, worker)]
+    sized = CommCall(0.2, 0.3, "c10d::allreduce_", dims, main)  # one hand-over that records its size
+    nests = [cpu_call_nest(c, [c]) for c in [*calls, *spans, *other, sized]]
+    pairs = issuing_calls(nests)
+    assert len(pairs) == 101
+    # in the order they were called: the first (no size) takes the first all-reduce span, of 8
+    # elements; the sized one at 0.2 the next, of its size; then the rest in turn
+    got = [nests[pairs[i]].outer.ts for i in range(100)]
+    assert got[0] == 999.6 and got[1:] == [1010.0 + 10 * t for t in range(99)]
+    assert nests[pairs[len(nests) - 1]].outer.ts == 1000.0

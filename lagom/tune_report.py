@@ -133,6 +133,7 @@ class TuneReport:
     gain: float  # nccl step / tuned step - 1
     min_gain: float
     rows: list[SignatureRow]
+    cpu_only: bool = False  # a gloo job's trace: no GPU, its collectives CPU calls
 
     @property
     def written(self) -> PlanFigures:
@@ -142,9 +143,12 @@ class TuneReport:
     def why(self) -> list[str]:
         """The reason lines, from the figures above and nothing else."""
         n, t = self.nccl, self.tuned
+        idle = "the CPU's own work" if self.cpu_only else "GPU idle"  # the same figure: step - compute - exposed
         lines = [f"{n.bound.value}: under NCCL's settings a step is {n.step_ms:,.2f} ms: compute "
-                 f"{n.compute_ms:,.2f} ms, exposed collectives {n.exposed_ms:,.2f} ms, GPU idle {n.idle_ms:,.2f} ms"
-                 + (" (the GPU waits on the CPU or on launches, which NCCL's settings do not change)"
+                 f"{n.compute_ms:,.2f} ms, exposed collectives {n.exposed_ms:,.2f} ms, {idle} {n.idle_ms:,.2f} ms"
+                 + (" (no GPU: a gloo job's time outside its collectives, which NCCL's settings do not change)"
+                    if n.bound is Bound.IDLE and self.cpu_only else
+                    " (the GPU waits on the CPU or on launches, which NCCL's settings do not change)"
                     if n.bound is Bound.IDLE else "")]
         if n.critical_ms is not None:
             lines.append(f"faster collectives can shorten a step by {n.critical_ms:,.2f} ms at most "
@@ -189,7 +193,9 @@ def tune_report(outcome: TuneOutcome, workload: Workload, min_gain: float) -> Tu
     gain = nccl.step_ms / tuned.step_ms - 1.0 if tuned.step_ms > 0 else 0.0
     kept = bool(outcome.result.plan.entries) and gain < min_gain
     autoccl = plan_figures(outcome.autoccl.timing) if outcome.autoccl is not None else None
-    return TuneReport(nccl, tuned, autoccl, kept, gain, min_gain, _rows(outcome, workload, kept))
+    cpu_only = bool(workload.collectives) and not workload.compute_ops and not any(c.on_gpu
+                                                                                    for c in workload.collectives)
+    return TuneReport(nccl, tuned, autoccl, kept, gain, min_gain, _rows(outcome, workload, kept), cpu_only)
 
 
 def _rows(outcome: TuneOutcome, workload: Workload, kept: bool) -> list[SignatureRow]:

@@ -4,7 +4,8 @@
 write the trace they read with every event moved to where the replay puts it under the
 plan or what-if asked for (docs/replay.md): each GPU op (kernel, memcpy, memset) gets its
 predicted start and duration, every CPU event moves with its thread (its thread's last
-wait before it: a host sync or a hand-over), ``ac2g`` flow ends follow their kernels and
+wait before it: a host sync or a hand-over; a span's start and end each move so, and
+``ProfilerStep#N`` annotations tile the timeline as they did), ``ac2g`` flow ends follow their kernels and
 GPU annotations (``nccl:all_reduce`` spans) the kernel they wrap. Process, thread and
 stream layout, names and args stay the original's, so the prediction opens beside the
 measured trace in the same viewer, and ``lagom analyze OUT`` reads it as a trace (its
@@ -41,13 +42,14 @@ def check_export_path(out: str, inputs: list[tuple[str, object]], force: bool = 
     return check_output("--export-trace", out, OutputFormat.EXPORTED_TRACE, inputs, force=force)
 
 
-def export_trace(workload: Workload, timing: Timing, out: Path, what: str) -> int:
-    """Write ``workload``'s trace file moved to ``timing`` (a replay of it) to ``out`` (.json or
-    .json.gz); returns the number of GPU ops written. ``what`` says what was predicted."""
+def export_trace(workload: Workload, timing: Timing, out: Path, what: str, cpu: float = 1.0) -> int:
+    """Write ``workload``'s trace file moved to ``timing`` (a replay of it, with the CPU's time
+    scaled by ``cpu``) to ``out`` (.json or .json.gz); returns the number of GPU ops written.
+    ``what`` says what was predicted."""
     replay_data = timing.replay
     if replay_data is None or not workload.source:
         raise LagomError("--export-trace: only a trace's replay can be exported")
-    moved = moved_times(replay_data.static, replay_data.graph, timing)
+    moved = moved_times(replay_data.static, replay_data.graph, timing, cpu)
     stamp = {"by": f"lagom {__version__}", "source": str(Path(workload.source)), "predicted": what,
              "note": "every event moved to the replay's prediction (docs/replay.md)"}
     data, count = reader_for(workload.source).moved_trace(workload, moved, out.name.endswith(".gz"),

@@ -68,7 +68,14 @@ from nccl_env.knobs import CollectiveType, CommPath
 from traces.comm_names import collective_from_kernel_name, is_nccl_kernel, is_symmetric_kernel
 from traces.exec_graph_build import build_cpu_graph, build_exec_graph
 from traces.gc_pause import no_cyclic_gc
-from traces.kineto_comm import CommInfo, collective_from_call, parse_ranks
+from traces.kineto_comm import (
+    CommInfo,
+    CpuCollectiveCall,
+    collective_from_call,
+    cpu_call_nest,
+    issuing_calls,
+    parse_ranks,
+)
 from traces.kineto_events import (
     CommCall,
     EventReader,
@@ -385,7 +392,7 @@ class _WorkloadBuilder:
             graph = build_exec_graph(made, p.launch_calls, p.host_calls, p.sync_events, p.step_marks, deps, o,
                                      p.thread_events)
         elif cpu_threads:  # a gloo job: its collectives are the CPU's own blocking calls
-            graph = build_cpu_graph([(c, cpu_threads[id(c)]) for c in colls if id(c) in cpu_threads],
+            graph = build_cpu_graph([(c, *cpu_threads[id(c)]) for c in colls if id(c) in cpu_threads],
                                     p.step_marks, p.thread_events, o)
         return Workload(
             rank=p.rank if p.rank is not None else 0,
@@ -483,11 +490,12 @@ class _WorkloadBuilder:
 
     def _cpu_collectives(self) -> tuple[list[CollectiveOp], list[Stream], dict[int, tuple]]:
         """Collectives seen only as CPU comm calls: outermost call per nest, one pseudo-stream per thread;
-        and each one's thread (by ``id`` of the op)."""
+        and each one's thread and the caller's (thread, call time) that handed it over, if any (by ``id`` of
+        the op). A caller's hand-over call (``c10d::allreduce_``)
+        whose work a backend's span on another thread shows (``gloo:all_reduce``) is that one
+        collective, counted once, at the backend's span (traces.kineto_comm.issuing_calls)."""
         o = self.origin
-        ops: list[CollectiveOp] = []
-        threads: dict[int, tuple] = {}
-        thread_stream: dict[tuple, int] = {}
+        nests: list[CpuCollectiveCall] = []
         seen: set[tuple] = set()
         for thread, calls in self.calls_by_thread.items():
             i = 0
@@ -503,14 +511,24 @@ class _WorkloadBuilder:
                 if key in seen:
                     continue
                 seen.add(key)
-                info = CommInfo()
-                for call in members:
-                    info.absorb_call(call)
-                if info.collective is None:
-                    continue  # a wait or an unknown call
-                stream = thread_stream.setdefault(thread, -(len(thread_stream) + 1))
-                ops.append(self._collective(info, outer.name, stream, outer.ts - o, outer.end - outer.ts, False, None))
-                threads[id(ops[-1])] = thread
+                nest = cpu_call_nest(outer, members)
+                if nest.info.collective is not None:  # else a wait or an unknown call
+                    nests.append(nest)
+        handed = issuing_calls(nests)
+        for i, j in handed.items():  # the hand-over's metadata (group, size) completes the backend's
+            nests[j].info.absorb_call(nests[i].outer)
+        issuer = {j: (nests[i].outer.thread, nests[i].outer.ts) for i, j in handed.items()}
+        ops: list[CollectiveOp] = []
+        threads: dict[int, tuple] = {}
+        thread_stream: dict[tuple, int] = {}
+        for i, nest in enumerate(nests):
+            if i in handed:
+                continue
+            outer, thread = nest.outer, nest.outer.thread
+            stream = thread_stream.setdefault(thread, -(len(thread_stream) + 1))
+            ops.append(self._collective(nest.info, outer.name, stream, outer.ts - o, outer.end - outer.ts, False,
+                                        None))
+            threads[id(ops[-1])] = (thread, issuer.get(i))
         streams = [
             Stream(sid, StreamKind.COMMUNICATION, f"cpu thread {thread[1]}") for thread, sid in thread_stream.items()
         ]

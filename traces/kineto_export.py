@@ -67,15 +67,22 @@ def moved_trace(workload: Workload, moved: MovedOps, gzipped: bool, stamp: dict)
     matched, offset = _op_events(source, ops, events)
     by_corr: dict[int, float] = {}  # correlation -> predicted kernel start (trace time)
     spans: dict[int, list[tuple[float, float, float]]] = {}  # stream -> (old start, old end, shift), trace time
+    # a CPU collective's own call (a gloo job): what it encloses on its thread is stretched with it
+    held: dict[tuple, list[tuple[float, float, float, float]]] = {}  # thread -> (old start, old end, new start, x)
     for op, e in zip(ops, matched):
         new_ts = moved.starts[op.op_id] - offset
         spans.setdefault(op.stream, []).append((e["ts"], e["ts"] + e["dur"], new_ts - e["ts"]))
+        if isinstance(op, CollectiveOp) and not op.on_gpu and e["dur"] > 0:
+            held.setdefault(thread_key(e), []).append(
+                (e["ts"], e["ts"] + e["dur"], new_ts, (moved.ends[op.op_id] - moved.starts[op.op_id]) / e["dur"]))
         e["ts"], e["dur"] = new_ts, moved.ends[op.op_id] - moved.starts[op.op_id]
         corr = to_int((e.get("args") or {}).get("correlation"))
         if corr is not None:
             by_corr[corr] = new_ts
     for stream_spans in spans.values():
         stream_spans.sort()
+    for thread_spans in held.values():
+        thread_spans.sort()
     threads = {name: i for i, name in enumerate(workload.exec_graph.threads)}
     gpu_ids = {id(e) for e in matched}
     for e in events:
@@ -89,9 +96,19 @@ def moved_trace(workload: Workload, moved: MovedOps, gzipped: bool, stamp: dict)
         else:
             key = thread_key(e)
             index = threads.get(f"{key[0]}/{key[1]}")
-            if index is not None:
+            inside = _enclosing(held.get(key, []), e)
+            if inside is not None:  # inside a CPU collective's call: stretched with the call
+                a, _, new_start, x = inside
+                e["ts"] = new_start + (e["ts"] - a) * x
+                if isinstance(e.get("dur"), (int, float)):
+                    e["dur"] = e["dur"] * x
+            elif index is not None:  # both ends move with the thread, so a span keeps what it held
                 t = e["ts"] + offset
-                e["ts"] += moved.cpu_us(index, t) - t
+                start = moved.cpu_us(index, t)
+                dur = e.get("dur")
+                if isinstance(dur, (int, float)) and dur > 0:
+                    e["dur"] = max(0.0, moved.cpu_us(index, t + dur) - start)
+                e["ts"] += start - t
     doc.update(stamp)
     data = orjson.dumps(doc)
     return (gzip.compress(data, compresslevel=6) if gzipped else data), len(matched)
@@ -134,3 +151,14 @@ def _annotation_shift(stream_spans: list[tuple[float, float, float]], event: dic
         if overlap > best:
             best, shift = overlap, s
     return shift
+
+
+def _enclosing(spans: list[tuple[float, float, float, float]], event: dict) -> tuple | None:
+    """The span that holds the event whole, or None; ``spans`` (a thread's outermost collective
+    calls) are sorted by start and do not overlap."""
+    if not spans:
+        return None
+    start = event["ts"]
+    end = start + (event.get("dur") if isinstance(event.get("dur"), (int, float)) else 0)
+    i = bisect_right(spans, (start, float("inf"), 0.0, 0.0)) - 1
+    return spans[i] if i >= 0 and end <= spans[i][1] else None

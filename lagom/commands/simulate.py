@@ -36,6 +36,9 @@ Prints the iteration time, compute busy time, communication busy and exposed tim
 the slowdown of compute caused by contention; ``--json`` prints ``{"iteration_us",
 "compute_us", "comm_us", "exposed_comm_us", "compute_uncontended_us",
 "compute_slowdown", "evaluations", "cluster", "workload", "evaluator", "ops", "collectives"}``.
+A what-if on a trace (``--scale``, ``--set``, ``--config``) prints its figures beside the
+trace's measured ones, labelled; ``--json`` adds ``"whatif": true`` and ``"measured":
+{"iteration_us", "compute_us", "comm_us", "exposed_comm_us"}`` (the trace's means).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ import math
 import sys
 from dataclasses import replace
 
-from costmodel.evaluator import DurationScale, check_config
+from costmodel.evaluator import DurationScale, StepTiming, check_config
 from lagom.knob_args import NOISE_RANGE, check_noise
 from lagom.rank_args import add_arguments, reading_from_args
 from lagom.record_overhead import check_recorded_steps, unprofiled_cpu, unprofiled_line
@@ -109,6 +112,16 @@ def parse_scale(items: list[str]) -> DurationScale:
                 raise LagomError(f"--scale: {key} given twice")
             factors[key] = factor
     return DurationScale(**factors)
+
+
+def measured_means(steps: list[StepTiming]) -> dict[str, float]:
+    """What the trace measured, the mean over its complete steps (us): the figures a what-if's
+    summary stands beside."""
+    n = len(steps)
+    return {"iteration_us": round(sum(s.measured_iteration_us for s in steps) / n, 3),
+            "compute_us": round(sum(s.measured_compute_us for s in steps) / n, 3),
+            "comm_us": round(sum(s.measured_comm_us for s in steps) / n, 3),
+            "exposed_comm_us": round(sum(s.measured_exposed_comm_us for s in steps) / n, 3)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -196,18 +209,21 @@ def run(args: argparse.Namespace) -> int:
         "collectives": len(workload.collectives),
     }
     fid = None
+    whatif = bool(plan.entries) or plan.default != CommConfig() or scale is not None
     if timing.steps:
         from costmodel.replay.fidelity import fidelity
 
         result["steps"] = [st.to_dict() for st in timing.steps]
-        fid = fidelity(timing if not plan.entries and plan.default == CommConfig() and scale is None
-                       else evaluator.evaluate(workload, Plan()))
+        fid = fidelity(timing if not whatif else evaluator.evaluate(workload, Plan()))
         result["replay"] = fid.to_dict() if fid is not None else None
+        if whatif:  # the figures above are the what-if's; what the trace measured, per step, beside them
+            result["whatif"] = True
+            result["measured"] = measured_means(timing.steps)
     if export is not None:
         what = ", ".join([*([f"--config {args.config}"] if args.config else []),
                           *([f"--set {args.set_config}"] if args.set_config else []),
                           *([f"--scale {','.join(args.scale)}"] if args.scale else [])]) or "the recorded settings"
-        export_trace(workload, timing, export, what)
+        export_trace(workload, timing, export, what, scale.cpu if scale is not None else 1.0)
         result["export_trace"] = str(export)
         print(f"prediction written to {export} ({what})", file=sys.stderr)
     if args.json:
@@ -220,22 +236,33 @@ def run(args: argparse.Namespace) -> int:
     per = " per step" if timing.steps else ""
     from pathlib import Path
 
+    measured = result.get("measured")
     table = Table(title=f"{Path(str(result['workload'])).name} on {cluster.name} ({args.evaluator}){per}")
     table.add_column("quantity")
-    table.add_column("value", justify="right")
-    table.add_row("iteration (Z)", f"{timing.iteration_us / 1e3:,.2f} ms")
-    table.add_row("compute busy (Y)", f"{timing.compute_us / 1e3:,.2f} ms")
-    table.add_row("communication busy (X)", f"{timing.comm_us / 1e3:,.2f} ms")
-    table.add_row("exposed communication", f"{timing.exposed_comm_us / 1e3:,.2f} ms")
-    table.add_row("compute without contention", f"{timing.compute_uncontended_us / 1e3:,.2f} ms")
-    table.add_row("compute slowdown from contention", f"{timing.compute_slowdown:.3f}x")
-    table.add_row("ops / collectives", f"{result['ops']} / {result['collectives']}")
+    if measured:
+        table.add_column("measured", justify="right")
+    table.add_column("what-if" if measured else "value", justify="right")
+
+    def add(label: str, value: str, key: str | None = None, same: bool = False) -> None:
+        """A row; beside a what-if, the measured figure ``key`` first (``same``: the trace's, as is)."""
+        if measured:
+            table.add_row(label, value if same else "-" if key is None else f"{measured[key] / 1e3:,.2f} ms", value)
+        else:
+            table.add_row(label, value)
+
+    add("iteration (Z)", f"{timing.iteration_us / 1e3:,.2f} ms", "iteration_us")
+    add("compute busy (Y)", f"{timing.compute_us / 1e3:,.2f} ms", "compute_us")
+    add("communication busy (X)", f"{timing.comm_us / 1e3:,.2f} ms", "comm_us")
+    add("exposed communication", f"{timing.exposed_comm_us / 1e3:,.2f} ms", "exposed_comm_us")
+    add("compute without contention", f"{timing.compute_uncontended_us / 1e3:,.2f} ms")
+    add("compute slowdown from contention", f"{timing.compute_slowdown:.3f}x")
+    add("ops / collectives", f"{result['ops']} / {result['collectives']}", same=True)
     console = stdout_console()
     console.print(table)
     if timing.steps:
         from lagom.replay_report import fidelity_line, steps_table
 
-        console.print(steps_table(timing.steps))
+        console.print(steps_table(timing.steps, whatif=whatif))
         if fid is not None:
             console.print(fidelity_line(fid), highlight=False)
     return 0

@@ -1,11 +1,17 @@
 """The torch.distributed hook: per-group NCCL options and a count of every collective.
 
-:class:`Hook` replaces the collective functions of ``torch.distributed`` (see
-:mod:`lagom.runtime.collectives`) with thin wrappers that count the call under its
-signature (type, bytes, group) and then call the original with the very same
-arguments, returning its result (tensors, async work handles) untouched. The tuned
-file is consulted once per distinct signature: the wrapper's steady-state cost is
-one byte count, one dict lookup and one increment. Group creation is wrapped by
+:class:`Hook` counts every collective the job issues under its signature (type,
+bytes, group) where every caller meets it, at PyTorch's ``c10d`` dispatcher ops
+(:mod:`lagom.runtime.c10d_observer`): calls from Python and from C++ alike (DDP's
+gradient buckets, FSDP, DeviceMesh, compiled code), on gloo and NCCL. It also
+replaces the collective functions of ``torch.distributed`` (see
+:mod:`lagom.runtime.collectives`) with thin wrappers that call the original with the
+very same arguments, returning its result (tensors, async work handles) untouched;
+they count only what the dispatcher cannot show (calls under ``torch.inference_mode``,
+or every call on a torch whose c10d ops cannot be observed: one note says so) and hand
+Work handles to the online clock. The tuned file is consulted once per distinct
+signature: the steady-state cost is one byte count, one dict lookup and one
+increment. Group creation is wrapped by
 :class:`lagom.runtime.process_groups.GroupOptionsInjector`.
 
 Failure policy: anything that goes wrong inside the hook stops the hook's own work
@@ -25,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lagom.runtime import audit
+from lagom.runtime.c10d_observer import C10dObserver
 from lagom.runtime.collectives import ALSO_IN_C10D, SPECS, TYPE_INDEX, TYPE_ORDER, CollectiveSpec
 from lagom.runtime.env import EnvMerge, merge_env
 from lagom.runtime.process_groups import GroupOptionsInjector
@@ -70,6 +77,11 @@ class Hook:
         self.run_dir = Path(run_dir) if run_dir else None
         self.stream = stream
         self.observing = False  # read by every wrapper; False = pass straight through
+        # True while the c10d dispatcher ops are observed: the Python wrappers then count only
+        # calls the dispatcher cannot show (under torch.inference_mode)
+        self.dispatcher_counts = False
+        self._observer: C10dObserver | None = None
+        self._observer_tried = False
         self.failed = False
         self.counts: dict[tuple, list] = {}  # (type index, bytes, group) -> [count, info]
         self.rank: int | None = None
@@ -144,7 +156,9 @@ class Hook:
         return self.config
 
     def _process_groups(self) -> dict[str, dict]:
-        """The tuned per-group settings, loading the file if needed; {} once failed."""
+        """The tuned per-group settings, loading the file if needed; {} once failed. Called as each
+        group is created, when torch is whole: the c10d ops are observed from the first one on."""
+        self._observe_c10d()
         if self.failed:
             return {}
         config = self.ensure_config()
@@ -175,7 +189,31 @@ class Hook:
             self._patch(dist, spec.function, wrapper)
             if spec.function in ALSO_IN_C10D and getattr(c10d, spec.function, None) is original:
                 self._patch(c10d, spec.function, wrapper)
+        if getattr(sys.modules.get("torch"), "library", None) is not None:
+            self._observe_c10d()  # else torch is still importing (the bootstrap): at the first group's creation
         self.observing = self.config is not None or not self._config_tried
+
+    def _observe_c10d(self) -> None:
+        """Count at the c10d dispatcher ops from now on; where they cannot be observed, one note."""
+        if self._observer_tried:
+            return
+        self._observer_tried = True
+        observer = C10dObserver(self._count, self.fail, lambda: self.observing)
+        try:
+            observer.install()
+        except LagomError as exc:
+            self.note(f"{exc}: the audit counts the calls of torch.distributed's Python functions only "
+                      "(not DDP's buckets or other collectives issued from C++)")
+        else:
+            self._observer, self.dispatcher_counts = observer, True
+
+    def _count(self, type_index: int, nbytes: int, group: str) -> None:
+        """One collective seen at the dispatcher."""
+        key = (type_index, nbytes, group)
+        record = self.counts.get(key)
+        if record is None:
+            record = self._new_record(key)
+        record[0] += 1
 
     def _patch(self, module: object, name: str, replacement: object) -> None:
         self._patched.append((module, name, getattr(module, name)))
@@ -187,6 +225,10 @@ class Hook:
         for module, name, original in reversed(self._patched):
             setattr(module, name, original)
         self._patched.clear()
+        if self._observer is not None:
+            self._observer.uninstall()
+            self._observer, self.dispatcher_counts = None, False
+        self._observer_tried = False
         if self._injector is not None:
             self._injector.uninstall()
 
@@ -209,7 +251,8 @@ class Hook:
             pos = params.index(name)
 
             def wrapper(*args, **kwargs):
-                if hook.observing and not torch.compiler.is_compiling():
+                if (hook.observing and not torch.compiler.is_compiling()
+                        and (not hook.dispatcher_counts or torch.is_inference_mode_enabled())):
                     try:
                         key = (
                             type_index,
@@ -231,7 +274,8 @@ class Hook:
         else:
 
             def wrapper(*args, **kwargs):
-                if hook.observing and not torch.compiler.is_compiling():
+                if (hook.observing and not torch.compiler.is_compiling()
+                        and (not hook.dispatcher_counts or torch.is_inference_mode_enabled())):
                     try:
                         key = (
                             type_index,
@@ -259,8 +303,11 @@ class Hook:
                 if sink is not None and result is not None and hook.observing and not torch.compiler.is_compiling():
                     try:
                         group = args[group_pos] if len(args) > group_pos else kwargs.get("group")
-                        record = counts.get((type_index, nbytes_of(args, kwargs), group))
-                        if record is not None and record[1] is not _IGNORED:
+                        key = (type_index, nbytes_of(args, kwargs), group)
+                        record = counts.get(key)
+                        if record is None:  # counted at the dispatcher: resolve the signature once here
+                            record = hook._new_record(key)
+                        if record[1] is not _IGNORED:
                             sink(record[1][:5], result)  # (collective, group, ranks, nodes, bytes): no entry index
                     except Exception as exc:
                         hook.fail(spec.function, exc)

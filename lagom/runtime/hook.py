@@ -1,17 +1,19 @@
 """The torch.distributed hook: per-group NCCL options and a count of every collective.
 
 :class:`Hook` counts every collective the job issues under its signature (type,
-bytes, group) where every caller meets it, at PyTorch's ``c10d`` dispatcher ops
-(:mod:`lagom.runtime.c10d_observer`): calls from Python and from C++ alike (DDP's
-gradient buckets, FSDP, DeviceMesh, compiled code), on gloo and NCCL. It also
-replaces the collective functions of ``torch.distributed`` (see
-:mod:`lagom.runtime.collectives`) with thin wrappers that call the original with the
-very same arguments, returning its result (tensors, async work handles) untouched;
-they count only what the dispatcher cannot show (calls under ``torch.inference_mode``,
-or every call on a torch whose c10d ops cannot be observed: one note says so) and hand
-Work handles to the online clock. The tuned file is consulted once per distinct
-signature: the steady-state cost is one byte count, one dict lookup and one
-increment. Group creation is wrapped by
+bytes, group), whatever issued it, on gloo and NCCL. It replaces the collective
+functions of ``torch.distributed`` (see :mod:`lagom.runtime.collectives`) with thin
+wrappers that count the call and then call the original with the very same arguments,
+returning its result (tensors, async work handles) untouched. What does not pass them
+(DDP's gradient buckets, issued from C++; the functional collectives of DeviceMesh,
+DTensor and compiled code) is counted at PyTorch's ``c10d`` dispatcher ops
+(:mod:`lagom.runtime.c10d_observer`); a wrapped call runs below autograd, where those
+kernels do not see it again, so each collective counts once. The tuned file is
+consulted once per distinct signature: a wrapped call's steady-state cost is one byte
+count, one dict lookup and one increment (under a microsecond); a collective seen at
+the dispatcher costs a Python call (tens of microseconds: a DDP bucket, not a kernel).
+On a torch whose c10d ops cannot be observed one note says so and the wrappers count
+alone. Group creation is wrapped by
 :class:`lagom.runtime.process_groups.GroupOptionsInjector`.
 
 Failure policy: anything that goes wrong inside the hook stops the hook's own work
@@ -77,8 +79,8 @@ class Hook:
         self.run_dir = Path(run_dir) if run_dir else None
         self.stream = stream
         self.observing = False  # read by every wrapper; False = pass straight through
-        # True while the c10d dispatcher ops are observed: the Python wrappers then count only
-        # calls the dispatcher cannot show (under torch.inference_mode)
+        # True while the c10d dispatcher ops are observed: a call the Python wrappers counted then runs
+        # below autograd, where the observer's kernels do not see it again
         self.dispatcher_counts = False
         self._observer: C10dObserver | None = None
         self._observer_tried = False
@@ -244,6 +246,10 @@ class Hook:
         # call time: the bootstrap installs the hook while torch is still importing.
         import torch
 
+        # Below autograd, as torch's own autograd fallback runs a c10d op: the observer's kernel there
+        # (lagom.runtime.c10d_observer) is for collectives that do not pass these wrappers.
+        below_autograd = torch._C._AutoDispatchBelowAutograd
+
         # The hot path: a flag test, a byte count, a dict lookup, an increment. The
         # common one-tensor case reads the tensor inline (one Python call fewer).
         if spec.single_tensor and len(spec.buffers) == 1:
@@ -251,8 +257,7 @@ class Hook:
             pos = params.index(name)
 
             def wrapper(*args, **kwargs):
-                if (hook.observing and not torch.compiler.is_compiling()
-                        and (not hook.dispatcher_counts or torch.is_inference_mode_enabled())):
+                if hook.observing and not torch.compiler.is_compiling():
                     try:
                         key = (
                             type_index,
@@ -269,13 +274,15 @@ class Hook:
                             record[0] += 1
                         except Exception as exc:
                             hook.fail(spec.function, exc)
+                    if hook.dispatcher_counts:  # counted here: the c10d op below must not count it again
+                        with below_autograd():
+                            return original(*args, **kwargs)
                 return original(*args, **kwargs)
 
         else:
 
             def wrapper(*args, **kwargs):
-                if (hook.observing and not torch.compiler.is_compiling()
-                        and (not hook.dispatcher_counts or torch.is_inference_mode_enabled())):
+                if hook.observing and not torch.compiler.is_compiling():
                     try:
                         key = (
                             type_index,
@@ -292,6 +299,9 @@ class Hook:
                             record[0] += 1
                         except Exception as exc:
                             hook.fail(spec.function, exc)
+                    if hook.dispatcher_counts:  # counted here: the c10d op below must not count it again
+                        with below_autograd():
+                            return original(*args, **kwargs)
                 return original(*args, **kwargs)
 
         if self.deliver_works:  # under --online --collective-timing: the Work a call returns goes to the online clock

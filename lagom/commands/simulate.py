@@ -47,6 +47,7 @@ import json
 import math
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 from costmodel.evaluator import DurationScale, check_config
 from lagom.common_args import (
@@ -119,6 +120,17 @@ def parse_scale(items: list[str]) -> DurationScale:
     return DurationScale(**factors)
 
 
+def _file_nccl_version(path: str) -> str | None:
+    """The ``nccl_version`` a tuned file records (None when it records none); the file itself is
+    checked later, by NCCL's rules for the version in force."""
+    from nccl_env.files import check_not_empty, read_yaml
+
+    check_not_empty(path, "--config")
+    data = read_yaml(Path(path))
+    value = data.get("nccl_version") if isinstance(data, dict) else None
+    return value if isinstance(value, str) and value.strip() else None
+
+
 def run(args: argparse.Namespace) -> int:
     from lagom.knob_args import parse_set
     from lagom.trace_context import resolve_cluster
@@ -139,9 +151,7 @@ def run(args: argparse.Namespace) -> int:
         raise LagomError("--noise: a trace is replayed from its measured times, which no noise changes; drop --noise")
     nccl_version = args.nccl_version
     if nccl_version is None and args.config:  # the NCCL the file was tuned for, unless the flag says otherwise
-        from lagom.tuned_config import load_tuned_config
-
-        nccl_version = load_tuned_config(args.config).nccl_version or None
+        nccl_version = _file_nccl_version(args.config)
     choice = resolve_cluster(workload, from_trace, args.cluster, nccl_version)
     cluster = choice.cluster
     # the settings a file or --set gives reach NCCL's collectives of known size only (CollectiveOp.tunable)
@@ -231,7 +241,6 @@ def run(args: argparse.Namespace) -> int:
     from lagom.console import stdout_console
 
     per = " per step" if timing.steps else ""
-    from pathlib import Path
 
     table = Table(title=f"{Path(str(result['workload'])).name} on {cluster.name} ({evaluator_name}){per}")
     table.add_column("quantity")

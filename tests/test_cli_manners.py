@@ -183,7 +183,7 @@ def test_a_shared_flag_has_one_metavar_default_and_meaning(option, commands):
     for attribute in ("metavar", "choices", "type"):
         assert len({str(getattr(a, attribute)) for a in actions.values()}) == 1, (option, attribute)
     defaults = {getattr(a, "default", None) for a in actions.values()}
-    assert len(defaults) == 1 and (defaults <= {None, False, 0}), (option, defaults)
+    assert len(defaults) == 1 and (defaults <= {None, False}), (option, defaults)
 
 
 def test_evaluator_help_says_why_its_default_differs():

@@ -286,3 +286,13 @@ def test_run_json_summarises_the_job_and_its_collectives(tmp_path):
     summary = json.loads(lines[-1])
     assert summary["exit_status"] == 0 and summary["ranks"] == 1 and summary["audit"] is None
     assert summary["summary"] == {"collectives": 4, "matched": 3, "bytes": 3 * 16 + 256, "bytes_matched": 48}
+
+
+def test_noise_has_one_default_for_a_spec_and_none_for_a_trace(tmp_path):
+    """run --online --simulate takes --noise as simulate does: the simulator's spread (0.01) for a
+    spec or a workload file, none for a trace (replayed from its measured times)."""
+    from lagom.commands.run import _default_noise
+    from lagom.common_args import DEFAULT_NOISE
+
+    assert _default_noise("tp:phi2:tp=8") == DEFAULT_NOISE == 0.01
+    assert _default_noise(_WIDE_TRACE) == 0.0

@@ -8,8 +8,9 @@
       parse a table as the plugin does; one line per rejected line
       (exit status 1 when any line is rejected, 0 when none)
 
-Use the plugin with NCCL:  NCCL_TUNER_PLUGIN=<so path> NCCL_TUNER_CONFIG_FILE=<table> torchrun ...
-(docs/plugin.md has the table format and matching rules).
+Use the plugin with NCCL (docs/plugin.md has the table format and matching rules):
+
+  NCCL_TUNER_PLUGIN=<so path> NCCL_TUNER_CONFIG_FILE=<table> torchrun ...
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@
     lagom run --config lagom.yaml -- python train.py
     lagom run --online [--config SEED.yaml] [--save OUT.yaml] [--budget-steps N]
         [--nccl-version X.Y.Z] [--collective-timing] [--audit A.json]
-        [--simulate WORKLOAD --cluster NAME|FILE [--noise F]] -- torchrun ... train.py
+        [--simulate WORKLOAD --cluster NAME|FILE [--noise F]] --
+        torchrun ... train.py
 
 The job runs unchanged. Three doors carry the tuned file into it:
 
@@ -20,7 +21,8 @@ The job runs unchanged. Three doors carry the tuned file into it:
 
 Every Python process of the job gets Lagom's hook through a sitecustomize.py put first
 on PYTHONPATH (an existing sitecustomize still runs). At exit rank 0 prints one line:
-collectives seen, how many a tuned entry matched, bytes covered; --audit FILE writes
+collectives seen (every one the job issued, whatever issued it: DDP's buckets, FSDP,
+DeviceMesh; docs/run.md), how many a tuned entry matched, bytes covered; --audit FILE writes
 per-signature counts and per-rank details as JSON. The job's exit status is lagom's
 (128+N if it died of signal N); SIGINT, SIGTERM and SIGHUP are forwarded to the job's
 process group. A missing or invalid config, or no command, is an error (exit 2) and

@@ -8,6 +8,7 @@ trace, the replay of it over that one's mechanism (costmodel.replay.trace_evalua
 from __future__ import annotations
 
 import hashlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -190,15 +191,20 @@ def tune(
     budget: int | None = None,
     with_autoccl: bool = True,
     progress: Callable[[int], None] | None = None,
+    seed: int = 0,
 ) -> TuneOutcome:
-    """Run ``method``; also evaluate NCCL's default and (optionally) AutoCCL for comparison."""
+    """Run ``method`` (seeded with ``seed`` where it draws at random); also evaluate NCCL's default
+    and (optionally) AutoCCL for comparison."""
     if method not in METHODS:
         raise LagomError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
     if budget is not None and budget < 1:
         raise LagomError(f"budget {budget}: must be at least 1 evaluation")
     space = space_for(workload, cluster)
     shared = SharedEvaluations(evaluator)
-    result = METHODS[method]().tune(workload, shared, space, budget=budget, progress=progress)
+    method_cls = METHODS[method]
+    seeded = "seed" in inspect.signature(method_cls).parameters  # the methods that draw at random
+    search = method_cls(seed=seed) if seeded else method_cls()  # type: ignore[call-arg]  # seeded: it takes one
+    result = search.tune(workload, shared, space, budget=budget, progress=progress)
     baseline = result.baseline or shared.evaluate(workload, Plan())
     autoccl = None
     if with_autoccl:

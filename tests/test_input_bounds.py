@@ -75,7 +75,8 @@ def test_the_memory_check_compares_the_estimate_with_what_is_available(tmp_path)
 
 
 @pytest.mark.parametrize("argv", [["bench", "--exhaustive-max-points", "1000000000"],
-                                  ["calibrate", "--backend", "sim:low-bw", "--budget", "1000000", "-o", "c.yaml"]])
+                                  ["calibrate", "--backend", "sim:low-bw", "--measurements", "1000000",
+                                   "-o", "c.yaml"]])
 def test_a_budget_of_evaluations_is_bounded(argv, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2

@@ -97,8 +97,9 @@ def test_plots_and_tables_carry_their_marker(tmp_path, capsys):
 
 
 def test_calibrate_takes_o_and_still_takes_out_saying_it_is_deprecated(tmp_path, capsys):
-    assert main(["calibrate", "--backend", "sim:low-bw", "--budget", "20", "-o", str(tmp_path / "a.yaml")]) == 0
-    assert main(["calibrate", "--backend", "sim:low-bw", "--budget", "20", "--out", str(tmp_path / "a.yaml")]) == 0
+    calibrate = ["calibrate", "--backend", "sim:low-bw", "--measurements", "20"]
+    assert main([*calibrate, "-o", str(tmp_path / "a.yaml")]) == 0
+    assert main([*calibrate, "--out", str(tmp_path / "a.yaml")]) == 0
     err = capsys.readouterr().err
     assert "lagom calibrate: warning: --out is deprecated; use -o/--output" in err
     assert (tmp_path / "a.yaml").read_text().startswith("# Lagom cluster file")

@@ -1,12 +1,16 @@
 """`lagom plugin`: build Lagom's NCCL tuner plugin, make its table from a tuned config, check a table.
 
-  lagom plugin build [--force] [--cc CC]     compile (cached); last line = absolute .so path
-  lagom plugin table lagom.yaml [-o FILE]    the plugin's CSV table for a tuned config (stdout without -o)
-  lagom plugin check TABLE.csv               parse a table as the plugin does; one line per rejected line
-                                             (exit status 1 when any line is rejected, 0 when none)
+  lagom plugin build [--force] [--cc CC]
+      compile (cached); the last line is the absolute .so path
+  lagom plugin table lagom.yaml [-o FILE]
+      the plugin's CSV table for a tuned config (stdout without -o)
+  lagom plugin check TABLE.csv
+      parse a table as the plugin does; one line per rejected line
+      (exit status 1 when any line is rejected, 0 when none)
 
-Use the plugin with NCCL:  NCCL_TUNER_PLUGIN=<so path> NCCL_TUNER_CONFIG_FILE=<table> torchrun ...
-(docs/plugin.md has the table format and matching rules).
+Use the plugin with NCCL (docs/plugin.md has the table format and matching rules):
+
+  NCCL_TUNER_PLUGIN=<so path> NCCL_TUNER_CONFIG_FILE=<table> torchrun ...
 """
 
 from __future__ import annotations

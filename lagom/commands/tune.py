@@ -71,6 +71,7 @@ from rich.table import Table
 from costmodel.evaluator import DurationScale, Evaluator
 from costmodel.replay.fidelity import fidelity
 from lagom import tuning
+from lagom.common_args import add_cluster, add_evaluator, add_json, add_nccl_version, add_seed, check_seed
 from lagom.console import StageProgress, mib, stdout_console
 from lagom.knob_args import parse_nccl_version_arg
 from lagom.output_paths import OutputFormat, check_output
@@ -101,18 +102,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "tune", help="tuned per-collective NCCL settings for a workload", description=doc,
     )
     parser.add_argument("workload", metavar="WORKLOAD", help="trace, workload JSON file or generator spec")
-    parser.add_argument("--cluster", default=None,
-                        help="preset name or cluster YAML (e.g. a calibrated one); for a trace, default: the "
-                             "preset for its GPU")
-    parser.add_argument("--evaluator", choices=tuning.EVALUATORS, default=None,
-                        help="what predicts iteration times (default: analytic)")
+    add_cluster(parser, "for a trace, default: the preset for its GPU")
+    add_evaluator(parser, tuning.DEFAULT_EVALUATOR, "a search asks hundreds of times: the fast model")
     parser.add_argument("--method", choices=sorted(METHODS), default="lagom", help="search method (default lagom)")
-    parser.add_argument("--nccl-version", default=None,
-                        help="the NCCL the job will run (default: the trace's, else the cluster file's); "
-                             "decides which knobs are per collective")
-    parser.add_argument("--budget", type=int, default=None,
-                        help="cap on the search method's evaluations (default: its own rule)")
-    parser.add_argument("-o", "--output", default="lagom.yaml", help="tuned-config file to write (default lagom.yaml)")
+    add_nccl_version(parser, "default: the trace's, else the cluster's")
+    parser.add_argument("--budget", type=int, default=None, metavar="N",
+                        help="at most N evaluations by the search method (default: its own rule)")
+    add_seed(parser)
+    parser.add_argument("-o", "--output", default="lagom.yaml", metavar="FILE",
+                        help="tuned-config file to write (default lagom.yaml)")
     parser.add_argument("--force", action="store_true", help="overwrite -o even if it is not a file Lagom wrote")
     parser.add_argument("--no-autoccl", action="store_true", help="skip the AutoCCL comparison")
     parser.add_argument("--min-gain", type=float, default=tuning.MIN_GAIN, metavar="F",
@@ -122,12 +120,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "without the profiler")
     parser.add_argument("--export-trace", metavar="OUT.json.gz",
                         help="a trace: write the tuned plan's predicted steps as a Kineto trace (Perfetto, HTA)")
-    parser.add_argument("--json", action="store_true", help="print a JSON summary instead of the table")
+    add_json(parser)
     add_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    check_seed(args.seed)
     if not (args.min_gain >= 0 and args.min_gain < 10):
         raise LagomError(f"--min-gain {args.min_gain}: must be a fraction >= 0 (0.01 = 1%)")
     if args.budget is not None and not 1 <= args.budget <= tuning.MAX_BUDGET:
@@ -161,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
     model_cluster = tuning.tuning_cluster(cluster, choice.cluster_arg, evaluator_name,
                                           log=lambda m: err.print(m, highlight=False))
-    model = tuning.make_evaluator(evaluator_name, model_cluster, workload=workload)
+    model = tuning.make_evaluator(evaluator_name, model_cluster, seed=args.seed, workload=workload)
     evaluator: Evaluator = model
     cpu_scale = 1.0  # the CPU's scale every plan is replayed at (--unprofiled-cpu)
     if args.unprofiled_cpu:  # the bisection's evaluator serves the search too (its replay data are built)
@@ -173,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     with StageProgress(err, f"tuning ({args.method}, evaluations)", total=args.budget) as bar:
         outcome = tuning.tune(
             workload, cluster, evaluator, method=args.method, budget=args.budget,
-            with_autoccl=not args.no_autoccl, progress=bar.update,
+            with_autoccl=not args.no_autoccl, progress=bar.update, seed=args.seed,
         )
     elapsed_s = time.perf_counter() - started
     config = tuning.tuned_config(outcome, cluster, choice.cluster_arg, args.workload, min_gain=args.min_gain)

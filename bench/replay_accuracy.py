@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel.cluster import load_cluster  # noqa: E402
 from costmodel.replay.fidelity import fidelity
-from costmodel.replay.schedule import replay, replay_static  # noqa: E402
+from costmodel.replay.schedule import as_measured, replay, replay_static  # noqa: E402
 from nccl_env.errors import LagomError  # noqa: E402
 from traces.reader import read_trace  # noqa: E402
 from traces.workload import Workload  # noqa: E402
@@ -63,11 +63,11 @@ def main() -> int:
         if w.exec_graph is None or len(w.exec_graph.steps) < 2:
             continue
         st = replay_static(w)
-        fid = fidelity(replay(w, st.measured_dur))
+        fid = fidelity(replay(st, st.measured_dur))
         e = explained_graph(w)
-        explained = fidelity(replay(e, replay_static(e).measured_dur))
+        explained = fidelity(as_measured(e))
         g = replace(w, exec_graph=w.exec_graph.with_median_delays())
-        generic = fidelity(replay(g, replay_static(g).measured_dur))
+        generic = fidelity(as_measured(g))
         assert fid is not None and explained is not None and generic is not None
         print(f"{path.name[:38]:38} {fid.steps:>5} {fid.median_step_error_pct:>8.2f} {fid.max_step_error_pct:>7.2f} "
               f"{fid.comm_error_pct:>7.2f} {fid.exposed_error_pct:>7.2f} {fid.exposed_error_us_per_step:>10.1f} "

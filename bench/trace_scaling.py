@@ -44,10 +44,11 @@ elif stage in ("replay", "evaluate"):
     from traces.reader import read_trace
     from costmodel.analytic.evaluator import AnalyticEvaluator
     from costmodel.cluster import load_cluster
+    from costmodel.replay.trace_evaluator import ReplayEvaluator
     from nccl_env.knobs import CommConfig
     from nccl_env.plan import Plan
     w = read_trace(path)[0]
-    ev = AnalyticEvaluator(load_cluster("a100-nvswitch"))
+    ev = ReplayEvaluator(AnalyticEvaluator(load_cluster("a100-nvswitch")), 8)
     t0 = time.process_time()
     ev.evaluate(w, Plan())
     ops = len(w.compute_ops) + len(w.collectives)
@@ -80,10 +81,11 @@ sys.path.insert(0, {root!r})
 from traces.reader import read_trace
 from costmodel.analytic.evaluator import AnalyticEvaluator
 from costmodel.cluster import load_cluster
+from costmodel.replay.trace_evaluator import ReplayEvaluator
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan
 loaded = [read_trace(p)[0] for p in {paths!r}]
-evaluators = [AnalyticEvaluator(load_cluster("a100-nvswitch")) for _ in loaded]
+evaluators = [ReplayEvaluator(AnalyticEvaluator(load_cluster("a100-nvswitch")), 8) for _ in loaded]
 for w, ev in zip(loaded, evaluators):
     ev.evaluate(w, Plan())
 times = [[] for _ in loaded]

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import numpy as np
 
 from nccl_env.errors import LagomError
 from nccl_env.knob_table import ALGORITHM
@@ -17,6 +19,9 @@ from nccl_env.knobs import Algorithm, CommConfig
 from nccl_env.plan import Plan
 from traces.workload import Workload
 from traces.workload_io import workload_problem
+
+if TYPE_CHECKING:
+    from costmodel.replay.data import ReplayData
 
 # The algorithms the evaluators model (costmodel.analytic.collective_model, costmodel.sim.collective);
 # NVLS and CollNet need switch hardware no cluster description has, and PAT is not modelled.
@@ -27,13 +32,14 @@ class LazyOpValues(Mapping):
     """op id -> value from two parallel sequences, made into a dict on first access (an evaluator
     fills ``Timing.uncontended_us`` on every evaluation; few readers ever look)."""
 
-    def __init__(self, op_ids: Sequence[int], values: Sequence[float]) -> None:
+    def __init__(self, op_ids: Sequence[int], values: Sequence[float] | np.ndarray) -> None:
         self._op_ids, self._values = op_ids, values
         self._map: dict[int, float] | None = None
 
     def _all(self) -> dict[int, float]:
         if self._map is None:
-            self._map = dict(zip(self._op_ids, self._values))
+            values = self._values.tolist() if isinstance(self._values, np.ndarray) else self._values
+            self._map = dict(zip(self._op_ids, values))
         return self._map
 
     def __getitem__(self, op_id: int) -> float:
@@ -89,6 +95,7 @@ class Timing:
     ops: op_id -> OpTiming for every op of the workload.
     steps: a replayed trace's complete profiler steps (costmodel.replay); then the
     figures above are per step, the mean over them. Empty for other workloads.
+    replay: a replay's data (the trace's graph as the replay holds it), None for other workloads.
     compute_slowdown = compute_us / compute_uncontended_us: the one definition of the
     compute slowdown every command prints (docs/tuner.md, "The figures").
     """
@@ -102,6 +109,7 @@ class Timing:
     steps: list[StepTiming] = field(default_factory=list)
     uncontended_us: Mapping[int, float] = field(default_factory=dict)  # compute op id -> its time with no
     # collective beside it (every evaluator of Lagom's fills it; an op not in it: its own duration_us)
+    replay: ReplayData | None = field(default=None, compare=False, repr=False)
 
     @property
     def compute_slowdown(self) -> float:
@@ -148,6 +156,15 @@ def check_workload(workload: Workload) -> None:
     problem = workload_problem(workload)
     if problem is not None:
         raise LagomError(f"workload {workload.source or '(unnamed)'}: {problem}")
+
+
+def check_generated(workload: Workload) -> None:
+    """Raise LagomError (one line) for a workload read from a trace: a trace is replayed
+    (costmodel.replay.trace_evaluator.ReplayEvaluator, over this evaluator's mechanism), not simulated."""
+    if workload.exec_graph is not None:
+        raise LagomError(f"{workload.source or 'workload'}: a trace is replayed from its measured times "
+                         f"(costmodel.replay.trace_evaluator.ReplayEvaluator over this evaluator), not timed as "
+                         f"a generated workload")
 
 
 def check_plan(plan: Plan) -> None:

@@ -1,13 +1,14 @@
 """Per-workload data an evaluator builds once and reuses for every plan.
 
-Both evaluators keep plan-independent data per workload (op order, dependencies, compute
-shapes). :class:`WorkloadCache` holds it keyed by the workload object: its id, checked
-through a weak reference (an id can be reused once the workload is gone) and the
-workload's op and dependency counts (a workload grown in place is rebuilt). Do not
-mutate a workload between evaluations otherwise; build a new one.
+Both evaluators keep plan-independent data per generated workload (op order, dependencies,
+compute shapes). :class:`WorkloadCache`, one per evaluator instance (it lives as long as the
+evaluator), holds it keyed by the workload object: its id, checked through a weak reference
+(an id can be reused once the workload is gone) and the workload's op and dependency counts
+(a workload grown in place is rebuilt). Do not mutate a workload between evaluations
+otherwise; build a new one. (A trace's replay data: :class:`costmodel.replay.data.ReplayData`.)
 
-A workload is validated when its data is first built
-(:func:`costmodel.evaluator.check_workload`), so each evaluator refuses the same inputs.
+A workload is validated when its data is built (:func:`costmodel.evaluator.check_workload`),
+so each evaluator refuses the same inputs.
 """
 
 from __future__ import annotations
@@ -22,24 +23,8 @@ from traces.workload import Workload
 T = TypeVar("T")
 
 
-_CHECKED: dict[int, tuple[weakref.ref, int]] = {}  # workloads already validated: id -> (ref, size)
-
-
 def _size(workload: Workload) -> int:
     return len(workload.compute_ops) + len(workload.collectives) + len(workload.dependencies)
-
-
-def _check_once(workload: Workload) -> None:
-    """check_workload, once per workload object (every cache's first build would repeat it)."""
-    key, size = id(workload), _size(workload)
-    hit = _CHECKED.get(key)
-    if hit is not None and hit[0]() is workload and hit[1] == size:
-        return
-    check_workload(workload)
-    if len(_CHECKED) > 256:
-        for k in [k for k, (ref, _) in _CHECKED.items() if ref() is None]:
-            del _CHECKED[k]
-    _CHECKED[key] = (weakref.ref(workload), size)
 
 
 class WorkloadCache(Generic[T]):
@@ -56,7 +41,7 @@ class WorkloadCache(Generic[T]):
         hit = self._entries.get(key)
         if hit is not None and hit[0]() is workload and hit[1] == size:
             return hit[2]
-        _check_once(workload)
+        check_workload(workload)
         data = self._build(workload)
         if len(self._entries) >= self._max:
             self._entries = {k: v for k, v in self._entries.items() if v[0]() is not None}

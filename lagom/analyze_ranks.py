@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lagom.analyze_report import rank_report
@@ -36,6 +36,7 @@ class AnalyzedRank:
     group_sizes: dict[str, int]  # of the span's collectives' groups
     view: Workload | None  # the analysed span, when asked for (--plot)
     recorded_steps: RecordedSteps | None  # lagom record's step times (the profiler's overhead)
+    input_warnings: list[str] = field(default_factory=list)  # events the reader dropped (traces.kineto)
 
 
 def analyze_rank(workload: Workload, lowest: bool, include_last_step: bool, top: int,
@@ -47,7 +48,7 @@ def analyze_rank(workload: Workload, lowest: bool, include_last_step: bool, top:
     span_ops = array("q", (c.op_id for c in view.collectives)) if view.exec_graph is not None else None
     sizes = {c.group: view.group_size(c.group) for c in view.collectives}
     return AnalyzedRank(workload.rank, str(workload.source), report, span_ops, sizes,
-                        view if lowest and want_view else None, workload.recorded_steps)
+                        view if lowest and want_view else None, workload.recorded_steps, workload.input_warnings)
 
 
 def analyze_paths(paths: list[str], reading: RankReading, include_last_step: bool, top: int,
@@ -70,6 +71,8 @@ def analyze_paths(paths: list[str], reading: RankReading, include_last_step: boo
                     print(f"warning: {ranked.source}: given more than once, analysed once", file=sys.stderr)
                     continue
                 seen.add(source)
+                for line in ranked.input_warnings:
+                    print(f"warning: {line}", file=sys.stderr)
                 if ranked.span_ops is not None:
                     rows = split_rows_compact(job.comms[k], waits[ranked.rank], set(ranked.span_ops), basis)
                     ranked.report["wait_transfer"] = [{**row.to_dict(), "group_size": ranked.group_sizes[row.group]}

@@ -104,7 +104,10 @@ def render(reports: list[dict], console: Console) -> None:
         summary.add_column(style="bold")
         summary.add_column()
         summary.add_row("device", escape(r["device"] or "unknown"))
-        summary.add_row("analysed", f"{_ms(r['span_us'])} ms, {r['profiler_steps']} profiler step(s), {steps}")
+        periods = (f"; the steps' periods below, first op to the next step's, add to "
+                   f"{sum(st['iteration_us'] for st in r['steps']) / 1e3:,.2f} ms" if r.get("steps") else "")
+        summary.add_row("analysed", f"{_ms(r['span_us'])} ms (first op kept to last, as HTA spans it), "
+                                    f"{r['profiler_steps']} profiler step(s), {steps}{periods}")
         overlap = r["comm_comp_overlap_pct"]
         summary.add_row(
             "comm/compute overlap",
@@ -135,6 +138,12 @@ def render(reports: list[dict], console: Console) -> None:
                         + {"copy_engine": " (copy engines)", "symmetric": " (symmetric)"}.get(c.get("path", ""), ""))
                 t.add_row(kind, str(c["group_size"]), mib(c["message_bytes"]), str(c["count"]),
                           _ms(c["total_us"]), _ms(c["exposed_us"]), f"{exposed_pct:.1f}")
+            if len(r["collectives"]) > 1:  # summed: collectives that overlap each other count as often
+                total = sum(c["total_us"] for c in r["collectives"])
+                exposed = sum(c["exposed_us"] for c in r["collectives"])
+                t.add_section()
+                t.add_row("total", "", "", str(sum(c["count"] for c in r["collectives"])), _ms(total),
+                          _ms(exposed), f"{100.0 * exposed / total if total > 0 else 0.0:.1f}")
             console.print(t)
         else:
             console.print("no collectives in the analysed span")
@@ -148,6 +157,11 @@ def render(reports: list[dict], console: Console) -> None:
             for c in r["wait_transfer"]:
                 t.add_row(c["collective"], str(c["group_size"]), mib(c["message_bytes"]), str(c["count"]),
                           _ms(c["total_us"]), _ms(c["wait_us"]), _ms(c["transfer_us"]), _ms(c["transfer_per_call_us"]))
+            if len(r["wait_transfer"]) > 1:
+                rows = r["wait_transfer"]
+                t.add_section()
+                t.add_row("total", "", "", str(sum(c["count"] for c in rows)),
+                          *(_ms(sum(c[k] for c in rows)) for k in ("total_us", "wait_us", "transfer_us")), "")
             console.print(t)
 
         if r["contention"]:

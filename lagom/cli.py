@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
+import shutil
 import sys
+import textwrap
 from typing import NoReturn
 
 from lagom import __version__
@@ -20,12 +23,58 @@ from lagom.package_check import shadowed
 COMMANDS = ["record", "analyze", "simulate", "calibrate", "tune", "run", "bench", "plugin", "doctor"]
 
 
+MAX_HELP_COLUMNS = 80  # help is read in terminals and pasted into issues: never wider
+
+
+def help_columns() -> int:
+    """$COLUMNS (else the terminal's width), at most MAX_HELP_COLUMNS."""
+    columns = os.environ.get("COLUMNS", "")
+    width = int(columns) if columns.isdigit() and int(columns) > 0 else shutil.get_terminal_size().columns
+    return max(40, min(width, MAX_HELP_COLUMNS))
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Options' help wrapped between words at :func:`help_columns`; a description's prose
+    paragraphs re-filled to that width, and its indented lines (examples, tables) kept as
+    written unless too wide, then wrapped under their own indent."""
+
+    def __init__(self, prog: str, **kwargs) -> None:
+        kwargs.setdefault("width", help_columns())
+        kwargs.setdefault("max_help_position", 28)
+        super().__init__(prog, **kwargs)
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return super()._split_lines(plain_text(text), width)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        text = plain_text(text)  # before filling: the markup's characters are not printed
+        out = []
+        for paragraph in re.split(r"\n\s*\n", text.strip("\n")):
+            lines = paragraph.splitlines()
+            if all(not line[:1].isspace() for line in lines):  # prose: refill
+                out.append(textwrap.fill(" ".join(line.strip() for line in lines), width,
+                                         initial_indent=indent, subsequent_indent=indent, break_long_words=False,
+                                         break_on_hyphens=False))
+                continue
+            kept = []
+            for line in lines:
+                if len(indent + line) <= width:
+                    kept.append(indent + line)
+                    continue
+                lead = line[: len(line) - len(line.lstrip())]
+                kept.append(textwrap.fill(line.strip(), width, initial_indent=indent + lead,
+                                          subsequent_indent=indent + lead + "    ", break_long_words=False,
+                                          break_on_hyphens=False))
+            out.append("\n".join(kept))
+        return "\n\n".join(out)
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
     """argparse prints usage plus the error; we print one line naming the command.
-    Descriptions (each command's module docstring) keep their own line breaks."""
+    Help fits 80 columns (:class:`HelpFormatter`)."""
 
     def __init__(self, *args, **kwargs) -> None:
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
@@ -55,6 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _deepest(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)command's own parser that ``args`` reached: ``lagom plugin table``, not ``lagom``."""
+    while True:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        chosen = getattr(args, sub.dest, None) if sub is not None and sub.dest else None
+        if sub is None or chosen not in sub.choices:
+            return parser
+        parser = sub.choices[chosen]
+
+
 def main(argv: list[str] | None = None) -> int:
     problems = shadowed()  # before importing any of them: a stray nccl_env.py would break that import
     if problems:
@@ -63,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     from nccl_env.errors import LagomError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # an option this command does not take: its own help names it, not lagom's
+        _deepest(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -53,26 +53,32 @@ def _is_number(word: str) -> bool:
 
 def fit_columns(table: Table, width: int) -> Table:
     """Give ``table``'s columns widths that fit ``width`` with every number whole (a word of at most
-    24 characters with a digit in it: ``1,171.2>1,171.2``, ``x8r/1n``, ``ProfilerStep#4``).
+    24 characters with a digit in it: ``1,171.2>1,171.2``, ``x8r/1n``, ``ProfilerStep#4``) and every
+    header word whole (``measured``, never ``measur``/``ed``).
 
     Left alone when the table fits as it is. Otherwise every column may wrap at spaces; each
-    gets at least its longest word (if that is too wide, the frame goes first: one space
-    between columns; then the longest words fold, numbers never), and the width left goes to
-    the columns in proportion to what they lack: to whole cells first, then to whole headers.
-    Narrower than the numbers alone need (no report here needs 80 columns for them), rich folds them."""
+    gets at least its longest word (if that is too wide, the frame goes first: a plain rule
+    under the header and three spaces between columns, then two; then the longest cell words
+    fold, numbers and header words never), and the width left goes to the columns in
+    proportion to what they lack: to whole cells first, then to whole headers. Narrower than
+    the numbers and header words alone need (no report here needs 80 columns for them), rich
+    folds them."""
     columns = table.columns
     texts = [[_plain(c) for c in (col.header, *col.cells)] for col in columns]
     longest = [max((len(line) for t in ts for line in t.splitlines()), default=1) for ts in texts]
     if sum(longest) + _chrome(table) <= width:
         return table
     words = [max((len(w) for t in ts for w in t.split()), default=1) for ts in texts]
-    numbers = [max((len(w) for t in ts for w in t.split() if _is_number(w)), default=1) for ts in texts]
-    if sum(words) + _chrome(table) > width:
-        table.box, table.show_edge, table.pad_edge, table.padding = box.SIMPLE_HEAD, False, False, (0, 1)
+    numbers = [max((len(w) for t in ts[1:] for w in t.split() if _is_number(w)), default=1) for ts in texts]
+    whole = [max(n, max((len(w) for w in ts[0].split()), default=1)) for n, ts in zip(numbers, texts)]
+    for frame in _NARROWER_FRAMES:  # the first frame in which every word fits, else every number and header word
+        if sum(words) + _chrome(table) <= width:
+            break
+        table.box, table.show_edge, table.pad_edge, table.padding = frame
     cap = max(words)  # the longest word that stays whole: lowered until the table fits (numbers stay whole)
-    while cap > 1 and sum(max(n, min(w, cap)) for n, w in zip(numbers, words)) + _chrome(table) > width:
+    while cap > 1 and sum(max(n, min(w, cap)) for n, w in zip(whole, words)) + _chrome(table) > width:
         cap -= 1
-    widths = [max(n, min(w, cap)) for n, w in zip(numbers, words)]
+    widths = [max(n, min(w, cap)) for n, w in zip(whole, words)]
     cells = [max((len(line) for t in ts[1:] for line in t.splitlines()), default=1) for ts in texts]
     for target in (cells, longest):  # whole cells first, then whole headers
         room = width - _chrome(table) - sum(widths)
@@ -83,6 +89,11 @@ def fit_columns(table: Table, width: int) -> Table:
     for col, now in zip(columns, widths):
         col.width, col.min_width, col.no_wrap, col.overflow = now, None, False, "fold"
     return table
+
+
+# Ever narrower frames for a table too wide for its words: a rule under the header, a padding either
+# side of the space between columns; then one padding (rich's padding: top, right, bottom, left).
+_NARROWER_FRAMES = ((box.SIMPLE_HEAD, False, False, (0, 1)), (box.SIMPLE_HEAD, False, False, (0, 1, 0, 0)))
 
 
 def _chrome(table: Table) -> int:

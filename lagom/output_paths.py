@@ -5,12 +5,17 @@ command does any work (reads a trace, tunes, starts the job) and through
 :func:`write_output` at the end:
 
 - refused, one line naming the flag and the file (LagomError, exit 2): an empty name, a
-  folder, a folder that does not exist or in which no file can be created (tried, not
-  guessed from permission bits), a path that is one of the command's inputs (compared
-  resolved, through symbolic and hard links; a folder input stands for its .json and
-  .json.gz files, the traces it holds);
+  folder, a device, a FIFO, a socket, a symbolic-link loop (:func:`nccl_env.files.check_path_kind`:
+  nothing is opened), a folder that does not exist or in which no file can be created
+  (tried, not guessed from permission bits), a path that is one of the command's inputs
+  (compared resolved, through symbolic and hard links) or lies inside an input folder
+  (the next read of that folder would take it for one of its files);
 - an existing file is replaced only when Lagom wrote it, recognised by its format's
   marker (:class:`OutputFormat`), or when ``--force`` is given;
+- the target's state (missing, or its device, inode, size and time) is remembered at the
+  check and compared just before the rename: a file that appeared or changed during the
+  work (the user's, another command's) is not replaced without ``--force``; the new
+  output is kept beside it (``NAME.new``) and one line says so;
 - the write goes to a temporary file in the same folder, renamed over the target
   (``os.replace``): a Ctrl-C or a full disk leaves the old file or the new one, never
   half of one; a symbolic link keeps pointing where it did and its target is replaced.
@@ -28,6 +33,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from nccl_env.errors import LagomError
+from nccl_env.files import PathKind, check_path_kind, path_kind
 
 MARKER_SCAN_BYTES = 8192  # how much of a file's head and tail the marker is looked for in
 
@@ -93,46 +99,71 @@ def check_output(flag: str, value: str | os.PathLike, fmt: OutputFormat, inputs:
     if not text.strip():
         raise LagomError(f"{flag}: an empty file name")
     path = Path(text)
-    if path.is_dir():
+    kind = check_path_kind(path, f"{flag} {text}", folder=True, expected="a file name")
+    if kind is PathKind.FOLDER:
         raise LagomError(f"{flag} {text}: is a folder, expected a file name")
     folder = path.parent
-    if not folder.is_dir():
+    if check_path_kind(folder, f"{flag} {text}: its folder {folder}", folder=True, file=False) is not PathKind.FOLDER:
         raise LagomError(f"{flag} {text}: {folder} is not an existing folder")
     for what, given in inputs:
-        if _same_as_input(path, given):
+        relation = _relation_to_input(path, given)
+        if relation == "same":
             raise LagomError(f"{flag} {text}: is also this command's input ({what} {given}); "
                              "give the output another name")
-    _check_writable(flag, text, path.resolve().parent)
-    if path.exists() and not force and not fmt.written_by_lagom(path):
+        if relation == "inside":
+            raise LagomError(f"{flag} {text}: is inside this command's input folder ({what} {given}), which "
+                             "the next read would take as one of its files; give a name outside it")
+    _check_writable(flag, text, Path(os.path.realpath(path)).parent)
+    if kind is PathKind.FILE and not force and not fmt.written_by_lagom(path):
         raise LagomError(f"{flag} {text}: exists and is not {fmt.label} Lagom wrote; "
                          "give --force to overwrite it, or another name")
+    _CHECKED[os.path.realpath(path)] = (_state(path), force)
     return path
 
 
-def _same_as_input(output: Path, given: object) -> bool:
+# Each output checked in this process: its resolved path -> (its state at the check, --force given).
+_CHECKED: dict[str, tuple[tuple[int, int, int, int] | None, bool]] = {}
+
+
+def _state(path: str | os.PathLike) -> tuple[int, int, int, int] | None:
+    """What tells a file apart from the one seen before: device, inode, size, modification time (ns);
+    None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _relation_to_input(output: Path, given: object) -> str | None:
+    """"same" when ``output`` is the input ``given`` (through symbolic and hard links, or one of the
+    files a folder input holds), "inside" when it lies in an input folder, else None."""
     if given is None or isinstance(given, bool):
-        return False
+        return None
     text = os.fspath(given) if isinstance(given, (str, os.PathLike)) else None
     if not text:
-        return False
+        return None
     candidate = Path(text)
     try:
-        if candidate.is_dir():  # a folder of traces: the files its reader reads
+        kind = path_kind(candidate)
+        if kind is PathKind.FOLDER:  # a folder of traces: the files its reader reads, and any file put there
             members = [p for p in candidate.iterdir() if p.is_file() and p.name.endswith((".json", ".json.gz"))]
-        elif candidate.exists():
+        elif kind is PathKind.FILE:
             members = [candidate]
         else:
-            return False
+            return None
     except OSError:
-        return False
-    target = output.resolve()
+        return None
+    target = os.path.realpath(output)
     for member in members:
-        if member.resolve() == target:
-            return True
+        if os.path.realpath(member) == target:
+            return "same"
         with contextlib.suppress(OSError):
             if output.exists() and os.path.samefile(member, output):  # a hard link
-                return True
-    return False
+                return "same"
+    if kind is PathKind.FOLDER and Path(target).parent == Path(os.path.realpath(candidate)):
+        return "inside"
+    return None
 
 
 def _check_writable(flag: str, text: str, folder: Path) -> None:
@@ -151,9 +182,10 @@ def write_output(path: str | os.PathLike, data: str | bytes, flag: str = "") -> 
 
     LagomError naming ``flag`` and the path when the write fails."""
     path = Path(path)
+    where = f"{flag} {path}" if flag else str(path)
+    check_path_kind(path, where, expected="a file name")  # a FIFO or link loop made since the check: never written
     target = Path(os.path.realpath(path)) if path.is_symlink() else path
     payload = data.encode() if isinstance(data, str) else data
-    where = f"{flag} {path}" if flag else str(path)
     try:
         mode = target.stat().st_mode & 0o777
     except OSError:
@@ -164,8 +196,15 @@ def write_output(path: str | os.PathLike, data: str | bytes, flag: str = "") -> 
         with os.fdopen(fd, "wb") as fh:
             fh.write(payload)
         os.chmod(tmp_name, mode)
+        checked = _CHECKED.get(os.path.realpath(path))
+        if checked is not None and not checked[1] and _state(target) != checked[0]:
+            kept = _keep_beside(tmp_name, target)
+            tmp_name = None
+            raise LagomError(f"{where}: appeared or changed since this command checked it (another program "
+                             f"wrote it); not replaced: the new one is {kept} (give --force to replace)")
         os.replace(tmp_name, target)
         tmp_name = None
+        _CHECKED.pop(os.path.realpath(path), None)
     except OSError as exc:
         raise LagomError(f"{where}: cannot write: {exc.strerror or exc}") from None
     finally:
@@ -173,6 +212,19 @@ def write_output(path: str | os.PathLike, data: str | bytes, flag: str = "") -> 
             with contextlib.suppress(OSError):
                 os.unlink(tmp_name)
     return target
+
+
+def _keep_beside(tmp_name: str, target: Path) -> Path:
+    """The written temporary file under ``NAME.new`` (``NAME.new2``, ... when taken), never replacing one."""
+    for n in range(1, 1000):
+        kept = target.with_name(f"{target.name}.new{n if n > 1 else ''}")
+        try:
+            os.link(tmp_name, kept)
+        except FileExistsError:
+            continue
+        os.unlink(tmp_name)
+        return kept
+    return Path(tmp_name)
 
 
 def _umask() -> int:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from rich.table import Table
 
 from costmodel.evaluator import StepTiming
+from costmodel.replay.data import ReplayData
 from costmodel.replay.fidelity import ReplayFidelity
-from costmodel.replay.schedule import replay_static
 from nccl_env.errors import LagomError
 from traces.workload import Workload
 
@@ -38,43 +38,78 @@ def measured_steps(workload: Workload) -> list[dict]:
     if workload.exec_graph is None:
         return []
     try:
-        st = replay_static(workload)
+        st = ReplayData(workload).static  # built for these figures alone (analyze replays nothing else)
     except LagomError:
         return []
-    return [{"name": step.name, "iteration_us": round(m[0], 3), "comm_us": round(m[1], 3),
+    # a step's period opens at its first op's start (its annotation's, with no op) and closes
+    # where the next one opens: the rows tile the time from the first step's start
+    return [{"name": step.name,
+             "start_us": round(st.measured_start[step.first] if step.first >= 0 else step.start_us, 3),
+             "iteration_us": round(m[0], 3), "comm_us": round(m[1], 3),
              "exposed_comm_us": round(m[2], 3), "critical_comm_us": round(m[4], 3),
              "unexplained_idle_us": round(idle, 3)}
             for step, m, idle in zip(st.steps, st.measured_steps, st.step_unexplained_us)]
 
 
+_STEP_FIGURES = ("iteration_us", "comm_us", "exposed_comm_us", "critical_comm_us", "unexplained_idle_us")
+
+
 def measured_steps_table(rows: list[dict]) -> Table:
-    """:func:`measured_steps` as a table (ms)."""
+    """:func:`measured_steps` as a table (ms), with a row of their sums (the periods tile the steps'
+    span, so the step column's sum is that span)."""
     table = Table(title="profiler steps, the GPU's period (ms): critical = collective time on the critical path, "
                         "the most faster collectives can save", title_justify="left")
     for col in ("step", "step", "coll.", "exposed", "critical", "unexpl. idle"):
         table.add_column(col, justify="left" if col == "step" and not table.columns else "right", no_wrap=True)
     for r in rows:
-        table.add_row(r["name"], *(f"{r[k] / 1e3:,.2f}" for k in ("iteration_us", "comm_us", "exposed_comm_us",
-                                                                    "critical_comm_us", "unexplained_idle_us")))
+        table.add_row(r["name"], *(f"{r[k] / 1e3:,.2f}" for k in _STEP_FIGURES))
+    if len(rows) > 1:
+        table.add_section()
+        table.add_row(f"all {len(rows)} steps", *(f"{sum(r[k] for r in rows) / 1e3:,.2f}" for k in _STEP_FIGURES))
     return table
 
 
-def steps_table(steps: list[StepTiming], tuned: list[StepTiming] | None = None) -> Table:
+def steps_table(steps: list[StepTiming], tuned: list[StepTiming] | None = None, whatif: bool = False) -> Table:
     """One row per step (ms): the step as measured, replayed (and tuned); collectives and exposed
     time as measured (>tuned); the trace's collective time on the critical path (the most faster
-    collectives can save)."""
-    table = Table(title="profiler steps, the GPU's period (ms)" + ("; X>Y: measured > tuned" if tuned else ""),
-                  title_justify="left")
-    for col in ("step", "measured", "replayed", *(("tuned",) if tuned else ()), "coll.", "exposed", "critical"):
+    collectives can save); a row of their means, the figures the summary gives per step.
+
+    ``whatif``: ``steps`` are a what-if's (``--scale``, ``--set``, ``--config``), each beside what
+    the trace measured: measured, what-if, then collectives and exposed as measured > what-if."""
+    predicted = "what-if" if whatif else "replayed"
+    title = "profiler steps, the GPU's period (ms)"
+    if tuned:
+        title += "; X>Y: measured > tuned"
+    elif whatif:
+        title += "; X>Y: measured > what-if"
+    table = Table(title=title, title_justify="left")
+    for col in ("step", "measured", predicted, *(("tuned",) if tuned else ()), "coll.", "exposed", "critical"):
         table.add_column(col, justify="left" if col == "step" else "right", no_wrap=True)
-    for i, s in enumerate(steps):
-        row = [s.name, f"{s.measured_iteration_us / 1e3:,.2f}", f"{s.iteration_us / 1e3:,.2f}"]
-        if tuned:
-            t = tuned[i]
-            row += [f"{t.iteration_us / 1e3:,.2f}", f"{s.measured_comm_us / 1e3:,.2f}>{t.comm_us / 1e3:,.2f}",
-                    f"{s.measured_exposed_comm_us / 1e3:,.2f}>{t.exposed_comm_us / 1e3:,.2f}"]
+
+    def ms(values: list[float]) -> float:
+        return sum(values) / len(values) / 1e3
+
+    def row(name: str, group: list[StepTiming], after: list[StepTiming] | None) -> list[str]:
+        cells = [name, f"{ms([s.measured_iteration_us for s in group]):,.2f}",
+                 f"{ms([s.iteration_us for s in group]):,.2f}"]
+        if after is not None:
+            cells += [f"{ms([t.iteration_us for t in after]):,.2f}",
+                      f"{ms([s.measured_comm_us for s in group]):,.2f}>{ms([t.comm_us for t in after]):,.2f}",
+                      f"{ms([s.measured_exposed_comm_us for s in group]):,.2f}>"
+                      f"{ms([t.exposed_comm_us for t in after]):,.2f}"]
+        elif whatif:
+            cells += [f"{ms([s.measured_comm_us for s in group]):,.2f}>{ms([s.comm_us for s in group]):,.2f}",
+                      f"{ms([s.measured_exposed_comm_us for s in group]):,.2f}>"
+                      f"{ms([s.exposed_comm_us for s in group]):,.2f}"]
         else:
-            row += [f"{s.measured_comm_us / 1e3:,.2f}", f"{s.measured_exposed_comm_us / 1e3:,.2f}"]
-        row.append(f"{s.measured_critical_comm_us / 1e3:,.2f}")
-        table.add_row(*row)
+            cells += [f"{ms([s.measured_comm_us for s in group]):,.2f}",
+                      f"{ms([s.measured_exposed_comm_us for s in group]):,.2f}"]
+        cells.append(f"{ms([s.measured_critical_comm_us for s in group]):,.2f}")
+        return cells
+
+    for i, s in enumerate(steps):
+        table.add_row(*row(s.name, [s], [tuned[i]] if tuned else None))
+    if len(steps) > 1:
+        table.add_section()
+        table.add_row(*row(f"mean of {len(steps)}", steps, tuned or None))
     return table

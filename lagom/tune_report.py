@@ -12,8 +12,12 @@ reason lines and ``--json``:
   it (``Timing.compute_slowdown``; for a trace, "alone" is the trace's own run of the
   same kernel shape where it has one);
 - per signature: its collectives' summed time per step (their union over every
-  signature is the step's collectives), and the compute slowdown of the kernels they
-  overlap, by the same definition.
+  signature is the step's collectives; the rows' sum, ``rows_total``, counts time where
+  collectives overlap each other as often as they do), and the compute slowdown of the
+  kernels they overlap, by the same definition (time-weighted: ``lagom analyze``'s
+  contention figure is a median of per-kernel ratios, a different figure), with the share
+  of that compute's time whose slowdown the trace measured (the rest is the model's: a
+  kernel shape that never ran alone).
 
 The bound of a step says what its time goes to under NCCL's settings: *idle* when the
 GPU is idle half of it or more, else *communication* when a quarter or more is exposed
@@ -26,17 +30,20 @@ import enum
 from dataclasses import dataclass
 
 from costmodel.evaluator import Timing
-from costmodel.replay.schedule import replay_static
 from lagom.tuning import TuneOutcome
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Signature
 from nccl_env.rules import Mechanism
+from traces.contention import measured_slowdowns
 from traces.intervals import CoverIndex, union
 from traces.workload import Workload
 
 IDLE_BOUND_FRACTION = 0.5  # the GPU idle half the step or more: the CPU or launches pace it
 COMM_BOUND_FRACTION = 0.25  # a quarter of the step exposed collectives: only faster collectives help
 NOTHING_TO_GAIN_FRACTION = 0.01  # critical-path collectives under 1% of the step: below --min-gain's default
+# Kineto times kernels in whole microseconds in many traces (HTA rounds to them): a kernel
+# alone for less than that has no measurable time to be slowed from
+MIN_ALONE_US = 1.0
 
 
 class Bound(enum.Enum):
@@ -96,12 +103,23 @@ class SignatureRow:
     order: int | None  # position in which Lagom finished the unit holding its channels
     priority: float | None  # that unit's last H
     mechanism: Mechanism = Mechanism.SM_KERNEL  # what moves its data under the tuned plan
+    # of the compute its collectives overlap (under NCCL's settings), the share of time whose
+    # slowdown the trace measured (its kernel shape also ran alone); the rest is the model's.
+    # None: no compute beside them, or not a trace
+    measured_share: float | None = None
+
+    @property
+    def slowdown_mostly_modelled(self) -> bool:
+        return self.measured_share is not None and self.measured_share < 0.5
 
     def to_dict(self) -> dict:
         return {"signature": self.signature.label(), "nccl": self.old.to_dict(), "tuned": self.new.to_dict(),
                 "mechanism": self.mechanism.value, "kept": self.kept, "nccl_ms": round(self.old_ms, 4),
                 "tuned_ms": round(self.new_ms, 4), "nccl_compute_slowdown": round(self.old_slowdown, 4),
-                "tuned_compute_slowdown": round(self.new_slowdown, 4), "order": self.order,
+                "tuned_compute_slowdown": round(self.new_slowdown, 4),
+                "compute_slowdown_measured_share": (None if self.measured_share is None
+                                                    else round(self.measured_share, 4)),
+                "order": self.order,
                 "priority": self.priority}
 
 
@@ -114,6 +132,7 @@ class TuneReport:
     gain: float  # nccl step / tuned step - 1
     min_gain: float
     rows: list[SignatureRow]
+    cpu_only: bool = False  # a gloo job's trace: no GPU, its collectives CPU calls
 
     @property
     def written(self) -> PlanFigures:
@@ -123,13 +142,17 @@ class TuneReport:
     def why(self) -> list[str]:
         """The reason lines, from the figures above and nothing else."""
         n, t = self.nccl, self.tuned
+        idle = "the CPU's own work" if self.cpu_only else "GPU idle"  # the same figure: step - compute - exposed
         lines = [f"{n.bound.value}: under NCCL's settings a step is {n.step_ms:,.2f} ms: compute "
-                 f"{n.compute_ms:,.2f} ms, exposed collectives {n.exposed_ms:,.2f} ms, GPU idle {n.idle_ms:,.2f} ms"
-                 + (" (the GPU waits on the CPU or on launches, which NCCL's settings do not change)"
+                 f"{n.compute_ms:,.2f} ms, exposed collectives {n.exposed_ms:,.2f} ms, {idle} {n.idle_ms:,.2f} ms"
+                 + (" (no GPU: a gloo job's time outside its collectives, which NCCL's settings do not change)"
+                    if n.bound is Bound.IDLE and self.cpu_only else
+                    " (the GPU waits on the CPU or on launches, which NCCL's settings do not change)"
                     if n.bound is Bound.IDLE else "")]
         if n.critical_ms is not None:
             lines.append(f"faster collectives can shorten a step by {n.critical_ms:,.2f} ms at most "
-                         f"(collective time on its critical path)"
+                         f"(collective time on its critical path; exposed is collective time no compute "
+                         f"overlaps, on that path or not)"
                          + (": nothing for NCCL's settings to gain here"
                             if n.critical_ms < NOTHING_TO_GAIN_FRACTION * n.step_ms else ""))
         change = (f"{t.step_ms:,.2f} ms (x{n.step_ms / t.step_ms:.3f}): exposed collectives {n.exposed_ms:,.2f} -> "
@@ -148,11 +171,20 @@ class TuneReport:
                          f"x{a.compute_slowdown:.3f}")
         return lines
 
+    @property
+    def rows_total_ms(self) -> tuple[float, float]:
+        """The rows' collective times summed (NCCL's settings, tuned): the step's collectives
+        (``collectives_ms``) count time where collectives overlap each other once, this sum as
+        often as they overlap, and leaves out collectives no setting reaches (unknown size)."""
+        return sum(r.old_ms for r in self.rows), sum(r.new_ms for r in self.rows)
+
     def to_dict(self) -> dict:
+        old, new = self.rows_total_ms
         return {"nccl": self.nccl.to_dict(), "tuned": self.tuned.to_dict(),
                 "autoccl": self.autoccl.to_dict() if self.autoccl else None, "kept": self.kept,
                 "gain": round(self.gain, 5), "min_gain": self.min_gain, "why": self.why(),
-                "rows": [r.to_dict() for r in self.rows]}
+                "rows": [r.to_dict() for r in self.rows],
+                "rows_total": {"nccl_ms": round(old, 4), "tuned_ms": round(new, 4)}}
 
 
 def tune_report(outcome: TuneOutcome, workload: Workload, min_gain: float) -> TuneReport:
@@ -160,7 +192,9 @@ def tune_report(outcome: TuneOutcome, workload: Workload, min_gain: float) -> Tu
     gain = nccl.step_ms / tuned.step_ms - 1.0 if tuned.step_ms > 0 else 0.0
     kept = bool(outcome.result.plan.entries) and gain < min_gain
     autoccl = plan_figures(outcome.autoccl.timing) if outcome.autoccl is not None else None
-    return TuneReport(nccl, tuned, autoccl, kept, gain, min_gain, _rows(outcome, workload, kept))
+    cpu_only = bool(workload.collectives) and not workload.compute_ops and not any(c.on_gpu
+                                                                                    for c in workload.collectives)
+    return TuneReport(nccl, tuned, autoccl, kept, gain, min_gain, _rows(outcome, workload, kept), cpu_only)
 
 
 def _rows(outcome: TuneOutcome, workload: Workload, kept: bool) -> list[SignatureRow]:
@@ -175,6 +209,7 @@ def _rows(outcome: TuneOutcome, workload: Workload, kept: bool) -> list[Signatur
         if step.priority is not None:
             last_h[step.unit] = step.priority
     counted, per = _counted_ops(workload, outcome.baseline)
+    measured = measured_slowdowns(workload) if workload.exec_graph is not None else None
     rows = []
     for sig in space.signatures:
         ids = tuple(i for i in space.collective_ids[sig] if counted is None or i in counted)
@@ -185,6 +220,7 @@ def _rows(outcome: TuneOutcome, workload: Workload, kept: bool) -> list[Signatur
             old_ms=_time(outcome.baseline, ids) / per / 1e3, new_ms=_time(result.timing, ids) / per / 1e3,
             old_slowdown=_slowdown(workload, outcome.baseline, ids),
             new_slowdown=_slowdown(workload, result.timing, ids),
+            measured_share=None if measured is None else _measured_share(workload, outcome.baseline, ids, measured),
             order=(result.order.index(key) + 1) if key in result.order else None,
             priority=last_h.get(key) if key else None,
             mechanism=space.mechanism(sig, result.plan.config_for(sig).path)))
@@ -193,9 +229,9 @@ def _rows(outcome: TuneOutcome, workload: Workload, kept: bool) -> list[Signatur
 
 def _counted_ops(workload: Workload, timing: Timing) -> tuple[set[int] | None, int]:
     """A trace's ops launched in its complete steps and how many steps; a generated workload: all, once."""
-    if not timing.steps or workload.exec_graph is None:
+    if not timing.steps or timing.replay is None:
         return None, 1
-    st = replay_static(workload)
+    st = timing.replay.static
     counted = {st.op_ids[k] for step in st.steps for k in step.op_index}
     return counted, len(st.steps)
 
@@ -204,15 +240,35 @@ def _time(timing: Timing, ids: tuple[int, ...]) -> float:
     return sum(timing.ops[i].duration_us for i in ids if i in timing.ops)
 
 
-def _slowdown(workload: Workload, timing: Timing, ids: tuple[int, ...]) -> float:
-    """The compute slowdown (contended over uncontended time) of the kernels these collectives overlap."""
+def _overlapped(workload: Workload, timing: Timing, ids: tuple[int, ...]) -> list[tuple[int, float, float]]:
+    """(op id, time, time alone) of each compute kernel these collectives overlap, at least
+    :data:`MIN_ALONE_US` alone."""
     spans = CoverIndex(union((timing.ops[i].start_us, timing.ops[i].end_us) for i in ids if i in timing.ops))
-    contended = uncontended = 0.0
+    out = []
     for op in workload.compute_ops:
         t = timing.ops.get(op.op_id)
-        if t is None or op.is_memory_op:
+        if t is None or op.is_memory_op or spans.covered(t.start_us, t.end_us) <= 0:
             continue
-        if spans.covered(t.start_us, t.end_us) > 0:
-            contended += t.duration_us
-            uncontended += timing.uncontended_us.get(op.op_id, op.duration_us)
+        alone = timing.uncontended_us.get(op.op_id, op.duration_us)
+        if alone >= MIN_ALONE_US:
+            out.append((op.op_id, t.duration_us, alone))
+    return out
+
+
+def _measured_share(workload: Workload, timing: Timing, ids: tuple[int, ...],
+                    measured: dict[int, float]) -> float | None:
+    """Of the overlapped compute's time, the share whose slowdown the trace measured."""
+    kernels = _overlapped(workload, timing, ids)
+    total = sum(t for _, t, _ in kernels)
+    return sum(t for i, t, _ in kernels if i in measured) / total if total > 0 else None
+
+
+def _slowdown(workload: Workload, timing: Timing, ids: tuple[int, ...]) -> float:
+    """The compute slowdown of the kernels these collectives overlap: their summed time over the
+    same kernels' summed time alone (time-weighted, so long kernels weigh most; ``lagom analyze``'s
+    contention table is the median of per-run ratios, which a few long, much slowed kernels do not
+    move: the two differ by definition). A kernel whose time alone is under
+    :data:`MIN_ALONE_US` is left out: the trace cannot time it, and a ratio over it is noise."""
+    kernels = _overlapped(workload, timing, ids)
+    contended, uncontended = sum(t for _, t, _ in kernels), sum(a for _, _, a in kernels)
     return contended / uncontended if uncontended > 0 else 1.0

@@ -1,12 +1,14 @@
 """What ``lagom tune`` and ``lagom bench`` share: pick an evaluator, run methods, write the file.
 
 The tuner never chooses an evaluator; this layer does: ``analytic`` (the fitted cost
-model, what Lagom is meant to tune with offline) or ``sim`` (the virtual cluster).
+model, what Lagom is meant to tune with offline) or ``sim`` (the virtual cluster); for a
+trace, the replay of it over that one's mechanism (costmodel.replay.trace_evaluator).
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -17,6 +19,7 @@ from costmodel.cluster import ClusterSpec, load_cluster, preset_names
 from costmodel.evaluator import DurationScale, Evaluator, Timing, TraceEvaluator
 from costmodel.nccl_defaults import algo_estimates, nccl_default_config
 from costmodel.replay.anchor import recorded_configs
+from costmodel.replay.trace_evaluator import ReplayEvaluator
 from costmodel.sim.simulator import Simulator
 from lagom.tuned_config import CollectiveEntry, Match, TunedConfig
 from lagom.workload_arg import load_workload_arg
@@ -40,13 +43,20 @@ MAX_BUDGET = 100_000
 __all__ = ["load_workload_arg"]  # re-exported: the commands and the bench read WORKLOAD arguments through here
 
 
-def make_evaluator(name: str, cluster: ClusterSpec, noise: float = 0.0, seed: int = 0) -> TraceEvaluator:
-    """``sim``: the simulator (noise-free unless asked); ``analytic``: the cost model."""
+def make_evaluator(name: str, cluster: ClusterSpec, noise: float = 0.0, seed: int = 0,
+                   workload: Workload | None = None) -> TraceEvaluator:
+    """``sim``: the simulator (noise-free unless asked); ``analytic``: the cost model. For
+    ``workload`` read from a trace: its replay, with that one as the mechanism."""
+    mechanism: Simulator | AnalyticEvaluator
     if name == "sim":
-        return Simulator(cluster, noise=noise, seed=seed)
-    if name == "analytic":
-        return AnalyticEvaluator(cluster)
-    raise LagomError(f"unknown evaluator {name!r} (choose from {', '.join(EVALUATORS)})")
+        mechanism = Simulator(cluster, noise=noise, seed=seed)
+    elif name == "analytic":
+        mechanism = AnalyticEvaluator(cluster)
+    else:
+        raise LagomError(f"unknown evaluator {name!r} (choose from {', '.join(EVALUATORS)})")
+    if workload is not None and workload.exec_graph is not None:
+        return ReplayEvaluator(mechanism, cluster.gpus_per_node)
+    return mechanism
 
 
 class ScaledEvaluator:
@@ -181,15 +191,20 @@ def tune(
     budget: int | None = None,
     with_autoccl: bool = True,
     progress: Callable[[int], None] | None = None,
+    seed: int = 0,
 ) -> TuneOutcome:
-    """Run ``method``; also evaluate NCCL's default and (optionally) AutoCCL for comparison."""
+    """Run ``method`` (seeded with ``seed`` where it draws at random); also evaluate NCCL's default
+    and (optionally) AutoCCL for comparison."""
     if method not in METHODS:
         raise LagomError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
     if budget is not None and budget < 1:
         raise LagomError(f"budget {budget}: must be at least 1 evaluation")
     space = space_for(workload, cluster)
     shared = SharedEvaluations(evaluator)
-    result = METHODS[method]().tune(workload, shared, space, budget=budget, progress=progress)
+    method_cls = METHODS[method]
+    seeded = "seed" in inspect.signature(method_cls).parameters  # the methods that draw at random
+    search = method_cls(seed=seed) if seeded else method_cls()  # type: ignore[call-arg]  # seeded: it takes one
+    result = search.tune(workload, shared, space, budget=budget, progress=progress)
     baseline = result.baseline or shared.evaluate(workload, Plan())
     autoccl = None
     if with_autoccl:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from lagom.rank_args import ExecutorKind, RankReading
 from nccl_env.errors import LagomError
+from nccl_env.files import check_path_kind
 from traces.workload import Workload
 from traces.workload_io import is_workload_file, load_workload
 
@@ -30,6 +31,7 @@ def read_workload_arg(text: str, reading: RankReading | None = None) -> tuple[Wo
         raise LagomError("WORKLOAD: an empty name (give a trace, a workload JSON file or a spec such as "
                          "fsdp:llama3-8b:gpus=16)")
     path = Path(text)
+    check_path_kind(path, text, folder=True)  # a device, a FIFO, a socket, a link loop: one line, never opened
     if path.exists():
         if path.is_file() and is_workload_file(path):
             return load_workload(path), False

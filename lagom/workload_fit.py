@@ -19,7 +19,7 @@ from traces.workload import Workload
 def fit_warnings(workload: Workload, cluster: ClusterSpec) -> list[str]:
     """What about ``workload`` the cluster ``cluster`` cannot model faithfully."""
     signatures = [workload.signature(c, cluster.gpus_per_node) for c in workload.collectives]
-    warnings = []
+    warnings = list(workload.input_warnings)  # what the reader dropped (traces.kineto)
     lone = [s for s in signatures if s.ranks <= 1]
     if lone and workload.world_size_known and workload.world_size == 1:
         warnings.append(f"the job has one rank: its {len(signatures)} collectives move no data between ranks; "

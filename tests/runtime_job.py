@@ -8,7 +8,12 @@ Trains two models a few steps:
   reduce-scattered through the list API (``reduce_scatter``) and a subgroup
   all-reduce, all on explicit calls;
 - with ``--fsdp``, the same MLP under FSDP2 (``fully_shard``), whose all-gathers and
-  reduce-scatters are counted through FSDP's own custom-collective API.
+  reduce-scatters are counted through FSDP's own custom-collective API;
+- with ``--ddp``, only an MLP under DistributedDataParallel, whose reducer all-reduces
+  the gradient buckets from C++, never through torch.distributed's Python functions.
+  The first step's bucket holds every gradient (DDP's first bucket is 1 MiB); then
+  DDP rebuilds its buckets under a cap so small that each gradient is a bucket of its
+  own: the job tallies one all-reduce of the whole model, then one per parameter per step.
 
 Every collective the job issues is tallied by the job itself (type, group, bytes), so
 a test can compare Lagom's audit against it. Each rank writes ``rank-R.json`` into
@@ -31,6 +36,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--fsdp", action="store_true")
+    parser.add_argument("--ddp", action="store_true")
     parser.add_argument("--install", default=None)
     args = parser.parse_args()
     if args.install:
@@ -49,6 +55,15 @@ def main() -> None:
         name = (group if group is not None else dist.group.WORLD).group_name
         issued[(kind, name, nbytes)] += 1
 
+    if args.ddp:
+        losses = train_ddp(args.steps, rank, tally)
+        record = {"rank": rank, "losses": [float(v).hex() for v in losses],
+                  "issued": [[kind, group, nbytes, count] for (kind, group, nbytes), count in sorted(issued.items())],
+                  "groups": {"world": dist.group.WORLD.group_name}}
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / f"rank-{rank}.json").write_text(json.dumps(record, indent=1))
+        dist.destroy_process_group()
+        return
     sub = dist.new_group(list(range(world)))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
@@ -160,6 +175,34 @@ def train_fsdp(steps: int, rank: int, tally) -> list[float]:
         optimizer.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def train_ddp(steps: int, rank: int, tally) -> list[float]:
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
+    # a cap below every gradient's size: each gradient is one bucket, one all-reduce per step
+    ddp = DistributedDataParallel(model, bucket_cap_mb=1e-6)
+    tally("broadcast", None, sum(p.nbytes for p in model.parameters()))  # the module's state, from rank 0
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    generator = torch.Generator().manual_seed(3000 + rank)
+    losses = []
+    for step in range(steps):
+        x = torch.randn(16, 32, generator=generator)
+        y = torch.randn(16, 8, generator=generator)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        if step == 0:
+            tally("allreduce", None, sum(p.nbytes for p in model.parameters()))
+        else:
+            for p in model.parameters():
+                tally("allreduce", None, p.nbytes)
         optimizer.step()
         losses.append(loss.item())
     return losses

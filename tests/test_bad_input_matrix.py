@@ -1,4 +1,4 @@
-"""The bad-input matrix of issue 19: one row per case, each (command, exit status, first line of stderr).
+"""The bad-input matrix of issues 19 and 24: one row per case, each (command, exit status, first line of stderr).
 
 Every row is a case the code before it (a7c53da) got wrong: it replaced a user's file,
 started the job before finding its output unwritable, ate the machine's memory, tuned
@@ -6,16 +6,28 @@ CPU-side calls as NCCL collectives, read the current folder for an empty path, o
 config value NCCL would ignore. Each is now refused in one line, exit 2, before any work:
 no file of the scene changes and no job starts (its command would create ``ran``).
 
-The scene (:func:`scene`) is a folder of real inputs: a user's own files, a valid tuned
+The scene (:func:`build_scene`) is a folder of real inputs: a user's own files, a valid tuned
 config and its broken variants, the bundled trace and the same trace with its GPU kernels
 removed, a sparse 1 TB "trace", workload files with sizes over Lagom's bounds.
+
+Issue 24's rows (:data:`ROWS_24`, after a24a977, which got each wrong: a traceback, a hang, gigabytes
+read, a value silently taken, a user's file removed) add what is not a file: FIFOs, a
+socket, a symbolic-link loop, ``/dev/zero`` and ``/dev/urandom``, a gzip stream that
+decompresses past the bound (:data:`BOMB_LIMIT_BYTES`, the bound lowered for the test), traces
+whose kernels' times cannot be, configs giving a key twice, a gzip trace where text is
+expected, an output inside an input folder, and a folder holding an earlier recording beside
+a user's own trace. The cases a row cannot hold (a file that appears while the command works,
+a re-record whose job fails: tests/test_record.py) are tests below the rows.
 """
 
 from __future__ import annotations
 
 import gzip
+import os
 import re
 import shutil
+import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,10 +61,26 @@ def _workload(path: Path, change) -> None:
     path.write_bytes(orjson.dumps(doc))
 
 
-@pytest.fixture(scope="module")
-def scene(tmp_path_factory) -> Iterator[Path]:
-    """Made once for the module: every row leaves it as it found it (the test asserts so)."""
-    d = tmp_path_factory.mktemp("scene")
+# The bound on a trace's JSON, lowered for the rows (traces.limits.MAX_TRACE_JSON_BYTES: 64 GiB) so that
+# a gzip stream of 48 KB decompressing to 48 MB stands for one of 4 MB decompressing to 4 GiB.
+BOMB_LIMIT_BYTES = 32 << 20
+
+
+def _kernels_changed(path: Path, change, every: bool) -> None:
+    """The bundled trace with ``change`` applied to its first 3 kernels, or to every one."""
+    doc = orjson.loads(gzip.decompress(TRACE.read_bytes()))
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    for e in kernels if every else kernels[:3]:
+        change(e)
+    path.write_bytes(orjson.dumps(doc))
+
+
+def _negative(event: dict) -> None:
+    event["dur"] = -abs(event["dur"]) - 1
+
+
+def build_scene(d: Path) -> None:
+    """The rows' inputs, in the folder ``d`` (also run against earlier code: plain files, no fixture)."""
     (d / "user.txt").write_text("my notes\n")
     (d / "user.png").write_bytes(b"\x89PNG\r\n\x1a\n not Lagom's")
     shutil.copyfile(TRACE, d / "mytrace.json.gz")
@@ -89,8 +117,43 @@ def scene(tmp_path_factory) -> Iterator[Path]:
     readonly = d / "readonly"
     readonly.mkdir()
     readonly.chmod(0o555)
+    # ---- issue 24: what is not a file
+    for name in ("pipe.json", "pipe.yaml", "pipe.csv", "out.fifo", "plot.png.fifo"):
+        os.mkfifo(d / name)
+    os.mkfifo(d / "plot.png")  # --plot takes .png names only
+    (d / "loop_a").symlink_to(d / "loop_b")
+    (d / "loop_b").symlink_to(d / "loop_a")
+    with socket.socket(socket.AF_UNIX) as sock:  # a socket file stays after its socket closes
+        sock.bind(str(d / "sock.json"))
+    fifo_dir = d / "fifodir"  # a trace folder whose one trace name is a FIFO
+    fifo_dir.mkdir()
+    shutil.copyfile(TRACE, fifo_dir / "rank-0.json.gz")
+    os.mkfifo(fifo_dir / "rank-1.json")
+    (d / "bomb.json.gz").write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * (BOMB_LIMIT_BYTES + (16 << 20))
+                                                   + b"]}", compresslevel=9))
+    # ---- issue 24: trace values that cannot be, configs that give a key twice
+    _kernels_changed(d / "neg_all.json", _negative, every=True)
+    _kernels_changed(d / "nots_all.json", lambda e: e.pop("ts"), every=True)
+    (d / "nan.json").write_text((d / "neg_all.json").read_text().replace('"dur":-', '"dur":NaN,"was":-', 1))
+    (d / "dup_env.yaml").write_text(yaml.safe_dump(CONFIG, sort_keys=False) + "env:\n  NCCL_NTHREADS: '512'\n")
+    (d / "dup_cluster.yaml").write_text(yaml.safe_dump(cluster, sort_keys=False) + "nodes: 4\n")
+    # ---- issue 24: a user's files beside Lagom's
+    (d / "tracedir").mkdir()  # a folder of traces given as an input
+    shutil.copyfile(TRACE, d / "tracedir" / "rank-0.json.gz")
+    recorded = d / "recorded"  # an earlier lagom record, and a trace of the user's put beside it
+    recorded.mkdir()
+    shutil.copyfile(TRACE, recorded / "rank-0.json.gz")
+    (recorded / "lagom-record.txt").write_text("Written by lagom record\nJob: 1\nTrace: rank-0.json.gz\n")
+    (recorded / "rank-7.json.gz").write_bytes(gzip.compress(b"my own trace"))
+
+
+@pytest.fixture(scope="module")
+def scene(tmp_path_factory) -> Iterator[Path]:
+    """Made once for the module: every row leaves it as it found it (the test asserts so)."""
+    d = tmp_path_factory.mktemp("scene")
+    build_scene(d)
     yield d
-    readonly.chmod(0o755)
+    (d / "readonly").chmod(0o755)
 
 
 def _readonly(d: Path) -> Path:
@@ -120,9 +183,10 @@ ROWS = [
      r"\(lagom.yaml, tuner_table.csv\)"),
     ("tune -o a user's file", ["tune", "tp:phi2:tp=8", "--cluster", "low-bw", "-o", "{d}/user.txt"], 2,
      r"^lagom tune: error: -o \S+user.txt: exists and is not a tuned config Lagom wrote; give --force"),
-    ("calibrate -o a user's file", ["calibrate", "--backend", "sim:low-bw", "--budget", "20", "-o", "{d}/user.txt"],
+    ("calibrate -o a user's file",
+     ["calibrate", "--backend", "sim:low-bw", "--measurements", "20", "-o", "{d}/user.txt"],
      2, r"^lagom calibrate: error: -o \S+user.txt: exists and is not a cluster file Lagom wrote; give --force"),
-    ("calibrate -o its own --backend file", ["calibrate", "--backend", "sim:{d}/cluster.yaml", "--budget", "20",
+    ("calibrate -o its own --backend file", ["calibrate", "--backend", "sim:{d}/cluster.yaml", "--measurements", "20",
                                              "-o", "{d}/cluster.yaml"], 2,
      r"^lagom calibrate: error: -o \S+cluster.yaml: is also this command's input \(--backend "),
     ("plugin table -o a user's file", ["plugin", "table", "{d}/cfg.yaml", "-o", "{d}/user.txt"], 2,
@@ -224,20 +288,115 @@ ROWS = [
 ]
 
 
+_FIFO = r"is a FIFO \(named pipe\), expected "
+_LOOP = r"is a symbolic link loop, expected "
+ROWS_24 = [
+    # ---- inputs that are not files: one line, never opened (a FIFO blocked forever, a device read whole)
+    ("analyze a FIFO", ["analyze", "{d}/pipe.json"], 2, r"^lagom analyze: error: \S+pipe.json: " + _FIFO),
+    ("tune a FIFO", ["tune", "{d}/pipe.json", "-o", "{d}/t.yaml"], 2, r"^lagom tune: error: \S+pipe.json: " + _FIFO),
+    ("tune --cluster a FIFO", ["tune", "tp:phi2:tp=8", "--cluster", "{d}/pipe.yaml", "-o", "{d}/t.yaml"], 2,
+     r"^lagom tune: error: \S+pipe.yaml: " + _FIFO),
+    ("run --config a FIFO", ["run", "--config", "{d}/pipe.yaml", "--", "touch", "{d}/ran"], 2,
+     r"^lagom run: error: \S+pipe.yaml: " + _FIFO),
+    ("plugin check a FIFO", ["plugin", "check", "{d}/pipe.csv"], 2, r"^lagom plugin: error: \S+pipe.csv: " + _FIFO),
+    ("plugin table a FIFO", ["plugin", "table", "{d}/pipe.yaml"], 2, r"^lagom plugin: error: \S+pipe.yaml: " + _FIFO),
+    ("simulate --config a FIFO", ["simulate", "fsdp:phi2", "--cluster", "high-bw", "--config", "{d}/pipe.yaml"], 2,
+     r"^lagom simulate: error: \S+pipe.yaml: " + _FIFO),
+    ("calibrate --backend a FIFO", ["calibrate", "--backend", "sim:{d}/pipe.yaml", "--measurements", "20", "-o",
+                                    "{d}/t.yaml"], 2, r"^lagom calibrate: error: \S+pipe.yaml: " + _FIFO),
+    ("analyze a folder whose trace is a FIFO", ["analyze", "{d}/fifodir"], 2,
+     r"^lagom analyze: error: \S+fifodir/rank-1.json: " + _FIFO),
+    ("analyze /dev/zero", ["analyze", "/dev/zero"], 2,
+     r"^lagom analyze: error: /dev/zero: is a character device, expected a regular file or a folder$"),
+    ("tune /dev/urandom", ["tune", "/dev/urandom", "-o", "{d}/t.yaml"], 2,
+     r"^lagom tune: error: /dev/urandom: is a character device, expected "),
+    ("simulate --cluster /dev/zero", ["simulate", "fsdp:phi2", "--cluster", "/dev/zero"], 2,
+     r"^lagom simulate: error: /dev/zero: is a character device, expected a regular file$"),
+    ("analyze a socket", ["analyze", "{d}/sock.json"], 2,
+     r"^lagom analyze: error: \S+sock.json: is a socket, expected "),
+    ("analyze a link loop", ["analyze", "{d}/loop_a"], 2, r"^lagom analyze: error: \S+loop_a: " + _LOOP),
+    ("run --config a link loop", ["run", "--config", "{d}/loop_a", "--", "touch", "{d}/ran"], 2,
+     r"^lagom run: error: \S+loop_a: " + _LOOP),
+    ("analyze a gzip stream past the bound", ["analyze", "{d}/bomb.json.gz"], 2,
+     r"^lagom analyze: error: \S+bomb.json.gz: a gzip stream that decompresses to more than the 33,554,432 bytes "
+     r"a trace can be here \(stopped reading there\)$"),
+    # ---- outputs that are not files: one line before any work (a FIFO blocked, a loop was a traceback)
+    ("tune -o a link loop", ["tune", "tp:phi2:tp=8", "--cluster", "low-bw", "-o", "{d}/loop_a"], 2,
+     r"^lagom tune: error: -o \S+loop_a: " + _LOOP + "a file name$"),
+    ("tune -o a FIFO", ["tune", "tp:phi2:tp=8", "--cluster", "low-bw", "-o", "{d}/out.fifo"], 2,
+     r"^lagom tune: error: -o \S+out.fifo: " + _FIFO + "a file name$"),
+    ("tune --export-trace a FIFO", ["tune", "{d}/mytrace.json.gz", "-o", "{d}/t.yaml", "--export-trace",
+                                    "{d}/pipe.json"], 2, r"^lagom tune: error: --export-trace \S+pipe.json: " + _FIFO),
+    ("analyze --plot a FIFO", ["analyze", "{d}/mytrace.json.gz", "--plot", "{d}/plot.png"], 2,
+     r"^lagom analyze: error: --plot \S+plot.png: " + _FIFO),
+    ("run --audit a FIFO", ["run", "--config", "{d}/cfg.yaml", "--audit", "{d}/out.fifo", "--", "touch", "{d}/ran"],
+     2, r"^lagom run: error: --audit \S+out.fifo: " + _FIFO),
+    ("run --audit a link loop", ["run", "--config", "{d}/cfg.yaml", "--audit", "{d}/loop_a", "--", "touch",
+                                 "{d}/ran"], 2, r"^lagom run: error: --audit \S+loop_a: " + _LOOP),
+    ("run --workdir a link loop", ["run", "--config", "{d}/cfg.yaml", "--workdir", "{d}/loop_a", "--", "touch",
+                                   "{d}/ran"], 2, r"^lagom run: error: --workdir \S+loop_a: " + _LOOP),
+    ("run --online --save a link loop", ["run", "--online", *SIMULATED_JOB, "--save", "{d}/loop_a", "--", "touch",
+                                         "{d}/ran"], 2, r"^lagom run: error: --save \S+loop_a: " + _LOOP),
+    ("record -o a link loop", ["record", "-o", "{d}/loop_a", "--", "touch", "{d}/ran"], 2,
+     r"^lagom record: error: -o \S+loop_a: " + _LOOP),
+    ("calibrate -o a FIFO", ["calibrate", "--backend", "sim:low-bw", "--measurements", "20", "-o", "{d}/out.fifo"], 2,
+     r"^lagom calibrate: error: -o \S+out.fifo: " + _FIFO),
+    ("plugin table -o a link loop", ["plugin", "table", "{d}/cfg.yaml", "-o", "{d}/loop_a"], 2,
+     r"^lagom plugin: error: -o \S+loop_a: " + _LOOP),
+    # ---- values that cannot be: refused, never folded into a plan
+    ("tune a trace whose kernels all have negative durations", ["tune", "{d}/neg_all.json", "-o", "{d}/t.yaml"], 2,
+     r"^lagom tune: error: \S+neg_all.json: 2,700 of [\d,]+ timed events have a time that cannot be \(no ts or a "
+     r"negative duration\), first traceEvents\[[\d,]+\] kernel '.+' ts=[\d.]+ dur=-[\d.]+; more than 1%: not read$"),
+    ("analyze a trace whose kernels have no ts", ["analyze", "{d}/nots_all.json"], 2,
+     r"^lagom analyze: error: \S+nots_all.json: 2,700 of [\d,]+ timed events have a time that cannot be .* no ts "),
+    ("analyze a NaN duration", ["analyze", "{d}/nan.json"], 2,
+     r"^lagom analyze: error: \S+nan.json: not valid JSON \(.*\): a NaN time or value, in the event "
+     r"\{\"ph\":\"X\",\"cat\":\"kernel\""),
+    ("run --config two env keys", ["run", "--config", "{d}/dup_env.yaml", "--", "touch", "{d}/ran"], 2,
+     r"^lagom run: error: \S+dup_env.yaml: not valid YAML: duplicate key 'env' \(lines 4 and 11\)$"),
+    ("simulate --cluster two nodes keys", ["simulate", "fsdp:phi2", "--cluster", "{d}/dup_cluster.yaml"], 2,
+     r"^lagom simulate: error: \S+dup_cluster.yaml: not valid YAML: duplicate key 'nodes' "),
+    ("plugin table a gzip trace", ["plugin", "table", "{d}/mytrace.json.gz"], 2,
+     r"^lagom plugin: error: \S+mytrace.json.gz: is gzip-compressed data \(a trace\?\), expected a YAML file$"),
+    ("tune --cluster a gzip trace", ["tune", "tp:phi2:tp=8", "--cluster", "{d}/mytrace.json.gz", "-o", "{d}/t.yaml"],
+     2, r"^lagom tune: error: \S+mytrace.json.gz: is gzip-compressed data \(a trace\?\)"),
+    # ---- a user's files beside Lagom's
+    ("record -o a folder with a user's rank-7.json.gz beside an earlier recording",
+     ["record", "-o", "{d}/recorded", "--", "touch", "{d}/ran"], 2,
+     r"^lagom record: error: -o \S+recorded: holds files lagom record did not write \(rank-7.json.gz\)"),
+    ("tune DIR --export-trace DIR/pred.json.gz", ["tune", "{d}/tracedir", "-o", "{d}/t.yaml", "--export-trace",
+                                                  "{d}/tracedir/pred.json.gz"], 2,
+     r"^lagom tune: error: --export-trace \S+pred.json.gz: is inside this command's input folder \(WORKLOAD "),
+    ("analyze DIR --plot DIR/plot.png", ["analyze", "{d}/tracedir", "--plot", "{d}/tracedir/plot.png"], 2,
+     r"^lagom analyze: error: --plot \S+plot.png: is inside this command's input folder \(PATH "),
+]
+ROWS += ROWS_24
+
+
 def _snapshot(d: Path) -> dict[str, bytes]:
     return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*"))
             if p.is_file() and not p.is_symlink() and p.name != "huge.json"}
 
 
+def _timeout(signum, frame):
+    raise TimeoutError("the command blocked (a FIFO opened?)")
+
+
 @pytest.mark.parametrize("argv, status, first_line", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
-def test_bad_input_is_one_line_before_any_work(scene, capsys, argv, status, first_line):
+def test_bad_input_is_one_line_before_any_work(scene, capsys, monkeypatch, argv, status, first_line):
+    monkeypatch.setattr("traces.limits.MAX_TRACE_JSON_BYTES", BOMB_LIMIT_BYTES)
     ro = _readonly(scene)
     before = _snapshot(scene)
     args = [a.format(d=scene, ro=ro) for a in argv]
+    previous = signal.signal(signal.SIGALRM, _timeout)
+    signal.alarm(60)
     try:
         code = main(args)
     except SystemExit as exc:  # argparse's own refusals
         code = exc.code
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
     err = capsys.readouterr().err
     lines = err.splitlines()
     assert code == status, err
@@ -254,3 +413,38 @@ def test_every_issue_19_row_names_a_command_lagom_has():
 
     assert {r[1][0] for r in ROWS} <= set(COMMANDS)
     assert len({r[0] for r in ROWS}) == len(ROWS)
+
+
+def test_an_output_that_appears_during_the_work_is_kept_and_the_new_one_written_beside(scene, tmp_path, capsys):
+    """Issue 24: a file the user (here, the job itself) creates at an output while the command works was
+    replaced without a word; the check happened only before the work."""
+    audit = tmp_path / "audit.json"
+    code = main(["run", "--config", str(scene / "cfg.yaml"), "--audit", str(audit), "--", "sh", "-c",
+                 f"echo mine > {audit}"])
+    err = capsys.readouterr().err
+    assert code == 0, err  # the job's status: the audit is a warning
+    assert audit.read_text() == "mine\n"
+    assert f"{audit}: appeared or changed since this command checked it" in err and f"{audit}.new" in err
+    assert '"format": "lagom.audit"' in (tmp_path / "audit.json.new").read_text()
+    forced = main(["run", "--config", str(scene / "cfg.yaml"), "--audit", str(audit), "--force", "--", "sh", "-c",
+                   f"echo again > {audit}"])
+    assert forced == 0 and '"format": "lagom.audit"' in audit.read_text()
+
+
+def test_a_few_kernels_whose_time_cannot_be_are_dropped_with_one_warning(tmp_path, capsys):
+    """Three kernels of 2,700 with negative durations: read without them, one line says so (all of
+    them: refused, a row above)."""
+    trace = tmp_path / "neg3.json"
+    _kernels_changed(trace, _negative, every=False)
+    code = main(["analyze", str(trace), "--jobs", "1"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    (line,) = [line for line in err.splitlines() if "dropped" in line]
+    assert re.match(r"^warning: \S+neg3.json: dropped 3 of [\d,]+ timed events whose time cannot be \(no ts or a "
+                    r"negative duration\), first traceEvents\[[\d,]+\] kernel ", line), line
+    from traces.kineto import read_trace
+
+    (workload,) = read_trace(trace)
+    (whole,) = read_trace(TRACE)
+    assert len(workload.compute_ops) + len(workload.collectives) == len(whole.compute_ops) + len(whole.collectives) - 3
+

@@ -28,7 +28,7 @@ def test_torch_backend_calibrates_a_two_process_gloo_job(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
     env.pop("CUDA_VISIBLE_DEVICES", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "lagom", "calibrate", "--backend", "torch", "--cluster", "low-bw", "--budget", "24",
+           "-m", "lagom", "calibrate", "--backend", "torch", "--cluster", "low-bw", "--measurements", "24",
            "-o", str(out), "--dump-measurements", str(dump), "--json"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -13,18 +13,23 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
+from conftest import trace_dir
 
 from costmodel.analytic.evaluator import AnalyticEvaluator
 from costmodel.calibration.accuracy import random_plan
 from costmodel.calibration.calibrate import gemm_op
 from costmodel.cluster import ClusterSpec, load_cluster
-from costmodel.evaluator import Evaluator, Timing
+from costmodel.evaluator import Evaluator, Timing, TraceEvaluator
 from costmodel.nccl_defaults import nccl_default_config
+from costmodel.replay.anchor import recorded_configs
+from costmodel.replay.ratio_cache import LruCache
+from costmodel.replay.trace_evaluator import ReplayEvaluator
 from costmodel.sim.simulator import Simulator
 from nccl_env import Algorithm, CollectiveType, CommConfig, CommPath, LagomError, Plan, Protocol, Signature
 from nccl_env.rules import Mechanism, NcclVersion, collective_mechanism
 from traces import CollectiveOp, Dependency, ProcessGroup, Stream, StreamKind, Workload
 from traces.generate import generate_workload
+from traces.kineto import read_trace
 
 V = NcclVersion.parse
 
@@ -33,6 +38,13 @@ EVALUATORS: dict[str, Callable[[ClusterSpec], Evaluator]] = {
     "analytic": AnalyticEvaluator,
     "sim": lambda cluster: Simulator(cluster, noise=0.0),
 }
+
+# a trace is replayed over either one as its mechanism (costmodel.replay.trace_evaluator)
+REPLAY_EVALUATORS: dict[str, Callable[[ClusterSpec], TraceEvaluator]] = {
+    "replay-analytic": lambda cluster: ReplayEvaluator(AnalyticEvaluator(cluster), cluster.gpus_per_node),
+    "replay-sim": lambda cluster: ReplayEvaluator(Simulator(cluster, noise=0.0), cluster.gpus_per_node),
+}
+TRACES = ("w128_sendrecv_rank0.json.gz", "a100_alexnet_cuda_sync.json.gz")  # tests/data
 
 SPECS = (
     "fsdp:hidden=1024,layers=2,ffn=4096,heads=16,vocab=8000:gpus=16",
@@ -239,3 +251,83 @@ def test_both_evaluators_time_the_paths_alike(nvswitch):
                 config = CommConfig(path=path)
                 assert model.collective_time_us(sig, config) == pytest.approx(sim.collective_time_us(sig, config),
                                                                               rel=1e-6)
+
+
+# ---- traces: the replay over each mechanism keeps the same promises ----------------------------
+
+
+@pytest.fixture(params=sorted(REPLAY_EVALUATORS))
+def make_replay(request) -> Callable[[ClusterSpec], TraceEvaluator]:
+    return REPLAY_EVALUATORS[request.param]
+
+
+@pytest.fixture(scope="module")
+def a100() -> ClusterSpec:
+    return load_cluster("a100-nvswitch")
+
+
+def _trace(name: str) -> Workload:
+    return read_trace(trace_dir() / name)[0]
+
+
+@pytest.fixture(scope="module", params=TRACES)
+def trace(request) -> Workload:
+    return _trace(request.param)
+
+
+class TestReplay:
+    def test_it_is_an_evaluator_and_takes_a_what_if(self, make_replay, a100):
+        ev = make_replay(a100)
+        assert isinstance(ev, Evaluator) and isinstance(ev, TraceEvaluator)
+
+    def test_each_refuses_the_others_workloads_in_one_line(self, make, make_replay, a100, trace, cluster):
+        _one_line_error(lambda: make_replay(a100).evaluate(window(), Plan()), "not read from a trace")
+        _one_line_error(lambda: make(cluster).evaluate(trace, Plan()), "replayed")
+
+    @pytest.mark.parametrize("algorithm", UNMODELLED[:2], ids=lambda a: a.nccl_name)
+    def test_an_unmodelled_algorithm_is_refused(self, make_replay, a100, trace, algorithm):
+        ev = make_replay(a100)
+        sig = Signature("0", CollectiveType.ALLREDUCE, MIB, 8, 1)  # refused in any plan, for any signature
+        config = CommConfig(algorithm, Protocol.SIMPLE)
+        _one_line_error(lambda: ev.evaluate(trace, Plan({sig: config})), f"algorithm={algorithm.nccl_name}")
+        _one_line_error(lambda: ev.evaluate(trace, Plan(default=config)), "default", algorithm.nccl_name)
+        assert ev.evaluations == 0
+
+    def test_a_cycle_added_after_a_replay_is_refused(self, make_replay, a100):
+        w = _trace(TRACES[1])  # its own copy: it is changed
+        ev = make_replay(a100)
+        ev.evaluate(w, Plan())
+        first, second = sorted((*w.compute_ops, *w.collectives), key=lambda o: o.start_us)[:2]
+        w.dependencies += [Dependency(first.op_id, second.op_id), Dependency(second.op_id, first.op_id)]
+        _one_line_error(lambda: ev.evaluate(w, Plan()), "cycle")
+
+    def test_the_recorded_settings_written_out_are_the_empty_plan_and_replays_repeat(self, make_replay, a100,
+                                                                                     trace):
+        spelled = Plan(dict(recorded_configs(trace, a100.gpus_per_node)))
+        ev = make_replay(a100)
+        empty, explicit = ev.evaluate(trace, Plan()), ev.evaluate(trace, spelled)
+        again = make_replay(a100).evaluate(trace, Plan())
+        assert explicit.iteration_us == empty.iteration_us == again.iteration_us
+        assert dict(empty.ops) == dict(again.ops) == dict(explicit.ops)
+        assert ev.evaluations == 2
+
+    def test_step_invariants_under_other_settings(self, make_replay, a100, trace):
+        ev = make_replay(a100)
+        every = {op.op_id for op in trace.compute_ops} | {op.op_id for op in trace.collectives}
+        for plan in (Plan(), Plan(default=CommConfig(channels=2)), Plan(default=CommConfig(Algorithm.RING,
+                                                                                         Protocol.LL))):
+            t = ev.evaluate(trace, plan)
+            assert set(t.ops) == every and t.steps and t.replay is not None and t.replay.workload is trace
+            assert t.iteration_us == pytest.approx(sum(s.iteration_us for s in t.steps) / len(t.steps))
+            for s in t.steps:
+                assert s.iteration_us > 0 and 0 <= s.exposed_comm_us <= s.comm_us + 1e-6
+            assert 0 <= t.compute_uncontended_us <= t.compute_us + 1e-6
+
+
+def test_the_replay_memo_holds_its_stated_size():
+    memo: LruCache[int, float] = LruCache(2)
+    memo.put(1, 1.0)
+    memo.put(2, 2.0)
+    assert memo.get(1) == 1.0  # 1 is now the most recent
+    memo.put(3, 3.0)
+    assert len(memo) == 2 and 2 not in memo and memo.get(1) == 1.0 and memo.get(3) == 3.0

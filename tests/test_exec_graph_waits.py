@@ -56,9 +56,9 @@ def test_a_wait_with_no_record_joins_the_collective_to_the_next_op_on_the_waitin
     st = replay_static(w)
     durations = list(st.measured_dur)
     durations[st.op_ids.index(allreduce)] -= 200.0
-    faster = replay(w, durations)
+    faster = replay(st, durations)
     assert faster.ops[ops["optimizer_step"]].start_us == (
-        replay(w, st.measured_dur).ops[ops["optimizer_step"]].start_us - 200.0)
+        replay(st, st.measured_dur).ops[ops["optimizer_step"]].start_us - 200.0)
 
 
 def test_a_wait_the_trace_contradicts_adds_nothing(tmp_path):

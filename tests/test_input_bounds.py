@@ -75,9 +75,36 @@ def test_the_memory_check_compares_the_estimate_with_what_is_available(tmp_path)
 
 
 @pytest.mark.parametrize("argv", [["bench", "--exhaustive-max-points", "1000000000"],
-                                  ["calibrate", "--backend", "sim:low-bw", "--budget", "1000000", "-o", "c.yaml"]])
+                                  ["calibrate", "--backend", "sim:low-bw", "--measurements", "1000000",
+                                   "-o", "c.yaml"]])
 def test_a_budget_of_evaluations_is_bounded(argv, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "100000" in err and not (tmp_path / "c.yaml").exists()
+
+
+def test_a_gzip_stream_is_bounded_by_what_it_decompresses_to_not_by_its_trailer(tmp_path):
+    """A gzip trailer's size wraps at 4 GiB (a 4 MB file of 4 GiB of blanks said 4 MB): the reader
+    counts the bytes as they come and stops at the bound, having held no more than it."""
+    from nccl_env.files import read_bounded
+
+    limit = 8 << 20
+    data = gzip.compress(b" " * (limit + (1 << 20)))
+    lying = tmp_path / "lying.json.gz"
+    lying.write_bytes(data[:-4] + (100).to_bytes(4, "little"))  # the trailer says 100 bytes
+    assert json_bytes(lying) == 100
+    tracemalloc.start()
+    with pytest.raises(LagomError, match=r"lying.json.gz: a gzip stream that decompresses to more than the "
+                                         r"8,388,608 bytes a trace can be here"):
+        read_bounded(lying, limit, str(lying), "a trace")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 2 * limit
+    whole = tmp_path / "whole.json.gz"
+    whole.write_bytes(gzip.compress(b'{"a": 1}') + gzip.compress(b" "))  # two members: both read
+    assert read_bounded(whole, limit) == b'{"a": 1} '
+    plain = tmp_path / "plain.json"
+    plain.write_bytes(b"x" * (limit + 1))
+    with pytest.raises(LagomError, match=r"plain.json: 8,388,609 bytes, more than the 8,388,608 a file can be"):
+        read_bounded(plain, limit)

@@ -263,6 +263,7 @@ def test_a_trace_off_nccls_sm_kernels_anchors_at_its_own_path(tmp_path):
     from costmodel.analytic.evaluator import AnalyticEvaluator
     from costmodel.cluster import load_cluster
     from costmodel.replay.anchor import recorded_configs
+    from costmodel.replay.trace_evaluator import ReplayEvaluator
     from nccl_env.knobs import CommConfig
     from nccl_env.plan import Plan
 
@@ -278,7 +279,7 @@ def test_a_trace_off_nccls_sm_kernels_anchors_at_its_own_path(tmp_path):
     (w,) = read_trace(b.write(tmp_path / "sym.json"))
     (recorded,) = recorded_configs(w, 8).values()
     assert recorded.path is CommPath.SYMMETRIC and recorded.channels is None and recorded.threads == 512
-    evaluator = AnalyticEvaluator(load_cluster("a100-nvswitch"))
+    evaluator = ReplayEvaluator(AnalyticEvaluator(load_cluster("a100-nvswitch")), 8)
     (c,) = w.collectives
     assert evaluator.evaluate(w, Plan()).ops[c.op_id].duration_us == pytest.approx(c.duration_us)
     on_sm = evaluator.evaluate(w, Plan(default=CommConfig(path=CommPath.SM, channels=2)))

@@ -170,6 +170,7 @@ VERSION_EDGES = {
     "nccl_env/rules.py", "nccl_env/nccl_releases.py", "nccl_env/libnccl.py", "costmodel/cluster.py",
     "costmodel/calibration/torch_backend.py", "costmodel/sim/published_cases.py", "lagom/tuned_config.py",
     "lagom/knob_args.py", "lagom/commands/tune.py", "lagom/commands/bench.py", "lagom/commands/run.py",
+    "lagom/commands/simulate.py",
     "lagom/trace_context.py", "lagom/runtime/online.py",
 }
 PARSE = re.compile(r"NcclVersion\.(parse|from_code)\(|released_version\(|parse_nccl_version_arg\(|"

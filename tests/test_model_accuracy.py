@@ -143,14 +143,14 @@ def test_analytic_is_ten_times_faster_than_the_simulator():
 
 def test_calibrate_cli_writes_a_cluster_and_reports_terms(tmp_path, capsys):
     out = tmp_path / "c.yaml"
-    assert lagom_main(["calibrate", "--backend", "sim:high-bw", "-o", str(out), "--budget", "40"]) == 0
+    assert lagom_main(["calibrate", "--backend", "sim:high-bw", "-o", str(out), "--measurements", "40"]) == 0
     text = capsys.readouterr().out
     assert "overlap: compute" in text and "fitted parameters" in text
     assert load_cluster(out).model["fitted_from"] == "sim:high-bw"
     assert lagom_main(["calibrate", "--backend", "nope", "-o", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown calibration backend" in err
-    assert lagom_main(["calibrate", "--backend", "sim:low-bw", "-o", str(out), "--budget", "5"]) == 2
+    assert lagom_main(["calibrate", "--backend", "sim:low-bw", "-o", str(out), "--measurements", "5"]) == 2
     assert lagom_main(["calibrate", "--backend", "sim:no-such-preset", "-o", str(out)]) == 2
 
 
@@ -164,7 +164,7 @@ def test_calibrate_refuses_unwritable_outputs_before_measuring(tmp_path, capsys)
         ["-o", str(tmp_path / "c.yaml"), "--dump-measurements", str(tmp_path / "missing" / "m.json")],
     ]
     for extra in bad:
-        code = lagom_main(["calibrate", "--backend", "sim:low-bw", "--budget", "20", *extra])
+        code = lagom_main(["calibrate", "--backend", "sim:low-bw", "--measurements", "20", *extra])
         err = capsys.readouterr().err
         assert code == 2, extra
         assert err.startswith("lagom calibrate: error:") and err.count("\n") == 1, err

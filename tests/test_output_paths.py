@@ -97,8 +97,9 @@ def test_plots_and_tables_carry_their_marker(tmp_path, capsys):
 
 
 def test_calibrate_takes_o_and_still_takes_out_saying_it_is_deprecated(tmp_path, capsys):
-    assert main(["calibrate", "--backend", "sim:low-bw", "--budget", "20", "-o", str(tmp_path / "a.yaml")]) == 0
-    assert main(["calibrate", "--backend", "sim:low-bw", "--budget", "20", "--out", str(tmp_path / "a.yaml")]) == 0
+    calibrate = ["calibrate", "--backend", "sim:low-bw", "--measurements", "20"]
+    assert main([*calibrate, "-o", str(tmp_path / "a.yaml")]) == 0
+    assert main([*calibrate, "--out", str(tmp_path / "a.yaml")]) == 0
     err = capsys.readouterr().err
     assert "lagom calibrate: warning: --out is deprecated; use -o/--output" in err
     assert (tmp_path / "a.yaml").read_text().startswith("# Lagom cluster file")
@@ -153,3 +154,28 @@ def test_a_ctrl_c_after_the_job_waits_for_the_files(tmp_path):
         written.write_text("saved")  # still runs: the interrupt waits for the block's end
     assert written.read_text() == "saved"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_file_that_appears_or_changes_after_the_check_is_not_replaced(tmp_path):
+    """Issue 24: the check ran only before the work; a file created at -o during a long tune was replaced."""
+    out = tmp_path / "lagom.yaml"
+    checked = check_output("-o", out, OutputFormat.TUNED_CONFIG)
+    out.write_text("# mine, written while the command worked\n")
+    with pytest.raises(LagomError, match=r"appeared or changed since this command checked it .*the new one is "
+                                         r"\S+lagom.yaml.new \(give --force to replace\)"):
+        write_output(checked, "format: lagom.tuned-config\n", "-o")
+    assert out.read_text() == "# mine, written while the command worked\n"
+    assert (tmp_path / "lagom.yaml.new").read_text() == "format: lagom.tuned-config\n"
+    check_output("-o", out, OutputFormat.TUNED_CONFIG, force=True)  # the user's file now: --force to replace it
+    out.write_text("# changed again\n")
+    out_checked = check_output("-o", out, OutputFormat.TUNED_CONFIG, force=True)
+    os.utime(out, ns=(0, 0))  # changed after this check too: with --force it is replaced all the same
+    write_output(out_checked, "format: lagom.tuned-config\n# forced\n", "-o")
+    assert out.read_text().endswith("# forced\n")
+    check_output("-o", out, OutputFormat.TUNED_CONFIG)
+    out.write_text("format: lagom.tuned-config\n# another program's\n")
+    with pytest.raises(LagomError, match=r"the new one is \S+lagom.yaml.new2 "):  # never over the first .new
+        write_output(out, "format: lagom.tuned-config\n", "-o")
+    check_output("-o", out, OutputFormat.TUNED_CONFIG)  # unchanged since the check: replaced
+    write_output(out, "format: lagom.tuned-config\n# again\n", "-o")
+    assert out.read_text().endswith("# again\n")

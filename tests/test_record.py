@@ -9,6 +9,7 @@ import gzip
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 from statistics import fmean
 
@@ -17,7 +18,7 @@ import pytest
 from lagom.record_overhead import overhead_line, profiler_overhead
 from lagom.runtime import record
 from lagom.runtime.record import Phase, RecordSettings, StepWindow
-from lagom.runtime.record_launch import MARKER, check_out_dir, prepare_record
+from lagom.runtime.record_launch import MARKER, check_out_dir, launch_record, prepare_record, report
 from nccl_env.errors import LagomError
 from traces.kineto import read_trace
 from traces.workload import RECORD_METADATA_KEY
@@ -50,13 +51,16 @@ def test_a_window_that_cannot_be_recorded_is_one_line(window, message):
 
 def _record_in_process(tmp_path: Path, window: StepWindow, steps: int, explicit: bool = False) -> record.Recorder:
     """Train a small model ``steps`` steps on the 1-rank gloo group, recorded by a Recorder."""
-    import torch.distributed as dist
-
     out, run = tmp_path / "out", tmp_path / "run"
     out.mkdir()
     run.mkdir()
     settings = RecordSettings(str(out), str(run), "job-a", window.skip, window.timed, window.warmup, window.active)
-    recorder = record.Recorder(settings, lambda line: None)
+    return _train(record.Recorder(settings, lambda line: None), steps)
+
+
+def _train(recorder: record.Recorder, steps: int) -> record.Recorder:
+    import torch.distributed as dist
+
     model = torch.nn.Linear(32, 32)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(steps):
@@ -182,23 +186,74 @@ def test_the_output_folder_is_checked_before_the_job_starts(tmp_path):
             check_out_dir(locked)
 
 
-def test_an_earlier_recording_is_replaced_and_nothing_else_is_touched(tmp_path):
+def _recorded(out: Path, tmp_path: Path, status: int, steps: int = 4) -> list[str]:
+    """One ``lagom record -o out`` of the 1-rank job (window 1+1+1+1) as the launcher runs it: prepared,
+    recorded in this process into the fresh folder, reported as a job ending with ``status``."""
+    setup = prepare_record(out, StepWindow(1, 1, 1, 1), ["true"], workdir=tmp_path / "run",
+                           base_env={"PATH": os.environ["PATH"]})
+    assert Path(setup.settings.out_dir).parent == out.resolve().parent  # beside the folder, not in it
+    recorder = _train(record.Recorder(setup.settings, lambda line: None), steps)
+    recorder.write_part()
+    return report(setup, status)
+
+
+def test_a_recording_replaces_only_the_files_its_manifest_lists_and_only_once_complete(world, tmp_path):
+    out = tmp_path / "out"
+    lines = _recorded(out, tmp_path, 0)
+    assert any(line.startswith(f"lagom record: 1 rank trace(s) in {out}") for line in lines), lines
+    assert sorted(os.listdir(out)) == [MARKER, "rank-0.json.gz"]
+    assert "Trace: rank-0.json.gz" in (out / MARKER).read_text()
+    first = (out / "rank-0.json.gz").read_bytes()
+    assert [p.name for p in tmp_path.iterdir() if "lagom-record" in p.name] == []  # its fresh folder is gone
+    # a user's own trace in the folder: refused before the job, their file and the recording untouched
+    (out / "rank-7.json.gz").write_bytes(b"mine")
+    with pytest.raises(LagomError, match=r"holds files lagom record did not write \(rank-7.json.gz\)"):
+        prepare_record(out, StepWindow(1, 1, 1, 1), ["true"])
+    assert (out / "rank-7.json.gz").read_bytes() == b"mine" and (out / "rank-0.json.gz").read_bytes() == first
+    (out / "rank-7.json.gz").unlink()
+    # the job fails: the earlier recording stays whole, the new traces are kept beside it and named
+    lines = _recorded(out, tmp_path, 1)
+    assert (out / "rank-0.json.gz").read_bytes() == first and sorted(os.listdir(out)) == [MARKER, "rank-0.json.gz"]
+    (warning,) = [line for line in lines if "incomplete" in line]
+    assert "the job failed (status 1)" in warning and "the earlier recording there is kept" in warning
+    kept = Path(warning.rsplit(" are in ", 1)[1])
+    assert os.listdir(kept) == ["rank-0.json.gz"]
+    # a job shorter than the window: nothing recorded, nothing changed
+    lines = _recorded(out, tmp_path, 0, steps=2)
+    assert (out / "rank-0.json.gz").read_bytes() == first
+    assert any("nothing recorded into" in line and "not every rank wrote its trace" in line for line in lines), lines
+    # complete: it replaces the earlier one
+    _recorded(out, tmp_path, 0)
+    assert sorted(os.listdir(out)) == [MARKER, "rank-0.json.gz"] and (out / "rank-0.json.gz").read_bytes() != first
+    assert read_trace(out)[0].rank == 0
+
+
+def test_prepare_record_refuses_before_the_folder_is_made(tmp_path):
     out = tmp_path / "out"
     setup = prepare_record(out, StepWindow(), ["true"], workdir=tmp_path / "run", base_env={"PATH": os.environ["PATH"]})
-    assert sorted(os.listdir(out)) == [MARKER] and "lagom record" in (out / MARKER).read_text()
+    assert os.listdir(out) == []  # nothing in it until a recording is complete
     assert setup.env["LAGOM_RECORD"] and setup.env["PYTHONPATH"].startswith(str(tmp_path / "run" / "bootstrap"))
-    assert RecordSettings.read(setup.env["LAGOM_RECORD"]).out_dir == str(out.resolve())
-    for name in ("rank-0.json.gz", "rank-1.json.gz", ".rank-2.json.gz.partial"):
-        (out / name).write_text("old")
-    again = prepare_record(out, StepWindow(), ["true"], workdir=tmp_path / "run")
-    assert sorted(os.listdir(out)) == [MARKER]
-    assert any("removed the 3 trace(s) of an earlier lagom record" in m for m in again.messages)
-    (out / "rank-0.json.gz").write_text("old")
+    assert Path(RecordSettings.read(setup.env["LAGOM_RECORD"]).out_dir) == setup.recording_dir
     (out / "notes.txt").write_text("mine")
     with pytest.raises(LagomError, match=r"did not write \(notes.txt\)"):
         prepare_record(out, StepWindow(), ["true"])
-    assert (out / "notes.txt").read_text() == "mine" and (out / "rank-0.json.gz").exists()  # nothing removed
+    assert (out / "notes.txt").read_text() == "mine"
     shutil.rmtree(out)
     with pytest.raises(LagomError, match="command not found"):
         prepare_record(out, StepWindow(), ["no-such-command-lagom"])
     assert not out.exists()  # refused before the folder was made
+
+
+def test_a_rerecord_whose_job_fails_keeps_the_earlier_recording(world, tmp_path, capsys):
+    """Issue 24: ``lagom record -o DIR -- python trian.py`` (a typo: the job fails at once) removed the
+    previous recording, then recorded nothing."""
+    out = tmp_path / "out"
+    _recorded(out, tmp_path, 0)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    status = launch_record(out, [sys.executable, str(tmp_path / "trian.py")], StepWindow(1, 1, 1, 1))
+    assert status != 0
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    err = capsys.readouterr().err
+    assert f"nothing recorded into {out.resolve()} (the job failed (status {status}); the earlier recording there " \
+           "is kept)" in err
+    assert [p.name for p in tmp_path.iterdir() if "lagom-record" in p.name] == []

@@ -89,7 +89,7 @@ def test_a_job_shorter_than_the_window_records_nothing_and_says_why_per_rank(run
     tmp, results = runs
     status, err, _ = results["short"]
     assert status == 0, err[-3000:]
-    assert os.listdir(tmp / "short") == ["lagom-record.txt"]
+    assert os.listdir(tmp / "short") == []  # an incomplete recording puts nothing there
     for rank in (0, 1):
         assert f"rank {rank} wrote no trace: the job ended after 5 optimizer step(s), before step 8" in err
 

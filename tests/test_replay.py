@@ -13,7 +13,8 @@ from costmodel.analytic.evaluator import AnalyticEvaluator
 from costmodel.cluster import load_cluster
 from costmodel.replay.anchor import recorded_configs
 from costmodel.replay.fidelity import fidelity
-from costmodel.replay.schedule import replay, replay_static
+from costmodel.replay.schedule import as_measured, replay, replay_static
+from costmodel.replay.trace_evaluator import ReplayEvaluator
 from costmodel.sim.simulator import Simulator
 from lagom.cli import main
 from nccl_env.knobs import CommConfig
@@ -41,7 +42,7 @@ def trace(name: str) -> Workload:
 @pytest.mark.parametrize("name, steps", [(W2, ["ProfilerStep#4", "ProfilerStep#5"]), (W128, ["ProfilerStep#551"])])
 def test_replay_with_measured_durations_reproduces_every_complete_step(name, steps):
     w = trace(name)
-    timing = replay(w, replay_static(w).measured_dur)
+    timing = as_measured(w)
     assert [s.name for s in timing.steps] == steps  # the unfinished last step is dropped
     # the GPU's period, read here from the ops' own launch and start times: step N runs from
     # the first GPU op launched inside ProfilerStep#N to the first launched inside N+1
@@ -85,8 +86,8 @@ def test_a_longer_op_before_a_host_sync_moves_every_later_launch_of_the_thread()
     durations = list(st.measured_dur)
     awaited = max(sync.awaited, key=lambda o: w.op(o).end_us)
     durations[st.op_ids.index(awaited)] += 1000.0
-    base = replay(w, st.measured_dur)
-    slower = replay(w, durations)
+    base = replay(st, st.measured_dur)
+    slower = replay(st, durations)
     for o in later:  # each starts no earlier than its call, 1 ms later, plus its latency
         la = g.launches[o]
         assert slower.ops[o].start_us >= la.call_us + 1000.0 + la.latency_us - 1e-6
@@ -96,7 +97,8 @@ def test_a_longer_op_before_a_host_sync_moves_every_later_launch_of_the_thread()
 @pytest.mark.parametrize("evaluator", ["analytic", "sim"])
 def test_evaluators_replay_the_trace_and_only_the_transfer_answers_to_settings(evaluator):
     cluster = load_cluster("a100-nvswitch")
-    ev = AnalyticEvaluator(cluster) if evaluator == "analytic" else Simulator(cluster, noise=0.0)
+    mechanism = AnalyticEvaluator(cluster) if evaluator == "analytic" else Simulator(cluster, noise=0.0)
+    ev = ReplayEvaluator(mechanism, cluster.gpus_per_node)
     w = trace(W2)
     recorded = ev.evaluate(w, Plan())
     fid = fidelity(recorded)
@@ -109,8 +111,8 @@ def test_evaluators_replay_the_trace_and_only_the_transfer_answers_to_settings(e
     g = w.exec_graph
     for c in w.collectives:
         sig = w.signature(c, cluster.gpus_per_node)
-        ratio = ev.collective_time_us(sig, CommConfig(channels=2).merged_over(configs[sig])) / \
-            ev.collective_time_us(sig, configs[sig])
+        ratio = mechanism.collective_time_us(sig, CommConfig(channels=2).merged_over(configs[sig])) / \
+            mechanism.collective_time_us(sig, configs[sig])
         wait = g.comm_wait_us[c.op_id]
         assert 0 <= wait <= c.duration_us
         assert fewer.ops[c.op_id].duration_us == pytest.approx(wait + (c.duration_us - wait) * ratio)
@@ -133,8 +135,8 @@ def test_workload_json_keeps_the_graph():
     w = trace(W2)
     again = Workload.from_dict(json.loads(json.dumps(w.to_dict())))
     assert again.exec_graph is not None
-    a = replay(w, replay_static(w).measured_dur)
-    b = replay(again, replay_static(again).measured_dur)
+    a = as_measured(w)
+    b = as_measured(again)
     assert [s.iteration_us for s in a.steps] == pytest.approx([s.iteration_us for s in b.steps])
 
 
@@ -230,12 +232,12 @@ def test_the_graph_explains_the_w16_trace_but_for_the_idle_it_reports():
     mixed = replace(medians, launches={o: (g.launches[o] if o in late else la) for o, la in medians.launches.items()},
                     gaps={o: (g.gaps[o] if o in late else v) for o, v in medians.gaps.items()})
     explained = replace(w, exec_graph=mixed)
-    fid = fidelity(replay(explained, replay_static(explained).measured_dur))
+    fid = fidelity(as_measured(explained))
     assert fid is not None and fid.steps == 4 and fid.max_step_error_pct < 1.0
-    exact = replay(w, st.measured_dur)
+    exact = replay(st, st.measured_dur)
     assert fidelity(exact).median_step_error_pct < 1e-6  # own delays: still every step exactly
     generic = replace(w, exec_graph=medians)
-    shrunk = replay(generic, replay_static(generic).measured_dur)
+    shrunk = as_measured(generic)
     for s, g_step in zip(exact.steps, shrunk.steps):
         assert s.unexplained_idle_us > 0.5 * s.measured_iteration_us
         assert g_step.iteration_us < s.measured_iteration_us
@@ -252,7 +254,7 @@ def test_a_faster_collective_moves_the_compute_op_that_waited_for_it():
     for o in sorted((*w.compute_ops, *w.collectives), key=lambda o: (o.start_us, o.op_id)):
         stream_ready[o.op_id] = stream_end.get(o.stream, o.start_us)
         stream_end[o.stream] = max(stream_end.get(o.stream, o.end_us), o.end_us)
-    base = replay(w, st.measured_dur)
+    base = replay(st, st.measured_dur)
     moved = 0
     for s in g.stream_waits:
         producer, consumer = w.op(s.producer), w.op(s.consumer)
@@ -264,7 +266,7 @@ def test_a_faster_collective_moves_the_compute_op_that_waited_for_it():
             continue  # the wait did not bind, or the op would have waited for its stream or its launch
         durations = list(st.measured_dur)
         durations[st.op_ids.index(s.producer)] -= cut_us
-        faster = replay(w, durations)
+        faster = replay(st, durations)
         assert faster.ops[s.consumer].start_us <= base.ops[s.consumer].start_us - 0.9 * cut_us
         moved += 1
         if moved == 3:
@@ -286,3 +288,31 @@ def test_analyze_tables_name_the_group_alike_and_fit_100_columns(capsys):
     start = next(i for i, line in enumerate(lines) if line.startswith("NCCL kernel time"))
     end = next(i for i in range(start, len(lines)) if lines[i].startswith("└"))
     assert max(len(line) for line in lines[start:end + 1]) <= 100
+
+
+def test_the_compiled_pass_and_its_python_form_agree_to_the_last_bit():
+    """schedule_kernel's functions are compiled by numba; their plain Python form (py_func) is the
+    reference: the same starts, ends, binding causes, union lengths and sums, bit for bit."""
+    import numpy as np
+
+    from costmodel.replay.schedule_kernel import critical_comm, ordered_sum, schedule_pass, union_segments
+
+    w = trace(ALEXNET)
+    st = replay_static(w)
+    a = st.graph_arrays
+    durations = np.asarray(st.measured_dur, dtype=np.float64) * 1.37
+    for cpu in (1.0, 0.6):
+        args = (a.order, len(st.op_ids), a.pred_ptr, a.pred_idx, a.launch_call, a.launch_latency, a.launch_thread,
+                a.launch_wait, a.gap, a.measured_start, a.wait_thread, a.wait_prev, a.wait_begin, a.wait_own,
+                a.wait_end, a.wait_return, a.awaited_ptr, a.awaited_idx, a.wait_cause_thread, a.wait_cause,
+                a.wait_cause_us, a.anchor, cpu, durations)
+        compiled, plain = schedule_pass(*args), schedule_pass.py_func(*args)
+        for x, y in zip(compiled, plain):
+            assert np.array_equal(x, y)
+        starts, ends, new_end, bind = compiled
+        end = int(np.argmax(ends))
+        assert critical_comm(starts, ends, new_end, bind, a.is_coll, 0, end, -np.inf, True) == \
+            critical_comm.py_func(starts, ends, new_end, bind, a.is_coll, 0, end, -np.inf, True)
+        assert np.array_equal(union_segments(starts, ends), union_segments.py_func(starts, ends))
+        assert ordered_sum(ends, st.compute_index) == ordered_sum.py_func(ends, st.compute_index) == \
+            sum(ends[st.compute_index].tolist())

@@ -96,12 +96,18 @@ def runs(tmp_path_factory):
             {"CC": "/nonexistent/cc"},
         ),
         "corrupt": (_torchrun(tmp / "corrupt", "--steps", "1", "--install", str(corrupt)), {}),
+        "ddp": (
+            _lagom("--config", str(good), "--audit", str(tmp / "audit-ddp.json"), "--workdir", str(tmp / "wd-ddp"),
+                   "--") + _torchrun(tmp / "ddp", "--steps", str(STEPS), "--ddp"),
+            {},
+        ),
     }
     jobs = run_jobs({name: (cmd, {**base_env, **extra}) for name, (cmd, extra) in plans.items()}, timeout_s=240)
     results: dict = {name: (status, err, tmp / name) for name, (status, err, _) in jobs.items()}
     results["config"] = good
     results["corrupt_file"] = corrupt
     results["audit"] = tmp / "audit.json"
+    results["audit_ddp"] = tmp / "audit-ddp.json"
     return results
 
 
@@ -204,3 +210,22 @@ def test_a_corrupt_config_degrades_to_a_warning(runs):
     assert len(warnings) == 1 and str(runs["corrupt_file"]) in warnings[0] and "NCCL's own choices" in warnings[0]
     for d, p in zip(degraded, plain):
         assert d["losses"] == p["losses"][:1]
+
+
+def test_a_ddp_jobs_audit_counts_the_all_reduces_ddp_issues_from_cpp(runs):
+    """DDP's reducer all-reduces its gradient buckets from C++ (never through the Python
+    functions): the audit counts them at the c10d dispatcher, one per bucket per step, and
+    the module's broadcast from rank 0 at construction."""
+    ranks = _ok(runs, "ddp")
+    document = json.loads(runs["audit_ddp"].read_text())
+    for rank in ranks:
+        issued = {(kind, group, nbytes): count for kind, group, nbytes, count in rank["issued"]}
+        seen = Counter()
+        for s in document["per_rank"][str(rank["rank"])]["signatures"]:
+            seen[(s["collective"], s["group"], s["bytes"])] += s["count"]
+        all_reduces = {k: n for k, n in seen.items() if k[0] == "allreduce"}
+        assert all_reduces == {k: n for k, n in issued.items() if k[0] == "allreduce"}
+        assert sum(all_reduces.values()) == 1 + 4 * (STEPS - 1)  # the first bucket, then 4 gradients' buckets
+        model_broadcast = next(k for k in issued if k[0] == "broadcast")
+        assert seen[model_broadcast] == 1
+    assert document["summary"]["collectives"] >= 2 * (1 + 4 * (STEPS - 1))

@@ -22,7 +22,7 @@ from conftest import REPO_ROOT
 import lagom
 import lagom.runtime as runtime
 from lagom.runtime import audit
-from lagom.runtime.collectives import SPECS
+from lagom.runtime.collectives import C10D_OPS, SPECS
 from lagom.runtime.env import merge_env
 from lagom.runtime.process_groups import build_nccl_options, settings_for
 from lagom.tuned_config import TunedConfig, parse_tuned_config
@@ -149,7 +149,9 @@ def test_a_call_torch_rejects_raises_torchs_error_and_keeps_the_hook_on(hook, wo
 
 
 def test_torch_compile_traces_through_the_hook(hook, world):
-    """Under torch.compile the wrapper steps aside: dynamo sees torch's own collective."""
+    """Under torch.compile the wrapper steps aside: dynamo sees torch's own collective. What the
+    compiled code runs (functional collectives) is counted at the dispatcher, once per run, and
+    tracing (fake tensors) counts nothing."""
     import torch._dynamo
 
     def step(x):
@@ -164,7 +166,32 @@ def test_torch_compile_traces_through_the_hook(hook, world):
     finally:
         torch._dynamo.reset()
     assert torch.equal(step(torch.ones(2)), torch.full((2,), 3.0))
-    assert _counts(hook) == {("allreduce", "0", 8): (1, 0)}  # the eager call only
+    assert _counts(hook) == {("allreduce", "0", 16): (1, 0), ("allreduce", "0", 28): (1, 0),
+                             ("allreduce", "0", 8): (1, 0)}
+
+
+def test_collectives_issued_outside_pythons_functions_are_counted_once(hook, world):
+    """DDP's buckets (its C++ reducer), the functional collectives of DeviceMesh and DTensor,
+    and a call under inference_mode (the dispatcher's autograd keys are off there: the Python
+    wrapper counts it): each collective once, whoever issued it."""
+    import torch.distributed._functional_collectives as funcol
+    from torch.nn.parallel import DistributedDataParallel
+
+    assert hook.dispatcher_counts
+    model = torch.nn.Linear(4, 2)  # 32 B of weight, 8 B of bias: one bucket of 40 B
+    ddp = DistributedDataParallel(model)
+    before = _counts(hook)
+    ddp(torch.ones(3, 4)).sum().backward()
+    after = _counts(hook)
+    assert after[("allreduce", "0", 40)][0] - before.get(("allreduce", "0", 40), (0, None))[0] == 1
+    funcol.wait_tensor(funcol.all_reduce(torch.ones(5), "sum", dist.group.WORLD))  # 20 B
+    funcol.wait_tensor(funcol.all_gather_tensor(torch.ones(3), 0, dist.group.WORLD))  # 12 B x 1 rank
+    with torch.inference_mode():
+        dist.all_reduce(torch.ones(7))  # 28 B
+    counts = _counts(hook)
+    assert counts[("allreduce", "0", 20)][0] == 1
+    assert counts[("allgather", "0", 12)][0] == 1
+    assert counts[("allreduce", "0", 28)][0] == 1
 
 
 def test_uninstall_restores_torch_exactly(world, config_file):
@@ -176,9 +203,11 @@ def test_uninstall_restores_torch_exactly(world, config_file):
     runtime.install(config_file, stream=io.StringIO())
     assert dist.all_reduce is not before["all_reduce"]
     assert c10d.isend is dist.isend is not isend
+    assert "Autograd[alias]: registered at" in torch._C._dispatch_dump("c10d::allreduce_")  # the counting kernel
     runtime.uninstall()
     assert {s.function: getattr(dist, s.function, None) for s in SPECS} == before
     assert c10d._new_process_group_helper is helper and c10d.isend is isend
+    assert not [op.name for op in C10D_OPS if "c10d_observer" in torch._C._dispatch_dump(op.qualified)]
 
 
 def test_an_internal_failure_disables_the_hook_with_one_warning_and_the_call_proceeds(world):

@@ -12,6 +12,7 @@ from conftest import run_cli, trace_dir
 from kineto_builder import TraceBuilder
 
 from costmodel.cluster import load_cluster
+from costmodel.replay.trace_evaluator import ReplayEvaluator
 from costmodel.sim.simulator import Simulator
 from lagom import tuning
 from lagom.tuned_config import load_tuned_config
@@ -142,7 +143,7 @@ def test_varying_sizes_get_power_of_two_ranges_and_unknown_sizes_no_entry():
     ids = {i for group in space.collective_ids.values() for i in group}
     assert {c.op_id for c in w.collectives if c.message_bytes is None}.isdisjoint(ids)
     plan = space.plan(space.minimum_point())  # a plan that sets every signature
-    timing = Simulator(cluster, noise=0.0).evaluate(w, plan)
+    timing = ReplayEvaluator(Simulator(cluster, noise=0.0), cluster.gpus_per_node).evaluate(w, plan)
     outcome = tuning.TuneOutcome(space, TuningResult("test", plan, timing, 1), timing, None)
     config = tuning.tuned_config(outcome, cluster, "a100-nvswitch", str(W16), min_gain=0.0)
     assert not any(e.match.collective is CollectiveType.SENDRECV or e.match.max_bytes == 0
@@ -331,7 +332,7 @@ def test_the_replay_keeps_other_kernels_at_their_measured_time(tmp_path, evaluat
     measured 30 us, and still count as communication."""
     (w,) = read_trace(_symmetric_memory_trace(tmp_path / "b200.json"))
     cluster = load_cluster("h100-nvswitch")
-    ev = tuning.make_evaluator(evaluator, cluster)
+    ev = tuning.make_evaluator(evaluator, cluster, workload=w)
     as_traced = ev.evaluate(w, Plan())
     lean = ev.evaluate(w, Plan(default=CommConfig(channels=2)))
     multimem = [c for c in w.collectives if not c.nccl_tunable]

@@ -16,13 +16,15 @@ from conftest import all_test_traces, trace_path
 from costmodel.analytic.evaluator import AnalyticEvaluator
 from costmodel.cluster import load_cluster
 from costmodel.evaluator import DurationScale
+from costmodel.replay.trace_evaluator import ReplayEvaluator
 from nccl_env.errors import LagomError
 from nccl_env.plan import Plan
 from traces.kineto import read_trace
 from traces.workload import Workload
 
 EPS_US = 1e-6
-_EVALUATOR = AnalyticEvaluator(load_cluster("a100-nvswitch"))  # the ratios play no part: Plan() throughout
+# the ratios play no part: Plan() throughout
+_EVALUATOR = ReplayEvaluator(AnalyticEvaluator(load_cluster("a100-nvswitch")), 8)
 
 
 @functools.cache

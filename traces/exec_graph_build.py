@@ -160,26 +160,62 @@ def build_exec_graph(
     return graph
 
 
-def build_cpu_graph(collectives: list[tuple[CollectiveOp, tuple]], step_marks: list[StepMark],
+def build_cpu_graph(collectives: list[tuple[CollectiveOp, tuple, tuple | None]], step_marks: list[StepMark],
                     thread_events: dict[tuple, ThreadEvents] | None, origin: float) -> ExecGraph:
     """The graph of a trace whose collectives all ran on the CPU (a gloo job: no GPU op at all).
     Each collective is its thread's blocking call: an op launched at the call with no latency,
     and a wait of the thread that ends when the op does, so the thread's later calls move with
-    the collective's time. Steps and hand-overs as for any trace."""
+    the collective's time. A collective a caller handed over to a backend's worker thread
+    (``c10d::allreduce_`` -> ``gloo:all_reduce``: its third item, (caller's thread, call time))
+    is launched by that call instead, with the measured delay to its start, and where the
+    caller's thread had nothing of its own running when it ended, the caller's next event
+    waited for it (``work.wait()``; of several ending in one such gap, the last). Steps and
+    hand-overs as for any trace."""
     graph = ExecGraph()
     thread_of = _ThreadIndex(graph)
 
     calls: dict[int, tuple[float, float, tuple]] = {}
-    for op, key in collectives:
+    handed: dict[tuple, list[tuple[CollectiveOp, float]]] = {}
+    for op, key, issuer in collectives:
         t = thread_of(key)
-        graph.launches[op.op_id] = Launch(t, op.start_us, 0.0)
+        if issuer is None:
+            graph.launches[op.op_id] = Launch(t, op.start_us, 0.0)
+        else:
+            call_us = min(issuer[1] - origin, op.start_us)
+            graph.launches[op.op_id] = Launch(thread_of(issuer[0]), call_us, op.start_us - call_us)
+            handed.setdefault(issuer[0], []).append((op, call_us))
         graph.syncs.append(HostSync(t, op.start_us, op.end_us, (op.op_id,), "cpu collective", 0.0, 0.0))
         calls[op.op_id] = (op.start_us + origin, op.end_us + origin, key)
+    for caller, ops in handed.items():
+        events = thread_events.get(caller) if thread_events else None
+        if events is not None:
+            graph.syncs += _caller_waits(thread_of(caller), ops, events, origin)
     graph.syncs.sort(key=lambda s: (s.start_us, s.thread))
     graph.steps = _steps(step_marks, thread_of, origin)
     if thread_events:
         graph.hand_overs = _hand_overs(thread_events, step_marks, calls, thread_of, origin)
     return graph
+
+
+def _caller_waits(thread: int, ops: list[tuple[CollectiveOp, float]], events: ThreadEvents,
+                  origin: float) -> list[HostSync]:
+    """The caller's waits for collectives it handed over (each with its hand-over call's time):
+    a collective ended while the caller had nothing of its own running (no event begun after
+    the hand-over was open; the step's annotation, begun before, is not work), so the caller's
+    next event waited for it, from the end of its last event before. Of several collectives
+    ending in one such gap, the one that ended last."""
+    starts = [a - origin for a in events.starts]
+    ends = [b - origin for b in events.ends]
+    last_in_gap: dict[int, tuple[CollectiveOp, float]] = {}
+    for op, call_us in ops:
+        lo, hi = bisect_right(starts, call_us), bisect_right(starts, op.end_us)
+        if hi == len(starts) or any(ends[k] > op.end_us for k in range(lo, hi)):
+            continue  # the caller never went on after it, or was busy when it ended
+        idle_from = max((ends[k] for k in range(lo, hi)), default=call_us)
+        if hi not in last_in_gap or op.end_us > last_in_gap[hi][0].end_us:
+            last_in_gap[hi] = (op, idle_from)
+    return [HostSync(thread, idle_from, starts[i], (op.op_id,), "c10d work wait", 0.0, starts[i] - op.end_us)
+            for i, (op, idle_from) in sorted(last_in_gap.items())]
 
 
 def _main_thread(thread_events: dict[tuple, ThreadEvents], step_marks: list[StepMark],

@@ -63,11 +63,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from nccl_env.errors import LagomError
+from nccl_env.files import PathKind, check_path_kind
 from nccl_env.knobs import CollectiveType, CommPath
 from traces.comm_names import collective_from_kernel_name, is_nccl_kernel, is_symmetric_kernel
 from traces.exec_graph_build import build_cpu_graph, build_exec_graph
 from traces.gc_pause import no_cyclic_gc
-from traces.kineto_comm import CommInfo, collective_from_call, parse_ranks
+from traces.kineto_comm import (
+    CommInfo,
+    CpuCollectiveCall,
+    collective_from_call,
+    cpu_call_nest,
+    issuing_calls,
+    parse_ranks,
+)
 from traces.kineto_events import (
     CommCall,
     EventReader,
@@ -119,11 +127,15 @@ def trace_files(path: str | Path) -> list[Path]:
     if not str(path).strip():
         raise LagomError("an empty path: give a trace file or a folder of trace files")
     path = Path(path)
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and is_trace_name(p.name))
+    kind = check_path_kind(path, str(path), folder=True)
+    if kind is PathKind.FOLDER:
+        named = sorted(p for p in path.iterdir() if is_trace_name(p.name))
+        for member in named:  # a trace's name on a FIFO, a device or a link loop: refused, never opened
+            check_path_kind(member, str(member), folder=True)
+        files = [p for p in named if p.is_file()]
         if not files:
             raise LagomError(f"{path}: directory holds no .json or .json.gz trace files")
-    elif path.exists():
+    elif kind is PathKind.FILE:
         files = [path]
     else:
         raise LagomError(f"{path}: no such file or directory")
@@ -181,6 +193,7 @@ class _ParsedTrace:
     sync_events: list[SyncEvent] = field(default_factory=list)
     step_marks: list[StepMark] = field(default_factory=list)
     thread_events: dict[tuple, ThreadEvents] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # events dropped for their times (one line)
 
     def header(self) -> TraceHeader:
         return TraceHeader(self.path, self.rank, self.world_size, self.device_name, self.nccl_version,
@@ -213,9 +226,28 @@ def _parse_file(path: Path) -> _ParsedTrace:
     parsed.sync_events = events.sync_events
     parsed.step_marks = events.step_marks
     parsed.thread_events = events.thread_events()
+    parsed.warnings = _dropped_events(path, events.bad_events, events.timed_events(), events.first_bad)
     if not parsed.gpu_ops and not any(collective_from_call(c) for c in parsed.comm_calls):
         raise LagomError(f"{path}: trace has neither GPU kernels nor collectives (nothing to analyse)")
     return parsed
+
+
+# A trace where more than 1 in 100 timed events has a time that cannot be (no ts, a negative duration)
+# has a broken clock or writer: refused. Fewer are dropped with one warning line (a judgment: no real
+# trace among the shared and test ones has any).
+MAX_BAD_EVENT_FRACTION = 0.01
+
+
+def _dropped_events(path: Path, bad: int, kept: int, first: str | None) -> list[str]:
+    """The warning for events dropped for their times, or LagomError when they are the bulk."""
+    if not bad:
+        return []
+    total = bad + kept
+    if bad > MAX_BAD_EVENT_FRACTION * total:
+        raise LagomError(f"{path}: {bad:,} of {total:,} timed events have a time that cannot be (no ts or a "
+                         f"negative duration), first {first}; more than {MAX_BAD_EVENT_FRACTION:.0%}: not read")
+    return [f"{path}: dropped {bad:,} of {total:,} timed events whose time cannot be (no ts or a negative "
+            f"duration), first {first}"]
 
 
 def _show(value: object) -> str:
@@ -360,7 +392,7 @@ class _WorkloadBuilder:
             graph = build_exec_graph(made, p.launch_calls, p.host_calls, p.sync_events, p.step_marks, deps, o,
                                      p.thread_events)
         elif cpu_threads:  # a gloo job: its collectives are the CPU's own blocking calls
-            graph = build_cpu_graph([(c, cpu_threads[id(c)]) for c in colls if id(c) in cpu_threads],
+            graph = build_cpu_graph([(c, *cpu_threads[id(c)]) for c in colls if id(c) in cpu_threads],
                                     p.step_marks, p.thread_events, o)
         return Workload(
             rank=p.rank if p.rank is not None else 0,
@@ -381,6 +413,7 @@ class _WorkloadBuilder:
             world_size_known=self.world_size_known,
             exec_graph=graph,
             recorded_steps=p.recorded_steps,
+            input_warnings=list(p.warnings),
         )
 
     def _comm_info(self, g: GpuOp) -> CommInfo:
@@ -457,11 +490,12 @@ class _WorkloadBuilder:
 
     def _cpu_collectives(self) -> tuple[list[CollectiveOp], list[Stream], dict[int, tuple]]:
         """Collectives seen only as CPU comm calls: outermost call per nest, one pseudo-stream per thread;
-        and each one's thread (by ``id`` of the op)."""
+        and each one's thread and the caller's (thread, call time) that handed it over, if any (by ``id`` of
+        the op). A caller's hand-over call (``c10d::allreduce_``)
+        whose work a backend's span on another thread shows (``gloo:all_reduce``) is that one
+        collective, counted once, at the backend's span (traces.kineto_comm.issuing_calls)."""
         o = self.origin
-        ops: list[CollectiveOp] = []
-        op_threads: dict[int, tuple] = {}
-        thread_stream: dict[tuple, int] = {}
+        nests: list[CpuCollectiveCall] = []
         seen: set[tuple] = set()
         for thread, calls in self.calls_by_thread.items():
             i = 0
@@ -477,14 +511,24 @@ class _WorkloadBuilder:
                 if key in seen:
                     continue
                 seen.add(key)
-                info = CommInfo()
-                for call in members:
-                    info.absorb_call(call)
-                if info.collective is None:
-                    continue  # a wait or an unknown call
-                stream = thread_stream.setdefault(thread, -(len(thread_stream) + 1))
-                ops.append(self._collective(info, outer.name, stream, outer.ts - o, outer.end - outer.ts, False, None))
-                op_threads[id(ops[-1])] = thread
+                nest = cpu_call_nest(outer, members)
+                if nest.info.collective is not None:  # else a wait or an unknown call
+                    nests.append(nest)
+        handed = issuing_calls(nests)
+        for i, j in handed.items():  # the hand-over's metadata (group, size) completes the backend's
+            nests[j].info.absorb_call(nests[i].outer)
+        issuer = {j: (nests[i].outer.thread, nests[i].outer.ts) for i, j in handed.items()}
+        ops: list[CollectiveOp] = []
+        op_threads: dict[int, tuple] = {}
+        thread_stream: dict[tuple, int] = {}
+        for i, nest in enumerate(nests):
+            if i in handed:
+                continue
+            outer, thread = nest.outer, nest.outer.thread
+            stream = thread_stream.setdefault(thread, -(len(thread_stream) + 1))
+            ops.append(self._collective(nest.info, outer.name, stream, outer.ts - o, outer.end - outer.ts, False,
+                                        None))
+            op_threads[id(ops[-1])] = (thread, issuer.get(i))
         streams = [
             Stream(sid, StreamKind.COMMUNICATION, f"cpu thread {thread[1]}") for thread, sid in thread_stream.items()
         ]

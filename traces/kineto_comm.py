@@ -8,6 +8,7 @@ names and tensor shapes of the CPU comm calls around the launch. See :mod:`trace
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from nccl_env.knobs import CollectiveType
@@ -97,3 +98,66 @@ def collective_from_call(call: CommCall) -> CollectiveType | None:
     info = CommInfo()
     info.absorb_call(call)
     return info.collective
+
+
+# The backends' own spans of a collective's work ("gloo:all_reduce" on gloo's worker thread);
+# "c10d::allreduce_" is the caller's call that hands the work over (comm_names.COMM_CALL_PREFIXES).
+BACKEND_CALL_PREFIXES = ("gloo:", "mpi:", "ucc:", "nccl:")
+# how many backend spans after a hand-over may be looked at for its own (the workers run a
+# bounded queue in order, so its span is among the next few; bounded, pairing stays linear)
+_PAIR_WINDOW = 64
+
+
+@dataclass
+class CpuCollectiveCall:
+    """One nest of CPU comm calls on one thread (the outermost call and what it encloses)."""
+
+    outer: CommCall
+    info: CommInfo
+    backend: bool  # a backend's own span of the work, not the caller's hand-over
+
+
+def cpu_call_nest(outer: CommCall, members: list[CommCall]) -> CpuCollectiveCall:
+    info = CommInfo()
+    for call in members:
+        info.absorb_call(call)
+    return CpuCollectiveCall(outer, info, any(c.name.startswith(BACKEND_CALL_PREFIXES) for c in members))
+
+
+def issuing_calls(nests: list[CpuCollectiveCall]) -> dict[int, int]:
+    """The caller's hand-over calls that a backend's span on another thread ran: index of the
+    hand-over -> index of the backend span it handed over.
+
+    A gloo collective appears twice in a trace: ``c10d::allreduce_`` on the calling thread
+    (it queues the work and returns) and ``gloo:all_reduce`` on one of gloo's worker threads
+    (the work itself). Counting both counts the collective twice. Each hand-over pairs with
+    the first backend span on another thread that starts at or after it and is not yet
+    paired, of the same collective (and the same size where both record one): gloo's workers
+    take the queue in order."""
+    spans: dict[CollectiveType | None, list[int]] = {}
+    for i in sorted((i for i, n in enumerate(nests) if n.backend), key=lambda i: nests[i].outer.ts):
+        spans.setdefault(nests[i].info.collective, []).append(i)
+    starts = {kind: [nests[i].outer.ts for i in idx] for kind, idx in spans.items()}
+    taken: set[int] = set()
+    first_free = dict.fromkeys(spans, 0)  # per collective: spans before this one are all taken
+    out: dict[int, int] = {}
+    for i in sorted((i for i, n in enumerate(nests) if not n.backend), key=lambda i: nests[i].outer.ts):
+        call = nests[i]
+        kind = call.info.collective
+        candidates = spans.get(kind, [])
+        if not candidates:
+            continue
+        while first_free[kind] < len(candidates) and candidates[first_free[kind]] in taken:
+            first_free[kind] += 1
+        k = max(bisect_left(starts[kind], call.outer.ts), first_free[kind])
+        for j in candidates[k:k + _PAIR_WINDOW]:
+            span = nests[j]
+            if j in taken or span.outer.thread == call.outer.thread:
+                continue
+            a, b = span.info.message_bytes, call.info.message_bytes
+            if a is not None and b is not None and a != b:
+                continue
+            taken.add(j)
+            out[i] = j
+            break
+    return out

@@ -151,6 +151,27 @@ class EventReader:
         self._cpu_end = array("d")
         self._cpu_thread = array("l")
         self._cpu_kind = array("b")
+        # Events of a kind the reader keeps whose time cannot be (no ts, a negative duration): dropped,
+        # counted; the first is described (traces.kineto refuses a trace where they are many).
+        self.bad_events = 0
+        self.first_bad: str | None = None
+        self._fed = 0  # events fed before this chunk: the first bad one's index in traceEvents
+
+    def timed_events(self) -> int:
+        """Events kept with their times (GPU ops, CPU and runtime calls)."""
+        return len(self.gpu_ops) + len(self._cpu_ts)
+
+    def _bad(self, events: list, e: dict) -> None:
+        cat = e.get("cat")
+        if type(cat) is not str or cat == "Trace" or CATEGORY.get(cat, CATEGORY.get(cat.lower(), -1)) == -1:
+            return  # a kind the reader does not use: nothing of it is lost
+        self.bad_events += 1
+        if self.first_bad is None:
+            index = self._fed + next(i for i, x in enumerate(events) if x is e)
+            name = str(e.get("name"))
+            name = name if len(name) <= 48 else name[:45] + "..."
+            times = " ".join(f"{k}={e[k]!r}" if k in e else f"no {k}" for k in ("ts", "dur"))
+            self.first_bad = f"traceEvents[{index:,}] {cat} {name!r} {times}"
 
     def feed(self, events: list) -> None:
         category = CATEGORY
@@ -169,6 +190,7 @@ class EventReader:
                 continue
             ts = e.get("ts")
             if not (type(ts) is int or type(ts) is float) or not (type(dur) is int or type(dur) is float) or dur < 0:
+                self._bad(events, e)
                 continue
             cat = e.get("cat")
             name = e.get("name")
@@ -255,6 +277,7 @@ class EventReader:
                     self.stream_waits.append((stream, wait_on, record_corr, corr))
                 self.sync_events.append(SyncEvent(name, corr, stream))
         self.min_ts = min_ts
+        self._fed += len(events)
 
     def launches(self) -> tuple[dict[int, float], dict[int, tuple[float, float, tuple]]]:
         """(correlation -> earliest launch time) for every GPU op, and (correlation -> (start,

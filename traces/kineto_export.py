@@ -47,9 +47,10 @@ def _is_gpu_op(event: dict) -> bool:
     return type(event.get("name")) is str and isinstance(args, dict) and to_int(args.get("stream")) is not None
 
 
-def write_moved_trace(workload: Workload, moved: MovedOps, out: Path, stamp: dict) -> int:
-    """Write ``workload``'s trace file moved to ``moved`` to ``out`` (.json or .json.gz), ``stamp``'s
-    entries added to its top-level object; returns the number of GPU ops written."""
+def moved_trace(workload: Workload, moved: MovedOps, gzipped: bool, stamp: dict) -> tuple[bytes, int]:
+    """``workload``'s trace file with every event moved to ``moved`` and ``stamp``'s entries added to
+    its top-level object, as the bytes of a .json (or, ``gzipped``, a .json.gz) file, and the number
+    of GPU ops moved; the caller writes them (lagom.output_paths.write_output, atomically)."""
     assert workload.exec_graph is not None
     source = Path(workload.source)
     try:
@@ -66,15 +67,22 @@ def write_moved_trace(workload: Workload, moved: MovedOps, out: Path, stamp: dic
     matched, offset = _op_events(source, ops, events)
     by_corr: dict[int, float] = {}  # correlation -> predicted kernel start (trace time)
     spans: dict[int, list[tuple[float, float, float]]] = {}  # stream -> (old start, old end, shift), trace time
+    # a CPU collective's own call (a gloo job): what it encloses on its thread is stretched with it
+    held: dict[tuple, list[tuple[float, float, float, float]]] = {}  # thread -> (old start, old end, new start, x)
     for op, e in zip(ops, matched):
         new_ts = moved.starts[op.op_id] - offset
         spans.setdefault(op.stream, []).append((e["ts"], e["ts"] + e["dur"], new_ts - e["ts"]))
+        if isinstance(op, CollectiveOp) and not op.on_gpu and e["dur"] > 0:
+            held.setdefault(thread_key(e), []).append(
+                (e["ts"], e["ts"] + e["dur"], new_ts, (moved.ends[op.op_id] - moved.starts[op.op_id]) / e["dur"]))
         e["ts"], e["dur"] = new_ts, moved.ends[op.op_id] - moved.starts[op.op_id]
         corr = to_int((e.get("args") or {}).get("correlation"))
         if corr is not None:
             by_corr[corr] = new_ts
     for stream_spans in spans.values():
         stream_spans.sort()
+    for thread_spans in held.values():
+        thread_spans.sort()
     thread_index = {name: i for i, name in enumerate(workload.exec_graph.cpu_threads)}
     gpu_ids = {id(e) for e in matched}
     for e in events:
@@ -88,23 +96,22 @@ def write_moved_trace(workload: Workload, moved: MovedOps, out: Path, stamp: dic
         else:
             key = thread_key(e)
             index = thread_index.get(f"{key[0]}/{key[1]}")
-            if index is not None:
+            inside = _enclosing(held.get(key, []), e)
+            if inside is not None:  # inside a CPU collective's call: stretched with the call
+                a, _, new_start, x = inside
+                e["ts"] = new_start + (e["ts"] - a) * x
+                if isinstance(e.get("dur"), (int, float)):
+                    e["dur"] = e["dur"] * x
+            elif index is not None:  # both ends move with the thread, so a span keeps what it held
                 t = e["ts"] + offset
-                e["ts"] += moved.cpu_us(index, t) - t
+                start = moved.cpu_us(index, t)
+                dur = e.get("dur")
+                if isinstance(dur, (int, float)) and dur > 0:
+                    e["dur"] = max(0.0, moved.cpu_us(index, t + dur) - start)
+                e["ts"] += start - t
     doc.update(stamp)
     data = orjson.dumps(doc)
-    tmp = out.with_name(out.name + ".tmp")
-    try:
-        if out.name.endswith(".gz"):
-            with gzip.open(tmp, "wb", compresslevel=6) as f:
-                f.write(data)
-        else:
-            tmp.write_bytes(data)
-        tmp.replace(out)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise LagomError(f"--export-trace {out}: cannot write: {exc.strerror or exc}") from None
-    return len(matched)
+    return (gzip.compress(data, compresslevel=6) if gzipped else data), len(matched)
 def _op_events(source: Path, ops: list[Op], events: list) -> tuple[list[dict], float]:
     """Each replayed op's event, in the ops' order, and the offset from trace time to workload
     time. GPU ops are the kernels, copies and sets; a trace with none (a gloo job) replays its
@@ -144,3 +151,14 @@ def _annotation_shift(stream_spans: list[tuple[float, float, float]], event: dic
         if overlap > best:
             best, shift = overlap, s
     return shift
+
+
+def _enclosing(spans: list[tuple[float, float, float, float]], event: dict) -> tuple | None:
+    """The span that holds the event whole, or None; ``spans`` (a thread's outermost collective
+    calls) are sorted by start and do not overlap."""
+    if not spans:
+        return None
+    start = event["ts"]
+    end = start + (event.get("dur") if isinstance(event.get("dur"), (int, float)) else 0)
+    i = bisect_right(spans, (start, float("inf"), 0.0, 0.0)) - 1
+    return spans[i] if i >= 0 and end <= spans[i][1] else None

@@ -10,15 +10,14 @@ followed by ``,`` or ``]``; the piece up to it is accepted only if ``[piece]`` p
 Because every piece starts at an element of the events array, a piece that parses is
 a whole number of elements (a cut inside a string or a nested object cannot parse).
 Anything unexpected (non-object elements, a ``"traceEvents"`` key that is not the
-top-level one, malformed JSON) falls back to parsing the whole file, which also gives
-the precise error for malformed input.
+top-level one, malformed JSON such as a ``NaN`` duration, which no JSON parser here takes,
+or :data:`MAX_CUT_TRIES` failed cuts in a row) falls back to parsing the whole file, which
+also gives the precise error for malformed input.
 """
 
 from __future__ import annotations
 
-import gzip
 import re
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -26,31 +25,35 @@ from typing import Protocol, TypeVar
 import orjson
 
 from nccl_env.errors import LagomError
+from nccl_env.files import PathKind, path_kind, read_bounded
+from traces import limits
 
 CHUNK_BYTES = 4 << 20
+# Candidate cuts tried per chunk before the chunked path gives up for a whole-file parse: a cut inside an
+# element fails for a few candidates; a piece holding what is not JSON (NaN) fails for every one, and each
+# try parses megabytes (a trace with one NaN took minutes).
+MAX_CUT_TRIES = 64
 _BOUNDARY = re.compile(rb"\}\s*,")
 _KEY = re.compile(rb'"traceEvents"\s*:\s*\[\s*')
 _SPACE = re.compile(rb"\s*")
 
 
 def read_bytes(path: Path) -> bytes:
-    """The file's bytes, gunzipped when they are gzip (detected by content)."""
+    """The file's bytes, gunzipped when they are gzip (detected by content): a regular file only
+    (a device, a FIFO, a socket, a link loop: LagomError before it is opened), read no further than
+    :func:`traces.limits.trace_json_limit_bytes` (a gzip stream's bytes counted as they come)."""
+    if path.is_dir():
+        raise LagomError(f"{path}: is a directory, expected a trace file")
+    if path_kind_missing(path):
+        raise LagomError(f"{path}: no such file or directory")
+    return read_bounded(path, limits.trace_json_limit_bytes(), str(path), "a trace")
+
+
+def path_kind_missing(path: Path) -> bool:
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise LagomError(f"{path}: no such file or directory") from None
-    except IsADirectoryError:
-        raise LagomError(f"{path}: is a directory, expected a trace file") from None
-    except OSError as exc:
-        raise LagomError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except EOFError:
-            raise LagomError(f"{path}: truncated gzip file (compressed stream ended early)") from None
-        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
-            raise LagomError(f"{path}: corrupt gzip file: {exc}") from None
-    return raw
+        return path_kind(path) is PathKind.MISSING
+    except OSError:
+        return False  # the read says why
 
 
 class EventSink(Protocol):
@@ -82,12 +85,27 @@ def _parse_whole(path: Path, raw: bytes) -> dict:
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise LagomError(f"{path}: not valid JSON ({exc})") from None
+        raise LagomError(f"{path}: not valid JSON ({exc}){_non_number(raw, exc.pos)}") from None
     if isinstance(doc, list):  # Chrome trace "JSON array" format
         doc = {"traceEvents": doc}
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise LagomError(f"{path}: not a PyTorch profiler trace (no 'traceEvents' list)")
     return doc
+
+
+_NON_NUMBER = re.compile(rb"-?(NaN|Infinity)")
+
+
+def _non_number(raw: bytes, pos: int) -> str:
+    """Where the parser stopped at a NaN or an infinity (Python's json writes them; JSON has neither):
+    ", a NaN in the event that starts ..." naming the event around it; else ""."""
+    m = _NON_NUMBER.match(raw, pos)
+    if m is None:
+        return ""
+    start = raw.rfind(b"{", max(0, pos - 4096), pos)
+    event = raw[start:pos].decode(errors="replace") if start >= 0 else ""
+    event = event if len(event) <= 160 else event[:157] + "..."
+    return f": a {m.group(1).decode()} time or value, in the event {event}{m.group(0).decode()}"
 
 
 def _feed_chunks(raw: bytes, sink: EventSink) -> dict | None:
@@ -105,11 +123,15 @@ def _feed_chunks(raw: bytes, sink: EventSink) -> dict | None:
         chunk = None
         if array_end - pos > CHUNK_BYTES:
             m = _BOUNDARY.search(raw, pos + CHUNK_BYTES, array_end)
+            tries = 0
             while m is not None:
                 chunk = _elements(raw, pos, m.start() + 1)
                 if chunk is not None:
                     end = m.start() + 1
                     break
+                tries += 1
+                if tries > MAX_CUT_TRIES:  # not a cut inside an element: the piece is not JSON (a NaN)
+                    return None
                 m = _BOUNDARY.search(raw, m.end(), array_end)
         if chunk is None:
             end = array_end

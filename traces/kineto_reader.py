@@ -14,7 +14,7 @@ from pathlib import Path
 from traces.kineto import is_trace_name, parse_trace_file
 from traces.kineto import read_trace as read_kineto
 from traces.kineto import trace_files as kineto_files
-from traces.kineto_export import write_moved_trace
+from traces.kineto_export import moved_trace
 from traces.reader import MovedOps, ReadTrace, ScannedTrace
 from traces.workload import Workload
 
@@ -39,8 +39,8 @@ class KinetoReader:
         files = kineto_files(path)
         return ReadTrace(read_kineto(path), tuple(files), self.name)
 
-    def write_moved(self, workload: Workload, moved: MovedOps, out: Path, stamp: dict) -> int:
-        return write_moved_trace(workload, moved, out, stamp)
+    def moved_trace(self, workload: Workload, moved: MovedOps, gzipped: bool, stamp: dict) -> tuple[bytes, int]:
+        return moved_trace(workload, moved, gzipped, stamp)
 
 
 KINETO = KinetoReader()

@@ -6,7 +6,8 @@ checked where the input is read (``traces.generate`` for specs, ``traces.workloa
 for workload files, ``costmodel.cluster`` for cluster files) before any list, op or
 group is made from it; beyond a bound the input is refused in one line (LagomError).
 A trace file is checked against the memory at hand before it is read
-(:func:`check_fits_memory`).
+(:func:`check_fits_memory`), and read no further than :func:`trace_json_limit_bytes`
+(a gzip stream's bytes counted as they are decompressed: its trailer may lie).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ WORKLOAD_MEMORY_PER_JSON_BYTE = 16.0
 # Profiler JSON compresses 13-23x with gzip (the shared traces); 5x is a floor no real trace goes under,
 # used to tell a gzip trailer's size modulo 2^32 apart from the true size of a trace over 4 GiB.
 GZIP_RATIO_FLOOR = 5
+# The most JSON one trace or workload file is read to, whatever the memory at hand: 16x the largest
+# shared trace (a100_w16_sendrecv_3streams_rank0, 25.8 MB of JSON) would still be far under it.
+MAX_TRACE_JSON_BYTES = 64 << 30
 # deflate's largest ratio is 1032:1 (zlib FAQ): a gzip file under 4 GiB / 1032 holds less than 4 GiB.
 DEFLATE_MAX_RATIO = 1032
 
@@ -55,11 +59,23 @@ def check_bound(what: str, value: int, bound: int, where: str) -> None:
         raise LagomError(f"{where}: {what}={value:,} is over Lagom's bound of {bound:,}")
 
 
+def trace_json_limit_bytes(per_json_byte: float = TRACE_MEMORY_PER_JSON_BYTE) -> int:
+    """How many bytes of JSON one file is read to (decompressed, for gzip): :data:`MAX_TRACE_JSON_BYTES`,
+    lowered to what the memory at hand can parse at ``per_json_byte``."""
+    free = available_memory_bytes()
+    limit = MAX_TRACE_JSON_BYTES
+    if free is not None:
+        limit = min(limit, int(free / per_json_byte))
+    return limit
+
+
 def json_bytes(path: Path) -> int:
     """The bytes of JSON in a trace or workload file: its size, or for gzip the size the trailer
     records (modulo 2^32), raised by 4 GiB steps to at least :data:`GZIP_RATIO_FLOOR` x the file
     where the file is large enough for the trailer to have wrapped."""
     size = path.stat().st_size
+    if not path.is_file():  # a FIFO or a device: never opened here (the reader refuses it)
+        return size
     try:
         with path.open("rb") as fh:
             if fh.read(2) != b"\x1f\x8b" or size < 18:

@@ -9,7 +9,7 @@ profiler steps, ``lagom record``'s step times), reads it in the two rounds
 ``lagom.rank_pool`` spreads over workers (:meth:`TraceReader.files`,
 :meth:`TraceReader.scan`, then :func:`job_layout` over the headers and
 :meth:`ScannedTrace.build_rank`), and writes a replay's prediction back in its own format
-(:meth:`TraceReader.write_moved`, ``--export-trace``).
+(:meth:`TraceReader.moved_trace`, ``--export-trace``).
 
 :func:`reader_for` picks the reader of a path: the first of :func:`readers` that claims it,
 else Kineto, the fallback, whose one-line errors then say what is wrong with the path (a
@@ -111,10 +111,10 @@ class TraceReader(Protocol):
         """Every rank of ``path``, each collective's wait for its peers found across the ranks."""
         ...
 
-    def write_moved(self, workload: Workload, moved: MovedOps, out: Path, stamp: dict) -> int:
+    def moved_trace(self, workload: Workload, moved: MovedOps, gzipped: bool, stamp: dict) -> tuple[bytes, int]:
         """``workload``'s own file rewritten with every event where ``moved`` puts it and ``stamp``'s
-        entries (what was predicted, by whom) added to its metadata, written to ``out``; the number
-        of GPU ops written."""
+        entries (what was predicted, by whom) added to its metadata, as a file's bytes (gzip
+        compressed when ``gzipped``), and the number of GPU ops moved; the caller writes them."""
         ...
 
 

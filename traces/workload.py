@@ -192,6 +192,7 @@ class Workload:
     world_size_known: bool = True  # False: the trace records no world size; world_size counts the ranks read
     exec_graph: ExecGraph | None = None  # traces only: what a replay schedules (traces.exec_graph)
     recorded_steps: RecordedSteps | None = None  # traces from `lagom record` only (not in the workload JSON)
+    input_warnings: list[str] = field(default_factory=list)  # what the reader dropped, one line each (not saved)
 
     # ---- lookups -----------------------------------------------------------------
     def op(self, op_id: int) -> Op:

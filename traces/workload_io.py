@@ -9,6 +9,7 @@ from pathlib import Path
 import orjson
 
 from nccl_env.errors import LagomError
+from nccl_env.files import open_regular, read_bounded
 from traces.limits import (
     MAX_GPUS_PER_NODE,
     MAX_GRID_AXIS,
@@ -18,6 +19,7 @@ from traces.limits import (
     MAX_RANKS,
     WORKLOAD_MEMORY_PER_JSON_BYTE,
     check_fits_memory,
+    trace_json_limit_bytes,
 )
 from traces.workload import Op, Workload
 
@@ -35,10 +37,9 @@ def is_workload_file(path: str | Path) -> bool:
     """True when the file's first bytes say it is a Lagom workload (cheap sniff)."""
     path = Path(path)
     try:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rb") as fh:
+        with open_regular(path) as raw, (gzip.open(raw, "rb") if path.suffix == ".gz" else raw) as fh:
             head = fh.read(4096)
-    except (OSError, EOFError):
+    except (OSError, EOFError, LagomError):  # not a regular file: the reader says what it is
         return False
     return b'"lagom.workload"' in head
 
@@ -47,9 +48,8 @@ def load_workload(path: str | Path) -> Workload:
     path = Path(path)
     try:
         check_fits_memory([path], path, WORKLOAD_MEMORY_PER_JSON_BYTE)
-        raw = path.read_bytes()
-        if path.suffix == ".gz":
-            raw = gzip.decompress(raw)
+        raw = read_bounded(path, trace_json_limit_bytes(WORKLOAD_MEMORY_PER_JSON_BYTE), str(path),
+                           "a workload file", gunzip=path.suffix == ".gz")
         workload = Workload.from_dict(orjson.loads(raw))
     except FileNotFoundError:
         raise LagomError(f"{path}: no such file") from None

@@ -11,13 +11,16 @@ Three closed-form pieces (docs/costmodel.md has the equations):
    blocks on the SMs they leave, the L2 they leave and the DRAM bandwidth they leave
    (the paper's Eq. 4-6, :mod:`costmodel.analytic.contention_model`), and each collective's
    time on the DRAM bandwidth and L2 the kernel leaves it;
-A workload read from a trace is replayed instead (:mod:`costmodel.replay.anchor`): its
-execution graph scheduled with the measured times, scaled by (1) and (2) as ratios.
 
 3. stream order and dependencies: an op starts when its stream's previous op and
    every op it depends on have finished; while the set of running ops stays the same
    every op progresses at the constant rate of (2), so the timeline jumps from one op
    end to the next. A change of settings shifts every later overlap (the cascade).
+
+A workload read from a trace is not timed here: it is replayed
+(:class:`costmodel.replay.trace_evaluator.ReplayEvaluator` over this evaluator), its execution
+graph scheduled with the measured times, scaled by (1) and (2) as ratios
+(:meth:`AnalyticEvaluator.collective_time_us`, :meth:`AnalyticEvaluator.slowdown_beside`).
 
 Parameters come from the cluster file's ``model:`` section (fitted by ``lagom
 calibrate``), else from the hardware numbers (:func:`costmodel.analytic.params.default_params`).
@@ -53,9 +56,9 @@ from costmodel.analytic.contention_model import (
 from costmodel.analytic.jump import JumpStatic, build_jump_static, jump_timeline
 from costmodel.analytic.params import params_for
 from costmodel.cluster import ClusterSpec
-from costmodel.evaluator import DurationScale, LazyOpValues, OpTiming, Timing, check_plan
+from costmodel.evaluator import DurationScale, LazyOpValues, OpTiming, Timing, check_generated, check_plan
 from costmodel.nccl_defaults import symmetric_kernel
-from costmodel.replay.anchor import check_scale, replay_timing
+from costmodel.replay.anchor import check_scale
 from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
@@ -156,16 +159,13 @@ class AnalyticEvaluator:
         self._statics: WorkloadCache[_Static] = WorkloadCache(self._build_static, _CACHE_WORKLOADS)
         self._est_cache: dict[tuple[Signature, CommConfig], CollectiveEstimate] = {}
         self._host_cache: dict[tuple, tuple[CollectiveEstimate, CollectiveEstimate]] = {}
-        self._replay_cache: dict = {}
 
     # ---- public ------------------------------------------------------------------------------
     def evaluate(self, workload: Workload, plan: Plan, scale: DurationScale | None = None) -> Timing:
-        """``scale``: for a trace, its measured collective/compute times scaled first (a what-if)."""
+        """A generated workload (a trace is replayed: costmodel.replay.trace_evaluator.ReplayEvaluator
+        over this evaluator); ``scale``, a what-if on a trace's measured times, is refused unless identity."""
         check_plan(plan)
-        if workload.exec_graph is not None:  # a trace: replay it, anchored at its measured times
-            timing = replay_timing(self, workload, plan, self.cluster.gpus_per_node, self._replay_cache, scale)
-            self.evaluations += 1
-            return timing
+        check_generated(workload)
         check_scale(workload, scale)
         st = self._statics.get(workload)
         self.evaluations += 1

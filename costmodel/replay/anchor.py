@@ -26,7 +26,11 @@ mechanism never replaces a measured time, it scales it:
   ran alone, the mechanism's slowdown over the overlapped part.
 
 The mechanism is anything with ``collective_time_us(signature, config)`` and
-``slowdown_beside(op, signature, config)`` (both evaluators have them).
+``slowdown_beside(op, signature, config)`` (:class:`~costmodel.replay.mechanism.ReplayMechanism`;
+both evaluators have them). :func:`build_anchor` is built once per trace and cluster node size
+(:class:`~costmodel.replay.data.ReplayData` holds it); :func:`durations_under` gives every op's
+duration under a plan from it, the mechanism and a bounded memo of its answers
+(:class:`ReplayMemo`).
 
 A :class:`DurationScale` asks a plain what-if first: every collective's measured time
 (wait and transfer) times ``comm``, every compute kernel's (not memcpy/memset) times
@@ -38,17 +42,18 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import Counter
-from dataclasses import dataclass, replace
-from typing import Protocol
+from dataclasses import dataclass, field, replace
 
-from costmodel.evaluator import DurationScale, Timing
-from costmodel.replay.schedule import ReplayStatic, replay, replay_static
-from costmodel.workload_cache import WorkloadCache
+import numpy as np
+
+from costmodel.evaluator import DurationScale
+from costmodel.replay.mechanism import ReplayMechanism
+from costmodel.replay.ratio_cache import LruCache
+from costmodel.replay.schedule import ReplayStatic
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig, CommPath
 from nccl_env.plan import Plan, Signature
 from traces.contention import measured_slowdowns
-from traces.gc_pause import no_cyclic_gc
 from traces.workload import CollectiveOp, ComputeOp, Op, Workload
 
 
@@ -60,12 +65,6 @@ def check_scale(workload: Workload, scale: DurationScale | None) -> None:
     if scale is not None and not (0 < scale.comm < 1e6 and 0 < scale.compute < 1e6 and 0 < scale.cpu < 1e6):
         raise LagomError(f"duration scale comm={scale.comm:g}, compute={scale.compute:g}, cpu={scale.cpu:g}: "
                          f"each factor must be > 0")
-
-
-class ReplayMechanism(Protocol):
-    def collective_time_us(self, signature: Signature, config: CommConfig) -> float: ...
-
-    def slowdown_beside(self, op: ComputeOp, signature: Signature, config: CommConfig) -> float: ...
 
 
 def recorded_configs(workload: Workload, gpus_per_node: int | None) -> dict[Signature, CommConfig]:
@@ -92,7 +91,9 @@ def recorded_configs(workload: Workload, gpus_per_node: int | None) -> dict[Sign
 
 
 @dataclass
-class _Anchor:
+class Anchor:
+    """One trace's measured times in replay order, and what the mechanism's ratios apply to."""
+
     durations: list[float]  # measured, in replay order
     coll_sig: list[int]  # op -> signature index (-1: not an on-GPU collective)
     wait: list[float]
@@ -100,9 +101,48 @@ class _Anchor:
     recorded: list[CommConfig]
     overlapped: list[tuple[int, int, float, ComputeOp]]  # (op index, signature index, fraction, op)
     measured_slowdown: list[float]  # op index -> the slowdown the trace measured for its shape (0: none)
+    # the same as arrays (durations_under's arithmetic, one operation over every op at once)
+    durations_arr: np.ndarray = field(init=False, repr=False)
+    wait_arr: np.ndarray = field(init=False, repr=False)
+    coll_k: np.ndarray = field(init=False, repr=False)  # on-GPU tunable collectives (op index)
+    coll_j: np.ndarray = field(init=False, repr=False)  # their signature index
+    over_k: np.ndarray = field(init=False, repr=False)  # overlapped compute kernels (op index)
+    over_j: np.ndarray = field(init=False, repr=False)  # the signature each overlapped most
+    over_f: np.ndarray = field(init=False, repr=False)  # the fraction it overlapped
+    over_pair: np.ndarray = field(init=False, repr=False)  # index into pairs
+    over_measured: np.ndarray = field(init=False, repr=False)  # its measured slowdown (0: none)
+    pairs: list[tuple[tuple, int, ComputeOp]] = field(init=False, repr=False)
+    # (kernel shape, signature index, the first op of that shape): one slowdown question each
+    sig_pairs: list[np.ndarray] = field(init=False, repr=False)  # signature index -> its pairs
+    token: object = field(init=False, repr=False, compare=False)  # names these pairs in a ReplayMemo
+
+    def __post_init__(self) -> None:
+        self.durations_arr = np.asarray(self.durations, dtype=np.float64)
+        self.wait_arr = np.asarray(self.wait, dtype=np.float64)
+        coll = np.asarray(self.coll_sig, dtype=np.int64)
+        self.coll_k = np.flatnonzero(coll >= 0)
+        self.coll_j = coll[self.coll_k]
+        pair_index: dict[tuple[tuple, int], int] = {}
+        self.pairs = []
+        over_pair = []
+        for _, j, _, op in self.overlapped:
+            key = ((op.name, op.grid, op.block, op.duration_us), j)
+            p = pair_index.get(key)
+            if p is None:
+                p = pair_index[key] = len(self.pairs)
+                self.pairs.append((key[0], j, op))
+            over_pair.append(p)
+        self.over_k = np.array([k for k, _, _, _ in self.overlapped], dtype=np.int64)
+        self.over_j = np.array([j for _, j, _, _ in self.overlapped], dtype=np.int64)
+        self.over_f = np.array([f for _, _, f, _ in self.overlapped], dtype=np.float64)
+        self.over_pair = np.array(over_pair, dtype=np.int64)
+        self.over_measured = np.asarray(self.measured_slowdown, dtype=np.float64)[self.over_k]
+        self.sig_pairs = [np.array([p for p, (_, j, _) in enumerate(self.pairs) if j == i], dtype=np.int64)
+                          for i in range(len(self.signatures))]
+        self.token = object()
 
 
-def _scaled(a: _Anchor, st: ReplayStatic, scale: DurationScale) -> _Anchor:
+def scaled_anchor(a: Anchor, st: ReplayStatic, scale: DurationScale) -> Anchor:
     """The anchor of a what-if: measured collective and compute times scaled (every on-GPU
     collective, tunable or not; compute kernels, not memory ops)."""
     durations = list(a.durations)
@@ -113,24 +153,14 @@ def _scaled(a: _Anchor, st: ReplayStatic, scale: DurationScale) -> _Anchor:
             wait[k] *= scale.comm
         elif st.is_compute[k]:
             durations[k] *= scale.compute
-    return replace(a, durations=durations, wait=wait)
+    scaled = replace(a, durations=durations, wait=wait)
+    scaled.token = a.token  # the same kernels beside the same signatures: the same slowdowns
+    return scaled
 
 
-# per workload, its anchor per cluster node size (a signature's scope depends on it)
-_ANCHORS: WorkloadCache[dict[int | None, _Anchor]] = WorkloadCache(lambda _workload: {}, max_workloads=16)
-
-
-def _anchor(workload: Workload, gpus_per_node: int | None) -> _Anchor:
-    per_node_size = _ANCHORS.get(workload)
-    anchor = per_node_size.get(gpus_per_node)
-    if anchor is None:
-        with no_cyclic_gc():
-            anchor = per_node_size[gpus_per_node] = _build_anchor(workload, gpus_per_node)
-    return anchor
-
-
-def _build_anchor(workload: Workload, gpus_per_node: int | None) -> _Anchor:
-    st = replay_static(workload)
+def build_anchor(workload: Workload, st: ReplayStatic, gpus_per_node: int | None) -> Anchor:
+    """The anchor of ``workload`` (its replay data ``st``) on a cluster of ``gpus_per_node``
+    (a signature's scope depends on it)."""
     graph = workload.exec_graph
     assert graph is not None
     all_ops: list[Op] = [*workload.compute_ops, *workload.collectives]
@@ -169,55 +199,92 @@ def _build_anchor(workload: Workload, gpus_per_node: int | None) -> _Anchor:
             overlapped.append((k, best_sig, min(1.0, best / op.duration_us), op))
     signatures = list(sig_index)
     measured = measured_slowdowns(workload)
-    return _Anchor(list(st.measured_dur), coll_sig, wait, signatures,
+    return Anchor(list(st.measured_dur), coll_sig, wait, signatures,
                    [recorded.get(s, CommConfig()) for s in signatures], overlapped,
                    [measured.get(op_id, 0.0) for op_id in st.op_ids])
 
 
-def replay_timing(mechanism: ReplayMechanism, workload: Workload, plan: Plan, gpus_per_node: int | None,
-                  cache: dict, scale: DurationScale | None = None) -> Timing:
-    """The workload's replay under ``plan`` (and ``scale``), durations from ``mechanism``
-    anchored at the trace."""
-    check_scale(workload, scale)
-    a = _anchor(workload, gpus_per_node)
-    if scale is not None and not scale.is_identity:
-        a = _scaled(a, replay_static(workload), scale)
+RATIO_ENTRIES = 50_000  # (signature, new, recorded) -> time ratio: a long search's settings, many times over
+SLOWDOWN_ENTRIES = 200_000  # (kernel shape, signature, settings) -> slowdown: the shapes x settings a search meets
+SIGNATURE_ENTRIES = 20_000  # the same per signature of one trace, as a vector (a trace's signatures x settings)
+
+
+@dataclass
+class ReplayMemo:
+    """The mechanism's answers a replay reuses, bounded (least recently used dropped past the sizes above).
+    Valid for one mechanism: a :class:`~costmodel.replay.trace_evaluator.ReplayEvaluator` holds its own."""
+
+    ratios: LruCache[tuple[Signature, CommConfig, CommConfig], float] = field(
+        default_factory=lambda: LruCache(RATIO_ENTRIES))
+    slowdowns: LruCache[tuple[tuple, Signature, CommConfig], float] = field(
+        default_factory=lambda: LruCache(SLOWDOWN_ENTRIES))
+    # (an anchor's token, signature index, settings) -> the slowdowns of that signature's pairs, in order
+    signature_slowdowns: LruCache[tuple[object, int, CommConfig], np.ndarray] = field(
+        default_factory=lambda: LruCache(SIGNATURE_ENTRIES))
+
+
+def durations_under(mechanism: ReplayMechanism, a: Anchor, plan: Plan,
+                    memo: ReplayMemo) -> tuple[np.ndarray, np.ndarray]:
+    """Every op's duration under ``plan`` (replay order) and its duration with no collective
+    beside it, from the anchor's measured times and the mechanism's ratios. The mechanism is
+    asked once per signature and once per (kernel shape, signature); the per-op arithmetic
+    runs over arrays, each op's the same operations in the same order as one at a time."""
     configs = [plan.config_for(s).merged_over(r) for s, r in zip(a.signatures, a.recorded)]
-    ratio = []
-    for sig, new, rec in zip(a.signatures, configs, a.recorded):
-        if new == rec:
-            ratio.append(1.0)
+    changed = [new != rec for new, rec in zip(configs, a.recorded)]
+    ratio = np.ones(len(a.signatures))
+    for j, (sig, new, rec) in enumerate(zip(a.signatures, configs, a.recorded)):
+        if not changed[j]:
             continue
-        key = ("x", sig, new, rec)
-        r = cache.get(key)
+        r = memo.ratios.get((sig, new, rec))
         if r is None:
             base = mechanism.collective_time_us(sig, rec)
-            r = cache[key] = mechanism.collective_time_us(sig, new) / base if base > 0 else 1.0
-        ratio.append(r)
-    durations = list(a.durations)
-    for k, j in enumerate(a.coll_sig):
-        if j >= 0 and ratio[j] != 1.0:
-            durations[k] = a.wait[k] + (durations[k] - a.wait[k]) * ratio[j]
-    uncontended = list(durations)
-    for k, j, f, op in a.overlapped:
-        sig, new, rec = a.signatures[j], configs[j], a.recorded[j]
-        shape = (op.name, op.grid, op.block, op.duration_us)
-        rec_key = ("s", shape, sig, rec)
-        s_rec = cache.get(rec_key)
-        if s_rec is None:
-            s_rec = cache[rec_key] = max(1.0, mechanism.slowdown_beside(op, sig, rec))
-        s_new = s_rec
-        if new != rec:
-            new_key = ("s", shape, sig, new)
-            s_new = cache.get(new_key)
-            if s_new is None:
-                s_new = cache[new_key] = max(1.0, mechanism.slowdown_beside(op, sig, new))
-            durations[k] = a.durations[k] * (1.0 - f + f * s_new / s_rec)
-        # without contention: the slowdown the trace measured for this kernel shape (alone vs
-        # overlapped) taken out where it has one, under the recorded settings and moved by the
-        # mechanism's ratio under others; else the mechanism's slowdown, out of the overlapped part
-        measured = a.measured_slowdown[k] * s_new / s_rec if a.measured_slowdown[k] > 0 else 0.0
-        uncontended[k] = durations[k] / max(1.0, measured) if measured else durations[k] * (1.0 - f + f / s_new)
-    if len(cache) > 200_000:
-        cache.clear()
-    return replay(workload, durations, uncontended, scale.cpu if scale is not None else 1.0)
+            r = memo.ratios.put((sig, new, rec), mechanism.collective_time_us(sig, new) / base if base > 0 else 1.0)
+        ratio[j] = r
+    durations = a.durations_arr.copy()
+    r_op = ratio[a.coll_j]
+    moved = r_op != 1.0
+    k, r_k = a.coll_k[moved], r_op[moved]
+    durations[k] = a.wait_arr[k] + (durations[k] - a.wait_arr[k]) * r_k
+    uncontended = durations.copy()
+    if not a.pairs:
+        return durations, uncontended
+    s_rec = np.empty(len(a.pairs))
+    s_new = np.empty(len(a.pairs))
+    for j, pairs in enumerate(a.sig_pairs):
+        if pairs.size:
+            s_rec[pairs] = s_new[pairs] = _slowdowns(mechanism, memo, a, j, a.recorded[j])
+            if changed[j]:
+                s_new[pairs] = _slowdowns(mechanism, memo, a, j, configs[j])
+    f, ks = a.over_f, a.over_k
+    sr, sn = s_rec[a.over_pair], s_new[a.over_pair]
+    kernel_changed = np.array(changed, dtype=np.bool_)[a.over_j]
+    base = durations[ks]
+    contended = np.where(kernel_changed, a.durations_arr[ks] * (1.0 - f + f * sn / sr), base)
+    durations[ks] = contended
+    # without contention: the slowdown the trace measured for this kernel shape (alone vs
+    # overlapped) taken out where it has one, under the recorded settings and moved by the
+    # mechanism's ratio under others; else the mechanism's slowdown, out of the overlapped part
+    measured = np.where(a.over_measured > 0, a.over_measured * sn / sr, 0.0)
+    uncontended[ks] = np.where(measured != 0, contended / np.maximum(1.0, measured),
+                               contended * (1.0 - f + f / sn))
+    return durations, uncontended
+
+
+def _slowdowns(mechanism: ReplayMechanism, memo: ReplayMemo, a: Anchor, j: int, config: CommConfig) -> np.ndarray:
+    """The slowdowns of signature ``j``'s pairs (kernel shapes beside it) under ``config``."""
+    key = (a.token, j, config)
+    out = memo.signature_slowdowns.get(key)
+    if out is None:
+        sig = a.signatures[j]
+        out = memo.signature_slowdowns.put(key, np.array(
+            [_slowdown(mechanism, memo, a.pairs[p][2], a.pairs[p][0], sig, config) for p in a.sig_pairs[j].tolist()],
+            dtype=np.float64))
+    return out
+
+
+def _slowdown(mechanism: ReplayMechanism, memo: ReplayMemo, op: ComputeOp, shape: tuple, sig: Signature,
+              config: CommConfig) -> float:
+    s = memo.slowdowns.get((shape, sig, config))
+    if s is None:
+        s = memo.slowdowns.put((shape, sig, config), max(1.0, mechanism.slowdown_beside(op, sig, config)))
+    return s

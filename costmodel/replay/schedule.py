@@ -36,13 +36,12 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_right
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from costmodel.evaluator import LazyOpValues, OpTiming, StepTiming, Timing
-from costmodel.workload_cache import WorkloadCache
+from costmodel.evaluator import LazyOpValues, OpTiming, StepTiming, Timing, check_workload
 from nccl_env.errors import LagomError
 from traces.exec_graph import ExecGraph
 from traces.gc_pause import no_cyclic_gc
@@ -103,21 +102,83 @@ class ReplayStatic:
     # (iteration, comm, exposed, compute, critical comm) per step, from the trace's own times
     unexplained: dict[int, float] = field(default_factory=dict)  # op index -> idle its causes do not explain
     step_unexplained_us: list[float] = field(default_factory=list)  # per step: that idle, summed
+    arrays: _Arrays | None = None  # the graph as the compiled pass reads it (built with the rest)
+    # ops with neither a launch call nor a cause: a replay keeps their measured start, as the trace wrote
+    # it (an int where it was one: the figures print as they always did)
+    keeps_start: list[int] = field(default_factory=list)
+    kept: frozenset[int] = frozenset()  # the same, for membership
+    index: dict[int, int] = field(default_factory=dict)  # op id -> op index
+
+    @property
+    def graph_arrays(self) -> _Arrays:
+        assert self.arrays is not None  # _build sets it
+        return self.arrays
 
 
-def _build_static(workload: Workload) -> ReplayStatic:
+@dataclass
+class _Arrays:
+    """The same graph as flat arrays (lists of tuples as CSR: ``ptr[k]:ptr[k + 1]`` into ``idx``),
+    what :mod:`costmodel.replay.schedule_kernel` reads."""
+
+    order: np.ndarray
+    pred_ptr: np.ndarray
+    pred_idx: np.ndarray
+    launch_call: np.ndarray
+    launch_latency: np.ndarray
+    launch_thread: np.ndarray
+    launch_wait: np.ndarray
+    gap: np.ndarray
+    measured_start: np.ndarray
+    wait_thread: np.ndarray
+    wait_prev: np.ndarray
+    wait_begin: np.ndarray
+    wait_own: np.ndarray
+    wait_end: np.ndarray
+    wait_return: np.ndarray
+    awaited_ptr: np.ndarray
+    awaited_idx: np.ndarray
+    wait_cause_thread: np.ndarray
+    wait_cause: np.ndarray
+    wait_cause_us: np.ndarray
+    anchor: np.ndarray  # thread -> its first call (nan: none)
+    is_coll: np.ndarray
+
+
+def _csr(rows: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    ptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum([len(r) for r in rows])
+    idx = np.fromiter((x for r in rows for x in r), dtype=np.int64, count=int(ptr[-1]))
+    return ptr, idx
+
+
+def _arrays(st: ReplayStatic) -> _Arrays:
+    i64, f64 = np.int64, np.float64
+    threads = max(st.thread_anchor, default=-1) + 1
+    anchor = np.full(max(threads, 0), np.nan)
+    for thread, t in st.thread_anchor.items():
+        if thread >= 0:
+            anchor[thread] = t
+    pred_ptr, pred_idx = _csr(st.preds)
+    awaited_ptr, awaited_idx = _csr(st.wait_awaited)
+    return _Arrays(
+        np.asarray(st.order, dtype=i64), pred_ptr, pred_idx, np.asarray(st.launch_call, dtype=f64),
+        np.asarray(st.launch_latency, dtype=f64), np.asarray(st.launch_thread, dtype=i64),
+        np.asarray(st.launch_wait, dtype=i64), np.asarray(st.gap, dtype=f64),
+        np.asarray(st.measured_start, dtype=f64), np.asarray(st.wait_thread, dtype=i64),
+        np.asarray(st.wait_prev, dtype=i64), np.asarray(st.wait_begin, dtype=f64), np.asarray(st.wait_own, dtype=f64),
+        np.asarray(st.wait_end, dtype=f64), np.asarray(st.wait_return, dtype=f64), awaited_ptr, awaited_idx,
+        np.asarray(st.wait_cause_thread, dtype=i64), np.asarray(st.wait_cause, dtype=i64),
+        np.asarray(st.wait_cause_us, dtype=f64), anchor, np.asarray(st.is_coll, dtype=np.bool_))
+
+
+def replay_static(workload: Workload) -> ReplayStatic:
+    """The workload's replay data, built (and the workload checked) on every call: hold it
+    (:class:`costmodel.replay.data.ReplayData` does) rather than build it twice."""
+    check_workload(workload)
     if workload.exec_graph is None:
         raise LagomError(f"{workload.source or 'workload'}: not read from a trace (no execution graph to replay)")
     with no_cyclic_gc():
         return _build(workload, workload.exec_graph)
-
-
-_STATICS: WorkloadCache[ReplayStatic] = WorkloadCache(_build_static, max_workloads=16)
-
-
-def replay_static(workload: Workload) -> ReplayStatic:
-    """Built once per workload object (cached while the workload lives)."""
-    return _STATICS.get(workload)
 
 
 @dataclass
@@ -238,6 +299,10 @@ def _build(w: Workload, g: ExecGraph) -> ReplayStatic:
     for step in steps:
         st.step_coll_index.append(np.array([k for k in step.op_index if st.is_coll[k]], dtype=np.int64))
         st.step_compute_index.append(np.array([k for k in step.op_index if st.is_compute[k]], dtype=np.int64))
+    st.arrays = _arrays(st)
+    st.keeps_start = [k for k in range(n) if math.isnan(launch_call[k]) and not preds[k]]
+    st.kept = frozenset(st.keeps_start)
+    st.index = index
     ends = [o.start_us + o.duration_us for o in ops]
     _, _, clock, bind = _schedule(st, st.measured_dur)
     st.measured_steps = _step_figures(st, st.measured_start, ends, clock, bind)
@@ -337,7 +402,7 @@ class _CpuClock:
     ``end_j`` and now ends at ``end_j'``) at ``end_j' + cpu x (t - end_j)``; before any wait,
     ``cpu x`` its distance from the thread's first call. ``cpu`` scales the CPU's own time."""
 
-    def __init__(self, st: ReplayStatic, new_end: list[float], cpu: float) -> None:
+    def __init__(self, st: ReplayStatic, new_end: list[float], cpu: float) -> None:  # new_end: per wait
         self.st, self.new_end, self.cpu = st, new_end, cpu
 
     def at(self, thread: int, j: int, t: float) -> float:
@@ -349,107 +414,55 @@ class _CpuClock:
         return a + self.cpu * (t - a)
 
 
-def _schedule(st: ReplayStatic, durations: list[float],
-              cpu: float = 1.0) -> tuple[list[float], list[float], _CpuClock, list[int]]:
+def _schedule(st: ReplayStatic, durations: Sequence[float] | np.ndarray,
+              cpu: float = 1.0) -> tuple[np.ndarray, np.ndarray, _CpuClock, np.ndarray]:
     """One pass: (starts, ends, the CPU's clock, binding node per node: what its time waited for, -1: nothing)."""
-    n = len(st.op_ids)
-    m = len(st.wait_end)
-    starts = [0.0] * n
-    ends = [0.0] * n
-    new_end = list(st.wait_end)
-    clock = _CpuClock(st, new_end, cpu)
-    at = clock.at
-    bind = [_NO] * (n + m)
-    preds, launch_call, launch_wait, gap = st.preds, st.launch_call, st.launch_wait, st.gap
-    for v in st.order:
-        if v < n:
-            ready, by = -math.inf, _NO
-            for p in preds[v]:
-                if ends[p] > ready:
-                    ready, by = ends[p], p
-            call = launch_call[v]
-            if call == call:  # a launch call (not nan)
-                j = launch_wait[v]
-                t = at(st.launch_thread[v], j, call) + st.launch_latency[v]
-                b = n + j if j >= 0 else _NO
-                if by >= 0 and ready + gap[v] > t:
-                    t, b = ready + gap[v], by
-            elif by >= 0:
-                t, b = ready + gap[v], by
-            else:
-                t, b = st.measured_start[v], _NO
-            starts[v] = t
-            ends[v] = t + durations[v]
-            bind[v] = b
-        else:
-            j = v - n
-            finish, b = -math.inf, _NO
-            begin = st.wait_begin[j]
-            if begin == begin:
-                prev = st.wait_prev[j]
-                finish = at(st.wait_thread[j], prev, begin) + cpu * st.wait_own[j]
-                b = n + prev if prev >= 0 else _NO
-            for a in st.wait_awaited[j]:
-                if ends[a] + st.wait_return[j] > finish:
-                    finish, b = ends[a] + st.wait_return[j], a
-            cause_us = st.wait_cause_us[j]
-            if cause_us == cause_us:
-                c = st.wait_cause[j]
-                t = at(st.wait_cause_thread[j], c, cause_us) + st.wait_return[j]
-                if t > finish:
-                    finish, b = t, (n + c if c >= 0 else _NO)
-            new_end[j] = finish if finish != -math.inf else st.wait_end[j]
-            bind[v] = b
-    return starts, ends, clock, bind
+    from costmodel.replay.schedule_kernel import schedule_pass  # numba: loaded by the first replay, not by imports
+
+    a = st.graph_arrays
+    starts, ends, new_end, bind = schedule_pass(
+        a.order, len(st.op_ids), a.pred_ptr, a.pred_idx, a.launch_call, a.launch_latency, a.launch_thread,
+        a.launch_wait, a.gap, a.measured_start, a.wait_thread, a.wait_prev, a.wait_begin, a.wait_own, a.wait_end,
+        a.wait_return, a.awaited_ptr, a.awaited_idx, a.wait_cause_thread, a.wait_cause, a.wait_cause_us, a.anchor,
+        float(cpu), np.asarray(durations, dtype=np.float64))
+    return starts, ends, _CpuClock(st, new_end.tolist(), cpu), bind
 
 
 def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
-    """Length of the union of intervals (vectorised: sort, running max of ends, segment sums)."""
+    """Length of the union of intervals (sort, running max of ends, segment lengths; numpy sums them)."""
+    from costmodel.replay.schedule_kernel import union_segments
+
     if starts.size == 0:
         return 0.0
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], np.maximum.accumulate(ends[order])
-    new = np.empty(s.size, dtype=bool)
-    new[0] = True
-    new[1:] = s[1:] > e[:-1]
-    first = np.flatnonzero(new)
-    last = np.append(first[1:] - 1, s.size - 1)
-    return float(np.sum(e[last] - s[first]))
+    return float(np.sum(union_segments(np.ascontiguousarray(starts, dtype=np.float64),
+                                       np.ascontiguousarray(ends, dtype=np.float64))))
 
 
-def _critical_comm(st: ReplayStatic, starts: list[float], ends: list[float], clock: _CpuClock, bind: list[int],
+def _critical_comm(st: ReplayStatic, starts: np.ndarray, ends: np.ndarray, clock: _CpuClock, bind: np.ndarray,
                    begin_node: int, end_node: int, horizon_us: float, ends_at_end: bool = False) -> float:
     """Collective time on the critical path to ``end_node`` (the chain of binding causes) after
     it meets the path to ``begin_node``: the most that faster collectives can shorten the step
     (the step's end moves at most by it; its begin moves with the shared part). Paths are
     followed back to ``horizon_us`` at most."""
-    n = len(starts)
-    new_end, is_coll = clock.new_end, st.is_coll
-    shared: set[int] = set()
-    node = begin_node
-    while node >= 0 and (starts[node] if node < n else new_end[node - n]) >= horizon_us:
-        shared.add(node)
-        node = bind[node]
-    total = 0.0
-    node = end_node if ends_at_end else bind[end_node]  # a step closed by an op's end: that op is on the path
-    while node >= 0 and node not in shared:
-        if node < n:
-            if starts[node] < horizon_us:
-                break
-            if is_coll[node]:
-                total += ends[node] - starts[node]
-        elif new_end[node - n] < horizon_us:
-            break
-        node = bind[node]
-    return total
+    from costmodel.replay.schedule_kernel import critical_comm
+
+    return float(critical_comm(starts, ends, np.asarray(clock.new_end, dtype=np.float64), bind,
+                               st.graph_arrays.is_coll, begin_node, end_node, horizon_us, ends_at_end))
 
 
-def _step_figures(st: ReplayStatic, starts: list[float], ends: list[float], clock: _CpuClock,
-                  bind: list[int]) -> list[tuple[float, float, float, float, float]]:
+def _step_figures(st: ReplayStatic, starts: Sequence[float] | np.ndarray, ends: Sequence[float] | np.ndarray,
+                  clock: _CpuClock, bind: np.ndarray) -> list[tuple[float, float, float, float, float]]:
     """(step time, communication, exposed communication, compute, critical communication) per step.
     Exposed = |collectives U compute| - |compute|, compute being every compute kernel of the
     trace that overlaps the step's collectives."""
     s_arr, e_arr = np.asarray(starts, dtype=float), np.asarray(ends, dtype=float)
+    kept = st.kept
+
+    def start_of(k: int) -> float:  # as given (the trace's own), or the measured start where the replay kept it
+        if isinstance(starts, list):
+            return starts[k]
+        return st.measured_start[k] if k in kept else float(s_arr[k])
+
     ks, ke = s_arr[st.compute_index], e_arr[st.compute_index]
     by_start = np.argsort(ks, kind="stable")
     ks, ke = ks[by_start], ke[by_start]
@@ -459,14 +472,14 @@ def _step_figures(st: ReplayStatic, starts: list[float], ends: list[float], cloc
     begins: list[float] = []
     for i, step in enumerate(st.steps):
         if step.first >= 0:
-            begin, begin_node = starts[step.first], step.first
+            begin, begin_node = start_of(step.first), step.first
         else:
             j = st.step_open_wait[i]
             begin, begin_node = clock.at(step.thread, j, step.start_us), (len(starts) + j if j >= 0 else _NO)
         begins.append(begin)
         close = st.step_close[i]
         if close >= 0:
-            finish, end_node = starts[close], close
+            finish, end_node = start_of(close), close
         elif not math.isnan(st.step_close_us[i]):
             j = st.step_close_wait[i]
             finish = clock.at(st.step_close_thread[i], j, st.step_close_us[i])
@@ -487,45 +500,55 @@ def _step_figures(st: ReplayStatic, starts: list[float], ends: list[float], cloc
         pi = st.step_compute_index[i]
         compute = _union_length(s_arr[pi], e_arr[pi])
         horizon = begins[i - 1] if i else -math.inf  # the path back to the step before is enough
-        critical = _critical_comm(st, starts, ends, clock, bind, begin_node, end_node, horizon,
+        critical = _critical_comm(st, s_arr, e_arr, clock, bind, begin_node, end_node, horizon,
                                   ends_at_end=close < 0 and math.isnan(st.step_close_us[i])) if end_node >= 0 else 0.0
         out.append((finish - begin, comm, max(0.0, exposed), compute, critical))
     return out
 
 
+def _python_starts(st: ReplayStatic, starts: np.ndarray) -> list[float]:
+    """The replayed starts as Python numbers, the measured start (as the trace wrote it) where kept."""
+    out = starts.tolist()
+    for k in st.keeps_start:
+        out[k] = st.measured_start[k]
+    return out
+
+
 class _LazyOps(Mapping):
-    """``Timing.ops`` of a replay: OpTiming objects made on first access."""
+    """``Timing.ops`` of a replay: an OpTiming made for each op asked (a search reads a few
+    collectives' times per evaluation, not every op's)."""
 
-    def __init__(self, op_ids: list[int], starts: list[float], ends: list[float]) -> None:
-        self._op_ids, self._starts, self._ends = op_ids, starts, ends
-        self._ops: dict[int, OpTiming] | None = None
-
-    def _all(self) -> dict[int, OpTiming]:
-        if self._ops is None:
-            self._ops = {i: OpTiming(s, e - s) for i, s, e in zip(self._op_ids, self._starts, self._ends)}
-        return self._ops
+    def __init__(self, st: ReplayStatic, starts: np.ndarray, ends: np.ndarray) -> None:
+        self._st, self._starts, self._ends = st, starts, ends
+        self._made: dict[int, OpTiming] = {}  # each op's OpTiming once: asked again, the same object
 
     def __getitem__(self, op_id: int) -> OpTiming:
-        return self._all()[op_id]
+        made = self._made.get(op_id)
+        if made is None:
+            k = self._st.index[op_id]
+            start = self._st.measured_start[k] if k in self._st.kept else float(self._starts[k])
+            made = self._made[op_id] = OpTiming(start, float(self._ends[k]) - start)
+        return made
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._op_ids)
+        return iter(self._st.op_ids)
 
     def __len__(self) -> int:
-        return len(self._op_ids)
+        return len(self._st.op_ids)
 
     def __contains__(self, op_id: object) -> bool:
-        return op_id in self._all()
+        return op_id in self._st.index
 
 
-def replay(workload: Workload, durations: list[float], uncontended: list[float] | None = None,
-           cpu: float = 1.0) -> Timing:
-    """Schedule the workload's execution graph with ``durations`` (one per op, in the
-    order of :attr:`ReplayStatic.op_ids`); per-step figures against the trace's own.
+def replay(st: ReplayStatic, durations: Sequence[float] | np.ndarray,
+           uncontended: Sequence[float] | np.ndarray | None = None, cpu: float = 1.0) -> Timing:
+    """Schedule a trace's execution graph (its replay data ``st``) with ``durations`` (one per
+    op, in the order of :attr:`ReplayStatic.op_ids`); per-step figures against the trace's own.
     ``uncontended``: the same ops' durations with no collective beside them; ``cpu``: the
     CPU's own time between calls scaled (1: as measured)."""
-    st = replay_static(workload)
-    n = len(st.op_ids)
+    from costmodel.replay.schedule_kernel import ordered_sum
+
+    durations = np.asarray(durations, dtype=np.float64)
     starts, ends, clock, bind = _schedule(st, durations, cpu)
     figures = _step_figures(st, starts, ends, clock, bind)
     steps = []
@@ -537,20 +560,30 @@ def replay(workload: Workload, durations: list[float], uncontended: list[float] 
     count = len(steps)
     compute_busy = sum(s.compute_us for s in steps) / count
     unc = compute_busy
+    unc_arr: np.ndarray | None = None
     if uncontended is not None:
-        total = sum(durations[k] for k in range(n) if st.is_compute[k])
+        unc_arr = np.asarray(uncontended, dtype=np.float64)
+        # summed one after the other in op order, as the figures always were (a numpy sum pairs them: other
+        # last digits)
+        total = float(ordered_sum(durations, st.compute_index))
         if total > 0:
-            unc = compute_busy * sum(uncontended[k] for k in range(n) if st.is_compute[k]) / total
+            unc = compute_busy * float(ordered_sum(unc_arr, st.compute_index)) / total
     return Timing(
         iteration_us=sum(s.iteration_us for s in steps) / count,
         compute_us=compute_busy,
         comm_us=sum(s.comm_us for s in steps) / count,
         exposed_comm_us=sum(s.exposed_comm_us for s in steps) / count,
         compute_uncontended_us=min(unc, compute_busy),
-        ops=_LazyOps(st.op_ids, starts, ends),
+        ops=_LazyOps(st, starts, ends),
         steps=steps,
-        uncontended_us=LazyOpValues(st.op_ids, uncontended) if uncontended is not None else {},
+        uncontended_us=LazyOpValues(st.op_ids, unc_arr) if unc_arr is not None else {},
     )
+
+
+def as_measured(workload: Workload) -> Timing:
+    """The trace's replay with its measured durations (its data built for it)."""
+    st = replay_static(workload)
+    return replay(st, st.measured_dur)
 
 
 @dataclass
@@ -568,12 +601,10 @@ class MovedTimes:
         return self._clock.at(thread, self._waits.before(thread, t), t)
 
 
-def moved_times(workload: Workload, timing: Timing, cpu: float = 1.0) -> MovedTimes:
-    """The schedule behind ``timing`` (a replay of ``workload`` with the CPU's time scaled by
-    ``cpu``), with the CPU's moves."""
-    st = replay_static(workload)
-    graph = workload.exec_graph
-    assert graph is not None  # replay_static refused a workload without one
+def moved_times(st: ReplayStatic, graph: ExecGraph, timing: Timing, cpu: float = 1.0) -> MovedTimes:
+    """The schedule behind ``timing`` (a replay of the trace whose graph is ``graph`` and replay
+    data ``st``, with the CPU's time scaled by ``cpu``), with the CPU's moves."""
     durations = [timing.ops[i].duration_us for i in st.op_ids]
     starts, ends, clock, _ = _schedule(st, durations, cpu)
-    return MovedTimes(dict(zip(st.op_ids, starts)), dict(zip(st.op_ids, ends)), _ThreadWaits(_waits(graph)), clock)
+    return MovedTimes(dict(zip(st.op_ids, _python_starts(st, starts))), dict(zip(st.op_ids, ends.tolist())),
+                      _ThreadWaits(_waits(graph)), clock)

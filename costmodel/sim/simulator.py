@@ -25,6 +25,10 @@ exact and deterministic. ``evaluations`` counts evaluate() calls. Per-workload d
 built once and cached (keyed by the workload object): do not mutate a workload between
 evaluations; build a new one.
 
+A workload read from a trace is not simulated: it is replayed
+(:class:`costmodel.replay.trace_evaluator.ReplayEvaluator` over this simulator's ratios,
+:meth:`Simulator.collective_time_us` and :meth:`Simulator.slowdown_beside`; no noise).
+
 Entry points for calibration (tiny workloads work too):
 :meth:`Simulator.collective_time_us` (one collective alone, no noise),
 :meth:`Simulator.compute_time_us` (one kernel under a given channel count / chunk),
@@ -38,9 +42,9 @@ import math
 import numpy as np
 
 from costmodel.cluster import ClusterSpec
-from costmodel.evaluator import DurationScale, LazyOpValues, OpTiming, Timing, check_plan
+from costmodel.evaluator import DurationScale, LazyOpValues, OpTiming, Timing, check_generated, check_plan
 from costmodel.nccl_defaults import resolve_config, symmetric_kernel
-from costmodel.replay.anchor import check_scale, replay_timing
+from costmodel.replay.anchor import check_scale
 from costmodel.sim.collective import CollectiveModel
 from costmodel.sim.compute import ComputeModel, gemm_tile_from_name
 from costmodel.sim.params import sim_params
@@ -124,7 +128,6 @@ class Simulator:
         self._statics: WorkloadCache[_Static] = WorkloadCache(self._build_static, _CACHE_WORKLOADS)
         self._collective_models: dict[tuple[Signature, CommConfig], CollectiveModel] = {}
         self._sm = cluster.gpu.sm_count
-        self._replay_cache: dict = {}
         self._l2 = float(cluster.gpu.l2_bytes)
         self._bw = cluster.gpu.mem_bw_gb_per_s * 1e3 * self.params.mem_efficiency
         self._version = cluster.nccl_version
@@ -193,12 +196,10 @@ class Simulator:
 
     # ---- the evaluator -------------------------------------------------------------------------
     def evaluate(self, workload: Workload, plan: Plan, scale: DurationScale | None = None) -> Timing:
-        """``scale``: for a trace, its measured collective/compute times scaled first (a what-if)."""
+        """A generated workload (a trace is replayed: costmodel.replay.trace_evaluator.ReplayEvaluator
+        over this evaluator); ``scale``, a what-if on a trace's measured times, is refused unless identity."""
         check_plan(plan)
-        if workload.exec_graph is not None:  # a trace: replay it, anchored at its measured times (no noise)
-            timing = replay_timing(self, workload, plan, self.cluster.gpus_per_node, self._replay_cache, scale)
-            self.evaluations += 1
-            return timing
+        check_generated(workload)
         check_scale(workload, scale)
         st = self._statics.get(workload)
         self.evaluations += 1

@@ -30,6 +30,7 @@ from pathlib import Path
 import orjson
 
 from lagom.analyze_report import rank_report, render
+from lagom.common_args import add_json
 from lagom.console import stdout_console
 from lagom.output_paths import OutputFormat, check_output
 from lagom.rank_args import ExecutorKind, add_arguments, reading_from_args
@@ -49,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("paths", nargs="+", metavar="PATH",
                         help="trace file (.json, .json.gz) or directory of per-rank traces")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    add_json(parser)
     parser.add_argument("--plot", metavar="FILE.png", help="write a PNG timeline of one profiler step (first rank)")
     parser.add_argument("--force", action="store_true", help="overwrite --plot even if it is not a plot Lagom wrote")
     parser.add_argument(
@@ -127,6 +128,8 @@ def _analyze_here(args: argparse.Namespace) -> tuple[list[dict], Workload | None
                 print(f"warning: {workload.source}: given more than once, analysed once", file=sys.stderr)
                 continue
             seen.add(source)
+            for line in workload.input_warnings:  # events the reader dropped (traces.kineto)
+                print(f"warning: {line}", file=sys.stderr)
             workloads.append(workload)
     views = [trim_to_profiler_steps(w, include_last_step=args.include_last_step) for w in workloads]
     reports = [

@@ -33,6 +33,7 @@ from rich.table import Table
 
 from costmodel.cluster import load_cluster
 from lagom import bench_matrix, tuning
+from lagom.common_args import add_cluster, add_evaluator, add_json, add_nccl_version
 from lagom.console import stdout_console
 from lagom.knob_args import parse_nccl_version_arg
 from lagom.output_paths import OutputFormat, check_output, save_figure
@@ -63,19 +64,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                             description=__doc__)
     parser.add_argument("--quick", action="store_true",
                         help="the CI subset (3 workloads x 2 A40 clusters, 2 on h100-nvswitch)")
-    parser.add_argument("--evaluator", choices=tuning.EVALUATORS, default=None,
-                        help="what the methods tune with (default: analytic)")
-    parser.add_argument("--cluster", action="append", default=None, metavar="NAME|FILE",
-                        help="preset name or cluster YAML, as everywhere (repeatable; default: "
-                             + ", ".join(bench_matrix.ALL_CLUSTERS) + ")")
-    parser.add_argument("--exhaustive-max-points", type=int, default=None,
+    add_evaluator(parser, tuning.DEFAULT_EVALUATOR, "what lagom tune uses; plans are judged on sim")
+    add_cluster(parser, "repeatable; default: " + ", ".join(bench_matrix.ALL_CLUSTERS), repeatable=True)
+    parser.add_argument("--exhaustive-max-points", type=int, default=None, metavar="N",
                         help="run exhaustive search where the space has at most this many points (default "
                              + ", ".join(f"{k} {v}" for k, v in bench_matrix.EXHAUSTIVE_MAX_POINTS.items())
                              + "; 0 = never)")
-    parser.add_argument("--nccl-version", default=None,
-                        help="tune for this NCCL instead of the preset's (e.g. 2.30.3: every knob but threads per "
-                             "collective; the NVLink presets' cells default to 2.30.7)")
-    parser.add_argument("--json", action="store_true", help="print cells and summary as JSON")
+    add_nccl_version(parser, "default: the preset's (the NVLink presets' cells: 2.30.7)")
+    add_json(parser)
     parser.add_argument("--plot", metavar="FILE.png", default=None, help="bar chart of speedups per cell")
     parser.add_argument("--force", action="store_true", help="overwrite --plot even if it is not a plot Lagom wrote")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")

@@ -1,7 +1,9 @@
 """`lagom calibrate`: fit the analytic cost model to a cluster from a few hundred measurements.
 
-    lagom calibrate --backend sim:PRESET -o cluster.yaml [--budget N] [--seed S] [--json]
-    torchrun --nproc_per_node 8 -m lagom calibrate --backend torch --cluster PRESET -o cluster.yaml
+    lagom calibrate --backend sim:PRESET -o cluster.yaml [--measurements N]
+        [--seed N] [--json]
+    torchrun --nproc_per_node 8 -m lagom calibrate --backend torch \
+        --cluster NAME|FILE -o cluster.yaml
 
 The backend times collectives alone (over sizes, algorithms, protocols, channels,
 chunks, threads), a few compute kernels alone and under concurrent collectives;
@@ -23,14 +25,16 @@ import json
 import sys
 from pathlib import Path
 
+from lagom.common_args import DEFAULT_NOISE, add_cluster, add_json, add_noise, add_seed, check_seed, deprecated_alias
 from lagom.console import stdout_console
-from lagom.knob_args import NOISE_RANGE, check_noise
+from lagom.knob_args import check_noise
 from lagom.output_paths import OutputFormat, check_output, write_output
 from nccl_env.errors import LagomError
 
 CLUSTER_HEADER = "# Lagom cluster file"  # the first line of what calibrate writes (OutputFormat.CLUSTER's marker)
 MEASUREMENTS_FORMAT = "lagom.calibration-measurements"
 MIN_MEASUREMENTS = 20  # fewer do not pin the model's parameters down
+DEFAULT_MEASUREMENTS = 300
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,23 +48,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("-o", "--output", metavar="FILE", help="cluster YAML to write")
     parser.add_argument("--out", dest="deprecated_out", metavar="FILE", help=argparse.SUPPRESS)  # before -o/--output
     parser.add_argument("--force", action="store_true", help="overwrite an output even if it is not a file Lagom wrote")
-    parser.add_argument("--budget", type=int, default=300, metavar="N", help="measurements at most (default 300)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the measurement plan and simulator noise")
-    parser.add_argument("--noise", type=float, default=0.01,
-                        help=f"sim backend: relative measurement noise in {NOISE_RANGE} (default 0.01)")
-    parser.add_argument("--cluster", metavar="NAME|FILE",
-                        help="torch backend: the hardware description to start from (default low-bw)")
+    parser.add_argument("--measurements", type=int, default=None, metavar="N",
+                        help=f"measurements at most (default {DEFAULT_MEASUREMENTS})")
+    parser.add_argument("--budget", dest="deprecated_budget", type=int, default=None, metavar="N",
+                        help=argparse.SUPPRESS)  # before --measurements: lagom tune's --budget counts evaluations
+    add_seed(parser)
+    add_noise(parser, "the sim backend's measurements")
+    add_cluster(parser, "torch backend: the hardware to start from (default low-bw)")
     parser.add_argument("--dump-measurements", metavar="FILE", help="also write every measurement as JSON")
-    parser.add_argument("--json", action="store_true", help="print the fit report as JSON")
+    add_json(parser)
     parser.set_defaults(func=run)
 
 
 def _backend(args: argparse.Namespace):
     from lagom.tuning import MAX_BUDGET
 
-    if args.budget < MIN_MEASUREMENTS or args.budget > MAX_BUDGET:
-        raise LagomError(f"--budget {args.budget}: must be between {MIN_MEASUREMENTS} and {MAX_BUDGET}")
+    if args.measurements < MIN_MEASUREMENTS or args.measurements > MAX_BUDGET:
+        flag = "--budget" if args.deprecated_budget is not None else "--measurements"
+        raise LagomError(f"{flag} {args.measurements}: must be between {MIN_MEASUREMENTS} and {MAX_BUDGET}")
     check_noise(args.noise)
+    check_seed(args.seed)
     if args.backend == "torch":
         from costmodel.calibration.torch_backend import TorchBackend
         from costmodel.cluster import load_cluster
@@ -77,6 +84,11 @@ def run(args: argparse.Namespace) -> int:
     from costmodel.calibration.calibrate import calibrate
     from lagom.console import StageProgress
 
+    deprecated_alias(args, "--budget", "--measurements", "deprecated_budget", "measurements", "calibrate")
+    if args.measurements is None:
+        args.measurements = DEFAULT_MEASUREMENTS
+    if args.noise is None:
+        args.noise = DEFAULT_NOISE
     out = _output(args)
     inputs = [("--cluster", args.cluster), ("--backend", args.backend.removeprefix("sim:"))]
     if args.dump_measurements:
@@ -85,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
     backend = _backend(args)
     leader = getattr(backend, "is_leader", True)
     err = Console(stderr=True)
-    with StageProgress(err, f"calibrate {backend.name}", total=args.budget, enabled=leader) as bar:
-        result = calibrate(backend, budget=args.budget, progress=bar.update, seed=args.seed)
+    with StageProgress(err, f"calibrate {backend.name}", total=args.measurements, enabled=leader) as bar:
+        result = calibrate(backend, budget=args.measurements, progress=bar.update, seed=args.seed)
     close = getattr(backend, "close", None)
     if close is not None:
         close()

@@ -17,6 +17,7 @@ import json
 import subprocess
 from dataclasses import dataclass, field
 
+from lagom.common_args import add_json
 from nccl_env.errors import LagomError
 
 
@@ -37,7 +38,7 @@ class Report:
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("doctor", help="NCCL library, version, plugin ABI, env names, compiler, plugin build",
                             description=__doc__)
-    parser.add_argument("--json", action="store_true", help="machine-readable report on stdout")
+    add_json(parser)
     parser.add_argument("--cc", help="C compiler to check (default: $CC, else cc/gcc/clang)")
     parser.set_defaults(func=run)
 

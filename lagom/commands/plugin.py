@@ -1,12 +1,16 @@
 """`lagom plugin`: build Lagom's NCCL tuner plugin, make its table from a tuned config, check a table.
 
-  lagom plugin build [--force] [--cc CC]     compile (cached); last line = absolute .so path
-  lagom plugin table lagom.yaml [-o FILE]    the plugin's CSV table for a tuned config (stdout without -o)
-  lagom plugin check TABLE.csv               parse a table as the plugin does; one line per rejected line
-                                             (exit status 1 when any line is rejected, 0 when none)
+  lagom plugin build [--force] [--cc CC]
+      compile (cached); the last line is the absolute .so path
+  lagom plugin table lagom.yaml [-o FILE]
+      the plugin's CSV table for a tuned config (stdout without -o)
+  lagom plugin check TABLE.csv
+      parse a table as the plugin does; one line per rejected line
+      (exit status 1 when any line is rejected, 0 when none)
 
-Use the plugin with NCCL:  NCCL_TUNER_PLUGIN=<so path> NCCL_TUNER_CONFIG_FILE=<table> torchrun ...
-(docs/plugin.md has the table format and matching rules).
+Use the plugin with NCCL (docs/plugin.md has the table format and matching rules):
+
+  NCCL_TUNER_PLUGIN=<so path> NCCL_TUNER_CONFIG_FILE=<table> torchrun ...
 """
 
 from __future__ import annotations
@@ -76,15 +80,14 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(text)
         return 0
     if args.action == "check":
+        from nccl_env.files import MAX_TEXT_BYTES, read_bounded
         from nccl_env.plugin_table import parse_table
 
         path = Path(args.table)
-        try:
-            text = path.read_bytes().decode("utf-8", errors="replace")  # the C parser reads bytes too
-        except FileNotFoundError:
-            raise LagomError(f"{path}: no such file") from None
-        except OSError as exc:
-            raise LagomError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        raw = read_bounded(path, MAX_TEXT_BYTES, str(path), "a plugin table", gunzip=False)  # a FIFO: refused
+        if raw[:2] == b"\x1f\x8b":
+            raise LagomError(f"{path}: is gzip-compressed data (a trace?), expected a plugin table (CSV)")
+        text = raw.decode("utf-8", errors="replace")  # the C parser reads bytes too
         entries, warnings = parse_table(text)
         for w in warnings:
             print(f"{path}: {w}")

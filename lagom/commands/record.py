@@ -1,15 +1,16 @@
 """`lagom record -o DIR -- torchrun ...`: a profiler trace per rank that Lagom can replay and tune.
 
     lagom record -o traces/ -- torchrun --nproc_per_node 8 train.py
-    lagom record -o traces/ --skip 20 --active 3 -- torchrun --nproc_per_node 8 train.py
+    lagom record -o traces/ --skip 20 --active 3 -- \
+        torchrun --nproc_per_node 8 train.py
 
 The job runs unchanged (the bootstrap of ``lagom run``: a sitecustomize.py first on
 PYTHONPATH). Every optimizer.step() is a step boundary (lagom.runtime.step() in a job
 without a torch optimizer); steps count from 0. In every rank:
 
   --skip N     (10) steps left alone: the job's own warm-up;
-  --timed N    (5)  the next steps, timed without the profiler (host clock; CUDA events
-                    on the compute stream when the job uses CUDA);
+  --timed N    (5)  the next steps, timed without the profiler (host clock;
+                    CUDA events on the compute stream when the job uses CUDA);
   --warmup N   (2)  the profiler's own warm-up: it runs, nothing is kept;
   --active N   (5)  the steps recorded, and timed on the same clocks.
 
@@ -21,14 +22,23 @@ in force (docs/record.md). ``lagom analyze DIR`` and ``lagom tune DIR`` read the
 as it is and print the profiler's overhead (profiled against unprofiled mean step).
 
 DIR is checked before the job starts: it exists or can be created, it is writable and
-holds nothing lagom record did not write (an earlier recording's traces there are
-replaced; anything else is an error, exit 2). The job's exit status is lagom's; a
-rank that ends before the window's last step writes no trace and one line says so.
+holds nothing but what its manifest (lagom-record.txt) lists (anything else is an error,
+exit 2). The ranks record into a fresh folder beside DIR; an earlier recording in DIR is
+replaced only once the new one is complete (the job succeeded, every rank wrote its
+trace), else DIR is left as it was. The job's exit status is lagom's; a rank that ends
+before the window's last step writes no trace and one line says so.
+--json prints, as the last line on stdout, {"output", "exit_status", "traces" (the
+files written), "ranks", "window": {"skip", "timed", "warmup", "active"}}.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
+
+from lagom.common_args import add_json
 
 _DEFAULTS = {"skip": 10, "timed": 5, "warmup": 2, "active": 5}
 
@@ -52,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--workdir", metavar="DIR",
                         help="keep the run folder (bootstrap, settings, per-rank parts) here; default: a temporary "
                              "folder, removed after")
+    add_json(parser)
     parser.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                         help="the job's command line, after '--'")
     parser.set_defaults(func=run)
@@ -64,4 +75,12 @@ def run(args: argparse.Namespace) -> int:
 
     command = job_command(args.job, "lagom record -o traces/ -- torchrun --nproc_per_node 8 train.py")
     window = StepWindow(args.skip, args.timed, args.warmup, args.active)
-    return launch_record(args.output, command, window, workdir=args.workdir)
+    status = launch_record(args.output, command, window, workdir=args.workdir)
+    if args.json:
+        out = Path(args.output)
+        traces = sorted(str(p) for p in out.glob("rank-*.json.gz")) if out.is_dir() else []
+        sys.stdout.flush()
+        print(json.dumps({"output": str(out), "exit_status": status, "traces": traces, "ranks": len(traces),
+                          "window": {"skip": args.skip, "timed": args.timed, "warmup": args.warmup,
+                                     "active": args.active}}))
+    return status

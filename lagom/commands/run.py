@@ -1,23 +1,28 @@
 """`lagom run`: run a training job with a tuned config applied, and audit what it covered.
 
-    lagom run --config lagom.yaml [--audit audit.json] [--workdir DIR] -- torchrun --nproc_per_node 8 train.py
+    lagom run --config lagom.yaml [--audit audit.json] [--workdir DIR] -- \
+        torchrun --nproc_per_node 8 train.py
     lagom run --config lagom.yaml -- python train.py
-    lagom run --online [--config SEED.yaml] [--save OUT.yaml] [--budget-steps N] [--nccl-version V]
-              [--collective-timing] [--simulate WORKLOAD --cluster C [--noise F]] [--audit A.json]
-              -- torchrun ... train.py
+    lagom run --online [--config SEED.yaml] [--save OUT.yaml] [--budget-steps N]
+        [--nccl-version X.Y.Z] [--collective-timing] [--audit A.json]
+        [--simulate WORKLOAD --cluster NAME|FILE [--noise F]] --
+        torchrun ... train.py
 
 The job runs unchanged. Three doors carry the tuned file into it:
 
-  env            the file's NCCL_* knobs (process-wide); a variable you set yourself wins
-                 and one line says so.
-  process group  per-group NCCL options (min_ctas, max_ctas, cta_policy) passed as
-                 ProcessGroupNCCL.Options when each group is created (NCCL groups only).
-  tuner plugin   the per-collective entries, as a table for Lagom's C tuner plugin:
-                 NCCL_TUNER_PLUGIN and NCCL_TUNER_CONFIG_FILE are set for the job.
+  env            the file's NCCL_* knobs (process-wide); a variable you set
+                 yourself wins and one line says so.
+  process group  per-group NCCL options (min_ctas, max_ctas, cta_policy)
+                 passed as ProcessGroupNCCL.Options when each group is
+                 created (NCCL groups only).
+  tuner plugin   the per-collective entries, as a table for Lagom's C tuner
+                 plugin: NCCL_TUNER_PLUGIN and NCCL_TUNER_CONFIG_FILE are set
+                 for the job.
 
 Every Python process of the job gets Lagom's hook through a sitecustomize.py put first
 on PYTHONPATH (an existing sitecustomize still runs). At exit rank 0 prints one line:
-collectives seen, how many a tuned entry matched, bytes covered; --audit FILE writes
+collectives seen (every one the job issued, whatever issued it: DDP's buckets, FSDP,
+DeviceMesh; docs/run.md), how many a tuned entry matched, bytes covered; --audit FILE writes
 per-signature counts and per-rank details as JSON. The job's exit status is lagom's
 (128+N if it died of signal N); SIGINT, SIGTERM and SIGHUP are forwarded to the job's
 process group. A missing or invalid config, or no command, is an error (exit 2) and
@@ -37,12 +42,22 @@ sets TORCH_NCCL_ENABLE_TIMING=1: its timing events break the overlap of NCCL wit
 compute, costing up to about 30% on small and mid-sized collectives. --simulate
 WORKLOAD --cluster C takes each rank's step times from the simulator (all else real).
 See docs/online.md.
+
+--json prints, as the last line on stdout (after the job's own output), one object:
+{"command", "config", "exit_status", "audit" (the --audit file or null), "summary"
+(every rank's collectives, matched, bytes, bytes_matched, as in the audit), "ranks"}.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
 
+from lagom.common_args import add_cluster, add_json, add_nccl_version, add_noise
 from nccl_env.errors import LagomError
 
 
@@ -75,9 +90,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     online.add_argument(
         "--budget-steps", type=int, default=None, metavar="N", help="at most N steps spent tuning (default 400)"
     )
-    online.add_argument(
-        "--nccl-version", metavar="V", help="NCCL version (default: the seed file's, else the installed one)"
-    )
+    add_nccl_version(online, "default: the seed file's, else the installed one")
     online.add_argument(
         "--collective-timing", action="store_true",
         help="also time each async collective (sets TORCH_NCCL_ENABLE_TIMING=1, which costs overlap: docs/online.md)"
@@ -85,11 +98,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     online.add_argument(
         "--simulate", metavar="WORKLOAD", help="step times from the simulator for this workload (no GPU needed)"
     )
-    online.add_argument("--cluster", metavar="C", help="with --simulate: the cluster preset or file simulated")
-    online.add_argument(
-        "--noise", type=float, default=None, metavar="F",
-        help="with --simulate: relative noise per op in [0, 0.5) (e.g. 0.02; default 0)"
-    )
+    add_cluster(online, "with --simulate: the cluster simulated")
+    add_noise(online, "with --simulate (a trace: none)")
+    add_json(parser)
     parser.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                         help="the job's command line, after '--'")
     parser.set_defaults(func=run)
@@ -108,8 +119,9 @@ def run(args: argparse.Namespace) -> int:
             raise LagomError(f"{given[0]} is an option of lagom run --online")
         if args.config is None:
             raise LagomError("lagom run needs --config FILE (or --online)")
-        return launch(args.config, command, audit_path=args.audit, workdir=args.workdir, use_plugin=not args.no_plugin,
-                      force=args.force)
+        return _launch(args, command, lambda workdir: launch(
+            args.config, command, audit_path=args.audit, workdir=workdir, use_plugin=not args.no_plugin,
+            force=args.force))
     from lagom.knob_args import parse_nccl_version_arg
     from lagom.online import DEFAULT_BUDGET_STEPS
     from lagom.runtime.launcher import OnlineRequest
@@ -123,6 +135,37 @@ def run(args: argparse.Namespace) -> int:
     request = OnlineRequest(save=args.save, budget_steps=budget_steps,
                             nccl_version=parse_nccl_version_arg(args.nccl_version), simulate=args.simulate,
                             cluster=args.cluster,
-                            noise=args.noise if args.noise is not None else 0.0,
+                            noise=args.noise if args.noise is not None else _default_noise(args.simulate),
                             collective_timing=args.collective_timing)
-    return launch(args.config, command, audit_path=args.audit, workdir=args.workdir, online=request, force=args.force)
+    return _launch(args, command, lambda workdir: launch(args.config, command, audit_path=args.audit,
+                                                         workdir=workdir, online=request, force=args.force))
+
+
+def _default_noise(workload: str | None) -> float:
+    """--noise's default with --simulate, as in lagom simulate: the simulator's run-to-run spread for a
+    spec or a workload file; none for a trace, which is replayed from its measured times."""
+    from lagom.common_args import DEFAULT_NOISE
+    from traces.workload_io import is_workload_file
+
+    if workload is None:
+        return 0.0
+    path = Path(workload)
+    return 0.0 if path.exists() and not (path.is_file() and is_workload_file(path)) else DEFAULT_NOISE
+
+
+def _launch(args: argparse.Namespace, command: list[str], start: Callable[[str | None], int]) -> int:
+    """Run the job; with --json, then print its summary object (the rank parts are read from the run
+    folder, kept for that in a temporary --workdir when none was given)."""
+    if not args.json:
+        return start(args.workdir)
+    from lagom.runtime import audit
+
+    with tempfile.TemporaryDirectory(prefix="lagom-run-json-") as tmp:
+        workdir = args.workdir if args.workdir is not None else str(Path(tmp) / "run")
+        status = start(workdir)
+        parts = audit.read_parts(workdir)
+    counts = [audit.SignatureCount(**raw) for part in parts for raw in part.get("signatures", [])]
+    sys.stdout.flush()
+    print(json.dumps({"command": command, "config": args.config, "exit_status": status, "audit": args.audit,
+                      "summary": audit.Summary.of(counts).to_dict(), "ranks": len(parts)}))
+    return status

@@ -1,9 +1,11 @@
-"""`lagom simulate WORKLOAD [--cluster NAME|FILE]`: one iteration on a virtual cluster.
+"""`lagom simulate WORKLOAD [--cluster NAME|FILE] [--nccl-version X.Y.Z]`: one iteration on a virtual cluster.
 
 WORKLOAD is a profiler trace (file or directory; rank 0), a Lagom workload JSON file,
 or a spec string such as ``fsdp:llama3-8b:gpus=16``, ``tp:phi2:tp=8,dp=2``, ``ep:olmoe:ep=8``.
 --cluster is required for a spec or a workload file; for a trace it defaults to the
 preset for the trace's GPU, with the NCCL version the trace ran (lagom/trace_context.py).
+--nccl-version sets the NCCL modelled; without it a --config file's own ``nccl_version``
+(the one ``lagom tune`` tuned for) is honoured, else the trace's, else the cluster's.
 
 A trace is replayed (docs/replay.md): its execution graph scheduled with the measured
 times, which the evaluator only scales by the ratio its mechanism gives between the
@@ -36,6 +38,9 @@ Prints the iteration time, compute busy time, communication busy and exposed tim
 the slowdown of compute caused by contention; ``--json`` prints ``{"iteration_us",
 "compute_us", "comm_us", "exposed_comm_us", "compute_uncontended_us",
 "compute_slowdown", "evaluations", "cluster", "workload", "evaluator", "ops", "collectives"}``.
+A what-if on a trace (``--scale``, ``--set``, ``--config``) prints its figures beside the
+trace's measured ones, labelled; ``--json`` adds ``"whatif": true`` and ``"measured":
+{"iteration_us", "compute_us", "comm_us", "exposed_comm_us"}`` (the trace's means).
 """
 
 from __future__ import annotations
@@ -45,9 +50,21 @@ import json
 import math
 import sys
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
-from costmodel.evaluator import DurationScale, check_config
-from lagom.knob_args import NOISE_RANGE, check_noise
+from costmodel.evaluator import DurationScale, StepTiming, check_config
+from lagom.common_args import (
+    DEFAULT_NOISE,
+    add_cluster,
+    add_evaluator,
+    add_json,
+    add_nccl_version,
+    add_noise,
+    add_seed,
+    check_seed,
+)
+from lagom.knob_args import check_noise, parse_nccl_version_arg
 from lagom.rank_args import add_arguments, reading_from_args
 from lagom.record_overhead import check_recorded_steps, unprofiled_cpu, unprofiled_line
 from lagom.trace_export import check_export_path, export_trace
@@ -55,8 +72,7 @@ from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan
 
-EVALUATORS = ("sim", "analytic")
-DEFAULT_NOISE = 0.01  # the simulator's run-to-run spread for a spec or workload file
+DEFAULT_EVALUATOR = "sim"  # one run asked for: the simulator's answer, not the model fitted to it
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -66,10 +82,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
     )
     parser.add_argument("workload", metavar="WORKLOAD", help="trace, workload JSON, or spec string")
-    parser.add_argument("--cluster", default=None, metavar="NAME|FILE",
-                        help="preset name or cluster YAML (for a trace, default: the preset for its GPU)")
-    parser.add_argument("--evaluator", choices=EVALUATORS, default="sim",
-                        help="sim: the simulator (default); analytic: Lagom's cost model")
+    add_cluster(parser, "for a trace, default: the preset for its GPU")
+    add_nccl_version(parser, "default: the --config file's, else the trace's, else the cluster's")
+    add_evaluator(parser, DEFAULT_EVALUATOR, "one run: the simulator itself, not the model fitted to it")
     parser.add_argument("--set", dest="set_config", metavar="KNOB=VALUE,...",
                         help="one CommConfig for every collective, e.g. channels=16,chunk=2MiB")
     parser.add_argument("--config", metavar="lagom.yaml", help="apply a tuned-config file")
@@ -78,15 +93,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--unprofiled-cpu", action="store_true",
                         help="a trace from lagom record: scale the CPU's time to the step measured without the "
                              "profiler")
-    parser.add_argument("--noise", type=float, default=None,
-                        help=f"multiplicative noise in {NOISE_RANGE} (std. dev., default 0.01; 0 = exact); a trace is "
-                             "replayed from its measured times: no noise")
-    parser.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
+    add_noise(parser, "a spec or workload file only (a trace replays its measured times)")
+    add_seed(parser)
     parser.add_argument("--export-trace", metavar="OUT.json.gz",
                         help="a trace: write the prediction as a Kineto trace (Perfetto, TensorBoard, HTA open it)")
     parser.add_argument("--force", action="store_true",
                         help="let --export-trace replace a file that is not a trace Lagom exported")
-    parser.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
+    add_json(parser)
     add_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -111,6 +124,27 @@ def parse_scale(items: list[str]) -> DurationScale:
     return DurationScale(**factors)
 
 
+def measured_means(steps: list[StepTiming]) -> dict[str, float]:
+    """What the trace measured, the mean over its complete steps (us): the figures a what-if's
+    summary stands beside."""
+    n = len(steps)
+    return {"iteration_us": round(sum(s.measured_iteration_us for s in steps) / n, 3),
+            "compute_us": round(sum(s.measured_compute_us for s in steps) / n, 3),
+            "comm_us": round(sum(s.measured_comm_us for s in steps) / n, 3),
+            "exposed_comm_us": round(sum(s.measured_exposed_comm_us for s in steps) / n, 3)}
+
+
+def _file_nccl_version(path: str) -> str | None:
+    """The ``nccl_version`` a tuned file records (None when it records none); the file itself is
+    checked later, by NCCL's rules for the version in force."""
+    from nccl_env.files import check_not_empty, read_yaml
+
+    check_not_empty(path, "--config")
+    data = read_yaml(Path(path))
+    value = data.get("nccl_version") if isinstance(data, dict) else None
+    return value if isinstance(value, str) and value.strip() else None
+
+
 def run(args: argparse.Namespace) -> int:
     from lagom.knob_args import parse_set
     from lagom.trace_context import resolve_cluster
@@ -118,8 +152,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.noise is not None:
         check_noise(args.noise)
-    if args.seed < 0:
-        raise LagomError(f"--seed must be >= 0, got {args.seed}")
+    check_seed(args.seed)
+    evaluator_name = args.evaluator or DEFAULT_EVALUATOR
     export = (check_export_path(args.export_trace, [("WORKLOAD", args.workload), ("--config", args.config)],
                                 force=args.force) if args.export_trace else None)
     workload, from_trace = read_workload_arg(args.workload, reading_from_args(args))
@@ -129,7 +163,10 @@ def run(args: argparse.Namespace) -> int:
         check_recorded_steps(workload, from_trace)
     if from_trace and args.noise:
         raise LagomError("--noise: a trace is replayed from its measured times, which no noise changes; drop --noise")
-    choice = resolve_cluster(workload, from_trace, args.cluster)
+    nccl_version = parse_nccl_version_arg(args.nccl_version)
+    if nccl_version is None and args.config:  # the NCCL the file was tuned for, unless the flag says otherwise
+        nccl_version = parse_nccl_version_arg(_file_nccl_version(args.config), f"{args.config}: nccl_version")
+    choice = resolve_cluster(workload, from_trace, args.cluster, nccl_version)
     cluster = choice.cluster
     # the settings a file or --set gives reach NCCL's collectives of known size only (CollectiveOp.tunable)
     signatures = sorted({workload.signature(c, cluster.gpus_per_node) for c in workload.collectives if c.tunable})
@@ -173,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
     if scale is not None and not from_trace:
         raise LagomError("--scale: applies to a trace's measured times (WORKLOAD is not a trace)")
     noise = 0.0 if from_trace else DEFAULT_NOISE if args.noise is None else args.noise
-    evaluator = make_evaluator(args.evaluator, cluster, noise, args.seed)
+    evaluator = make_evaluator(evaluator_name, cluster, noise, args.seed, workload)
     if args.unprofiled_cpu:
         if scale is not None and scale.cpu != 1.0:
             raise LagomError("--unprofiled-cpu chooses the CPU's scale itself: drop cpu= from --scale")
@@ -181,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
         print(unprofiled_line(found), file=sys.stderr)
         scale = replace(scale or DurationScale(), cpu=found.cpu)
     timing = evaluator.evaluate(workload, plan, scale)
-    result = {
+    result: dict[str, Any] = {
         "iteration_us": round(timing.iteration_us, 3),
         "compute_us": round(timing.compute_us, 3),
         "comm_us": round(timing.comm_us, 3),
@@ -191,23 +228,26 @@ def run(args: argparse.Namespace) -> int:
         "evaluations": evaluator.evaluations,
         "cluster": cluster.name,
         "workload": workload.source or args.workload,
-        "evaluator": args.evaluator,
+        "evaluator": evaluator_name,
         "ops": len(workload.compute_ops) + len(workload.collectives),
         "collectives": len(workload.collectives),
     }
     fid = None
+    whatif = bool(plan.entries) or plan.default != CommConfig() or scale is not None
     if timing.steps:
         from costmodel.replay.fidelity import fidelity
 
         result["steps"] = [st.to_dict() for st in timing.steps]
-        fid = fidelity(timing if not plan.entries and plan.default == CommConfig() and scale is None
-                       else evaluator.evaluate(workload, Plan()))
+        fid = fidelity(timing if not whatif else evaluator.evaluate(workload, Plan()))
         result["replay"] = fid.to_dict() if fid is not None else None
+        if whatif:  # the figures above are the what-if's; what the trace measured, per step, beside them
+            result["whatif"] = True
+            result["measured"] = measured_means(timing.steps)
     if export is not None:
         what = ", ".join([*([f"--config {args.config}"] if args.config else []),
                           *([f"--set {args.set_config}"] if args.set_config else []),
                           *([f"--scale {','.join(args.scale)}"] if args.scale else [])]) or "the recorded settings"
-        export_trace(workload, timing, export, what)
+        export_trace(workload, timing, export, what, scale.cpu if scale is not None else 1.0)
         result["export_trace"] = str(export)
         print(f"prediction written to {export} ({what})", file=sys.stderr)
     if args.json:
@@ -218,24 +258,34 @@ def run(args: argparse.Namespace) -> int:
     from lagom.console import stdout_console
 
     per = " per step" if timing.steps else ""
-    from pathlib import Path
 
-    table = Table(title=f"{Path(str(result['workload'])).name} on {cluster.name} ({args.evaluator}){per}")
+    measured = result.get("measured")
+    table = Table(title=f"{Path(str(result['workload'])).name} on {cluster.name} ({evaluator_name}){per}")
     table.add_column("quantity")
-    table.add_column("value", justify="right")
-    table.add_row("iteration (Z)", f"{timing.iteration_us / 1e3:,.2f} ms")
-    table.add_row("compute busy (Y)", f"{timing.compute_us / 1e3:,.2f} ms")
-    table.add_row("communication busy (X)", f"{timing.comm_us / 1e3:,.2f} ms")
-    table.add_row("exposed communication", f"{timing.exposed_comm_us / 1e3:,.2f} ms")
-    table.add_row("compute without contention", f"{timing.compute_uncontended_us / 1e3:,.2f} ms")
-    table.add_row("compute slowdown from contention", f"{timing.compute_slowdown:.3f}x")
-    table.add_row("ops / collectives", f"{result['ops']} / {result['collectives']}")
+    if measured:
+        table.add_column("measured", justify="right")
+    table.add_column("what-if" if measured else "value", justify="right")
+
+    def add(label: str, value: str, key: str | None = None, same: bool = False) -> None:
+        """A row; beside a what-if, the measured figure ``key`` first (``same``: the trace's, as is)."""
+        if measured:
+            table.add_row(label, value if same else "-" if key is None else f"{measured[key] / 1e3:,.2f} ms", value)
+        else:
+            table.add_row(label, value)
+
+    add("iteration (Z)", f"{timing.iteration_us / 1e3:,.2f} ms", "iteration_us")
+    add("compute busy (Y)", f"{timing.compute_us / 1e3:,.2f} ms", "compute_us")
+    add("communication busy (X)", f"{timing.comm_us / 1e3:,.2f} ms", "comm_us")
+    add("exposed communication", f"{timing.exposed_comm_us / 1e3:,.2f} ms", "exposed_comm_us")
+    add("compute without contention", f"{timing.compute_uncontended_us / 1e3:,.2f} ms")
+    add("compute slowdown from contention", f"{timing.compute_slowdown:.3f}x")
+    add("ops / collectives", f"{result['ops']} / {result['collectives']}", same=True)
     console = stdout_console()
     console.print(table)
     if timing.steps:
         from lagom.replay_report import fidelity_line, steps_table
 
-        console.print(steps_table(timing.steps))
+        console.print(steps_table(timing.steps, whatif=whatif))
         if fid is not None:
             console.print(fidelity_line(fid), highlight=False)
     return 0

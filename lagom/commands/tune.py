@@ -21,9 +21,9 @@ uncontended), each as NCCL>tuned. --json adds, per signature, the order in which
 Lagom's priority search finished the unit that holds its channels, with its last
 priority H (compute time added per communication time saved).
 
-For a trace the evaluator replays the trace (docs/replay.md): the first line printed is
-the replay's fidelity under the trace's own settings ("the model reproduces N steps of
-this trace within X%"), with a warning past 10% naming the part that differs; times are
+For a trace the evaluator replays the trace (docs/replay.md): after the ``why:`` lines,
+one line gives the replay's fidelity under the trace's own settings ("the model reproduces
+N steps of this trace within X%"), with a warning past 10% naming the part that differs; times are
 per profiler step (the mean over the complete steps) and every step is listed. A trace
 from ``lagom record`` adds the profiler's overhead (one line; --json "profiler_overhead").
 A trace whose collectives all ran on the CPU (gloo) has no NCCL kernel to replay: with
@@ -71,6 +71,7 @@ from rich.table import Table
 from costmodel.evaluator import DurationScale, Evaluator
 from costmodel.replay.fidelity import fidelity
 from lagom import tuning
+from lagom.common_args import add_cluster, add_evaluator, add_json, add_nccl_version, add_seed, check_seed
 from lagom.console import StageProgress, mib, stdout_console
 from lagom.knob_args import parse_nccl_version_arg
 from lagom.output_paths import OutputFormat, check_output
@@ -101,18 +102,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "tune", help="tuned per-collective NCCL settings for a workload", description=doc,
     )
     parser.add_argument("workload", metavar="WORKLOAD", help="trace, workload JSON file or generator spec")
-    parser.add_argument("--cluster", default=None,
-                        help="preset name or cluster YAML (e.g. a calibrated one); for a trace, default: the "
-                             "preset for its GPU")
-    parser.add_argument("--evaluator", choices=tuning.EVALUATORS, default=None,
-                        help="what predicts iteration times (default: analytic)")
+    add_cluster(parser, "for a trace, default: the preset for its GPU")
+    add_evaluator(parser, tuning.DEFAULT_EVALUATOR, "a search asks hundreds of times: the fast model")
     parser.add_argument("--method", choices=sorted(METHODS), default="lagom", help="search method (default lagom)")
-    parser.add_argument("--nccl-version", default=None,
-                        help="the NCCL the job will run (default: the trace's, else the cluster file's); "
-                             "decides which knobs are per collective")
-    parser.add_argument("--budget", type=int, default=None,
-                        help="cap on the search method's evaluations (default: its own rule)")
-    parser.add_argument("-o", "--output", default="lagom.yaml", help="tuned-config file to write (default lagom.yaml)")
+    add_nccl_version(parser, "default: the trace's, else the cluster's")
+    parser.add_argument("--budget", type=int, default=None, metavar="N",
+                        help="at most N evaluations by the search method (default: its own rule)")
+    add_seed(parser)
+    parser.add_argument("-o", "--output", default="lagom.yaml", metavar="FILE",
+                        help="tuned-config file to write (default lagom.yaml)")
     parser.add_argument("--force", action="store_true", help="overwrite -o even if it is not a file Lagom wrote")
     parser.add_argument("--no-autoccl", action="store_true", help="skip the AutoCCL comparison")
     parser.add_argument("--min-gain", type=float, default=tuning.MIN_GAIN, metavar="F",
@@ -122,12 +120,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "without the profiler")
     parser.add_argument("--export-trace", metavar="OUT.json.gz",
                         help="a trace: write the tuned plan's predicted steps as a Kineto trace (Perfetto, HTA)")
-    parser.add_argument("--json", action="store_true", help="print a JSON summary instead of the table")
+    add_json(parser)
     add_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    check_seed(args.seed)
     if not (args.min_gain >= 0 and args.min_gain < 10):
         raise LagomError(f"--min-gain {args.min_gain}: must be a fraction >= 0 (0.01 = 1%)")
     if args.budget is not None and not 1 <= args.budget <= tuning.MAX_BUDGET:
@@ -154,24 +153,26 @@ def run(args: argparse.Namespace) -> int:
     for note in choice.notes:
         err.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
     if cpu_only:
-        choice.warnings.append(f"{workload.source}: its collectives ran on the CPU (no NCCL kernels: a gloo job), so "
-                               f"there is no measured NCCL step to replay; the figures are the model's for these "
-                               f"collectives on {cluster.name}, not a prediction for this job")
+        choice.warnings.append(f"{workload.source}: its collectives ran on the CPU (no NCCL kernels: a gloo job): "
+                               f"the replay keeps their measured times, and the tuned figures are the model's for "
+                               f"them as NCCL would run them on {cluster.name}, not a prediction for this job")
     for warning in choice.warnings + fit_warnings(workload, cluster) + untunable_warnings(workload):
         err.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
     model_cluster = tuning.tuning_cluster(cluster, choice.cluster_arg, evaluator_name,
                                           log=lambda m: err.print(m, highlight=False))
-    model = tuning.make_evaluator(evaluator_name, model_cluster)
+    model = tuning.make_evaluator(evaluator_name, model_cluster, seed=args.seed, workload=workload)
     evaluator: Evaluator = model
+    cpu_scale = 1.0  # the CPU's scale every plan is replayed at (--unprofiled-cpu)
     if args.unprofiled_cpu:  # the bisection's evaluator serves the search too (its replay data are built)
         found = unprofiled_cpu(model, workload)
         err.print(unprofiled_line(found), highlight=False, markup=False, soft_wrap=True)
         evaluator = tuning.ScaledEvaluator(model, DurationScale(cpu=found.cpu))
+        cpu_scale = found.cpu
     started = time.perf_counter()
     with StageProgress(err, f"tuning ({args.method}, evaluations)", total=args.budget) as bar:
         outcome = tuning.tune(
             workload, cluster, evaluator, method=args.method, budget=args.budget,
-            with_autoccl=not args.no_autoccl, progress=bar.update,
+            with_autoccl=not args.no_autoccl, progress=bar.update, seed=args.seed,
         )
     elapsed_s = time.perf_counter() - started
     config = tuning.tuned_config(outcome, cluster, choice.cluster_arg, args.workload, min_gain=args.min_gain)
@@ -201,7 +202,8 @@ def run(args: argparse.Namespace) -> int:
         "requirements": config.requirements,
     }
     if export is not None:
-        export_trace(workload, outcome.result.timing, export, f"the tuned plan ({args.method}), as in {args.output}")
+        export_trace(workload, outcome.result.timing, export, f"the tuned plan ({args.method}), as in {args.output}",
+                     cpu_scale)
         summary["export_trace"] = str(export)
     overhead = profiler_overhead([workload.recorded_steps]) if from_trace else None
     if overhead is not None:
@@ -237,17 +239,26 @@ def run(args: argparse.Namespace) -> int:
     for r in report.rows:
         s = r.signature
         label = escape(f"{s.collective.value}[{s.group}] {mib(s.message_bytes)} x{s.ranks}r/{s.nodes}n")
+        mark = "*" if r.slowdown_mostly_modelled else ""
         if r.kept:
-            table.add_row(label, _change(r.old, r.old) + " (kept)", f"{r.old_ms:,.2f}", f"{r.old_slowdown:.3f}")
+            table.add_row(label, _change(r.old, r.old) + " (kept)", f"{r.old_ms:,.2f}", f"{r.old_slowdown:.3f}{mark}")
         else:
             setting = (_change(r.old, r.new) if r.mechanism is Mechanism.SM_KERNEL
                        else f"{_change(r.old, r.old)} > {r.mechanism.value.replace(' ', '-')}")  # one word
             table.add_row(label, setting, f"{r.old_ms:,.2f}>{r.new_ms:,.2f}",
-                          f"{r.old_slowdown:.3f}>{r.new_slowdown:.3f}")
+                          f"{r.old_slowdown:.3f}>{r.new_slowdown:.3f}{mark}")
+    if len(report.rows) > 1:
+        total_old, total_new = report.rows_total_ms
+        table.add_section()
+        table.add_row(f"all {len(report.rows)} signatures", "", f"{total_old:,.2f}>{total_new:,.2f}", "")
     out.print(table)
     out.print("X>Y: NCCL's settings > tuned; c: chunk, MiB; kept: the file keeps NCCL's (gain below --min-gain); "
-              "coll. ms: the signature's collectives; slowdown: of the compute they overlap; --json adds the "
-              "search's order and priority per signature", highlight=False)
+              "coll. ms: the signature's collectives, summed (collectives that overlap each other count once in "
+              "a step's coll.); slowdown: the compute they overlap, its time over its time alone (time-weighted; "
+              "analyze's contention is a median per-kernel ratio)"
+              + ("; *: mostly the model's, the trace never ran those kernels alone"
+                 if any(r.slowdown_mostly_modelled for r in report.rows) else "")
+              + "; --json adds the search's order and priority per signature", highlight=False)
     if outcome.baseline.steps:
         out.print(steps_table(outcome.baseline.steps, outcome.result.timing.steps))
     w = report.written

@@ -30,7 +30,8 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from costmodel.cluster import ClusterSpec
-from costmodel.evaluator import Timing
+from costmodel.evaluator import Evaluator, Timing
+from costmodel.replay.trace_evaluator import ReplayEvaluator
 from costmodel.sim.simulator import Simulator
 from lagom.online.work_timing import WorkDurations, op_timings
 from nccl_env.plan import Plan, Signature
@@ -60,6 +61,9 @@ class SimulatedClock:
         self.seed = seed
         self.in_force = in_force
         self.simulator = Simulator(cluster, noise=noise, seed=seed)
+        # a trace is replayed over the simulator's ratios (no noise: its measured times carry their own)
+        self.evaluator: Evaluator = (ReplayEvaluator(self.simulator, cluster.gpus_per_node)
+                                     if workload.exec_graph is not None else self.simulator)
         self.plan = Plan()
         self.switched(Plan(), -1)
 
@@ -69,7 +73,7 @@ class SimulatedClock:
 
     def step_ended(self) -> Timing:
         plan = self.in_force(self.plan) if self.in_force is not None else self.plan
-        return self.simulator.evaluate(self.workload, plan)
+        return self.evaluator.evaluate(self.workload, plan)
 
 
 class CudaClock:

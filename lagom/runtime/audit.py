@@ -13,7 +13,8 @@ before rank 0 could collect anything. Merged file (``lagom run --audit FILE``)::
                         "process_groups": [...], "warnings": [...]}, ...}}
 
 ``entry`` is the index of the first matching entry in the config's ``collectives``
-list (null: unmatched, NCCL decides). Counts are calls seen by the Python hook.
+list (null: unmatched, NCCL decides). Counts are every collective the rank issued, seen at
+the c10d dispatcher ops whoever issued them (:mod:`lagom.runtime.c10d_observer`).
 
 Under ``lagom run --online`` the document also has ``"online": {"steps_spent",
 "evaluations", "epochs", "per_rank": {"0": [plan hash of each epoch, ...], ...}, "result":

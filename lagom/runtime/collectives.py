@@ -1,4 +1,6 @@
-"""Which ``torch.distributed`` functions the hook observes, and how many bytes each moves.
+"""Which collectives the hook observes, and how many bytes each moves: the ``c10d``
+dispatcher ops every caller reaches (:data:`C10D_OPS`) and the ``torch.distributed``
+functions (:data:`SPECS`).
 
 Bytes follow the Workload convention (traces/workload.py ``message_bytes``): the
 larger of this rank's input and output buffers. So an all-gather counts its whole
@@ -11,6 +13,11 @@ read from the running torch's signatures, so positional and keyword calls both
 work. Functions absent from the running torch, or without a ``group`` parameter,
 are skipped. Object collectives (``all_gather_object`` ...) and ``barrier`` are
 not observed: they are small and call c10d internals directly.
+
+Every collective a job issues, from Python or from C++ (DDP's gradient buckets, FSDP,
+DeviceMesh and functional collectives), passes a ``ProcessGroup`` method that calls
+one of the ``c10d`` dispatcher ops below; :class:`C10dOp` says which collective it is,
+where its process group sits and which arguments' bytes count (the same convention).
 """
 
 from __future__ import annotations
@@ -113,3 +120,88 @@ SPECS: tuple[CollectiveSpec, ...] = (
 # torch.distributed namespace, so c10d's internal calls (all_gather_into_tensor calls
 # all_gather_single) are not counted twice.
 ALSO_IN_C10D = frozenset({"isend", "irecv"})
+
+
+
+def _gathered(args: tuple) -> int:
+    """A functional all-gather: its input (or inputs) times the group size (args[1]), the output's bytes."""
+    return _sum_bytes(args[0]) * int(args[1])
+
+
+def _all_to_all_single(args: tuple) -> int:
+    """A functional all-to-all: the larger of its input and its output (the output splits' rows)."""
+    tensor = args[0]
+    splits = args[1]
+    if not splits or not tensor.dim() or not tensor.shape[0]:
+        return tensor.nbytes
+    return max(tensor.nbytes, tensor.nbytes // tensor.shape[0] * sum(int(s) for s in splits))
+
+
+@dataclass(frozen=True)
+class C10dOp:
+    """One dispatcher op of c10d: its namespace and name, its type, the positions of the
+    buffers whose bytes count (with two, the larger side) or a rule of its own, and the
+    position of its process group (a ProcessGroup object in ``c10d``, a group name in
+    ``_c10d_functional``), as their schemas in torch 2.4-2.13 put them."""
+
+    namespace: str
+    name: str
+    collective: CollectiveType
+    buffers: tuple[int, ...]
+    group: int
+    rule: Callable[[tuple], int] | None = None
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.namespace}::{self.name}"
+
+    def nbytes(self, args: tuple) -> int:
+        if self.rule is not None:
+            return self.rule(args)
+        if len(self.buffers) == 1:
+            return _sum_bytes(args[self.buffers[0]])
+        return max(_sum_bytes(args[i]) for i in self.buffers)
+
+
+_C, _F = "c10d", "_c10d_functional"
+_AR, _AG, _RS = CollectiveType.ALLREDUCE, CollectiveType.ALLGATHER, CollectiveType.REDUCESCATTER
+_P2P = CollectiveType.SENDRECV  # NCCL runs gather and scatter as grouped send/recv
+
+# The ProcessGroup methods' ops (Python's torch.distributed, DDP's reducer, FSDP) and the
+# functional collectives (DeviceMesh/DTensor, torch.compile), which call those methods
+# from C++ below autograd: each collective is seen once, at the outermost op.
+C10D_OPS: tuple[C10dOp, ...] = (
+    C10dOp(_C, "allreduce_", _AR, (0,), 1),
+    C10dOp(_C, "allreduce_coalesced_", _AR, (0,), 1),
+    C10dOp(_C, "allgather_", _AG, (0,), 2),
+    C10dOp(_C, "_allgather_base_", _AG, (0,), 2),
+    C10dOp(_C, "allgather_coalesced_", _AG, (0,), 2),
+    C10dOp(_C, "allgather_into_tensor_coalesced_", _AG, (0,), 2),
+    C10dOp(_C, "reduce_scatter_", _RS, (1,), 2),
+    C10dOp(_C, "_reduce_scatter_base_", _RS, (1,), 2),
+    C10dOp(_C, "reduce_scatter_tensor_coalesced_", _RS, (1,), 2),
+    C10dOp(_C, "broadcast_", CollectiveType.BROADCAST, (0,), 1),
+    C10dOp(_C, "reduce_", CollectiveType.REDUCE, (0,), 1),
+    C10dOp(_C, "alltoall_", CollectiveType.ALLTOALL, (0, 1), 2),
+    C10dOp(_C, "alltoall_base_", CollectiveType.ALLTOALL, (0, 1), 2),
+    C10dOp(_C, "send", _P2P, (0,), 1),
+    C10dOp(_C, "recv_", _P2P, (0,), 1),
+    C10dOp(_C, "recv_any_source_", _P2P, (0,), 1),
+    C10dOp(_C, "gather_", _P2P, (0, 1), 2),
+    C10dOp(_C, "scatter_", _P2P, (0, 1), 2),
+    C10dOp(_F, "all_reduce", _AR, (0,), 2),
+    C10dOp(_F, "all_reduce_", _AR, (0,), 2),
+    C10dOp(_F, "all_reduce_coalesced", _AR, (0,), 2),
+    C10dOp(_F, "all_reduce_coalesced_", _AR, (0,), 2),
+    C10dOp(_F, "all_gather_into_tensor", _AG, (0,), 2, _gathered),
+    C10dOp(_F, "all_gather_into_tensor_coalesced", _AG, (0,), 2, _gathered),
+    C10dOp(_F, "all_gather_into_tensor_out", _AG, (0,), 2, _gathered),
+    C10dOp(_F, "reduce_scatter_tensor", _RS, (0,), 3),
+    C10dOp(_F, "reduce_scatter_tensor_coalesced", _RS, (0,), 3),
+    C10dOp(_F, "reduce_scatter_tensor_out", _RS, (0,), 3),
+    C10dOp(_F, "all_to_all_single", CollectiveType.ALLTOALL, (0,), 3, _all_to_all_single),
+    C10dOp(_F, "broadcast", CollectiveType.BROADCAST, (0,), 2),
+    C10dOp(_F, "broadcast_", CollectiveType.BROADCAST, (0,), 2),
+    C10dOp(_F, "isend", _P2P, (0,), 3),
+    C10dOp(_F, "irecv", _P2P, (0,), 3),
+)

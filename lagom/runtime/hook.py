@@ -1,11 +1,19 @@
 """The torch.distributed hook: per-group NCCL options and a count of every collective.
 
-:class:`Hook` replaces the collective functions of ``torch.distributed`` (see
-:mod:`lagom.runtime.collectives`) with thin wrappers that count the call under its
-signature (type, bytes, group) and then call the original with the very same
-arguments, returning its result (tensors, async work handles) untouched. The tuned
-file is consulted once per distinct signature: the wrapper's steady-state cost is
-one byte count, one dict lookup and one increment. Group creation is wrapped by
+:class:`Hook` counts every collective the job issues under its signature (type,
+bytes, group), whatever issued it, on gloo and NCCL. It replaces the collective
+functions of ``torch.distributed`` (see :mod:`lagom.runtime.collectives`) with thin
+wrappers that count the call and then call the original with the very same arguments,
+returning its result (tensors, async work handles) untouched. What does not pass them
+(DDP's gradient buckets, issued from C++; the functional collectives of DeviceMesh,
+DTensor and compiled code) is counted at PyTorch's ``c10d`` dispatcher ops
+(:mod:`lagom.runtime.c10d_observer`); a wrapped call runs below autograd, where those
+kernels do not see it again, so each collective counts once. The tuned file is
+consulted once per distinct signature: a wrapped call's steady-state cost is one byte
+count, one dict lookup and one increment (under a microsecond); a collective seen at
+the dispatcher costs a Python call (tens of microseconds: a DDP bucket, not a kernel).
+On a torch whose c10d ops cannot be observed one note says so and the wrappers count
+alone. Group creation is wrapped by
 :class:`lagom.runtime.process_groups.GroupOptionsInjector`.
 
 Failure policy: anything that goes wrong inside the hook stops the hook's own work
@@ -25,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lagom.runtime import audit
+from lagom.runtime.c10d_observer import C10dObserver
 from lagom.runtime.collectives import ALSO_IN_C10D, SPECS, TYPE_INDEX, TYPE_ORDER, CollectiveSpec
 from lagom.runtime.env import EnvMerge, merge_env
 from lagom.runtime.process_groups import GroupOptionsInjector
@@ -70,6 +79,11 @@ class Hook:
         self.run_dir = Path(run_dir) if run_dir else None
         self.stream = stream
         self.observing = False  # read by every wrapper; False = pass straight through
+        # True while the c10d dispatcher ops are observed: a call the Python wrappers counted then runs
+        # below autograd, where the observer's kernels do not see it again
+        self.dispatcher_counts = False
+        self._observer: C10dObserver | None = None
+        self._observer_tried = False
         self.failed = False
         self.counts: dict[tuple, list] = {}  # (type index, bytes, group) -> [count, info]
         self.rank: int | None = None
@@ -144,7 +158,9 @@ class Hook:
         return self.config
 
     def _process_groups(self) -> dict[str, dict]:
-        """The tuned per-group settings, loading the file if needed; {} once failed."""
+        """The tuned per-group settings, loading the file if needed; {} once failed. Called as each
+        group is created, when torch is whole: the c10d ops are observed from the first one on."""
+        self._observe_c10d()
         if self.failed:
             return {}
         config = self.ensure_config()
@@ -175,7 +191,31 @@ class Hook:
             self._patch(dist, spec.function, wrapper)
             if spec.function in ALSO_IN_C10D and getattr(c10d, spec.function, None) is original:
                 self._patch(c10d, spec.function, wrapper)
+        if getattr(sys.modules.get("torch"), "library", None) is not None:
+            self._observe_c10d()  # else torch is still importing (the bootstrap): at the first group's creation
         self.observing = self.config is not None or not self._config_tried
+
+    def _observe_c10d(self) -> None:
+        """Count at the c10d dispatcher ops from now on; where they cannot be observed, one note."""
+        if self._observer_tried:
+            return
+        self._observer_tried = True
+        observer = C10dObserver(self._count, self.fail, lambda: self.observing)
+        try:
+            observer.install()
+        except LagomError as exc:
+            self.note(f"{exc}: the audit counts the calls of torch.distributed's Python functions only "
+                      "(not DDP's buckets or other collectives issued from C++)")
+        else:
+            self._observer, self.dispatcher_counts = observer, True
+
+    def _count(self, type_index: int, nbytes: int, group: str) -> None:
+        """One collective seen at the dispatcher."""
+        key = (type_index, nbytes, group)
+        record = self.counts.get(key)
+        if record is None:
+            record = self._new_record(key)
+        record[0] += 1
 
     def _patch(self, module: object, name: str, replacement: object) -> None:
         self._patched.append((module, name, getattr(module, name)))
@@ -187,6 +227,10 @@ class Hook:
         for module, name, original in reversed(self._patched):
             setattr(module, name, original)
         self._patched.clear()
+        if self._observer is not None:
+            self._observer.uninstall()
+            self._observer, self.dispatcher_counts = None, False
+        self._observer_tried = False
         if self._injector is not None:
             self._injector.uninstall()
 
@@ -201,6 +245,10 @@ class Hook:
         # functional collectives), never our byte count on symbolic shapes. Looked up at
         # call time: the bootstrap installs the hook while torch is still importing.
         import torch
+
+        # Below autograd, as torch's own autograd fallback runs a c10d op: the observer's kernel there
+        # (lagom.runtime.c10d_observer) is for collectives that do not pass these wrappers.
+        below_autograd = torch._C._AutoDispatchBelowAutograd
 
         # The hot path: a flag test, a byte count, a dict lookup, an increment. The
         # common one-tensor case reads the tensor inline (one Python call fewer).
@@ -226,6 +274,9 @@ class Hook:
                             record[0] += 1
                         except Exception as exc:
                             hook.fail(spec.function, exc)
+                    if hook.dispatcher_counts:  # counted here: the c10d op below must not count it again
+                        with below_autograd():
+                            return original(*args, **kwargs)
                 return original(*args, **kwargs)
 
         else:
@@ -248,6 +299,9 @@ class Hook:
                             record[0] += 1
                         except Exception as exc:
                             hook.fail(spec.function, exc)
+                    if hook.dispatcher_counts:  # counted here: the c10d op below must not count it again
+                        with below_autograd():
+                            return original(*args, **kwargs)
                 return original(*args, **kwargs)
 
         if self.deliver_works:  # under --online --collective-timing: the Work a call returns goes to the online clock
@@ -259,8 +313,11 @@ class Hook:
                 if sink is not None and result is not None and hook.observing and not torch.compiler.is_compiling():
                     try:
                         group = args[group_pos] if len(args) > group_pos else kwargs.get("group")
-                        record = counts.get((type_index, nbytes_of(args, kwargs), group))
-                        if record is not None and record[1] is not _IGNORED:
+                        key = (type_index, nbytes_of(args, kwargs), group)
+                        record = counts.get(key)
+                        if record is None:  # counted at the dispatcher: resolve the signature once here
+                            record = hook._new_record(key)
+                        if record[1] is not _IGNORED:
                             sink(record[1][:5], result)  # (collective, group, ranks, nodes, bytes): no entry index
                     except Exception as exc:
                         hook.fail(spec.function, exc)

@@ -46,6 +46,7 @@ from lagom.tuned_config import TunedConfig, load_tuned_config
 from lagom.workload_arg import read_workload_arg
 from nccl_env.delivery import online_ceilings, plugin_env
 from nccl_env.errors import LagomError
+from nccl_env.files import PathKind, check_path_kind
 from nccl_env.knob_table import CHANNELS, PATH
 from nccl_env.knobs import CommPath, CtaPolicy, cta_policy_value
 from nccl_env.plugin_build import PluginBuildError, build_plugin
@@ -108,9 +109,10 @@ def check_run_folder(workdir: str | os.PathLike) -> Path:
     if not text.strip():
         raise LagomError("--workdir: an empty folder name")
     path = Path(text)
-    if path.exists() and not path.is_dir():
+    kind = check_path_kind(path, f"--workdir {text}", folder=True, expected="a folder")  # a FIFO, a loop: refused
+    if kind is PathKind.FILE:
         raise LagomError(f"--workdir {text}: is a file, expected a folder")
-    if path.is_dir() and not (path / RUN_FOLDER_MARKER).exists():
+    if kind is PathKind.FOLDER and not (path / RUN_FOLDER_MARKER).exists():
         try:
             names = sorted(p.name for p in path.iterdir())
         except OSError as exc:
@@ -119,7 +121,7 @@ def check_run_folder(workdir: str | os.PathLike) -> Path:
             shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
             raise LagomError(f"--workdir {text}: holds files an earlier lagom run did not put there ({shown}); "
                              "give a new or empty folder for the run's files")
-    return path.resolve()
+    return Path(os.path.realpath(path))
 
 
 def run_folder(workdir: str | os.PathLike) -> Path:
@@ -338,7 +340,7 @@ def _check_outputs(config_path: str | os.PathLike | None, audit_path: str | os.P
         check_output("--audit", audit_path, OutputFormat.AUDIT, inputs, force=force)
     if online is not None and online.save is not None:
         check_output("--save", online.save, OutputFormat.TUNED_CONFIG, inputs, force=force)
-        if audit_path is not None and Path(online.save).resolve() == Path(audit_path).resolve():
+        if audit_path is not None and os.path.realpath(online.save) == os.path.realpath(audit_path):
             raise LagomError(f"--save {online.save}: is also --audit's file; give them two names")
     if workdir is not None:
         check_run_folder(workdir)

@@ -321,7 +321,7 @@ class Recorder:
             return
         try:
             part = {"rank": _rank(), "steps": self.step, "file": self.file, "error": self.error,
-                    "recorded": self.recorded}
+                    "recorded": self.recorded, "local_ranks": _local_ranks()}
             path = part_path(self.settings.run_dir, _rank())
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(part))
@@ -349,6 +349,17 @@ def _rank() -> int:
         return dist.get_rank()
     value = os.environ.get("RANK", "0")
     return int(value) if value.isdigit() else 0
+
+
+def _local_ranks() -> int:
+    """How many ranks this node runs (torchrun's LOCAL_WORLD_SIZE; else the job's size, else 1): the
+    launcher calls a recording complete when that many traces are there."""
+    value = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if value.isdigit():
+        return int(value)
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _job_id(own: str) -> str:

@@ -33,12 +33,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lagom.runtime.nccl_paths import PathLine, parse_line
-from nccl_env.knobs import Algorithm, CollectiveType, Protocol
+from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plugin_table import PluginEntry, format_table
 
 PROBE_SIZES = (4096, 1 << 20, 64 << 20)  # bytes all-reduced by the one-rank job
-PROBE_ENTRY = PluginEntry(collective=CollectiveType.ALLREDUCE, algorithm=Algorithm.RING,
-                          protocol=Protocol.SIMPLE, channels=2)
+PROBE_ENTRY = PluginEntry(collective=CollectiveType.ALLREDUCE,
+                          settings=CommConfig(Algorithm.RING, Protocol.SIMPLE, channels=2))
 PROBE_TIMEOUT_S = 120
 
 _VERSION = re.compile(r"NCCL INFO NCCL version (\S+)")
@@ -74,9 +74,10 @@ class PluginLog:
 
     def served(self, entry: PluginEntry) -> list[PathLine]:
         """The collectives NCCL planned as ``entry`` says (its algorithm, protocol and channels)."""
-        kernel = f"{entry.algorithm.name}/{entry.protocol.name}" if entry.algorithm and entry.protocol else None
+        s = entry.settings
+        kernel = f"{s.algorithm.name}/{s.protocol.name}" if s.algorithm and s.protocol else None
         return [c for c in self.collectives if (kernel is None or c.kernel.upper() == kernel)
-                and (entry.channels is None or c.ctas == entry.channels)]
+                and (s.channels is None or c.ctas == s.channels)]
 
     def to_dict(self) -> dict:
         out = asdict(self)

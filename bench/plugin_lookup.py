@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nccl_env.knobs import Algorithm, CollectiveType, Protocol  # noqa: E402
+from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol  # noqa: E402
 from nccl_env.plugin_build import build_plugin, compile_c, find_compiler  # noqa: E402
 from nccl_env.plugin_table import PluginEntry, format_table  # noqa: E402
 
@@ -38,8 +38,8 @@ def exact_table(n: int, rng: random.Random, colls: list[CollectiveType] = COLLS
         sizes = rng.sample(range(1, 1 << 20), per_coll)
         for s in sizes:
             nbytes = s * 512
-            entries.append(PluginEntry(coll, nbytes, nbytes, Algorithm.RING, Protocol.SIMPLE,
-                                       rng.choice([1, 2, 4, 8]), 1, 8, chunk_bytes=rng.choice([None, 700416])))
+            entries.append(PluginEntry(coll, nbytes, nbytes, 1, 8, settings=CommConfig(
+                Algorithm.RING, Protocol.SIMPLE, rng.choice([1, 2, 4, 8]), chunk_bytes=rng.choice([None, 700416]))))
             queries.append((coll.nccl_func, nbytes))
     return entries[:n], queries
 
@@ -48,9 +48,10 @@ def ranged_table(n: int, rng: random.Random) -> tuple[list[PluginEntry], list[tu
     """Nested, overlapping byte ranges with mixed numPipeOps/regBuff and any-topology lines (a hand-written mess)."""
     entries = []
     for i in range(n):
-        entries.append(PluginEntry(CollectiveType.ALLREDUCE, i * 4096, (2 * n - i) * 4096, Algorithm.TREE, Protocol.LL,
-                                   1 + i % 8, rng.choice([None, 1]), rng.choice([None, 8]),
-                                   pipe_ops=rng.choice([None, 1, 2, 7]), reg_buff=rng.choice([None, 0, 1])))
+        settings = CommConfig(Algorithm.TREE, Protocol.LL, 1 + i % 8)
+        entries.append(PluginEntry(CollectiveType.ALLREDUCE, i * 4096, (2 * n - i) * 4096, rng.choice([None, 1]),
+                                   rng.choice([None, 8]), pipe_ops=rng.choice([None, 1, 2, 7]),
+                                   reg_buff=rng.choice([None, 0, 1]), settings=settings))
     queries = [(CollectiveType.ALLREDUCE.nccl_func, rng.randrange(0, 2 * n * 4096)) for _ in range(1000)]
     return entries, queries
 
@@ -63,7 +64,8 @@ def shapes_table(n: int, rng: random.Random) -> tuple[list[PluginEntry], list[tu
         nodes, ranks = shapes[i % 4]
         coll = COLLS[i % 3]
         nbytes = rng.randrange(1, 1 << 20) * 512
-        entries.append(PluginEntry(coll, nbytes, nbytes, Algorithm.RING, Protocol.SIMPLE, 4, nodes, ranks))
+        entries.append(PluginEntry(coll, nbytes, nbytes, nodes, ranks,
+                                   settings=CommConfig(Algorithm.RING, Protocol.SIMPLE, 4)))
         if (nodes, ranks) == (1, 8):
             queries.append((coll.nccl_func, nbytes))
     return entries, queries

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import numpy as np
 
 from nccl_env.errors import LagomError
+from nccl_env.knob_table import ALGORITHM
 from nccl_env.knobs import Algorithm, CommConfig
 from nccl_env.plan import Plan
 from traces.workload import Workload
@@ -175,8 +176,8 @@ def check_plan(plan: Plan) -> None:
 
 def check_config(config: CommConfig, where: str) -> None:
     """Raise LagomError (one line, starting with ``where``) for an algorithm the evaluators do not model."""
-    algorithm = config.algorithm
-    if algorithm is not None and algorithm not in MODELLED_ALGORITHMS:
+    algo = ALGORITHM.get(config)
+    if algo is not None and algo not in MODELLED_ALGORITHMS:
         names = " and ".join(a.nccl_name for a in MODELLED_ALGORITHMS)
-        raise LagomError(f"{where}: algorithm={algorithm.nccl_name}: the evaluators model only {names} "
+        raise LagomError(f"{where}: {ALGORITHM.field}={algo.nccl_name}: the evaluators model only {names} "
                          f"(NVLS and CollNet need switch hardware no cluster describes; PAT is not modelled)")

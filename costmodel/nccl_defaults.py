@@ -39,6 +39,7 @@ from functools import lru_cache
 
 from costmodel.cluster import ClusterSpec
 from nccl_env.errors import LagomError
+from nccl_env.knob_table import PATH
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Signature
 from nccl_env.rules import DEFAULT_BUFFSIZE_BYTES, NCCL_STEPS, P2P_COLLECTIVES, max_channels
@@ -162,6 +163,10 @@ class AlgoEstimate:
     latency_us: float
     bw_gb_per_s: float  # algorithm bandwidth, NCCL's model
     time_us: float
+
+    @property
+    def pair(self) -> tuple[Algorithm, Protocol]:
+        return self.algorithm, self.protocol
 
 
 def _compcap_index(cc: int) -> int:
@@ -370,7 +375,7 @@ def resolve_config(cluster: ClusterSpec, signature: Signature, config: CommConfi
     """
     if signature.collective in P2P_COLLECTIVES:
         # NCCL's p2p path reads neither NCCL_NTHREADS nor an algorithm or protocol
-        config = CommConfig(channels=config.channels, chunk_bytes=config.chunk_bytes, path=config.path)
+        config = PATH.set(CommConfig(channels=config.channels, chunk_bytes=config.chunk_bytes), PATH.get(config))
     if config.algorithm is None and config.protocol is None:
         base = nccl_default_config(cluster, signature)
         if config.channels is not None and config.chunk_bytes is None:

@@ -7,7 +7,7 @@ import re
 
 from nccl_env.errors import LagomError
 from nccl_env.knob_table import BY_CLI_NAME, CHANNELS, CHOICE_KNOBS, CHUNK, PATH, THREADS
-from nccl_env.knobs import Algorithm, CommConfig, CommPath, Protocol
+from nccl_env.knobs import CommConfig
 from nccl_env.nccl_releases import released_version
 from nccl_env.rules import NcclVersion
 
@@ -16,7 +16,7 @@ from nccl_env.rules import NcclVersion
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
           "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
-_KEYS = {name: knob.field for name, knob in BY_CLI_NAME.items()}  # --set spellings (nccl_env.knob_table)
+_KEYS = BY_CLI_NAME  # --set spellings (nccl_env.knob_table)
 
 
 _SET_ORDER = (CHANNELS, THREADS, CHUNK, *CHOICE_KNOBS, PATH)  # how --set's error lists them
@@ -45,29 +45,20 @@ def parse_set(text: str) -> CommConfig:
     values: dict = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = item.partition("=")
-        field = _KEYS.get(key.strip().lower())
-        if not sep or field is None:
+        knob = _KEYS.get(key.strip().lower())
+        if not sep or knob is None:
             raise LagomError(f"--set: bad item {item!r}: expected KNOB=VALUE with KNOB one of "
                              f"{', '.join(k.cli_names[0] for k in _SET_ORDER)}")
         value = value.strip()
+        field = knob.field
         if field in values:
             raise LagomError(f"--set: {field} is given twice ({item!r}); give each knob once")
-        if field == "algorithm":
-            names = [a.nccl_name for a in Algorithm]
-            if value.lower() not in names:
-                raise LagomError(f"--set: algorithm {value!r} is not one of {', '.join(names)}")
-            values[field] = Algorithm[value.upper()]
-        elif field == "protocol":
-            names = [p.nccl_name for p in Protocol]
-            if value.lower() not in names:
-                raise LagomError(f"--set: protocol {value!r} is not one of {', '.join(names)}")
-            values[field] = Protocol[value.upper()]
-        elif field == "path":
-            names = [p.value for p in CommPath]
-            if value.lower() not in names:
-                raise LagomError(f"--set: path {value!r} is not one of {', '.join(names)}")
-            values[field] = CommPath(value.lower())
-        elif field == "chunk_bytes":
+        if knob.choices:
+            by_name = {c.nccl_name: c for c in knob.choices}
+            if value.lower() not in by_name:
+                raise LagomError(f"--set: {field} {value!r} is not one of {', '.join(by_name)}")
+            values[field] = by_name[value.lower()]
+        elif knob.in_bytes:
             values[field] = parse_size(value)
         else:
             try:

@@ -16,7 +16,9 @@ from lagom.output_paths import write_output
 from lagom.tuned_config import TunedConfig
 from nccl_env.delivery import PLUGIN_SETTINGS, PluginRule, plugin_lines
 from nccl_env.errors import LagomError
-from nccl_env.plugin_table import PLUGIN_COLLECTIVES, PluginEntry, format_table
+from nccl_env.knob_table import CHUNK, THREADS
+from nccl_env.knobs import CommConfig
+from nccl_env.plugin_table import PLUGIN_COLLECTIVES, PluginEntry, format_table, plugin_settings
 from nccl_env.rules import (
     CHUNK_PLUGIN_SINCE,
     TUNER_SYMBOL_SINCE,
@@ -36,7 +38,7 @@ def _table(cfg: TunedConfig) -> tuple[list[PluginEntry], list[str]]:
     rules = [
         PluginRule(PluginEntry(collective=e.match.collective, min_bytes=e.match.min_bytes or None,
                                max_bytes=e.match.max_bytes, nodes=e.match.nodes, ranks=e.match.ranks,
-                               **{k: getattr(e.config, k) for k in PLUGIN_SETTINGS}),
+                               settings=plugin_settings(e.config)),
                    e.match.group, f"entry {number}")
         for number, e in enumerate(cfg.collectives, start=1)
     ]
@@ -62,15 +64,15 @@ def plugin_table_comments(cfg: TunedConfig) -> list[str]:
                         f"about point-to-point traffic")
     comments += _table(cfg)[1]
     asked = [e for e in cfg.collectives
-             if e not in dropped and any(getattr(e.config, k) is not None for k in PLUGIN_SETTINGS)]
+             if e not in dropped and plugin_settings(e.config) != CommConfig()]
     if version is not None and asked and not tuner_symbols(version):
         oldest = min(TUNER_SYMBOL_SINCE.values())
         comments.append(f"NCCL {version} loads none of the plugin's ABIs (the oldest, v2, needs NCCL >= {oldest}): "
                         "this table has no lines; the config's env and process_groups carry what that NCCL takes")
-    elif version is not None and version < CHUNK_PLUGIN_SINCE and any(e.config.chunk_bytes is not None for e in asked):
+    elif version is not None and version < CHUNK_PLUGIN_SINCE and any(CHUNK.get(e.config) is not None for e in asked):
         comments.append(f"chunk_bytes is applied only by NCCL >= {CHUNK_PLUGIN_SINCE} (tuner getChunkSize), so this "
                         f"table leaves it out; on NCCL {version} NCCL_BUFFSIZE (the config's env) carries it")
-    if any(e.config.threads is not None for e in cfg.collectives):
+    if any(THREADS.get(e.config) is not None for e in cfg.collectives):
         comments.append("threads are process-wide (NCCL_NTHREADS in the config's env), not in this table")
     return comments
 

@@ -68,7 +68,7 @@ def _scan_to_file(path: Path, spill_dir: str) -> tuple[TraceHeader, str]:
     spill = os.path.join(spill_dir, f"{uuid.uuid4().hex}.pkl")
     try:
         with open(spill, "wb") as f:
-            pickle.dump(parsed, f, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dump(parsed, f, pickle.HIGHEST_PROTOCOL)
     except OSError as exc:
         raise LagomError(f"{path}: cannot spill its records to {spill_dir}: {exc.strerror or exc}") from None
     return parsed.header(), spill
@@ -79,7 +79,7 @@ def _scan_to_bytes(path: Path, absolute: Path) -> tuple[TraceHeader, bytes]:
     ``path``, as given); its header and its records pickled (they stay on the worker)."""
     parsed = _guarded(absolute, scan_trace_file, absolute)
     parsed.path = path
-    return parsed.header(), pickle.dumps(parsed, protocol=pickle.HIGHEST_PROTOCOL)
+    return parsed.header(), pickle.dumps(parsed, pickle.HIGHEST_PROTOCOL)
 
 
 def _header(scanned: tuple[TraceHeader, Any]) -> TraceHeader:

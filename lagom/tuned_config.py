@@ -44,6 +44,7 @@ from nccl_env.env_names import check_env_names
 from nccl_env.env_values import validate_env
 from nccl_env.errors import LagomError
 from nccl_env.files import check_keys, check_not_empty, read_yaml
+from nccl_env.knob_table import validate_config
 from nccl_env.knobs import CollectiveType, CommConfig, cta_policy_value
 from nccl_env.nccl_releases import released_version
 from nccl_env.plan import Plan, Signature
@@ -53,7 +54,6 @@ from nccl_env.rules import (
     TUNER_SYMBOL_SINCE,
     NcclVersion,
     max_channels,
-    validate_config,
 )
 
 FORMAT = "lagom.tuned-config"

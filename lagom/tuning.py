@@ -87,7 +87,7 @@ def with_nccl_version(cluster: ClusterSpec, version: NcclVersion | None) -> Clus
 
 def _enabled_pairs(cluster: ClusterSpec, signature: Signature):
     """The (algorithm, protocol) pairs NCCL's own tuning model enables for a collective."""
-    return [(e.algorithm, e.protocol) for e in algo_estimates(cluster, signature)]
+    return [e.pair for e in algo_estimates(cluster, signature)]
 
 
 def space_for(workload: Workload, cluster: ClusterSpec, use_plugin: bool = True) -> SearchSpace:

@@ -37,10 +37,10 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from nccl_env.errors import LagomError
-from nccl_env.knob_table import ALGORITHM, CHANNELS, KNOBS, PROTOCOL, THREADS
+from nccl_env.knob_table import ALGORITHM, CHANNELS, CHUNK, KNOBS, PATH, PROTOCOL, THREADS, validate_config
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, CommPath, CtaPolicy, Protocol
 from nccl_env.plan import Plan, Signature
-from nccl_env.plugin_table import PLUGIN_COLLECTIVES, PluginEntry, check_entry
+from nccl_env.plugin_table import PLUGIN_COLLECTIVES, PluginEntry, check_entry, plugin_settings
 from nccl_env.rules import (
     CTAS_ENV_SINCE,
     DEFAULT_BUFFSIZE_BYTES,
@@ -56,7 +56,6 @@ from nccl_env.rules import (
     p2p_chunk_ceiling,
     p2p_chunk_envs,
     per_collective_knobs,
-    validate_config,
 )
 
 # Spellings NCCL_ALGO / NCCL_PROTO parse (init.cc ncclFuncStr / ncclAlgoStr / ncclProtoStr; case-insensitive).
@@ -124,7 +123,7 @@ def online_ceilings(version: NcclVersion, max_chunk_bytes: int, env: dict[str, s
     """
     ceiling = str(max_channels(version))
     out = {"NCCL_MIN_CTAS": ceiling, "NCCL_MAX_CTAS": ceiling}
-    if "chunk_bytes" in per_collective_knobs(version):
+    if CHUNK.field in per_collective_knobs(version):
         needed = buffsize_for_chunk(max_chunk_bytes, Algorithm.TREE)
         given = env.get("NCCL_BUFFSIZE", "")
         out["NCCL_BUFFSIZE"] = str(max(needed, int(given) if given.isdigit() else 0))
@@ -191,7 +190,7 @@ def deliver(plan: Plan, version: NcclVersion, use_plugin: bool = True, own_commu
     collectives = [(s, c) for s, c in items if s.collective not in P2P_COLLECTIVES]
     _threads(collectives, plan.default, out)
     _chunk(collectives, plan.default, version, per_coll, door_knobs, out)
-    buffsize_free = "chunk_bytes" in per_coll or (own_communicator and "NCCL_BUFFSIZE" not in out.env)
+    buffsize_free = CHUNK.field in per_coll or (own_communicator and "NCCL_BUFFSIZE" not in out.env)
     _p2p_chunk([(s, c) for s, c in items if s.collective in P2P_COLLECTIVES], version, buffsize_free, out)
     _channels(items, plan.default, version, per_coll, out)
     _algo_proto(items, plan.default, version, per_coll, out)
@@ -228,10 +227,10 @@ def plugin_lines(rules: list[PluginRule], per_coll: frozenset[str]) -> tuple[lis
         if e.collective is not None and e.collective not in PLUGIN_COLLECTIVES:
             continue
         check_entry(e, index)
-        settings = {k: getattr(e, k) if k in per_coll else None for k in PLUGIN_SETTINGS}
-        if all(v is None for v in settings.values()):
+        settings = plugin_settings(e.settings, per_coll)
+        if settings == CommConfig():
             continue
-        line = replace(e, **settings)
+        line = replace(e, settings=settings)
         key = (e.collective, e.min_bytes, e.max_bytes, e.ranks, e.nodes, e.pipe_ops, e.reg_buff)
         if key in first_by_match:
             first_rule, first_line = first_by_match[key]
@@ -254,51 +253,58 @@ def _plugin_part(items: list[tuple[Signature, CommConfig]], default: CommConfig,
     rules = [
         PluginRule(PluginEntry(collective=sig.collective, min_bytes=sig.message_bytes or None,
                                max_bytes=sig.message_bytes, nodes=sig.nodes, ranks=sig.ranks,
-                               **{k: getattr(cfg, k) for k in PLUGIN_SETTINGS}),
+                               settings=plugin_settings(cfg)),
                    sig.group, sig.label())
         for sig, cfg in items
     ]
     lines, compromises = plugin_lines(rules, per_coll)
     out.plugin_entries += lines
     out.compromises += compromises
-    fallback = {k: getattr(default, k) for k in per_coll if getattr(default, k) is not None}
-    if fallback:
-        out.plugin_entries.append(PluginEntry(**fallback))  # wildcard last: first match wins
+    fallback = plugin_settings(default, per_coll)
+    if fallback != CommConfig():
+        out.plugin_entries.append(PluginEntry(settings=fallback))  # wildcard last: first match wins
 
 
 def _threads(items: list[tuple[Signature, CommConfig]], default: CommConfig, out: Delivery) -> None:
     for var, ll128 in (("NCCL_NTHREADS", False), ("NCCL_LL128_NTHREADS", True)):
-        wanted = [(s, c.threads) for s, c in items if c.threads is not None and (c.protocol is Protocol.LL128) == ll128]
-        if not wanted and default.threads is not None and (default.protocol is Protocol.LL128) == ll128:
-            out.env[var] = str(default.threads)
+        wanted = THREADS.set_in((s, c) for s, c in items if (PROTOCOL.get(c) is Protocol.LL128) == ll128)
+        if not wanted and THREADS.get(default) is not None and (PROTOCOL.get(default) is Protocol.LL128) == ll128:
+            out.env[var] = str(THREADS.get(default))
             continue
         if wanted:
-            _, value = _one_value("threads", wanted, "in one process",
+            _, value = _one_value(THREADS.field, wanted, "in one process",
                                   f"{var} is read once per process and no plugin ABI sets threads", out.compromises)
             out.env[var] = str(value)
 
 
 def _chunk(items, default: CommConfig, version: NcclVersion, per_coll, door_knobs, out: Delivery) -> None:
-    wanted = [(s, c) for s, c in items if c.chunk_bytes is not None]
-    if "chunk_bytes" in per_coll:
+    wanted = [(s, c) for s, c in items if CHUNK.get(c) is not None]
+    if CHUNK.field in per_coll:
         # Per collective through getChunkSize, but NCCL clamps to the buffer: make it big enough.
-        needs = [buffsize_for_chunk(c.chunk_bytes, c.algorithm) for s, c in wanted if "chunk_bytes" in door_knobs(s)]
-        if default.chunk_bytes is not None:
-            needs.append(buffsize_for_chunk(default.chunk_bytes, default.algorithm))
+        needs = [_buffsize_for(c) for s, c in wanted if CHUNK.field in door_knobs(s)]
+        if CHUNK.get(default) is not None:
+            needs.append(_buffsize_for(default))
         need = max(needs, default=0)
         if need > DEFAULT_BUFFSIZE_BYTES:
             out.env["NCCL_BUFFSIZE"] = str(1 << (need - 1).bit_length())  # NCCL recommends powers of two
         return
     if not wanted:
-        if default.chunk_bytes is not None:
-            out.env["NCCL_BUFFSIZE"] = str(buffsize_for_chunk(default.chunk_bytes, default.algorithm))
+        if CHUNK.get(default) is not None:
+            out.env["NCCL_BUFFSIZE"] = str(_buffsize_for(default))
         return
     sig, cfg = _one_value(
-        "chunk_bytes", wanted, "in one process",
+        CHUNK.field, wanted, "in one process",
         f"NCCL {version} has no per-collective chunk size (tuner getChunkSize needs 2.30) and NCCL_BUFFSIZE is "
-        f"one value per process", out.compromises, show=lambda c: str(c.chunk_bytes),
+        f"one value per process", out.compromises, show=lambda c: str(CHUNK.get(c)),
     )
-    out.env["NCCL_BUFFSIZE"] = str(buffsize_for_chunk(cfg.chunk_bytes, cfg.algorithm))
+    out.env["NCCL_BUFFSIZE"] = str(_buffsize_for(cfg))
+
+
+def _buffsize_for(cfg: CommConfig) -> int:
+    """The NCCL_BUFFSIZE that admits ``cfg``'s chunk (which it sets) on its algorithm."""
+    chunk = CHUNK.get(cfg)
+    assert chunk is not None
+    return buffsize_for_chunk(chunk, ALGORITHM.get(cfg))
 
 
 def _p2p_chunk(items: list[tuple[Signature, CommConfig]], version: NcclVersion, buffsize_free: bool,
@@ -312,9 +318,9 @@ def _p2p_chunk(items: list[tuple[Signature, CommConfig]], version: NcclVersion, 
     """
     wanted: dict[str, list[tuple[Signature, int]]] = defaultdict(list)
     for sig, cfg in items:
-        if cfg.chunk_bytes is not None:
+        if (step_bytes := CHUNK.get(cfg)) is not None:
             for env in p2p_chunk_envs(sig.nodes):
-                wanted[env].append((sig, int(cfg.chunk_bytes)))
+                wanted[env].append((sig, int(step_bytes)))
     for env, values in sorted(wanted.items()):
         if env == P2P_PCI_CHUNK_ENV and P2P_NVL_CHUNK_ENV in wanted:
             out.env[env] = out.env[P2P_NVL_CHUNK_ENV]  # the same signatures: said once already
@@ -335,15 +341,15 @@ def _p2p_chunk(items: list[tuple[Signature, CommConfig]], version: NcclVersion, 
 
 
 def _channels(items, default: CommConfig, version: NcclVersion, per_coll, out: Delivery) -> None:
-    if "channels" in per_coll:
+    if CHANNELS.field in per_coll:
         # The plugin carries them (the default went into a wildcard entry), but NCCL caps a
         # plugin's channel count at the communicator's (enqueue.cc: nc <= comm->nChannels).
         # minCTAs = the most any collective of the group asks for lets it ask that many;
         # below NCCL's own count it changes nothing, since NCCL keeps max(its count, minCTAs).
         most: dict[str, int] = {}
-        for sig, cfg in items:
-            if cfg.channels is not None and sig.collective in PLUGIN_COLLECTIVES:
-                most[sig.group] = max(most.get(sig.group, 0), int(cfg.channels))
+        for sig, count in CHANNELS.set_in(items):
+            if sig.collective in PLUGIN_COLLECTIVES:
+                most[sig.group] = max(most.get(sig.group, 0), int(count))
         symmetric = {g for g, p in group_paths(Plan(dict(items))).items() if p is CommPath.SYMMETRIC}
         for group, value in sorted(most.items()):
             if group in symmetric:
@@ -357,11 +363,11 @@ def _channels(items, default: CommConfig, version: NcclVersion, per_coll, out: D
             if version >= CTAS_ENV_SINCE:
                 out.group_configs[group] = {"min_ctas": value}
         return
-    wanted = [(s, c.channels) for s, c in items if c.channels is not None and s.collective in PLUGIN_COLLECTIVES]
-    default_channels = default.channels
+    wanted = [(s, count) for s, count in CHANNELS.set_in(items) if s.collective in PLUGIN_COLLECTIVES]
+    default_channels = CHANNELS.get(default)
     if version < CTAS_ENV_SINCE:
         if wanted:
-            _, value = _one_value("channels", wanted, "in one process",
+            _, value = _one_value(CHANNELS.field, wanted, "in one process",
                                   f"NCCL {version} has neither a tuner plugin nor per-communicator CTAs",
                                   out.compromises)
             out.env["NCCL_MIN_NCHANNELS"] = out.env["NCCL_MAX_NCHANNELS"] = str(value)
@@ -372,7 +378,7 @@ def _channels(items, default: CommConfig, version: NcclVersion, per_coll, out: D
     for sig, value in wanted:
         by_group[sig.group].append((sig, value))
     for group, group_items in sorted(by_group.items()):
-        _, value = _one_value("channels", group_items, f"in process group {group!r}",
+        _, value = _one_value(CHANNELS.field, group_items, f"in process group {group!r}",
                               "without the tuner plugin channels are set per communicator (minCTAs/maxCTAs)",
                               out.compromises)
         out.group_configs[group] = {"min_ctas": int(value), "max_ctas": int(value)}
@@ -427,9 +433,8 @@ def group_paths(plan: Plan) -> dict[str, CommPath]:
     """Each process group's path in ``plan`` (groups without one are left out: NCCL's kernels);
     where a group's signatures disagree, the largest message's (as :func:`deliver` delivers)."""
     by_group: dict[str, list[tuple[Signature, CommPath]]] = defaultdict(list)
-    for sig, cfg in sorted(plan.entries.items()):
-        if cfg.path is not None:
-            by_group[sig.group].append((sig, cfg.path))
+    for sig, comm_path in PATH.set_in(sorted(plan.entries.items())):
+        by_group[sig.group].append((sig, comm_path))
     return {group: largest_message(items)[1] for group, items in sorted(by_group.items())}
 
 
@@ -437,12 +442,11 @@ def _paths(items: list[tuple[Signature, CommConfig]], out: Delivery) -> None:
     """Per group, the CTA policy its path needs (ncclConfig_t.CTAPolicy; validate_config checked the
     version); a group asked for two paths gets the largest message's, and a compromise says so."""
     by_group: dict[str, list[tuple[Signature, CommPath]]] = defaultdict(list)
-    for sig, cfg in items:
-        if cfg.path is not None:
-            by_group[sig.group].append((sig, cfg.path))
+    for sig, comm_path in PATH.set_in(items):
+        by_group[sig.group].append((sig, comm_path))
     chosen: set[CommPath] = set()
     for group, group_items in sorted(by_group.items()):
-        _, path = _one_value("path", group_items, f"in process group {group!r}",
+        _, path = _one_value(PATH.field, group_items, f"in process group {group!r}",
                              "a communicator has one CTA policy and its collectives one buffer registration",
                              out.compromises, show=lambda p: p.value)
         if path.cta_policy is not CtaPolicy.DEFAULT:

@@ -17,17 +17,32 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields, replace
+from typing import Any, Generic, TypeVar
 
-from nccl_env.knobs import CommConfig
+from nccl_env.errors import LagomError
+from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, CommPath, Protocol
 from nccl_env.rules import (
+    ALGORITHM_SINCE,
+    CHUNK_GRAIN_BYTES,
     CHUNK_PLUGIN_SINCE,
     CTAS_ENV_SINCE,
+    LL128_THREADS_MAX,
+    LL128_THREADS_MIN,
+    PATH_SINCE,
     PER_FUNCTION_ALGO_SINCE,
+    THREADS_MAX,
+    THREADS_MIN,
     TUNER_SYMBOL_SINCE,
+    WARP_SIZE,
     NcclVersion,
+    algorithms_available,
+    max_channels,
+    max_chunk_bytes,
+    paths_available,
 )
+from nccl_env.rules import CHUNK_MAX_BYTES as CHUNK_CAP_BYTES
 
 
 class Scope(enum.Enum):
@@ -58,11 +73,60 @@ def chunk_ladder() -> tuple[int, ...]:
     return tuple(values)
 
 
+# A knob's check: (its value, the whole config, the NCCL, NCCL_BUFFSIZE if known) -> what is
+# allowed when the value is not, else None (sources beside each bound in nccl_env.rules).
+Validator = Callable[[object, CommConfig, NcclVersion, int | None], str | None]
+
+
+def _check_algorithm(value: object, config: CommConfig, version: NcclVersion, buffsize: int | None) -> str | None:
+    available = algorithms_available(version)
+    if value in available:
+        return None
+    assert isinstance(value, Algorithm)
+    return f"{', '.join(a.nccl_name for a in available)} (from {ALGORITHM_SINCE[value]})"
+
+
+def _check_channels(value: object, config: CommConfig, version: NcclVersion, buffsize: int | None) -> str | None:
+    top = max_channels(version)
+    return None if 1 <= int(value) <= top else f"1-{top}"  # type: ignore[call-overload]
+
+
+def _check_threads(value: object, config: CommConfig, version: NcclVersion, buffsize: int | None) -> str | None:
+    ll128 = PROTOCOL.get(config) is Protocol.LL128
+    lo, hi = (LL128_THREADS_MIN, LL128_THREADS_MAX) if ll128 else (THREADS_MIN, THREADS_MAX)
+    count = int(value)  # type: ignore[call-overload]
+    if lo <= count <= hi and count % WARP_SIZE == 0:
+        return None
+    return f"a multiple of {WARP_SIZE} in {lo}-{hi} ({'LL128' if ll128 else 'LL/Simple'})"
+
+
+def _check_path(value: object, config: CommConfig, version: NcclVersion, buffsize: int | None) -> str | None:
+    assert isinstance(value, CommPath)
+    if version >= PATH_SINCE[value]:
+        return None
+    return f"from NCCL {PATH_SINCE[value]} (this NCCL has {', '.join(p.value for p in paths_available(version))})"
+
+
+def _check_chunk(value: object, config: CommConfig, version: NcclVersion, buffsize: int | None) -> str | None:
+    size = int(value)  # type: ignore[call-overload]
+    if not CHUNK_GRAIN_BYTES <= size <= CHUNK_CAP_BYTES or size % CHUNK_GRAIN_BYTES:
+        return f"a multiple of {CHUNK_GRAIN_BYTES} in {CHUNK_GRAIN_BYTES}-{CHUNK_CAP_BYTES}"
+    if buffsize is not None:
+        ceiling = max_chunk_bytes(buffsize, ALGORITHM.get(config))
+        if size > ceiling:
+            return f"at most {ceiling} with NCCL_BUFFSIZE={buffsize}"
+    return None
+
+
 PLUGIN_SINCE = min(TUNER_SYMBOL_SINCE.values())  # the oldest tuner-plugin ABI Lagom's plugin exports (v2, 2.21)
 
 
-@dataclass(frozen=True)
-class Knob:
+V = TypeVar("V")  # the knob's value type (Algorithm, int, CommPath)
+K = TypeVar("K")
+
+
+@dataclass(frozen=True, eq=False)  # a row is its own identity (sets and dicts of rows hash by it)
+class Knob(Generic[V]):
     """One NCCL knob (see the module doc). ``None`` in a ``*_since`` field: never through that door."""
 
     field: str  # the CommConfig field
@@ -76,6 +140,24 @@ class Knob:
     resource: bool = False  # a resource axis of the search (a number the space climbs), not a choice
     in_bytes: bool = False  # a size (reports show it in KiB/MiB)
     ladder_fn: Callable[[], tuple[int, ...]] | None = None  # the values the search tries (resource axes)
+    validator: Validator | None = None  # the values NCCL takes (None: any value of the field's type)
+    choices: tuple[Any, ...] = ()  # a choice knob's values, each spelled by its nccl_name (empty: a number)
+
+    def get(self, config: CommConfig) -> V | None:
+        """``config``'s value of this knob (None: NCCL decides)."""
+        return getattr(config, self.field)
+
+    def set(self, config: CommConfig, value: V | None) -> CommConfig:
+        """``config`` with this knob at ``value`` (None: NCCL decides)."""
+        return replace(config, **{self.field: value})  # type: ignore[arg-type]  # the row's V is the field's type
+
+    def set_in(self, items: Iterable[tuple[K, CommConfig]]) -> list[tuple[K, V]]:
+        """``(key, value)`` for each ``(key, config)`` whose config sets this knob, in order."""
+        return [(key, value) for key, config in items if (value := self.get(config)) is not None]
+
+    def shown(self, value: object) -> str:
+        """The value as files, flags and messages spell it (``ring``, ``4``)."""
+        return str(getattr(value, "nccl_name", value))
 
     @property
     def ladder(self) -> tuple[int, ...]:
@@ -93,27 +175,33 @@ class Knob:
         return Scope.PROCESS
 
 
-ALGORITHM = Knob("algorithm", ("algorithm", "algo"), ("NCCL_ALGO",), "algorithm", "a", PLUGIN_SINCE,
-                 function_since=PER_FUNCTION_ALGO_SINCE)
-PROTOCOL = Knob("protocol", ("protocol", "proto"), ("NCCL_PROTO",), "protocol", "p", PLUGIN_SINCE,
-                function_since=PER_FUNCTION_ALGO_SINCE)
-CHANNELS = Knob("channels", ("channels", "nc"), ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_CTAS",
-                                                 "NCCL_MAX_CTAS"),
-                "channels", "nc", PLUGIN_SINCE, group_since=CTAS_ENV_SINCE, resource=True,
-                ladder_fn=lambda: CHANNEL_LADDER)
-CHUNK = Knob("chunk_bytes", ("chunk", "chunk_bytes"), ("NCCL_BUFFSIZE",), "chunk_bytes", "c", CHUNK_PLUGIN_SINCE,
-             resource=True, in_bytes=True, ladder_fn=chunk_ladder)
-THREADS = Knob("threads", ("threads", "nt"), ("NCCL_NTHREADS", "NCCL_LL128_NTHREADS"), None, "nt", None,
-               resource=True, ladder_fn=lambda: THREAD_LADDER)
-PATH = Knob("path", ("path",), ("NCCL_CTA_POLICY",), None, "path", None, group_since=NcclVersion(2, 0))
+ALGORITHM: Knob[Algorithm] = Knob(
+    "algorithm", ("algorithm", "algo"), ("NCCL_ALGO",), "algorithm", "a", PLUGIN_SINCE,
+    function_since=PER_FUNCTION_ALGO_SINCE, validator=_check_algorithm, choices=tuple(Algorithm))
+PROTOCOL: Knob[Protocol] = Knob(
+    "protocol", ("protocol", "proto"), ("NCCL_PROTO",), "protocol", "p", PLUGIN_SINCE,
+    function_since=PER_FUNCTION_ALGO_SINCE, choices=tuple(Protocol))
+CHANNELS: Knob[int] = Knob(
+    "channels", ("channels", "nc"), ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS"),
+    "channels", "nc", PLUGIN_SINCE, group_since=CTAS_ENV_SINCE, resource=True,
+    ladder_fn=lambda: CHANNEL_LADDER, validator=_check_channels)
+CHUNK: Knob[int] = Knob(
+    "chunk_bytes", ("chunk", "chunk_bytes"), ("NCCL_BUFFSIZE",), "chunk_bytes", "c", CHUNK_PLUGIN_SINCE,
+    resource=True, in_bytes=True, ladder_fn=chunk_ladder, validator=_check_chunk)
+THREADS: Knob[int] = Knob(
+    "threads", ("threads", "nt"), ("NCCL_NTHREADS", "NCCL_LL128_NTHREADS"), None, "nt", None,
+    resource=True, ladder_fn=lambda: THREAD_LADDER, validator=_check_threads)
+PATH: Knob[CommPath] = Knob(
+    "path", ("path",), ("NCCL_CTA_POLICY",), None, "path", None, group_since=NcclVersion(2, 0),
+    validator=_check_path, choices=tuple(CommPath))
 
-KNOBS: tuple[Knob, ...] = (ALGORITHM, PROTOCOL, CHANNELS, CHUNK, THREADS, PATH)
-BY_FIELD: dict[str, Knob] = {k.field: k for k in KNOBS}
-BY_CLI_NAME: dict[str, Knob] = {name: k for k in KNOBS for name in k.cli_names}
-RESOURCE_KNOBS: tuple[Knob, ...] = (CHANNELS, CHUNK, THREADS)  # the space's resource axes, in its order
+KNOBS: tuple[Knob[Any], ...] = (ALGORITHM, PROTOCOL, CHANNELS, CHUNK, THREADS, PATH)
+BY_FIELD: dict[str, Knob[Any]] = {k.field: k for k in KNOBS}
+BY_CLI_NAME: dict[str, Knob[Any]] = {name: k for k in KNOBS for name in k.cli_names}
+RESOURCE_KNOBS: tuple[Knob[int], ...] = (CHANNELS, CHUNK, THREADS)  # the space's resource axes, in its order
 RESOURCE_AXES: tuple[str, ...] = tuple(k.field for k in RESOURCE_KNOBS)
-REPORT_ORDER: tuple[Knob, ...] = (CHANNELS, THREADS, CHUNK)  # "ring/simple nc2 nt512 c2M" (AutoCCL's NC, NT, C)
-CHOICE_KNOBS: tuple[Knob, ...] = (ALGORITHM, PROTOCOL)  # chosen together, as (algorithm, protocol) pairs
+REPORT_ORDER: tuple[Knob[int], ...] = (CHANNELS, THREADS, CHUNK)  # "ring/simple nc2 nt512 c2M" (AutoCCL's NC, NT, C)
+CHOICE_KNOBS: tuple[Knob[Any], ...] = (ALGORITHM, PROTOCOL)  # chosen together, as (algorithm, protocol) pairs
 KERNEL_KNOBS: tuple[str, ...] = RESOURCE_AXES + tuple(k.field for k in CHOICE_KNOBS)  # what NCCL's SM kernels run
 assert set(BY_FIELD) == {f.name for f in fields(CommConfig)}, "every CommConfig field has a row"
 
@@ -123,6 +211,31 @@ def knob_scopes(version: NcclVersion, use_plugin: bool = True) -> dict[str, Scop
     return {k.field: k.scope(version, use_plugin) for k in KNOBS if k is not PATH}
 
 
-def value_of(config: CommConfig, knob: Knob) -> object:
+def value_of(config: CommConfig, knob: Knob[Any]) -> object:
     """``config``'s value of ``knob`` (None: NCCL decides)."""
-    return getattr(config, knob.field)
+    return knob.get(config)
+
+
+# The order validate_config checks the rows in (the first bad value is the one named).
+VALIDATION_ORDER: tuple[Knob[Any], ...] = (ALGORITHM, CHANNELS, THREADS, PATH, CHUNK)
+assert {k for k in KNOBS if k.validator is not None} == set(VALIDATION_ORDER)
+
+
+def validate_config(config: CommConfig, version: NcclVersion, collective: CollectiveType | None = None,
+                    buffsize_bytes: int | None = None) -> None:
+    """Raise LagomError (knob, value, allowed range) if ``config`` is not valid on ``version``:
+    each set knob through its row's validator.
+
+    ``collective``, when given, names the collective in the message. ``buffsize_bytes``
+    (NCCL_BUFFSIZE), when given, also bounds the chunk by the buffer's chunk ceiling
+    (NCCL would clamp a larger chunk silently).
+    """
+    where = f" for {collective.value}" if collective is not None else ""
+    for knob in VALIDATION_ORDER:
+        value = knob.get(config)
+        if value is None or knob.validator is None:
+            continue
+        allowed = knob.validator(value, config, version, buffsize_bytes)
+        if allowed is not None:
+            raise LagomError(f"{knob.field}={knob.shown(value)}{where} is not valid on NCCL {version}: "
+                             f"allowed {allowed}")

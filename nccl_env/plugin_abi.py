@@ -64,8 +64,8 @@ class CollResult:
     rc: int
     n_channels: int
     costs: list[list[float]]  # the cost table after the call (v3+), [algo][proto]
-    algorithm: int = -1  # v2 outputs
-    protocol: int = -1
+    algo: int = -1  # v2 outputs (NCCL_ALGO_* / NCCL_PROTO_* index, -1: NCCL decides)
+    proto: int = -1
 
     def chosen(self) -> tuple[int, int] | None:
         """The (algo, proto) NCCL would now pick: the cheapest usable entry."""
@@ -197,11 +197,11 @@ class TunerContext:
         return CollResult(rc, n_channels.value, after)
 
     def get_chunk_size(self, coll_type: int, n_bytes: int, algo: int, proto: int, n_channels: int,
-                       chunk_bytes: int) -> int:
+                       nccl_chunk_bytes: int) -> int:
         """v6 getChunkSize: NCCL's chunk in, the plugin's chunk out."""
         if self.abi < 6:
             raise LagomError(f"getChunkSize needs tuner ABI v6, this context is v{self.abi}")
-        value = ctypes.c_size_t(chunk_bytes)
+        value = ctypes.c_size_t(nccl_chunk_bytes)
         rc = self.plugin.getChunkSize(self.ctx, coll_type, n_bytes, algo, proto, n_channels, ctypes.byref(value))
         if rc != 0:
             raise LagomError(f"getChunkSize returned {rc}")

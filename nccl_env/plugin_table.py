@@ -14,11 +14,13 @@ does (the tests check this against the compiled library).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from nccl_env.errors import LagomError
-from nccl_env.knobs import Algorithm, CollectiveType, Protocol
+from nccl_env.knob_table import ALGORITHM, CHANNELS, CHUNK, KNOBS, PROTOCOL, Knob
+from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 
 MAX_CHANNELS = 64  # MAXCHANNELS from NCCL 2.25; the plugin's upper bound (NCCL caps lower)
 MAX_CHUNK_BYTES = 1 << 30  # same cap as MAX_CHUNK_BYTES in plugin/lagom_tuner.c
@@ -44,21 +46,31 @@ HEADER = (
 )
 
 
+def plugin_settings(config: CommConfig, carried: Iterable[str] | None = None) -> CommConfig:
+    """``config``'s knobs that have a plugin column (of those, only the ``carried`` fields if given)."""
+    out = CommConfig()
+    for knob in KNOBS:
+        if knob.plugin_column is not None and (carried is None or knob.field in carried):
+            out = knob.set(out, knob.get(config))
+    return out
+
+
 @dataclass(frozen=True)
 class PluginEntry:
-    """One table line. ``None`` is ``-1``: any (match fields) or NCCL decides (settings)."""
+    """One table line: its match fields (``None`` is ``-1``: any) and the knobs it sets
+    (``settings``, only knobs with a plugin column; ``None``: NCCL decides)."""
 
     collective: CollectiveType | None = None
     min_bytes: int | None = None
     max_bytes: int | None = None
-    algorithm: Algorithm | None = None
-    protocol: Protocol | None = None
-    channels: int | None = None
     nodes: int | None = None
     ranks: int | None = None
     pipe_ops: int | None = None
     reg_buff: int | None = None
-    chunk_bytes: int | None = None
+    settings: CommConfig = CommConfig()
+
+    def __post_init__(self) -> None:
+        assert plugin_settings(self.settings) == self.settings, "a plugin line sets only knobs with a column"
 
     def matches(self, collective: CollectiveType, nbytes: int, nodes: int, ranks: int,
                 pipe_ops: int | None = None, reg_buff: int | None = None) -> bool:
@@ -83,10 +95,12 @@ def check_entry(entry: PluginEntry, index: int) -> None:
     if entry.collective is not None and entry.collective not in PLUGIN_COLLECTIVES:
         raise bad(f"collective {entry.collective.value} never reaches a tuner plugin (NCCL asks only about "
                   f"{', '.join(c.value for c in PLUGIN_COLLECTIVES)})")
-    for name, lo, hi in (("min_bytes", 0, UINT64_MAX), ("max_bytes", 0, UINT64_MAX), ("channels", 1, MAX_CHANNELS),
-                         ("nodes", 1, INT_MAX), ("ranks", 1, INT_MAX), ("pipe_ops", 1, INT_MAX), ("reg_buff", 0, 1),
-                         ("chunk_bytes", 1, MAX_CHUNK_BYTES)):
-        value = getattr(entry, name)
+    checked = [("min_bytes", entry.min_bytes, 0, UINT64_MAX), ("max_bytes", entry.max_bytes, 0, UINT64_MAX),
+               *((c.knob.field, c.knob.get(entry.settings), 1, c.most) for c in COLUMNS if c.position == 5),
+               ("nodes", entry.nodes, 1, INT_MAX), ("ranks", entry.ranks, 1, INT_MAX),
+               ("pipe_ops", entry.pipe_ops, 1, INT_MAX), ("reg_buff", entry.reg_buff, 0, 1),
+               *((c.knob.field, c.knob.get(entry.settings), 1, c.most) for c in COLUMNS if c.position is None)]
+    for name, value, lo, hi in checked:
         if value is not None and not lo <= value <= hi:
             raise bad(f"{name}={value} outside {lo}-{hi}")
     if entry.min_bytes is not None and entry.max_bytes is not None and entry.min_bytes > entry.max_bytes:
@@ -103,16 +117,15 @@ def format_line(entry: PluginEntry) -> str:
         "-1" if entry.collective is None else entry.collective.value,
         "0" if entry.min_bytes is None else str(int(entry.min_bytes)),
         num(entry.max_bytes),
-        "-1" if entry.algorithm is None else entry.algorithm.nccl_name,
-        "-1" if entry.protocol is None else entry.protocol.nccl_name,
-        num(entry.channels),
+        *(c.write(c.knob.get(entry.settings)) for c in POSITIONAL_COLUMNS),
         num(entry.nodes),
         num(entry.ranks),
         num(entry.pipe_ops),
         num(entry.reg_buff),
     ]
-    if entry.chunk_bytes is not None:
-        fields.append(f"chunk_bytes={int(entry.chunk_bytes)}")
+    for c in KEYED_COLUMNS:
+        if (value := c.knob.get(entry.settings)) is not None:
+            fields.append(f"{c.name}={c.write(value)}")
     return ",".join(fields)
 
 
@@ -162,6 +175,47 @@ def _bytes(token: str, what: str) -> int | None:
     return int(body)
 
 
+@dataclass(frozen=True)
+class Column:
+    """A knob's place in a table line: a positional field (``position``) or a keyed extra
+    (``position`` None, written ``name=value``), how its value is written and read (ValueError
+    for what the C parser rejects) and, for a number, its largest value (``most``; 0 for a name)."""
+
+    knob: Knob[Any]
+    position: int | None
+    write: Callable[[Any], str]
+    read: Callable[[str], Any]
+    most: int = 0
+
+    @property
+    def name(self) -> str:
+        assert self.knob.plugin_column is not None
+        return self.knob.plugin_column
+
+
+def _write_name(value: Algorithm | Protocol | None) -> str:
+    return "-1" if value is None else value.nccl_name
+
+
+def _write_int(value: int | None) -> str:
+    return "-1" if value is None else str(int(value))
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column(ALGORITHM, 3, _write_name, lambda t: _name(t, _ALGO_BY_KEY, "algorithm")),
+    Column(PROTOCOL, 4, _write_name, lambda t: _name(t, _PROTO_BY_KEY, "protocol")),
+    Column(CHANNELS, 5, _write_int, lambda t: _int(t, -1, MAX_CHANNELS, "channels", allow_zero=False),
+           most=MAX_CHANNELS),
+    Column(CHUNK, None, _write_int, lambda t: _int(t, -1, MAX_CHUNK_BYTES, "chunk_bytes", allow_zero=False),
+           most=MAX_CHUNK_BYTES),
+)
+POSITIONAL_COLUMNS = tuple(sorted((c for c in COLUMNS if c.position is not None), key=lambda c: c.position or 0))
+KEYED_COLUMNS = tuple(c for c in COLUMNS if c.position is None)
+_KEYED_BY_NAME = {c.name: c for c in KEYED_COLUMNS}
+assert {c.knob for c in COLUMNS} == {k for k in KNOBS if k.plugin_column is not None}, "a column per plugin knob"
+assert [c.position for c in POSITIONAL_COLUMNS] == [3, 4, 5]
+
+
 def parse_line(line: str) -> PluginEntry:
     """One non-comment, non-empty line; ValueError saying why it is rejected."""
     tokens = line.split(",")
@@ -180,38 +234,35 @@ def parse_line(line: str) -> PluginEntry:
     max_bytes = _bytes(tokens[2], "max_bytes")
     if (min_bytes or 0) > (UINT64_MAX if max_bytes is None else max_bytes):
         raise ValueError("min_bytes is larger than max_bytes")
-    algorithm = _name(tokens[3], _ALGO_BY_KEY, "algorithm")
-    protocol = _name(tokens[4], _PROTO_BY_KEY, "protocol")
-    channels = _int(tokens[5], -1, MAX_CHANNELS, "channels", allow_zero=False)
+    settings = CommConfig()
+    for c in POSITIONAL_COLUMNS:
+        settings = c.knob.set(settings, c.read(tokens[c.position]))  # type: ignore[index]
     nodes = _int(tokens[6], -1, INT_MAX, "nNodes", allow_zero=False)
     ranks = _int(tokens[7], -1, INT_MAX, "nRanks", allow_zero=False)
     pipe_ops = _int(tokens[8], -1, INT_MAX, "numPipeOps", allow_zero=False) if npos > 8 else None
     reg_buff = _int(tokens[9], -1, 1, "regBuff") if npos > 9 else None
-    chunk_bytes = None
     seen: set[str] = set()
     for token in tokens[npos:]:
         if "=" not in token:
             raise ValueError(f"positional field '{token[:40]}' after a key=value field")
         key, _, value = token.partition("=")
         key, value = key.strip(" \t\r"), value.strip(" \t\r")
-        if key != "chunk_bytes":
+        if key not in _KEYED_BY_NAME:
             raise ValueError(f"unknown field '{key[:40]}'")
         if key in seen:
-            raise ValueError("chunk_bytes given twice")
+            raise ValueError(f"{key} given twice")
         seen.add(key)
-        chunk_bytes = _int(value, -1, MAX_CHUNK_BYTES, "chunk_bytes", allow_zero=False)
+        column = _KEYED_BY_NAME[key]
+        settings = column.knob.set(settings, column.read(value))
     return PluginEntry(
         collective=collective,
         min_bytes=min_bytes or None,  # 0 bytes and up is "any"
         max_bytes=None if max_bytes == UINT64_MAX else max_bytes,
-        algorithm=algorithm,
-        protocol=protocol,
-        channels=channels,
         nodes=nodes,
         ranks=ranks,
         pipe_ops=pipe_ops,
         reg_buff=reg_buff,
-        chunk_bytes=chunk_bytes,
+        settings=settings,
     )
 
 

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, fields
 
 from nccl_env.errors import LagomError
-from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, CommPath, CtaPolicy, Protocol
+from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, CommPath, CtaPolicy
 
 WARP_SIZE = 32  # CUDA warp size; NCCL thread counts must be multiples of it (tuning.cc getNthreads)
 THREADS_MIN = 64  # 2 * WARP_SIZE, tuning.cc getNthreads(NCCL_NTHREADS, min=2*WARP_SIZE)
@@ -143,62 +143,28 @@ def process_wide_knobs(version: NcclVersion) -> frozenset[str]:
 
 def validate_config(config: CommConfig, version: NcclVersion, collective: CollectiveType | None = None,
                     buffsize_bytes: int | None = None) -> None:
-    """Raise LagomError (knob, value, allowed range) if ``config`` is not valid on ``version``.
+    """:func:`nccl_env.knob_table.validate_config` (each row's validator), kept here while
+    lagom/commands/simulate.py, rewritten on another branch, imports it from this module."""
+    from nccl_env.knob_table import validate_config as by_table  # the table imports this module
 
-    ``collective``, when given, names the collective in the message. ``buffsize_bytes``
-    (NCCL_BUFFSIZE), when given, also bounds chunk_bytes by the buffer's chunk ceiling
-    (NCCL would clamp a larger chunk silently).
-    """
-    where = f" for {collective.value}" if collective is not None else ""
-
-    def bad(knob: str, value: object, allowed: str) -> LagomError:
-        return LagomError(f"{knob}={value}{where} is not valid on NCCL {version}: allowed {allowed}")
-
-    if config.algorithm is not None:
-        available = algorithms_available(version)
-        if config.algorithm not in available:
-            names = ", ".join(a.nccl_name for a in available)
-            raise bad("algorithm", config.algorithm.nccl_name, f"{names} (from {ALGORITHM_SINCE[config.algorithm]})")
-    if config.channels is not None:
-        top = max_channels(version)
-        if not 1 <= config.channels <= top:
-            raise bad("channels", config.channels, f"1-{top}")
-    if config.threads is not None:
-        if config.protocol is Protocol.LL128:
-            lo, hi = LL128_THREADS_MIN, LL128_THREADS_MAX
-        else:
-            lo, hi = THREADS_MIN, THREADS_MAX
-        if not lo <= config.threads <= hi or config.threads % WARP_SIZE:
-            proto = "LL128" if config.protocol is Protocol.LL128 else "LL/Simple"
-            raise bad("threads", config.threads, f"a multiple of {WARP_SIZE} in {lo}-{hi} ({proto})")
-    if config.path is not None and version < PATH_SINCE[config.path]:
-        raise bad("path", config.path.value, f"from NCCL {PATH_SINCE[config.path]} "
-                  f"(this NCCL has {', '.join(p.value for p in paths_available(version))})")
-    if config.chunk_bytes is not None:
-        c = config.chunk_bytes
-        if not CHUNK_GRAIN_BYTES <= c <= CHUNK_MAX_BYTES or c % CHUNK_GRAIN_BYTES:
-            raise bad("chunk_bytes", c, f"a multiple of {CHUNK_GRAIN_BYTES} in {CHUNK_GRAIN_BYTES}-{CHUNK_MAX_BYTES}")
-        if buffsize_bytes is not None:
-            ceiling = max_chunk_bytes(buffsize_bytes, config.algorithm)
-            if c > ceiling:
-                raise bad("chunk_bytes", c, f"at most {ceiling} with NCCL_BUFFSIZE={buffsize_bytes}")
+    by_table(config, version, collective, buffsize_bytes)
 
 
-def max_chunk_bytes(buffsize_bytes: int, algorithm: Algorithm | None) -> int:
+def max_chunk_bytes(buffsize_bytes: int, algo: Algorithm | None) -> int:
     """NCCL's chunk ceiling for a Simple-protocol buffer (enqueue.cc calcCollChunking, bufferMaxChunkSize)."""
-    steps = RING_SIMPLE_CHUNK_STEPS if algorithm in (None, Algorithm.RING) else 1
+    steps = RING_SIMPLE_CHUNK_STEPS if algo in (None, Algorithm.RING) else 1
     return buffsize_bytes // NCCL_STEPS * steps
 
 
-def buffsize_for_chunk(chunk_bytes: int, algorithm: Algorithm | None) -> int:
-    """Smallest NCCL_BUFFSIZE whose Simple-protocol chunk ceiling admits ``chunk_bytes``.
+def buffsize_for_chunk(wanted_chunk_bytes: int, algo: Algorithm | None) -> int:
+    """Smallest NCCL_BUFFSIZE whose Simple-protocol chunk ceiling admits ``wanted_chunk_bytes``.
 
     enqueue.cc calcCollChunking: chunk ceiling = BUFFSIZE / NCCL_STEPS * chunkSteps,
     chunkSteps = 4 for Ring/Simple and 1 otherwise. ``None`` (NCCL decides) is taken
     as Ring, NCCL's usual choice for large messages.
     """
-    steps = RING_SIMPLE_CHUNK_STEPS if algorithm in (None, Algorithm.RING) else 1
-    return chunk_bytes * NCCL_STEPS // steps
+    steps = RING_SIMPLE_CHUNK_STEPS if algo in (None, Algorithm.RING) else 1
+    return wanted_chunk_bytes * NCCL_STEPS // steps
 
 
 # ---- point-to-point (AllToAll, send/recv) -----------------------------------------------

@@ -32,7 +32,7 @@ def small_workload() -> Workload:
         ],
         collectives=[
             CollectiveOp(4, "ncclKernel_AllReduce", CollectiveType.ALLREDUCE, 1 << 20, 20, 5.0, 12.0, "0",
-                         dtype="Float", algorithm=Algorithm.RING, protocol=Protocol.LL),
+                         dtype="Float", recorded_algorithm=Algorithm.RING, recorded_protocol=Protocol.LL),
             CollectiveOp(5, "ncclKernel_Broadcast", CollectiveType.BROADCAST, 4096, 20, 30.0, 2.0, "0"),
         ],
         groups={"0": ProcessGroup("0", (0, 1), nodes=1)},
@@ -47,7 +47,7 @@ def test_workload_json_round_trip(tmp_path):
         save_workload(w, tmp_path / name)
         back = load_workload(tmp_path / name)
         assert back.to_dict() == w.to_dict()
-        assert back.collectives[0].algorithm is Algorithm.RING
+        assert back.collectives[0].recorded_algorithm is Algorithm.RING
         assert back.compute_ops[0].grid == (4, 2, 1)
         assert back.compute_ops[0].thread_blocks == 8
 

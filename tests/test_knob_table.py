@@ -4,6 +4,7 @@ version NCCL never released is refused in one line."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -23,22 +24,80 @@ from traces.generate import generate_workload
 from tuner.space import build_space
 
 PACKAGES = ("nccl_env", "traces", "costmodel", "tuner", "lagom")
-# issue 25 asks for at most 4 files per knob (the table, the two collective models and one more).
-# Files naming each knob's field today (a ceiling: it may only fall). The generic words
-# (channels, protocol, path) also name other things (a trace's recorded channels, a Python
-# Protocol, a file path), and the models and rules name the knobs they compute with.
-KNOB_FILES_NOW = {"algorithm": 32, "protocol": 37, "channels": 39, "chunk_bytes": 19, "threads": 34, "path": 71}
+# issue 25: a knob's CommConfig field name is a Python identifier in at most four non-test files
+# of the five packages: its definition, the two collective models and one more (the knob table
+# spells the fields as strings, so it does not count). Everything else reads the table's rows.
+KNOB_HOMES = {"nccl_env/knobs.py", "costmodel/analytic/collective_model.py", "costmodel/sim/collective.py"}
+# Being rewritten on other branches (the replay layer, the simulator, the evaluators, the
+# reports); they are routed through the table after those branches merge, and this set emptied.
+PENDING_MERGE = {
+    "costmodel/sim/simulator.py", "costmodel/analytic/evaluator.py", "costmodel/sim/compute.py",
+    "costmodel/analytic/contention_model.py", "costmodel/sim/published_cases.py", "lagom/tune_report.py",
+    *(f"costmodel/replay/{p.name}" for p in (REPO_ROOT / "costmodel/replay").glob("*.py")),
+    *(f"lagom/commands/{p.name}" for p in (REPO_ROOT / "lagom/commands").glob("*.py")),
+}
+# The one more file today is costmodel/nccl_defaults.py, NCCL's own choice of every knob
+# (tuning.cc), a third model of NCCL beside the two collective models.
+# Files that still name a knob and are not yet routed through the table (a ceiling: entries may
+# only go). RecordedSettings (traces/exec_graph.py) keeps the knobs' names while
+# costmodel/replay/anchor.py, being rewritten, reads them; it becomes recorded_* after the merge.
+STILL_NAMING: dict[str, set[str]] = {
+    "algorithm": {"traces/exec_graph.py"},
+    "protocol": {"traces/exec_graph.py"},
+    "channels": {"traces/exec_graph.py"},
+    "chunk_bytes": set(),
+    "threads": {"traces/exec_graph.py"},
+    "path": set(),
+}
+# CommConfig.path becomes comm_path (the word names file paths in ~40 modules) once the pending
+# files, which build CommConfig(path=...) and read config.path, are merged and routed.
+FIELD_RENAME_PENDING = {"path"}
 
 
 def _sources() -> list[Path]:
     return [p for pkg in PACKAGES for p in sorted((REPO_ROOT / pkg).rglob("*.py"))]
 
 
-@pytest.mark.parametrize("knob", KNOBS, ids=lambda k: k.field)
-def test_a_knobs_field_name_lives_in_no_more_files_than_today(knob):
-    word = re.compile(rf"\b{re.escape(knob.field)}\b")
-    files = [p for p in _sources() if word.search(p.read_text())]
-    assert len(files) <= KNOB_FILES_NOW[knob.field], [str(p.relative_to(REPO_ROOT)) for p in files]
+def _identifiers(tree: ast.AST) -> set[str]:
+    """Every name the code uses as an identifier: attributes, names, keywords, parameters,
+    definitions and imports (not strings, comments or docstrings)."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            out.add(node.attr)
+        elif isinstance(node, ast.Name):
+            out.add(node.id)
+        elif isinstance(node, ast.keyword | ast.arg) and node.arg:
+            out.add(node.arg)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            out.add(node.name)
+        elif isinstance(node, ast.alias):
+            out.add((node.asname or node.name).split(".")[-1])
+    return out
+
+
+def files_naming(field: str) -> set[str]:
+    return {str(p.relative_to(REPO_ROOT)) for p in _sources() if field in _identifiers(ast.parse(p.read_text()))}
+
+
+def test_the_identifier_count_sees_code_not_text():
+    tree = ast.parse('"""channels"""\n# threads\nx = "chunk_bytes"\ny = cfg.algorithm\nf(protocol=1)\n'
+                     'def g(path): pass\n')
+    assert _identifiers(tree) >= {"algorithm", "protocol", "path"}
+    assert not _identifiers(tree) & {"channels", "threads", "chunk_bytes"}
+
+
+@pytest.mark.parametrize("knob", [pytest.param(k, marks=pytest.mark.xfail(
+    k.field in FIELD_RENAME_PENDING, reason="the field's rename waits for the pending files", strict=True))
+    for k in KNOBS], ids=lambda k: k.field)
+def test_a_knobs_field_name_lives_in_at_most_four_files(knob):
+    naming = files_naming(knob.field) - PENDING_MERGE
+    others = naming - KNOB_HOMES - STILL_NAMING[knob.field]
+    assert len(others) <= 1, sorted(others)  # the one more
+    assert "nccl_env/knobs.py" in naming  # the count would be vacuous if the field were not found
+    assert len(naming - STILL_NAMING[knob.field]) <= 4, sorted(naming)
+    gone = STILL_NAMING[knob.field] - naming
+    assert not gone, f"no longer naming {knob.field}: take {sorted(gone)} out of STILL_NAMING"
 
 
 def test_every_cli_spelling_sets_its_row_field():

@@ -107,15 +107,16 @@ def test_old_nccl_everything_through_env_and_process_groups():
 
 def test_plugin_era_per_collective_and_chunk_from_2_30():
     d = deliver(_plan(), V("2.24.3"))
-    assert [e.channels for e in d.plugin_entries] == [2, 4, 8]
-    assert all(e.chunk_bytes is None for e in d.plugin_entries)
+    assert [e.settings.channels for e in d.plugin_entries] == [2, 4, 8]
+    assert all(e.settings.chunk_bytes is None for e in d.plugin_entries)
     assert d.env == {"NCCL_NTHREADS": "512", "NCCL_BUFFSIZE": str(1398784 * 2)}
     # NCCL caps a plugin's channels at the communicator's: minCTAs lets the plugin ask for the most.
     assert d.group_configs == {"0": {"min_ctas": 4}, "1": {"min_ctas": 8}}
     d = deliver(_plan(), V("2.30.3"))
-    assert [e.chunk_bytes for e in d.plugin_entries] == [700416, 1398784, None]
+    assert [e.settings.chunk_bytes for e in d.plugin_entries] == [700416, 1398784, None]
     assert "NCCL_BUFFSIZE" not in d.env  # 1398784 fits NCCL's default 4 MiB buffer (ceiling 2 MiB)
-    assert d.plugin_entries[2] == PluginEntry(AR, 64 << 20, 64 << 20, Algorithm.TREE, Protocol.LL128, 8, 2, 16)
+    assert d.plugin_entries[2] == PluginEntry(AR, 64 << 20, 64 << 20, 2, 16,
+                                              settings=CommConfig(Algorithm.TREE, Protocol.LL128, 8))
     big = Plan({Signature("0", AG, 1 << 30, 8, 1): CommConfig(chunk_bytes=8 << 20)})
     assert deliver(big, V("2.30.3")).env["NCCL_BUFFSIZE"] == str(16 << 20)
 
@@ -133,7 +134,7 @@ def test_groups_the_plugin_cannot_tell_apart_and_p2p():
         Signature("ep", CollectiveType.ALLTOALL, 1 << 20, 8, 1): CommConfig(channels=3),
     })
     d = deliver(plan, V("2.25.1"))
-    assert [e.channels for e in d.plugin_entries] == [2]
+    assert [e.settings.channels for e in d.plugin_entries] == [2]
     assert any("cannot tell process groups apart" in c and "'tp'" in c for c in d.compromises)
     assert any("alltoall[ep]" in c and "point-to-point" in c for c in d.compromises)
 
@@ -190,8 +191,8 @@ def test_delivered_table_makes_the_real_plugin_apply_the_plan():
 
 def test_format_table_refuses_what_the_plugin_would_reject():
     with pytest.raises(LagomError, match="channels=65"):
-        format_table([PluginEntry(AG, channels=65)])
+        format_table([PluginEntry(AG, settings=CommConfig(channels=65))])
     with pytest.raises(LagomError, match="sendrecv never reaches a tuner plugin"):
-        format_table([PluginEntry(CollectiveType.SENDRECV, channels=2)])
+        format_table([PluginEntry(CollectiveType.SENDRECV, settings=CommConfig(channels=2))])
     with pytest.raises(LagomError, match="min_bytes=10 is larger than max_bytes=5"):
         format_table([PluginEntry(AG, 10, 5)])

@@ -102,7 +102,7 @@ def test_plugin_table_from_tuned_config(tmp_path):
     # the 'tp' allgather repeats the 'dp' one's match: the plugin would apply line 1 to both,
     # so the table has no second line (deliver() makes the same choice) and says why
     assert [e.collective for e in entries] == [CollectiveType.ALLGATHER, CollectiveType.REDUCESCATTER]
-    assert entries[0].algorithm is Algorithm.RING and entries[0].chunk_bytes == 700416
+    assert entries[0].settings.algorithm is Algorithm.RING and entries[0].settings.chunk_bytes == 700416
     proc = lagom("plugin", "table", str(cfg_path))
     assert proc.returncode == 0, proc.stderr
     parsed, warns = parse_table(proc.stdout)

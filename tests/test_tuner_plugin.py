@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from nccl_env.knobs import Algorithm, CollectiveType, Protocol
+from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plugin_abi import LOGGER, TunerLibrary
 from nccl_env.plugin_build import build_plugin
 from nccl_env.plugin_table import PluginEntry, format_table, lookup, parse_line, parse_table
@@ -148,17 +148,17 @@ def test_v2_sets_algorithm_and_protocol_when_supported(lib, log):
                   "allgather,0,-1,pat,simple,2,-1,-1\nbroadcast,0,-1,tree,-1,3,-1,-1\n")
     with lib.open(2, 8, 1, log) as comm:
         r = comm.get_coll_info(ALLREDUCE, 100, coll_net_support=1)
-        assert (r.algorithm, r.protocol, r.n_channels) == (CN_DIRECT, SIMPLE, 4)
+        assert (r.algo, r.proto, r.n_channels) == (CN_DIRECT, SIMPLE, 4)
         r = comm.get_coll_info(ALLREDUCE, 100, coll_net_support=0)
-        assert (r.algorithm, r.protocol, r.n_channels) == (-1, -1, 4)
+        assert (r.algo, r.proto, r.n_channels) == (-1, -1, 4)
         r = comm.get_coll_info(ALLREDUCE, 1 << 20)
-        assert (r.algorithm, r.protocol, r.n_channels) == (RING, LL128, 0)
+        assert (r.algo, r.proto, r.n_channels) == (RING, LL128, 0)
         r = comm.get_coll_info(ALLGATHER, 100)  # NCCL 2.21 has no PAT
-        assert (r.algorithm, r.protocol, r.n_channels) == (-1, -1, 2)
+        assert (r.algo, r.proto, r.n_channels) == (-1, -1, 2)
         r = comm.get_coll_info(BCAST, 100)  # v2 cannot set an algorithm alone
-        assert (r.algorithm, r.protocol, r.n_channels) == (-1, -1, 3)
+        assert (r.algo, r.proto, r.n_channels) == (-1, -1, 3)
         r = comm.get_coll_info(REDUCE, 100)
-        assert (r.algorithm, r.protocol, r.n_channels) == (-1, -1, 0)
+        assert (r.algo, r.proto, r.n_channels) == (-1, -1, 0)
     assert any("together only" in w for w in warnings(log))
 
 
@@ -303,15 +303,15 @@ def test_table_written_by_python_drives_the_c_plugin_like_python_lookup(lib, log
     entries = []
     for _ in range(300):
         size = 1 << rng.randrange(10, 30)
-        entries.append(PluginEntry(
-            collective=rng.choice(colls + [None]), min_bytes=rng.choice([size, None]),
-            max_bytes=rng.choice([size, size * 4, None]),
-            algorithm=rng.choice([Algorithm.RING, Algorithm.TREE, None]),
-            protocol=rng.choice([Protocol.SIMPLE, Protocol.LL128, None]),
-            channels=rng.choice([None, 1, 2, 4, 8, 16]), nodes=rng.choice([None, 1, 2]),
-            ranks=rng.choice([None, 8, 16]), pipe_ops=rng.choice([None, None, 1, 2]),
-            reg_buff=rng.choice([None, None, 0, 1]), chunk_bytes=rng.choice([None, 262144, 700416]),
-        ))
+        collective, min_bytes = rng.choice(colls + [None]), rng.choice([size, None])
+        max_bytes = rng.choice([size, size * 4, None])
+        algo = rng.choice([Algorithm.RING, Algorithm.TREE, None])
+        proto = rng.choice([Protocol.SIMPLE, Protocol.LL128, None])
+        channels, nodes = rng.choice([None, 1, 2, 4, 8, 16]), rng.choice([None, 1, 2])
+        ranks, pipe_ops = rng.choice([None, 8, 16]), rng.choice([None, None, 1, 2])
+        reg_buff, chunk = rng.choice([None, None, 0, 1]), rng.choice([None, 262144, 700416])
+        entries.append(PluginEntry(collective, min_bytes, max_bytes, nodes, ranks, pipe_ops, reg_buff,
+                                   CommConfig(algo, proto, channels, chunk_bytes=chunk)))
     text = format_table(entries)
     assert parse_table(text) == (entries, [])
     assert lib.set_table(text) == 300
@@ -325,15 +325,16 @@ def test_table_written_by_python_drives_the_c_plugin_like_python_lookup(lib, log
                     want = lookup(entries, coll, nbytes, nodes, ranks, pipe, None if abi == 3 else reg)
                     r = comm.get_coll_info(coll.nccl_func, nbytes, costs(7, coll.nccl_func), num_pipe_ops=pipe,
                                            reg_buff=reg)
-                    assert r.n_channels == ((want.channels or 0) if want else 0)
+                    assert r.n_channels == ((want.settings.channels or 0) if want else 0)
                     if abi < 6:
                         continue
                     chunk = comm.get_chunk_size(coll.nccl_func, nbytes, RING, SIMPLE, 4, 12345)
                     first = lookup(entries, coll, nbytes, nodes, ranks)  # pipeOps/regBuff not passed here
                     expect = 12345
-                    if first and first.chunk_bytes and first.algorithm in (None, Algorithm.RING) and \
-                            first.protocol in (None, Protocol.SIMPLE):
-                        expect = first.chunk_bytes
+                    s = first.settings if first else None
+                    if s and s.chunk_bytes and s.algorithm in (None, Algorithm.RING) and \
+                            s.protocol in (None, Protocol.SIMPLE):
+                        expect = s.chunk_bytes
                     assert chunk == expect
 
 

@@ -48,7 +48,7 @@ WAIT_BASIS_RANKS = "ranks' launch times"  # several ranks: the last rank's launc
 class Launch:
     """The runtime call that launched a GPU op, and the op's launch latency."""
 
-    thread: int  # index into ExecGraph.threads
+    thread: int  # index into ExecGraph.cpu_threads
     call_us: float  # start of the launching call
     latency_us: float  # the op starts no earlier than call_us + latency_us
 
@@ -108,7 +108,7 @@ class RecordedSettings:
 
 @dataclass
 class ExecGraph:
-    threads: list[str] = field(default_factory=list)  # "pid/tid" per thread index
+    cpu_threads: list[str] = field(default_factory=list)  # "pid/tid" per thread index
     launches: dict[int, Launch] = field(default_factory=dict)  # op id -> its launch
     gaps: dict[int, float] = field(default_factory=dict)  # op id -> start minus when stream and producers were done
     syncs: list[HostSync] = field(default_factory=list)  # sorted by start
@@ -129,7 +129,7 @@ class ExecGraph:
 
     def to_dict(self) -> dict:
         return {
-            "threads": self.threads,
+            "threads": self.cpu_threads,
             "median_latency_us": self.median_latency_us,
             "median_gap_us": self.median_gap_us,
             "gaps": [[op, g] for op, g in self.gaps.items()],
@@ -152,7 +152,7 @@ class ExecGraph:
     @classmethod
     def from_dict(cls, data: dict) -> ExecGraph:
         return cls(
-            threads=[str(t) for t in data["threads"]],
+            cpu_threads=[str(t) for t in data["threads"]],
             median_latency_us=float(data["median_latency_us"]),
             median_gap_us=float(data["median_gap_us"]),
             gaps={int(op): float(g) for op, g in data["gaps"]},

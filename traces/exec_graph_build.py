@@ -95,7 +95,7 @@ Op = ComputeOp | CollectiveOp
 
 
 class _ThreadIndex:
-    """A CPU thread's key -> its index in ``graph.threads`` (added on first sight, as ``pid/tid``)."""
+    """A CPU thread's key -> its index in ``graph.cpu_threads`` (added on first sight, as ``pid/tid``)."""
 
     def __init__(self, graph: ExecGraph) -> None:
         self.graph = graph
@@ -104,8 +104,8 @@ class _ThreadIndex:
     def __call__(self, key: tuple) -> int:
         i = self.index.get(key)
         if i is None:
-            i = self.index[key] = len(self.graph.threads)
-            self.graph.threads.append(f"{key[0]}/{key[1]}")
+            i = self.index[key] = len(self.graph.cpu_threads)
+            self.graph.cpu_threads.append(f"{key[0]}/{key[1]}")
         return i
 
 
@@ -291,12 +291,12 @@ def _hand_overs(thread_events: dict[tuple, ThreadEvents], step_marks: list[StepM
 
 
 def _recorded(g: GpuOp) -> RecordedSettings:
-    channels = g.grid[0] * g.grid[1] * g.grid[2] if g.grid else None
-    threads = g.block[0] * g.block[1] * g.block[2] if g.block else None
+    grid_ctas = g.grid[0] * g.grid[1] * g.grid[2] if g.grid else None  # one CTA per channel
+    block_threads = g.block[0] * g.block[1] * g.block[2] if g.block else None
     m = _ALGO_PROTO_RE.search(g.name)
     if m is None or m.group(2) == "LL":  # NCCL's generic kernels are all named ..._LL: not evidence
-        return RecordedSettings(channels or None, threads or None)
-    return RecordedSettings(channels or None, threads or None, Algorithm[m.group(1)], Protocol[m.group(2)])
+        return RecordedSettings(grid_ctas or None, block_threads or None)
+    return RecordedSettings(grid_ctas or None, block_threads or None, Algorithm[m.group(1)], Protocol[m.group(2)])
 
 
 def _launch_latencies(graph: ExecGraph, ops: dict[int, Op], calls: dict, producers: dict[int, list[int]]) -> None:

@@ -318,14 +318,14 @@ def gemm_op(label: str, m: int, n: int, k: int, grid_blocks: int | None = None, 
     (ceil(N/bn), ceil(M/bm), 1)`` (or ``(grid_blocks, 1, 1)`` when a measured launch says how many
     blocks), the cuBLAS-style name that carries tile and precision, FLOPs and compulsory DRAM bytes
     (the duration hint is the BF16 one whatever ``dtype``)."""
-    bm, bn, threads, bps, smem = gemm_tile(m, n)
+    bm, bn, block_threads, bps, smem = gemm_tile(m, n)
     smem = smem * dtype.operand_bytes // BF16_BYTES
     flops = 2.0 * m * n * k
     dram = float((m * k + k * n + m * n) * dtype.operand_bytes)
     duration = max(flops / REF_FLOPS_PER_US, dram / REF_BYTES_PER_US) + KERNEL_GAP_US
     name = f"{gemm_kernel_name(dtype, bm, bn)} [{label}]"
     grid = (math.ceil(n / bn), math.ceil(m / bm), 1) if grid_blocks is None else (grid_blocks, 1, 1)
-    return ComputeOp(op_id, name, stream, start_us, duration, grid=grid, block=(threads, 1, 1),
+    return ComputeOp(op_id, name, stream, start_us, duration, grid=grid, block=(block_threads, 1, 1),
                      blocks_per_sm=float(bps), shared_memory_bytes=smem, flops=flops, dram_bytes=dram)
 
 

@@ -519,7 +519,7 @@ class _WorkloadBuilder:
             nests[j].info.absorb_call(nests[i].outer)
         issuer = {j: (nests[i].outer.thread, nests[i].outer.ts) for i, j in handed.items()}
         ops: list[CollectiveOp] = []
-        threads: dict[int, tuple] = {}
+        op_threads: dict[int, tuple] = {}
         thread_stream: dict[tuple, int] = {}
         for i, nest in enumerate(nests):
             if i in handed:
@@ -528,11 +528,11 @@ class _WorkloadBuilder:
             stream = thread_stream.setdefault(thread, -(len(thread_stream) + 1))
             ops.append(self._collective(nest.info, outer.name, stream, outer.ts - o, outer.end - outer.ts, False,
                                         None))
-            threads[id(ops[-1])] = (thread, issuer.get(i))
+            op_threads[id(ops[-1])] = (thread, issuer.get(i))
         streams = [
             Stream(sid, StreamKind.COMMUNICATION, f"cpu thread {thread[1]}") for thread, sid in thread_stream.items()
         ]
-        return ops, streams, threads
+        return ops, streams, op_threads
 
     def _dependencies(self, op_corr: list) -> list[Dependency]:
         """Event record/wait pairs (CUDA sync events): last op recorded on the producer stream

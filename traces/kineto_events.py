@@ -179,7 +179,7 @@ class EventReader:
         names = self._names
         rt_corr, rt_ts, rt_end, rt_thread = self._rt_corr, self._rt_ts, self._rt_end, self._rt_thread
         cpu_ts, cpu_end, cpu_thread, cpu_kind = self._cpu_ts, self._cpu_end, self._cpu_thread, self._cpu_kind
-        threads = self._threads
+        thread_ids = self._threads
         min_ts = self.min_ts
         for e in events:
             if type(e) is not dict:
@@ -229,10 +229,10 @@ class EventReader:
                     corr = to_int(corr)
                 if corr is not None and -_INT64 <= corr < _INT64:
                     thread = (e.get("pid"), e.get("tid"))
-                    index = threads.get(thread) if type(thread[0]) is int and type(thread[1]) is int else None
+                    index = thread_ids.get(thread) if type(thread[0]) is int and type(thread[1]) is int else None
                     if index is None:
                         thread = thread_key(e)
-                        index = threads.setdefault(thread, len(threads))
+                        index = thread_ids.setdefault(thread, len(thread_ids))
                     rt_corr.append(corr)
                     rt_ts.append(ts)
                     rt_end.append(ts + dur)
@@ -245,9 +245,9 @@ class EventReader:
                         self.host_calls.append(HostCall(ts, ts + dur, name, corr, thread))
             elif kind == CPU:
                 thread = thread_key(e)
-                index = threads.get(thread)
+                index = thread_ids.get(thread)
                 if index is None:
-                    index = threads.setdefault(thread, len(threads))
+                    index = thread_ids.setdefault(thread, len(thread_ids))
                 cpu_ts.append(ts)
                 cpu_end.append(ts + dur)
                 cpu_thread.append(index)
@@ -285,7 +285,7 @@ class EventReader:
         launched inside a collective's CPU call is NCCL's copy-engine path)."""
         wanted = {g.correlation for g in self.gpu_ops if g.correlation is not None}
         comm = {g.correlation for g in self.gpu_ops if (g.is_comm or g.is_memory) and g.correlation is not None}
-        threads = {i: t for t, i in self._threads.items()}
+        thread_ids = {i: t for t, i in self._threads.items()}
         launch_ts: dict[int, float] = {}
         launch_thread: dict[int, tuple[float, float, tuple]] = {}
         rt_ts, rt_end, rt_thread = self._rt_ts, self._rt_end, self._rt_thread
@@ -296,7 +296,7 @@ class EventReader:
                 if prev is None or ts < prev:
                     launch_ts[corr] = ts
                 if corr in comm:
-                    launch_thread[corr] = (ts, rt_end[i], threads[rt_thread[i]])
+                    launch_thread[corr] = (ts, rt_end[i], thread_ids[rt_thread[i]])
         return launch_ts, launch_thread
 
 
@@ -304,14 +304,14 @@ class EventReader:
         """Correlation -> (start, end, thread) of the earliest runtime call with that
         correlation, for every GPU op's correlation (the execution graph's launch edges)."""
         wanted = {g.correlation for g in self.gpu_ops if g.correlation is not None}
-        threads = {i: t for t, i in self._threads.items()}
+        thread_ids = {i: t for t, i in self._threads.items()}
         out: dict[int, tuple[float, float, tuple]] = {}
         rt_ts, rt_end, rt_thread = self._rt_ts, self._rt_end, self._rt_thread
         for i, corr in enumerate(self._rt_corr):
             if corr in wanted:
                 prev = out.get(corr)
                 if prev is None or rt_ts[i] < prev[0]:
-                    out[corr] = (rt_ts[i], rt_end[i], threads[rt_thread[i]])
+                    out[corr] = (rt_ts[i], rt_end[i], thread_ids[rt_thread[i]])
         return out
 
 

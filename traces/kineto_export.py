@@ -83,7 +83,7 @@ def moved_trace(workload: Workload, moved: MovedOps, gzipped: bool, stamp: dict)
         stream_spans.sort()
     for thread_spans in held.values():
         thread_spans.sort()
-    threads = {name: i for i, name in enumerate(workload.exec_graph.threads)}
+    thread_index = {name: i for i, name in enumerate(workload.exec_graph.cpu_threads)}
     gpu_ids = {id(e) for e in matched}
     for e in events:
         if not isinstance(e, dict) or id(e) in gpu_ids or type(e.get("ts")) not in (int, float):
@@ -95,7 +95,7 @@ def moved_trace(workload: Workload, moved: MovedOps, gzipped: bool, stamp: dict)
             e["ts"] = by_corr[to_int(e.get("id")) or 0]
         else:
             key = thread_key(e)
-            index = threads.get(f"{key[0]}/{key[1]}")
+            index = thread_index.get(f"{key[0]}/{key[1]}")
             inside = _enclosing(held.get(key, []), e)
             if inside is not None:  # inside a CPU collective's call: stretched with the call
                 a, _, new_start, x = inside

@@ -106,8 +106,8 @@ class CollectiveOp:
     duration_us: float
     group: str  # ProcessGroup.name
     dtype: str | None = None
-    algorithm: Algorithm | None = None  # as observed, when the trace says (kernel names are unreliable)
-    protocol: Protocol | None = None
+    recorded_algorithm: Algorithm | None = None  # as observed, when the trace says (kernel names are unreliable)
+    recorded_protocol: Protocol | None = None
     on_gpu: bool = True  # False when only the CPU-side call was recorded (e.g. gloo)
     launch_us: float | None = None  # CPU time of the runtime call that launched it (traces only)
     nccl_tunable: bool = True  # False: a communication kernel that is not NCCL's (see the class doc)
@@ -330,11 +330,15 @@ def _compute_from_dict(data: dict) -> ComputeOp:
     return ComputeOp(**kwargs)
 
 
+# A recorded NCCL choice: its key in a workload file -> its enum (the field is recorded_<key>).
+_RECORDED_KEYS: dict[str, type[Algorithm] | type[Protocol]] = {"algorithm": Algorithm, "protocol": Protocol}
+
+
 def _collective_to_dict(op: CollectiveOp) -> dict:
     out = asdict(op)
     out["collective"] = op.collective.value
-    out["algorithm"] = None if op.algorithm is None else op.algorithm.nccl_name
-    out["protocol"] = None if op.protocol is None else op.protocol.nccl_name
+    out = {k.removeprefix("recorded_"): (v.nccl_name if k.startswith("recorded_") and v is not None else v)
+           for k, v in out.items()}  # the file's keys are the settings' names, in the same place
     out["comm_path"] = None if op.comm_path is None else op.comm_path.value
     out = {k: v for k, v in out.items() if v is not None and not (k == "nccl_tunable" and v)}
     out["message_bytes"] = op.message_bytes  # null when the trace recorded no size
@@ -345,10 +349,9 @@ def _collective_from_dict(data: dict) -> CollectiveOp:
     known = {f.name for f in fields(CollectiveOp)}
     kwargs = {k: v for k, v in data.items() if k in known}
     kwargs["collective"] = CollectiveType(kwargs["collective"])
-    if kwargs.get("algorithm") is not None:
-        kwargs["algorithm"] = Algorithm[kwargs["algorithm"].upper()]
-    if kwargs.get("protocol") is not None:
-        kwargs["protocol"] = Protocol[kwargs["protocol"].upper()]
+    for key, kind in _RECORDED_KEYS.items():
+        if data.get(key) is not None:
+            kwargs[f"recorded_{key}"] = kind[data[key].upper()]
     if kwargs.get("comm_path") is not None:
         kwargs["comm_path"] = CommPath(kwargs["comm_path"])
     return CollectiveOp(**kwargs)

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 
 from costmodel.evaluator import Timing
 from nccl_env.errors import LagomError
+from nccl_env.knob_table import CHANNELS, CHUNK
 from nccl_env.plan import Plan
 from tuner.method import SearchMethod
 from tuner.objective import BudgetExhausted, Measured, Objective, Search, answer_with
@@ -280,7 +281,7 @@ class LagomSearch(SearchMethod):
         keys = {u.index: u.key for u in space.resource_units}
         trades = [
             (c1, c2) for c1 in coords for c2 in coords
-            if c1[1] == "channels" and c2[1] == "chunk_bytes" and sigs[c1[0]] & sigs[c2[0]]
+            if c1[1] == CHANNELS.field and c2[1] == CHUNK.field and sigs[c1[0]] & sigs[c2[0]]
         ]
         moves = [{c: d} for c in coords for d in (-1, 1)]
         moves += [{c1: -1, c2: 1} for c1, c2 in trades] + [{c1: 1, c2: -1} for c1, c2 in trades]

@@ -51,10 +51,15 @@ from costmodel.cluster import ClusterSpec
 from nccl_env.delivery import largest_message
 from nccl_env.errors import LagomError
 from nccl_env.knob_table import (
+    ALGORITHM,
     CHANNELS,
+    CHUNK,
     KERNEL_KNOBS,
+    PATH,
+    PROTOCOL,
     RESOURCE_AXES,
     RESOURCE_KNOBS,
+    THREADS,
     Scope,
     knob_scopes,
 )
@@ -257,7 +262,7 @@ class SearchSpace:
                 levels.append((unit.index, axis, rung))
         pairs: list[tuple[int, tuple[Algorithm, Protocol] | None]] = []
         for sub in self.subspace_units:
-            wanted_pairs = {(configs(s).algorithm, configs(s).protocol) for s in sub.signatures}
+            wanted_pairs = {(ALGORITHM.get(configs(s)), PROTOCOL.get(configs(s))) for s in sub.signatures}
             pair = next(iter(wanted_pairs)) if with_pairs and len(wanted_pairs) == 1 else None
             pairs.append((sub.index, pair if pair in self.unit_pairs(sub) else None))
         return Point(tuple(sorted(levels)), tuple(pairs), self._sm_paths())
@@ -275,16 +280,16 @@ class SearchSpace:
             if pair is None:
                 continue
             for sig in unit.signatures:
-                configs[sig]["algorithm"], configs[sig]["protocol"] = pair
+                configs[sig][ALGORITHM.field], configs[sig][PROTOCOL.field] = pair
                 if pair[1] is Protocol.LL128:
-                    configs[sig].pop("threads", None)  # NCCL_LL128_NTHREADS has its own range: NCCL decides
+                    configs[sig].pop(THREADS.field, None)  # NCCL_LL128_NTHREADS has its own range: NCCL decides
         for unit in self.path_units:
             path = point.path(unit.index)
             if path is not None:
                 for sig in unit.signatures:
-                    configs[sig]["path"] = path
+                    configs[sig][PATH.field] = path
         for sig, cfg in configs.items():  # the point's paths, or the online space's pinned ones
-            path = cfg.get("path")
+            path = cfg.get(PATH.field)
             if isinstance(path, CommPath) and self.mechanism(sig, path) is not Mechanism.SM_KERNEL:
                 for knob in KERNEL_KNOBS:
                     cfg.pop(knob, None)  # NCCL's kernels do not run it: no knob reaches it
@@ -296,17 +301,17 @@ class SearchSpace:
         the collectives' chunk (before 2.30), the step is cut as NCCL will cut it
         (with ``nccl_env.delivery``'s own rule for NCCL_BUFFSIZE: the largest message's chunk)."""
         version = self.nccl_version
-        if version < P2P_CHUNK_CAPPED_SINCE or self.scopes["chunk_bytes"] is Scope.COLLECTIVE:
+        if version < P2P_CHUNK_CAPPED_SINCE or self.scopes[CHUNK.field] is Scope.COLLECTIVE:
             return  # no cap, or the plugin carries the collectives' chunks and NCCL_BUFFSIZE is raised to fit
-        sized = [(s, c) for s, c in configs.items() if s.collective not in P2P_COLLECTIVES and c.get("chunk_bytes")]
+        sized = [(s, c) for s, c in configs.items() if s.collective not in P2P_COLLECTIVES and c.get(CHUNK.field)]
         buffsize = None
         if sized:
             _, cfg = largest_message(sized)
-            buffsize = buffsize_for_chunk(cfg["chunk_bytes"], cfg.get("algorithm"))
+            buffsize = buffsize_for_chunk(cfg[CHUNK.field], cfg.get(ALGORITHM.field))
         ceiling = p2p_chunk_ceiling(version, buffsize)
         for sig, cfg in configs.items():
-            if sig.collective in P2P_COLLECTIVES and cfg.get("chunk_bytes", 0) > ceiling:
-                cfg["chunk_bytes"] = ceiling
+            if sig.collective in P2P_COLLECTIVES and cfg.get(CHUNK.field, 0) > ceiling:
+                cfg[CHUNK.field] = ceiling
 
     def size(self) -> int:
         """Number of points (product over units of rungs and pairs + 'NCCL decides')."""
@@ -350,7 +355,7 @@ def _p2p_units(signatures: Iterable[Signature], start: int) -> list[Unit]:
     for sig in signatures:
         if sig.collective in P2P_COLLECTIVES:
             grouped.setdefault("p2p net" if sig.nodes > 1 else "p2p intra", []).append(sig)
-    return [Unit(start + i, key, Scope.PROCESS, tuple(sigs), ("chunk_bytes",))
+    return [Unit(start + i, key, Scope.PROCESS, tuple(sigs), (CHUNK.field,))
             for i, (key, sigs) in enumerate(sorted(grouped.items()))]
 
 
@@ -401,7 +406,7 @@ def build_space(
         )
         pairs[sig] = enabled or pairs_for(sig, version, cluster.intra_node.kind)
     with_pairs = [s for s in signatures if pairs[s]]
-    subspace_units = _units(with_pairs, scopes["algorithm"], (), 0, ranges)
+    subspace_units = _units(with_pairs, scopes[ALGORITHM.field], (), 0, ranges)
     notes = []
     for axis in RESOURCE_AXES:
         if axes[axis].scope is not Scope.COLLECTIVE:
@@ -476,7 +481,7 @@ def online_space(space: SearchSpace, seed: Callable[[Signature], CommConfig]) ->
     """
     version = space.nccl_version
     per_coll = per_collective_knobs(version)
-    if "channels" not in per_coll:
+    if CHANNELS.field not in per_coll:
         raise LagomError(f"online tuning needs NCCL >= 2.21 (its tuner plugin sets channels and algorithm per call); "
                          f"this is NCCL {space.nccl_version}")
     kept = [u for u in space.resource_units if u.scope is Scope.COLLECTIVE]
@@ -485,12 +490,12 @@ def online_space(space: SearchSpace, seed: Callable[[Signature], CommConfig]) ->
     for sig in space.signatures:
         config = seed(sig)
         # a point-to-point step is NCCL_P2P_*_CHUNKSIZE's, read at start, whatever the version
-        knobs = ("chunk_bytes",) if sig.collective in P2P_COLLECTIVES else fixed_knobs
+        knobs = (CHUNK.field,) if sig.collective in P2P_COLLECTIVES else fixed_knobs
         values = {k: getattr(config, k) for k in knobs}
         pinned[sig] = {k: v for k, v in values.items() if v is not None}
-        if config.path is not None:
-            pinned[sig]["path"] = config.path  # the CTA policy and the buffers are set up at start
-    subspaces = space.subspace_units if space.scopes["algorithm"] is Scope.COLLECTIVE else []
+        if (comm_path := PATH.get(config)) is not None:
+            pinned[sig][PATH.field] = comm_path  # the CTA policy and the buffers are set up at start
+    subspaces = space.subspace_units if space.scopes[ALGORITHM.field] is Scope.COLLECTIVE else []
     notes = [f"online: {', '.join(fixed_knobs)} fixed at the seed's values (read when a communicator is created)"]
     return dataclasses.replace(space, resource_units=kept, subspace_units=subspaces, notes=notes, pinned=pinned,
                                path_units=[], path_options={})

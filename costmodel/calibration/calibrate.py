@@ -33,6 +33,7 @@ from costmodel.calibration.backend import CalibrationBackend
 from costmodel.cluster import ClusterSpec
 from costmodel.nccl_defaults import cluster_max_channels, nccl_default_config
 from nccl_env.errors import LagomError
+from nccl_env.knob_table import ALGORITHM, CHANNELS, CHUNK, PROTOCOL, THREADS
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Signature
 from traces.generate import gemm_tile as generator_gemm_tile
@@ -99,12 +100,12 @@ class CalibrationResult:
 def gemm_op(m: int, n: int, k: int, label: str = "calib") -> ComputeOp:
     """A BF16 GEMM C[m,n] = A[m,k] B[k,n] launched the way the workload generators launch one
     (cuBLAS-like tile choice and kernel name, compulsory DRAM bytes; duration is a hint)."""
-    bm, bn, threads, bps, smem = generator_gemm_tile(m, n)
+    bm, bn, block_threads, bps, smem = generator_gemm_tile(m, n)
     flops = 2.0 * m * n * k
     dram = float((m * k + k * n + m * n) * 2)
     return ComputeOp(op_id=1, name=f"ampere_bf16_s16816gemm_bf16_{bm}x{bn}_ldg8_f2f_stages_32x3_tn [{label}]",
                      stream=0, start_us=0.0, duration_us=flops / 1e8, grid=(math.ceil(n / bn), math.ceil(m / bm), 1),
-                     block=(threads, 1, 1), blocks_per_sm=float(bps), shared_memory_bytes=smem, flops=flops,
+                     block=(block_threads, 1, 1), blocks_per_sm=float(bps), shared_memory_bytes=smem, flops=flops,
                      dram_bytes=dram)
 
 
@@ -193,8 +194,9 @@ def measurement_plan(backend: CalibrationBackend, budget: int = 300, seed: int =
         s = sig(ctype, nbytes, layout)
         cfg = random_config(ctype)
         group = "collective latency-bound" if nbytes < 1 * _MIB else "collective bandwidth-bound"
-        if cfg.protocol is not None and cfg.protocol is not Protocol.SIMPLE:
-            group = f"collective {cfg.protocol.nccl_name}"
+        proto = PROTOCOL.get(cfg)
+        if proto is not None and proto is not Protocol.SIMPLE:
+            group = f"collective {proto.nccl_name}"
         plan.append(Measurement("collective", group, s, cfg))
     # one-knob sweeps around NCCL's default for a large AllReduce / AllGather on every layout
     sweeps: list[Measurement] = []
@@ -202,11 +204,11 @@ def measurement_plan(backend: CalibrationBackend, budget: int = 300, seed: int =
         for ctype, nbytes in ((CollectiveType.ALLREDUCE, 64 * _MIB), (CollectiveType.ALLGATHER, 16 * _MIB)):
             s = sig(ctype, min(nbytes, cap), layout)
             base = nccl_default_config(cluster, s)
-            base = replace(base, algorithm=Algorithm.RING, protocol=Protocol.SIMPLE)
-            sweeps += [Measurement("collective", "channel sweep", s, replace(base, channels=c)) for c in channel_steps]
-            sweeps += [Measurement("collective", "chunk sweep", s, replace(base, chunk_bytes=c * _KIB))
+            base = PROTOCOL.set(ALGORITHM.set(base, Algorithm.RING), Protocol.SIMPLE)
+            sweeps += [Measurement("collective", "channel sweep", s, CHANNELS.set(base, c)) for c in channel_steps]
+            sweeps += [Measurement("collective", "chunk sweep", s, CHUNK.set(base, c * _KIB))
                        for c in (32, 128, 512, 2048, 8192)]
-            sweeps += [Measurement("collective", "thread sweep", s, replace(base, threads=t)) for t in (64, 128, 256)]
+            sweeps += [Measurement("collective", "thread sweep", s, THREADS.set(base, t)) for t in (64, 128, 256)]
     rng.shuffle(sweeps)
     plan += sweeps[:n_sweep]
     # overlap: every shape under collectives with channels and chunk varied
@@ -217,9 +219,10 @@ def measurement_plan(backend: CalibrationBackend, budget: int = 300, seed: int =
         ctype = overlap_types[i % len(overlap_types)]
         s = sig(ctype, size(1 * _MIB, 128 * _MIB), layout)
         base = nccl_default_config(cluster, s)
-        cfg = replace(base, algorithm=Algorithm.RING, channels=channel_steps[i % len(channel_steps)],
-                      chunk_bytes=int(log_uniform(64 * _KIB, 8 * _MIB)) // (4 * _KIB) * (4 * _KIB),
-                      protocol=Protocol.SIMPLE if rng.random() < 0.8 else Protocol.LL128)
+        cfg = ALGORITHM.set(base, Algorithm.RING)
+        cfg = CHANNELS.set(cfg, channel_steps[i % len(channel_steps)])
+        cfg = CHUNK.set(cfg, int(log_uniform(64 * _KIB, 8 * _MIB)) // (4 * _KIB) * (4 * _KIB))
+        cfg = PROTOCOL.set(cfg, Protocol.SIMPLE if rng.random() < 0.8 else Protocol.LL128)
         plan.append(Measurement("overlap", "overlap", s, cfg, op=op))
     return plan[:budget]
 

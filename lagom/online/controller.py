@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Generator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from costmodel.evaluator import Timing
 from lagom.online import DEFAULT_BUDGET_STEPS
 from lagom.online.measure import across_ranks, lower_median, robust_timing
 from nccl_env.errors import LagomError
+from nccl_env.knob_table import CHOICE_KNOBS
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
 from traces.workload import Workload
@@ -249,7 +250,9 @@ class OnlineController:
 
 
 def _resources(config: CommConfig) -> CommConfig:
-    return replace(config, algorithm=None, protocol=None)
+    for knob in CHOICE_KNOBS:  # algorithm and protocol back to NCCL's choice
+        config = knob.set(config, None)
+    return config
 
 
 def _same(a: Plan, b: Plan, space: SearchSpace) -> bool:

@@ -10,6 +10,7 @@ table swap that did not reach the plugin would show in the timings and the audit
 
 from __future__ import annotations
 
+from nccl_env.knob_table import ALGORITHM, CHANNELS, CHUNK, KNOBS, PATH, PROTOCOL, Scope
 from nccl_env.knobs import Algorithm, CommConfig, Protocol
 from nccl_env.plan import Plan, Signature
 from nccl_env.plugin_abi import NUM_PROTOCOLS, TunerContext, TunerLibrary
@@ -27,6 +28,8 @@ class PluginView:
             raise ValueError(f"NCCL {version} loads no tuner plugin")
         self.library = library
         self.abi = int(symbols[0].rsplit("_v", 1)[1])
+        # the knobs the plugin answers for on this NCCL (chunk from ABI v6); NCCL's env the rest
+        self.carried = {k for k in KNOBS if k.scope(version) is Scope.COLLECTIVE}
         self._contexts: dict[tuple[int, int], TunerContext] = {}
 
     def _context(self, ranks: int, nodes: int) -> TunerContext:
@@ -43,24 +46,25 @@ class PluginView:
         costs = [[1.0] * NUM_PROTOCOLS for _ in range(NUM_ALGORITHMS)]
         answer = ctx.get_coll_info(signature.collective.nccl_func, signature.message_bytes, costs)
         picked = [(a, p) for a, row in enumerate(answer.costs) for p, cost in enumerate(row) if cost == 0.0]
-        algorithm = protocol = None
+        algo = proto = None
         if len(picked) == 1:
-            algorithm, protocol = Algorithm(picked[0][0]), Protocol(picked[0][1])
-        channels = answer.n_channels or None
+            algo, proto = Algorithm(picked[0][0]), Protocol(picked[0][1])
+        n_channels = answer.n_channels or None
         chunk = None
         if self.abi >= 6:
             chunk = (
                 ctx.get_chunk_size(
                     signature.collective.nccl_func,
                     signature.message_bytes,
-                    int(algorithm if algorithm is not None else Algorithm.RING),
-                    int(protocol if protocol is not None else Protocol.SIMPLE),
-                    channels or 1,
+                    int(algo if algo is not None else Algorithm.RING),
+                    int(proto if proto is not None else Protocol.SIMPLE),
+                    n_channels or 1,
                     0,
                 )
                 or None
             )
-        return CommConfig(algorithm=algorithm, protocol=protocol, channels=channels, chunk_bytes=chunk)
+        out = PROTOCOL.set(ALGORITHM.set(CommConfig(), algo), proto)
+        return CHUNK.set(CHANNELS.set(out, n_channels), chunk)
 
     def plan_in_force(self, decided: Plan, calls: dict[Signature, int]) -> Plan:
         """``decided`` with its per-call knobs replaced by the plugin's answers; the plugin is
@@ -71,8 +75,11 @@ class PluginView:
             for _ in range(count):
                 answer = self.config(sig)
             wanted = decided.config_for(sig)
-            entries[sig] = CommConfig(answer.algorithm, answer.protocol, answer.channels, wanted.threads,
-                                      answer.chunk_bytes if self.abi >= 6 else wanted.chunk_bytes)
+            in_force = CommConfig()
+            for knob in KNOBS:
+                if knob is not PATH:  # the path is the communicator's, not the plugin's
+                    in_force = knob.set(in_force, knob.get(answer if knob in self.carried else wanted))
+            entries[sig] = in_force
             if sig.collective in P2P_COLLECTIVES:
                 entries[sig] = wanted
         return Plan(entries=entries)

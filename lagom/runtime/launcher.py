@@ -47,6 +47,7 @@ from lagom.workload_arg import read_workload_arg
 from nccl_env.delivery import online_ceilings, plugin_env
 from nccl_env.errors import LagomError
 from nccl_env.files import PathKind, check_path_kind
+from nccl_env.knob_table import CHANNELS, PATH
 from nccl_env.knobs import CommPath, CtaPolicy, cta_policy_value
 from nccl_env.plugin_build import PluginBuildError, build_plugin
 from nccl_env.rules import (
@@ -234,7 +235,7 @@ def _file_version(config: TunedConfig) -> NcclVersion | None:
 def uses_paths(config: TunedConfig) -> bool:
     """Whether the file puts a group on a path off NCCL's SM kernels (a CTA policy or a path entry)."""
     policies = any(cta_policy_value(g.get("cta_policy", 0)) for g in config.process_groups.values())
-    return policies or any(e.config.path not in (None, CommPath.SM) for e in config.collectives)
+    return policies or any(PATH.get(e.config) not in (None, CommPath.SM) for e in config.collectives)
 
 
 def observe_paths(setup: RunSetup) -> bool:
@@ -429,7 +430,7 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
     forced = _online_version(request, None) if request.nccl_version else None  # the seed is checked against it
     seed = load_tuned_config(config_path, forced) if config_path is not None else None
     version = forced or _online_version(request, seed)
-    if "channels" not in per_collective_knobs(version):
+    if CHANNELS.field not in per_collective_knobs(version):
         raise LagomError(f"lagom run --online needs NCCL >= 2.21 (its tuner plugin changes a collective's channels and "
                          f"algorithm per call); NCCL {version} only takes settings at start: use lagom run --config")
     if not 1 <= request.budget_steps <= MAX_BUDGET_STEPS:

@@ -77,8 +77,8 @@ def test_a_run_on_the_simulated_gpu_gives_back_its_constants(tmp_path, capsys, p
 def test_lagom_calibrate_reads_the_written_cluster(tmp_path, capsys):
     assert gpu_kit.main(["--out", str(tmp_path), "--simulate", "h100-nvswitch", "--no-nccl"]) == 0
     capsys.readouterr()
-    code, out, err = run_cli(capsys, "calibrate", "--backend", f"sim:{tmp_path / 'cluster.yaml'}", "--measurements", "20",
-                             "-o", str(tmp_path / "calibrated.yaml"))
+    code, out, err = run_cli(capsys, "calibrate", "--backend", f"sim:{tmp_path / 'cluster.yaml'}",
+                             "--measurements", "20", "-o", str(tmp_path / "calibrated.yaml"))
     assert code == 0, err
     calibrated = load_cluster(tmp_path / "calibrated.yaml")
     assert calibrated.model and calibrated.sim == load_cluster(tmp_path / "cluster.yaml").sim

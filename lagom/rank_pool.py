@@ -53,8 +53,9 @@ from rich.console import Console
 from lagom.console import StageProgress
 from lagom.rank_args import ExecutorKind, RankReading
 from nccl_env.errors import LagomError
-from traces.comm_split import RankComm, key_waits, op_waits, rank_comm
+from traces.comm_split import RankComm, join_waits, op_waits, rank_comm
 from traces.kineto import JobLayout, TraceHeader, job_layout, parse_trace_file, set_comm_waits, trace_files
+from traces.rank_join import RankJoin, join_ranks
 from traces.workload import Workload
 
 R = TypeVar("R")
@@ -385,9 +386,16 @@ class JobRanks(Generic[R]):
     comms: list[RankComm]
     values: list[R]
 
+    def join(self) -> RankJoin:
+        """The ranks' collectives matched, their clocks aligned, each instance's wait (traces.rank_join)."""
+        found = self.__dict__.get("_join")
+        if found is None:
+            found = self.__dict__["_join"] = join_ranks(self.comms, self.layout.world_size)
+        return found
+
     def waits(self) -> dict[int, dict]:
         """rank -> key -> each instance's wait for its peers (traces.comm_split.key_waits)."""
-        return key_waits(self.comms)
+        return join_waits(self.comms, self.join().wait_us)
 
 
 # ---- what simulate and tune read ----------------------------------------------------------

@@ -403,6 +403,21 @@ def _lowest_workload(workload: Workload, lowest: bool) -> Workload | None:
     return workload if lowest else None
 
 
+def _whole_workload(workload: Workload, lowest: bool) -> Workload:
+    return workload
+
+
+def read_all_ranks(path: Path, reading: RankReading) -> list[Workload]:
+    """Every rank's Workload of a trace folder, read on ``reading``'s executor, each collective's
+    wait from all ranks: what :func:`traces.kineto.read_trace` gives (a joint replay's input)."""
+    with RankPool(reading) as pool:
+        job = pool.read_job(path, _whole_workload)
+    waits = job.waits()
+    for comm, workload in zip(job.comms, job.values):
+        set_comm_waits(workload, op_waits(comm, waits[workload.rank]), len(job.values))
+    return sorted(job.values, key=lambda w: w.rank)
+
+
 def read_lowest_rank(path: Path, reading: RankReading) -> Workload:
     """The lowest rank's Workload of a trace file or folder, its collectives' waits from all ranks:
     what :func:`traces.kineto.read_trace` gives for it, reading on ``reading``'s executor."""

@@ -9,6 +9,7 @@ The wait for peers is not an input of the replay: it emerges from the peers.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from conftest import trace_path
 
 from costmodel.replay.joint import RankScale, joint_replay
 from costmodel.replay.schedule import replay_static
+from lagom.cli import main
 from traces.kineto import read_trace
 
 # (program, comm factor, {rank: compute factor}): the straggler made normal, a pipeline stage
@@ -95,3 +97,49 @@ def test_a_slower_stage_moves_its_peers(tmp_path: Path) -> None:
         before = sum(s.iteration_us for s in base.ranks[r].steps)
         after = sum(s.iteration_us for s in slow.ranks[r].steps)
         assert after > 1.05 * before, r
+
+
+def simulate_json(capsys, *argv: str) -> tuple[dict, str]:
+    assert main(["simulate", *argv, "--json"]) == 0
+    out, err = capsys.readouterr()
+    return json.loads(out), err
+
+
+def test_simulate_a_folder_replays_every_rank_with_rank_scoped_what_ifs(tmp_path: Path, capsys) -> None:
+    p = kr.PROGRAMS["pipeline"]
+    first, _, truth = kr.paired_ranks(p, tmp_path, compute={2: 1.3})
+    out, err = simulate_json(capsys, str(first), "--scale", "compute=1.3@2")
+    assert "4 ranks replayed jointly" in err and "clock offsets" in err
+    assert set(out["ranks"]) == {"0", "1", "2", "3"}
+    assert out["joint"]["offsets_us"]["3"] == pytest.approx(p.offsets_us[0] - p.offsets_us[3], abs=0.5)
+    for r, pair in enumerate(truth.ranks):
+        steps = {s["name"]: s for s in out["ranks"][str(r)]["steps"]}
+        judged = kw.verdict(pair, [steps[t.name]["iteration_us"] for t in pair.second.steps])
+        assert judged.passed, (r, judged)
+    # the job's step is the slowest rank's
+    for i, s in enumerate(out["steps"]):
+        assert s["iteration_us"] == max(v["steps"][i]["iteration_us"] for v in out["ranks"].values())
+    # --rank N: that rank alone, its waits held as measured
+    alone, err = simulate_json(capsys, str(first), "--rank", "1", "--scale", "compute=1.3@2")
+    assert "ranks" not in alone and "jointly" not in err
+    assert alone["iteration_us"] < out["iteration_us"]  # alone, rank 1 never sees rank 2 slow down
+
+
+def test_simulate_the_shared_w128_pair(tmp_path: Path, capsys) -> None:
+    for r in (0, 1):
+        shutil.copy(trace_path(f"w128_sendrecv_rank{r}.json.gz"), tmp_path)
+    out, err = simulate_json(capsys, str(tmp_path), "--cluster", "a100-nvswitch")
+    assert "2 ranks replayed jointly" in err and "clock offsets (us) {0: +0.0, 1:" in err
+    assert "members of partly recorded groups modelled" in err and out["joint"]["modelled_members"] > 0
+    for rank in out["ranks"].values():
+        for s in rank["steps"]:
+            assert s["iteration_us"] == pytest.approx(s["measured_iteration_us"], rel=0.03)
+
+
+@pytest.mark.parametrize("scale", ["compute=1.3@9", "compute=1.3@x", "comm=2@0,comm=3@0-1", "cpu=0@1"])
+def test_bad_rank_scales_are_one_line(scale: str, tmp_path: Path, capsys) -> None:
+    p = kr.PROGRAMS["straggler"]
+    folder = kr.write_ranks(p, kr.simulate(p), tmp_path / "s")
+    assert main(["simulate", str(folder), "--scale", scale]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("lagom simulate: error: --scale") and "Traceback" not in "".join(err)

@@ -143,3 +143,18 @@ def test_bad_rank_scales_are_one_line(scale: str, tmp_path: Path, capsys) -> Non
     assert main(["simulate", str(folder), "--scale", scale]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("lagom simulate: error: --scale") and "Traceback" not in "".join(err)
+
+
+def test_tune_judges_a_plan_on_the_jobs_step(tmp_path: Path, capsys) -> None:
+    p = kr.PROGRAMS["straggler"]
+    folder = kr.write_ranks(p, kr.simulate(p), tmp_path / "s")
+    out, _ = simulate_json(capsys, str(folder))
+    assert main(["tune", str(folder), "--json", "-o", str(tmp_path / "t.yaml"), "--no-autoccl", "--budget", "4"]) == 0
+    tuned, err = capsys.readouterr()
+    summary = json.loads(tuned)
+    assert "4 ranks replayed jointly" in err
+    # the baseline is the job's step under the recorded settings: the slowest rank's, as simulate says
+    assert summary["baseline_us"] == pytest.approx(out["iteration_us"], rel=1e-9)
+    assert summary["baseline_us"] == pytest.approx(
+        sum(max(v["steps"][i]["measured_iteration_us"] for v in out["ranks"].values())
+            for i in range(len(out["steps"]))) / len(out["steps"]), rel=1e-6)

@@ -73,8 +73,8 @@ def analyze_paths(paths: list[str], reading: RankReading, include_last_step: boo
                     continue
                 seen.add(source)
                 if ranked.span_ops is not None:
-                    rows = split_rows_compact(job.comms[k], waits[ranked.rank], set(ranked.span_ops), basis,
-                                              joined.waited_for.get(ranked.rank, {}))
+                    whom = joined.waited_for.get(ranked.rank, {}) if len(job.values) > 1 else None  # peers read
+                    rows = split_rows_compact(job.comms[k], waits[ranked.rank], set(ranked.span_ops), basis, whom)
                     ranked.report["wait_transfer"] = [{**row.to_dict(), "group_size": ranked.group_sizes[row.group]}
                                                       for row in rows]
                     if len(job.values) > 1:

@@ -143,13 +143,14 @@ def render(reports: list[dict], console: Console) -> None:
             bases = sorted({c["basis"] for c in r["wait_transfer"]})  # one per rank: the graph's wait basis
             t = Table(title=f"NCCL kernel time: wait for the slowest peer ({', '.join(bases)}) + transfer "
                             "(the part that tunes)", title_justify="left")
+            whom = any(c.get("waited_for", "-") != "-" for c in r["wait_transfer"])  # several ranks read
             for col in ("type", _GROUP_HEADER, "message", "count", "total ms", "wait ms", "transfer ms", "per call ms",
-                        "waited for"):
+                        *(("waited for",) if whom else ())):
                 t.add_column(col, justify="left" if col in ("type", "waited for") else "right", no_wrap=True)
             for c in r["wait_transfer"]:
                 t.add_row(c["collective"], str(c["group_size"]), mib(c["message_bytes"]), str(c["count"]),
                           _ms(c["total_us"]), _ms(c["wait_us"]), _ms(c["transfer_us"]), _ms(c["transfer_per_call_us"]),
-                          c.get("waited_for", "-"))
+                          *((c["waited_for"],) if whom else ()))
             console.print(t)
             clock = r.get("clock")
             if clock:

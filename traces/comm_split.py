@@ -155,14 +155,14 @@ def split_rows_compact(comm: RankComm, waits: dict[CommKey, list[float]], keep: 
 
 
 def waited_for_label(ranks: list[int], own: int) -> str:
-    """Whom a key's instances waited for most often: ``rank N (k of n)``, ``ranks without a trace
-    (k of n)`` (:data:`UNRECORDED`), ``-`` when none waited."""
+    """Whom a key's instances waited for most often: ``rank N (k/n)``, ``no trace (k/n)`` (a member
+    whose trace the folder lacks, :data:`UNRECORDED`), ``-`` when none waited."""
     waited = [r for r in ranks if r != own]
     if not waited:
         return "-"
     who = statistics.mode(waited)
-    name = "ranks without a trace" if who == UNRECORDED else f"rank {who}"
-    return f"{name} ({waited.count(who)} of {len(ranks)})"
+    name = "no trace" if who == UNRECORDED else f"rank {who}"
+    return f"{name} ({waited.count(who)}/{len(ranks)})"
 
 
 def _rows(groups: dict[CommKey, list[tuple[float, float]]], basis: str) -> list[CommSplitRow]:

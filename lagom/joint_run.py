@@ -176,7 +176,8 @@ def ranks_json(joint: JointTiming) -> dict:
 
 def joint_json(joint: JointTiming) -> dict:
     return {"ranks": len(joint.ranks), "matched_collectives": joint.matched,
-            "modelled_members": joint.modelled_members, "slowest_rank_per_step": joint.slowest,
+            "modelled_members": joint.modelled_members, "held_collectives": joint.held,
+            "slowest_rank_per_step": joint.slowest,
             **joint.alignment.to_dict()}
 
 
@@ -186,4 +187,6 @@ def joint_line(joint: JointTiming) -> str:
     return (f"{len(joint.ranks)} ranks replayed jointly; step = the slowest rank's (per step: ranks "
             f"{', '.join(map(str, joint.slowest))}); clock offsets (us) {{{offsets}}} from {a.matched} matched "
             f"collectives, residual skew median {a.residual_us:.1f} us, max {a.residual_max_us:.1f} us; "
-            f"{joint.modelled_members} members of partly recorded groups modelled, not read")
+            f"{joint.modelled_members} members of partly recorded groups modelled, not read"
+            + (f"; {joint.held} collectives whose ranks' order contradicts their graphs keep their measured waits"
+               if joint.held else ""))

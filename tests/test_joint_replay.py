@@ -21,7 +21,9 @@ from conftest import trace_path
 from costmodel.replay.joint import RankScale, joint_replay
 from costmodel.replay.schedule import replay_static
 from lagom.cli import main
+from traces.comm_split import rank_comm
 from traces.kineto import read_trace
+from traces.rank_join import join_ranks
 
 # (program, comm factor, {rank: compute factor}): the straggler made normal, a pipeline stage
 # slower or faster, the heavy expert rank lighter, and slower collectives on every rank
@@ -158,3 +160,21 @@ def test_tune_judges_a_plan_on_the_jobs_step(tmp_path: Path, capsys) -> None:
     assert summary["baseline_us"] == pytest.approx(
         sum(max(v["steps"][i]["measured_iteration_us"] for v in out["ranks"].values())
             for i in range(len(out["steps"]))) / len(out["steps"]), rel=1e-6)
+
+
+def test_matches_that_contradict_the_graphs_keep_their_measured_waits(tmp_path: Path) -> None:
+    """A join whose order no schedule can meet (each pipeline pair's instances matched in reverse)
+    does not deadlock the replay: those collectives keep their measured waits, so with the
+    measured times every rank is still its trace, and the count says how many."""
+    p = kr.PROGRAMS["pipeline"]
+    workloads = read_trace(kr.write_ranks(p, kr.simulate(p), tmp_path / "p"))
+    joined = join_ranks([rank_comm(w) for w in workloads])
+    pairs = [m for m in joined.matches if m.group == "pp01"]
+    firsts = [m.members[0] for m in pairs]
+    for m, first in zip(pairs, reversed(firsts)):
+        m.members = [first, m.members[1]]
+    joint = joint_replay(workloads, measured(workloads), joined=joined)
+    assert joint.held > 0
+    for t in joint.ranks.values():
+        for s in t.steps:
+            assert s.iteration_us == pytest.approx(s.measured_iteration_us, abs=1e-6)

@@ -65,6 +65,7 @@ class JointTiming:
     alignment: ClockAlignment
     modelled_members: int  # member-instances of collectives taken from the pattern, not read
     matched: int  # collectives joining two recorded ranks or more
+    held: int = 0  # matched collectives whose members' order contradicted their graphs: waits held as measured
     timing: Timing = field(init=False)  # the job's figures (per step means of ``steps``)
 
     def __post_init__(self) -> None:
@@ -173,15 +174,14 @@ def joint_replay(workloads: list[Workload], durations: dict[int, list[float]],
                 d[k] *= sc.compute
             elif k in rk.match_of:
                 measured = st.measured_dur[k]
-                held = min(measured, graph.comm_wait_us.get(st.op_ids[k], 0.0))
-                base = measured - held
-                ratio = (d[k] - held) / base if base > 0 else 1.0
+                kept = min(measured, graph.comm_wait_us.get(st.op_ids[k], 0.0))  # the wait the source held
+                base = measured - kept
+                ratio = (d[k] - kept) / base if base > 0 else 1.0
                 transfer[(r, k)] *= ratio * sc.comm
         dur[r] = d
     starts = {r: [0.0] * len(rk.st.op_ids) for r, rk in ranks.items()}
     ends = {r: [0.0] * len(rk.st.op_ids) for r, rk in ranks.items()}
     new_end = {r: list(rk.st.wait_end) for r, rk in ranks.items()}
-    arrived = [0] * len(members)
     queue: deque[tuple[int, int]] = deque((r, v) for r, rk in ranks.items() for v in range(len(rk.indeg))
                                           if rk.indeg[v] == 0)
     done = 0
@@ -203,9 +203,8 @@ def joint_replay(workloads: list[Workload], durations: dict[int, list[float]],
         a = st.thread_anchor.get(thread, t)
         return a + cpu * (t - a)
 
-    while queue:
-        r, v = queue.popleft()
-        done += 1
+    def _step(r: int, v: int) -> int:
+        """Schedule node ``v`` of rank ``r`` (the rules of costmodel.replay.schedule); 1: one node done."""
         rk = ranks[r]
         st = rk.st
         n = len(st.op_ids)
@@ -229,10 +228,13 @@ def joint_replay(workloads: list[Workload], durations: dict[int, list[float]],
             if i < 0:
                 ends[r][v] = t + dur[r][v]
                 release(r, v)
-                continue
-            arrived[i] += 1
-            if arrived[i] < len(members[i]):
-                continue
+                return 1
+            if i in held:
+                hold(r, v, i)
+                return 1
+            came[i].append((r, v))
+            if len(came[i]) < len(members[i]):
+                return 1
             mem = members[i]
             aligned = [starts[q][k] + ranks[q].offset_us for q, k in mem]
             last = max(aligned)
@@ -256,15 +258,38 @@ def joint_replay(workloads: list[Workload], durations: dict[int, list[float]],
                 finish = max(finish, at(r, st.wait_cause_thread[j], st.wait_cause[j], cause_us) + st.wait_return[j])
             new_end[r][j] = finish if finish != -math.inf else st.wait_end[j]
             release(r, v)
-    if done != total:
-        raise LagomError(f"joint replay: {total - done} of {total} nodes never ran: the ranks' collectives, "
-                         "matched in order, contradict their graphs")
+        return 1
+
+    held: set[int] = set()  # matches whose members' order contradicts their graphs: waits held as measured
+    came: list[list[tuple[int, int]]] = [[] for _ in members]  # per match, its members arrived so far
+
+    def hold(q: int, k: int, i: int) -> None:
+        """A member of a held match ends as it would with its measured wait (the one-rank replay)."""
+        st = ranks[q].st
+        wait = max(0.0, last_meas[i] - st.measured_start[k] - ranks[q].offset_us)
+        ends[q][k] = max(starts[q][k], starts[q][k] + wait + transfer[(q, k)])
+        release(q, k)
+
+    while True:
+        while queue:
+            done += _step(*queue.popleft())
+        if done == total:
+            break
+        stalled = [i for i in range(len(members)) if came[i] and len(came[i]) < len(members[i]) and i not in held]
+        if not stalled:
+            raise LagomError(f"joint replay: {total - done} of {total} nodes never ran: the ranks' graphs "
+                             "contradict each other")
+        for i in stalled:  # break the cycle: these collectives keep their measured waits
+            held.add(i)
+            for q, k in came[i]:
+                hold(q, k, i)
+
     timings = {r: replay(by_rank[r], [e - s for s, e in zip(starts[r], ends[r])], cpu=scales.get(r, RankScale()).cpu)
                for r in sorted(ranks)}
-    return _job(timings, joined)
+    return _job(timings, joined, len(held))
 
 
-def _job(timings: dict[int, Timing], joined: RankJoin) -> JointTiming:
+def _job(timings: dict[int, Timing], joined: RankJoin, held: int) -> JointTiming:
     """The job's steps: per step name (in the lowest rank's order), the slowest rank's step, its
     measured time the slowest rank's measured step."""
     names: list[str] = []
@@ -283,4 +308,4 @@ def _job(timings: dict[int, Timing], joined: RankJoin) -> JointTiming:
                                 step.unexplained_idle_us))
         slowest.append(r)
     matched = sum(1 for m in joined.matches if len(m.members) >= 2)
-    return JointTiming(timings, steps, slowest, joined.alignment, joined.modelled_members, matched)
+    return JointTiming(timings, steps, slowest, joined.alignment, joined.modelled_members, matched, held)

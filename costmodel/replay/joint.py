@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from costmodel.evaluator import StepTiming, Timing
 from costmodel.replay.schedule import ReplayStatic, replay, replay_static
+from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
 from traces.comm_split import rank_comm
 from traces.rank_join import ClockAlignment, RankJoin, join_ranks
@@ -97,6 +98,14 @@ class _Rank:
     match_of: dict[int, int]  # op index -> match index (collectives of the join)
 
 
+def _graph_edges(workload: Workload) -> tuple[list[list[int]], list[int]]:
+    return _succ(replay_static(workload))
+
+
+# per rank, its graph's successors and in-degrees (plan-independent); small beside the replay data
+_EDGES: WorkloadCache[tuple[list[list[int]], list[int]]] = WorkloadCache(_graph_edges, max_workloads=4096)
+
+
 def _succ(st: ReplayStatic) -> tuple[list[list[int]], list[int]]:
     n, m = len(st.op_ids), len(st.wait_end)
     succ: list[list[int]] = [[] for _ in range(n + m)]
@@ -134,8 +143,8 @@ def joint_replay(workloads: list[Workload], durations: dict[int, list[float]],
     ranks: dict[int, _Rank] = {}
     for r, w in by_rank.items():
         st = replay_static(w)
-        succ, indeg = _succ(st)
-        ranks[r] = _Rank(st, succ, indeg, off.get(r, 0.0), {})
+        succ, indeg = _EDGES.get(w)
+        ranks[r] = _Rank(st, succ, list(indeg), off.get(r, 0.0), {})
     index = {r: {op: k for k, op in enumerate(ranks[r].st.op_ids)} for r in ranks}
     # per match: members (rank, op index), measured aligned arrivals, transfers, the unrecorded lag
     members: list[list[tuple[int, int]]] = []

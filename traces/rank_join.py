@@ -165,10 +165,12 @@ def _coarse_offsets(seqs: dict[int, dict[MatchKey, _Seq]], order: list[int]) -> 
     while left:
         found: dict[int, tuple[float, float]] = {}  # rank -> (deviation, offset) against a placed rank
         for r in left:
-            for ref, ref_off in out.items():
+            for ref, ref_off in out.items():  # the lowest placed rank first: one comparison for most ranks
                 hit = _best_shift(seqs[ref], seqs[r])
                 if hit is not None and (r not in found or hit[0] < found[r][0]):
                     found[r] = (hit[0], ref_off + hit[1])
+                    if hit[0] < SPARSE_PENALTY_US:  # three or more instances in common: good enough
+                        break
         if not found:  # shares no collective with the placed ranks: its clock as recorded
             out.update(dict.fromkeys(left, 0.0))
             break

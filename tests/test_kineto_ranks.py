@@ -7,8 +7,10 @@ member's kernel started; the files carry the rank, the groups and each host's of
 
 from __future__ import annotations
 
+import ast
 import gzip
 import json
+import sys
 from pathlib import Path
 
 import kineto_ranks as kr
@@ -69,3 +71,10 @@ def test_a_slower_rank_slows_its_peers(tmp_path: Path) -> None:
     _, _, truth = kr.paired_ranks(p, tmp_path, compute={2: 1.3})
     for pair in truth.ranks:
         assert pair.change > 0.02  # every stage's step follows the slowest stage
+
+
+def test_the_generator_imports_nothing_of_lagom() -> None:
+    tree = ast.parse(Path(kr.__file__).read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__", "kineto_world"}, imported

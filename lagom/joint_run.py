@@ -152,7 +152,10 @@ class JointEvaluator:
 
     def evaluate(self, workload: Workload, plan: Plan, scale: DurationScale | None = None) -> Timing:
         """The job's figures under ``plan``, with ``workload``'s rank's ops (what the tuner's
-        objective reads) and its share of compute time uncontended."""
+        objective reads) and its share of compute time uncontended. The what-if is the rank
+        scales given at construction; a ``scale`` here is refused."""
+        if scale is not None and not scale.is_identity:
+            raise LagomError("joint replay: give the what-if as rank scales (JointEvaluator(..., scales))")
         return self.timing_of(self.joint(plan), workload.rank)
 
     def timing_of(self, joint: JointTiming, rank: int) -> Timing:

@@ -19,8 +19,9 @@ from lagom.analyze_report import rank_report
 from lagom.rank_args import RankReading
 from lagom.rank_pool import RankPool
 from lagom.replay_report import measured_steps
-from traces.comm_split import split_rows_compact
+from traces.comm_split import join_waits, rank_comm, split_rows_compact
 from traces.exec_graph import WAIT_BASIS_FASTEST, WAIT_BASIS_RANKS
+from traces.rank_join import RankJoin, join_ranks
 from traces.steps import trim_to_profiler_steps
 from traces.workload import RecordedSteps, Workload
 
@@ -62,6 +63,7 @@ def analyze_paths(paths: list[str], reading: RankReading, include_last_step: boo
     with RankPool(reading, preload=["lagom.analyze_ranks"]) as pool:
         for i, path in enumerate(paths):
             job = pool.read_job(Path(path), analyze_rank, (include_last_step, top, want_plot and i == 0))
+            joined = job.join()
             waits = job.waits()
             basis = WAIT_BASIS_RANKS if len(job.values) > 1 else WAIT_BASIS_FASTEST
             for k in sorted(range(len(job.values)), key=lambda k: job.layout.ranks[k]):
@@ -74,11 +76,39 @@ def analyze_paths(paths: list[str], reading: RankReading, include_last_step: boo
                 for line in ranked.input_warnings:
                     print(f"warning: {line}", file=sys.stderr)
                 if ranked.span_ops is not None:
-                    rows = split_rows_compact(job.comms[k], waits[ranked.rank], set(ranked.span_ops), basis)
+                    whom = joined.waited_for.get(ranked.rank, {}) if len(job.values) > 1 else None  # peers read
+                    rows = split_rows_compact(job.comms[k], waits[ranked.rank], set(ranked.span_ops), basis, whom)
                     ranked.report["wait_transfer"] = [{**row.to_dict(), "group_size": ranked.group_sizes[row.group]}
                                                       for row in rows]
+                    if len(job.values) > 1:
+                        ranked.report["clock"] = {**clock_of(joined, ranked.rank)}
                 reports.append(ranked.report)
                 recorded.append(ranked.recorded_steps)
                 if plot_view is None and ranked.view is not None:
                     plot_view = ranked.view
     return reports, plot_view, recorded
+
+
+def clock_of(joined: RankJoin, rank: int) -> dict:
+    """One rank's clock as aligned to the lowest rank's (traces.rank_join) and the evidence."""
+    a = joined.alignment
+    return {"offset_us": round(a.offsets_us.get(rank, 0.0), 3), "residual_skew_us": round(a.residual_us, 3),
+            "residual_skew_max_us": round(a.residual_max_us, 3), "matched_collectives": a.matched,
+            "modelled_members": joined.modelled_members}
+
+
+def add_joined_waits(reports: list[dict], workloads: list[Workload], views: list[Workload]) -> None:
+    """The in-process path's reports (one per rank of one folder, in ``workloads``' order) given
+    what :func:`analyze_paths` gives them: whom each key waited for and each rank's clock."""
+    if len(workloads) < 2:
+        return
+    comms = [rank_comm(w) for w in workloads]
+    joined = join_ranks(comms, max(w.world_size for w in workloads))
+    waits = join_waits(comms, joined.wait_us)
+    for report, comm, view in zip(reports, comms, views):
+        if view.exec_graph is None:
+            continue
+        rows = split_rows_compact(comm, waits[comm.rank], {c.op_id for c in view.collectives}, WAIT_BASIS_RANKS,
+                                  joined.waited_for.get(comm.rank, {}))
+        report["wait_transfer"] = [{**row.to_dict(), "group_size": view.group_size(row.group)} for row in rows]
+        report["clock"] = clock_of(joined, comm.rank)

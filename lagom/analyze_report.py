@@ -152,17 +152,27 @@ def render(reports: list[dict], console: Console) -> None:
             bases = sorted({c["basis"] for c in r["wait_transfer"]})  # one per rank: the graph's wait basis
             t = Table(title=f"NCCL kernel time: wait for the slowest peer ({', '.join(bases)}) + transfer "
                             "(the part that tunes)", title_justify="left")
-            for col in ("type", _GROUP_HEADER, "message", "count", "total ms", "wait ms", "transfer ms", "per call ms"):
-                t.add_column(col, justify="left" if col == "type" else "right", no_wrap=True)
+            whom = any(c.get("waited_for", "-") != "-" for c in r["wait_transfer"])  # several ranks read
+            for col in ("type", _GROUP_HEADER, "message", "count", "total ms", "wait ms", "transfer ms", "per call ms",
+                        *(("waited for",) if whom else ())):
+                t.add_column(col, justify="left" if col in ("type", "waited for") else "right", no_wrap=True)
             for c in r["wait_transfer"]:
                 t.add_row(c["collective"], str(c["group_size"]), mib(c["message_bytes"]), str(c["count"]),
-                          _ms(c["total_us"]), _ms(c["wait_us"]), _ms(c["transfer_us"]), _ms(c["transfer_per_call_us"]))
+                          _ms(c["total_us"]), _ms(c["wait_us"]), _ms(c["transfer_us"]), _ms(c["transfer_per_call_us"]),
+                          *((c["waited_for"],) if whom else ()))
             if len(r["wait_transfer"]) > 1:
                 rows = r["wait_transfer"]
                 t.add_section()
                 t.add_row("total", "", "", str(sum(c["count"] for c in rows)),
-                          *(_ms(sum(c[k] for c in rows)) for k in ("total_us", "wait_us", "transfer_us")), "")
+                          *(_ms(sum(c[k] for c in rows)) for k in ("total_us", "wait_us", "transfer_us")), "",
+                          *(("",) if whom else ()))
             console.print(t)
+            clock = r.get("clock")
+            if clock:
+                console.print(f"clock: {clock['offset_us']:+.1f} us to the lowest rank's (aligned on "
+                              f"{clock['matched_collectives']} matched collectives; residual skew median "
+                              f"{clock['residual_skew_us']:.1f} us, max {clock['residual_skew_max_us']:.1f} us; "
+                              f"{clock['modelled_members']} members of partly recorded groups modelled)")
 
         if r["contention"]:
             t = Table(title="kernels beside a collective: duration over the same kernel's (name, launch shape) "

@@ -53,7 +53,8 @@ from rich.console import Console
 from lagom.console import StageProgress
 from lagom.rank_args import ExecutorKind, RankReading
 from nccl_env.errors import LagomError
-from traces.comm_split import RankComm, key_waits, op_waits, rank_comm
+from traces.comm_split import RankComm, join_waits, op_waits, rank_comm
+from traces.rank_join import RankJoin, join_ranks
 from traces.reader import JobLayout, TraceHeader, job_layout, scan_trace_file, set_comm_waits, trace_files
 from traces.workload import Workload
 
@@ -385,14 +386,36 @@ class JobRanks(Generic[R]):
     comms: list[RankComm]
     values: list[R]
 
+    def join(self) -> RankJoin:
+        """The ranks' collectives matched, their clocks aligned, each instance's wait (traces.rank_join)."""
+        found = self.__dict__.get("_join")
+        if found is None:
+            found = self.__dict__["_join"] = join_ranks(self.comms, self.layout.world_size)
+        return found
+
     def waits(self) -> dict[int, dict]:
         """rank -> key -> each instance's wait for its peers (traces.comm_split.key_waits)."""
-        return key_waits(self.comms)
+        return join_waits(self.comms, self.join().wait_us)
 
 
 # ---- what simulate and tune read ----------------------------------------------------------
 def _lowest_workload(workload: Workload, lowest: bool) -> Workload | None:
     return workload if lowest else None
+
+
+def _whole_workload(workload: Workload, lowest: bool) -> Workload:
+    return workload
+
+
+def read_all_ranks(path: Path, reading: RankReading) -> list[Workload]:
+    """Every rank's Workload of a trace folder, read on ``reading``'s executor, each collective's
+    wait from all ranks: what :func:`traces.kineto.read_trace` gives (a joint replay's input)."""
+    with RankPool(reading) as pool:
+        job = pool.read_job(path, _whole_workload)
+    waits = job.waits()
+    for comm, workload in zip(job.comms, job.values):
+        set_comm_waits(workload, op_waits(comm, waits[workload.rank]), len(job.values))
+    return sorted(job.values, key=lambda w: w.rank)
 
 
 def read_lowest_rank(path: Path, reading: RankReading) -> Workload:

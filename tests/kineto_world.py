@@ -729,6 +729,8 @@ def _gpu_events(op: GpuOp, ext: int) -> list[dict]:
                     "dur": dur, "args": args})
         if w.comm_args is not None:
             name = "nccl:_all_gather_base" if k is ALL_GATHER else "nccl:_reduce_scatter_base"
+            if k is not ALL_GATHER and k is not REDUCE_SCATTER:  # tests/kineto_ranks.py's collectives
+                name = f"nccl:{w.comm_args['Collective name']}"
             out.append({"ph": "X", "cat": "gpu_user_annotation", "name": name, "pid": 0, "tid": op.stream,
                         "ts": _ts(op.start_us), "dur": dur, "args": {"External id": ext}})
     if ext:  # its launch call is in the trace

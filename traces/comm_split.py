@@ -11,10 +11,12 @@ estimated from the trace:
   ``TRANSFER_PERCENTILE``-th percentile of the instances' durations (an instance that
   found every peer already there took about this long), and each instance's wait is its
   duration above that (never negative);
-- **several ranks' traces of one job**: the k-th instance of a key on each rank is the
-  same collective; it could move data only once the last rank launched it, so a rank's
-  wait is ``max(start over ranks) - its start`` (clipped to its duration) and its
-  transfer the rest. The key's transfer is the median of those.
+- **several ranks' traces of one job**: each collective's instances are matched across
+  the ranks of its group and the ranks' clocks aligned (:mod:`traces.rank_join`); it
+  could move data only once the last member launched it, so a rank's wait is ``max(start
+  over members) - its start`` on the aligned clock (clipped to its duration), plus, where
+  the group has members without a trace, what the rank's own pattern says they kept it
+  waiting; its transfer is the rest. The key's transfer is the median of those.
 
 ``basis`` says which estimate a key got.
 """
@@ -23,14 +25,13 @@ from __future__ import annotations
 
 import statistics
 from array import array
-from dataclasses import dataclass
-
-import numpy as np
+from dataclasses import dataclass, field, replace
 
 from nccl_env.knobs import CollectiveType
 from traces.workload import CollectiveOp, Workload
 
 TRANSFER_PERCENTILE = 10.0  # the fastest tenth of a key's instances found their peers ready
+UNRECORDED = -1  # a collective waited for a member of its group whose trace the folder lacks
 
 CommKey = tuple[str, CollectiveType, int | None, bool]  # (group, collective, message bytes, nccl_tunable)
 
@@ -48,13 +49,14 @@ class CommSplitRow:
     transfer_us: float  # summed over the instances
     transfer_per_call_us: float  # the key's estimated transfer time of one instance
     basis: str  # traces.exec_graph.WAIT_BASIS_FASTEST or WAIT_BASIS_RANKS
+    waited_for: str = "-"  # whom its instances waited for most often (:func:`waited_for_label`)
 
     def to_dict(self) -> dict:
         return {
             "group": self.group, "collective": self.collective.value, "message_bytes": self.message_bytes,
             "count": self.count, "total_us": round(self.total_us, 3), "wait_us": round(self.wait_us, 3),
             "transfer_us": round(self.transfer_us, 3), "transfer_per_call_us": round(self.transfer_per_call_us, 3),
-            "basis": self.basis,
+            "basis": self.basis, "waited_for": self.waited_for,
         }
 
 
@@ -79,6 +81,7 @@ class RankComm:
 
     rank: int
     keys: dict[CommKey, KeyInstances]
+    group_sizes: dict[str, int] = field(default_factory=dict)  # the size of each group of its collectives
 
 
 def rank_comm(workload: Workload) -> RankComm:
@@ -91,42 +94,23 @@ def rank_comm(workload: Workload) -> RankComm:
         inst.op_ids.append(c.op_id)
         inst.start_us.append(c.start_us)
         inst.duration_us.append(c.duration_us)
-    return RankComm(workload.rank, keys)
+    return RankComm(workload.rank, keys, {g: workload.group_size(g) for g in {k[0] for k in keys}})
 
 
 def key_waits(ranks: list[RankComm]) -> dict[int, dict[CommKey, list[float]]]:
-    """rank -> key -> each instance's wait (us), in the order of :class:`KeyInstances`.
+    """rank -> key -> each instance's wait (us), in the order of :class:`KeyInstances`:
+    matched across ranks on aligned clocks (:func:`traces.rank_join.join_ranks`); a
+    collective only one rank has gets the fastest-instances estimate. Linear in ranks x
+    collectives."""
+    from traces.rank_join import join_ranks  # rank_join builds on this module's types
 
-    The k-th instances of a key on the ranks that have it are one collective: each waited
-    ``max(start over those ranks) - its start``; a key only one rank has gets the
-    fastest-instances estimate. One pass over the instances: linear in ranks x collectives."""
-    holders: dict[CommKey, list[KeyInstances]] = {}
-    for rc in ranks:
-        for key, inst in rc.keys.items():
-            holders.setdefault(key, []).append(inst)
-    last_start: dict[CommKey, list[float]] = {}
-    for key, insts in holders.items():
-        if len(insts) > 1:
-            last = list(insts[0].start_us)
-            for inst in insts[1:]:
-                starts = inst.start_us
-                shared = min(len(last), len(starts))
-                last[:shared] = [a if a >= b else b for a, b in zip(last[:shared], starts[:shared])]
-                if len(starts) > shared:
-                    last.extend(starts[shared:])
-            last_start[key] = last
-    out: dict[int, dict[CommKey, list[float]]] = {}
-    for rc in ranks:
-        waits: dict[CommKey, list[float]] = {}
-        for key, inst in rc.keys.items():
-            if key in last_start:
-                last = last_start[key]
-                waits[key] = [min(d, max(0.0, t - s)) for s, d, t in zip(inst.start_us, inst.duration_us, last)]
-            else:
-                transfer = float(np.percentile(inst.duration_us, TRANSFER_PERCENTILE))
-                waits[key] = [max(0.0, d - transfer) for d in inst.duration_us]
-        out[rc.rank] = waits
-    return out
+    return join_waits(ranks, join_ranks(ranks).wait_us)
+
+
+def join_waits(ranks: list[RankComm], wait_us: dict[int, dict[int, float]]) -> dict[int, dict[CommKey, list[float]]]:
+    """rank -> key -> waits, from op id -> wait per rank."""
+    return {rc.rank: {key: [wait_us[rc.rank][op] for op in inst.op_ids] for key, inst in rc.keys.items()}
+            for rc in ranks}
 
 
 def op_waits(comm: RankComm, waits: dict[CommKey, list[float]]) -> dict[int, float]:
@@ -151,17 +135,34 @@ def split_rows(workload: Workload, waits: dict[int, float], basis: str) -> list[
 
 
 def split_rows_compact(comm: RankComm, waits: dict[CommKey, list[float]], keep: set[int] | None,
-                       basis: str) -> list[CommSplitRow]:
+                       basis: str, waited_for: dict[int, int] | None = None) -> list[CommSplitRow]:
     """:func:`split_rows` from one rank's compact data: the instances whose op id is in ``keep``
-    (all when None), e.g. those of a trimmed view of the workload."""
+    (all when None), e.g. those of a trimmed view of the workload. ``waited_for``: op id -> the
+    rank it waited for (:mod:`traces.rank_join`), named per key."""
     groups: dict[CommKey, list[tuple[float, float]]] = {}
+    whom: dict[CommKey, str] = {}
     for key, inst in comm.keys.items():
         if key[3]:
             triples = zip(inst.op_ids, inst.duration_us, waits[key])
             pairs = [(d, w) for op, d, w in triples if keep is None or op in keep]
             if pairs:
                 groups[key] = pairs
-    return _rows(groups, basis)
+                if waited_for is not None:
+                    whom[key] = waited_for_label([waited_for.get(op, comm.rank) for op in inst.op_ids
+                                                  if keep is None or op in keep], comm.rank)
+    rows = _rows(groups, basis)
+    return [replace(r, waited_for=whom.get((r.group, r.collective, r.message_bytes, True), "-")) for r in rows]
+
+
+def waited_for_label(ranks: list[int], own: int) -> str:
+    """Whom a key's instances waited for most often: ``rank N (k/n)``, ``no trace (k/n)`` (a member
+    whose trace the folder lacks, :data:`UNRECORDED`), ``-`` when none waited."""
+    waited = [r for r in ranks if r != own]
+    if not waited:
+        return "-"
+    who = statistics.mode(waited)
+    name = "no trace" if who == UNRECORDED else f"rank {who}"
+    return f"{name} ({waited.count(who)}/{len(ranks)})"
 
 
 def _rows(groups: dict[CommKey, list[tuple[float, float]]], basis: str) -> list[CommSplitRow]:

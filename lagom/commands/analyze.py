@@ -118,11 +118,13 @@ def _analyze_here(args: argparse.Namespace) -> tuple[list[dict], Workload | None
     each rank's recorded step times."""
     workloads = []
     seen: set[Path] = set()
+    folders: list[list[Workload]] = []  # each path's ranks: their clocks are aligned together
     for path in args.paths:
         size_bytes = _input_bytes(Path(path))
         if size_bytes >= SAY_READING_BYTES:  # seconds of reading: say so, on a terminal or not
             print(f"reading {path} ({size_bytes / 1e6:,.0f} MB)", file=sys.stderr, flush=True)
-        for workload in read_trace(path):
+        folders.append(read_trace(path))
+        for workload in folders[-1]:
             source = Path(workload.source).resolve()
             if source in seen:
                 print(f"warning: {workload.source}: given more than once, analysed once", file=sys.stderr)
@@ -137,4 +139,10 @@ def _analyze_here(args: argparse.Namespace) -> tuple[list[dict], Workload | None
         | {"steps": measured_steps(w)}
         for v, w in zip(views, workloads)
     ]
+    from lagom.analyze_ranks import add_joined_waits
+
+    index = {id(w): i for i, w in enumerate(workloads)}
+    for ranks in folders:
+        kept = [index[id(w)] for w in ranks if id(w) in index]
+        add_joined_waits([reports[i] for i in kept], [workloads[i] for i in kept], [views[i] for i in kept])
     return reports, views[0] if views else None, [w.recorded_steps for w in workloads]

@@ -1,6 +1,8 @@
 """`lagom simulate WORKLOAD [--cluster NAME|FILE] [--nccl-version X.Y.Z]`: one iteration on a virtual cluster.
 
-WORKLOAD is a profiler trace (file or directory; rank 0), a Lagom workload JSON file,
+WORKLOAD is a profiler trace (a file; a directory of ranks: every rank replayed jointly, a
+step's time the job's, the slowest rank's, ``--rank N`` for rank N alone; docs/replay.md
+"Every rank at once"), a Lagom workload JSON file,
 or a spec string such as ``fsdp:llama3-8b:gpus=16``, ``tp:phi2:tp=8,dp=2``, ``ep:olmoe:ep=8``.
 --cluster is required for a spec or a workload file; for a trace it defaults to the
 preset for the trace's GPU, with the NCCL version the trace ran (lagom/trace_context.py).
@@ -18,9 +20,10 @@ profiler step (the mean over the trace's complete steps) and every step is liste
 replay under the recorded settings against the trace).
 
 ``--scale comm=F`` / ``compute=F`` / ``cpu=F`` (a trace only; several in one flag as
-``comm=F,compute=G``) asks a what-if first: every collective's (every compute
-kernel's; the CPU's own time between calls) measured time times F, and the replay's
-schedule follows; the plan, if any, applies on top. ``replay`` stays the fidelity under the trace's own times.
+``comm=F,compute=G``; ``compute=F@5`` or ``comm=F@0-3`` on those ranks only) asks a
+what-if first: every collective's (every compute kernel's; the CPU's own time between
+calls) measured time times F, and the replay's schedule follows; the plan, if any,
+applies on top. ``replay`` stays the fidelity under the trace's own times.
 ``--export-trace OUT.json.gz`` writes the prediction as a Kineto trace with the
 original's layout and names (lagom/trace_export.py), to open beside the measured one.
 ``--unprofiled-cpu`` (a trace ``lagom record`` wrote, with the steps it timed without
@@ -47,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -88,8 +90,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--set", dest="set_config", metavar="KNOB=VALUE,...",
                         help="one CommConfig for every collective, e.g. channels=16,chunk=2MiB")
     parser.add_argument("--config", metavar="lagom.yaml", help="apply a tuned-config file")
-    parser.add_argument("--scale", action="append", metavar="comm=F|compute=F|cpu=F",
-                        help="a trace's what-if: each collective's (compute kernel's, CPU gap's) measured time times F")
+    parser.add_argument("--scale", action="append", metavar="comm=F|compute=F|cpu=F[@RANKS]",
+                        help="a trace's what-if: each collective's (compute kernel's, CPU gap's) measured time "
+                             "times F; @5 or @0-3: on those ranks only")
+    parser.add_argument("--rank", type=int, default=None, metavar="N",
+                        help="a folder of ranks: replay rank N alone (default: every rank jointly)")
     parser.add_argument("--unprofiled-cpu", action="store_true",
                         help="a trace from lagom record: scale the CPU's time to the step measured without the "
                              "profiler")
@@ -102,26 +107,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_json(parser)
     add_arguments(parser)
     parser.set_defaults(func=run)
-
-
-def parse_scale(items: list[str]) -> DurationScale:
-    """``comm=F``, ``compute=F`` or both (comma-separated, or the flag repeated) -> DurationScale."""
-    factors: dict[str, float] = {}
-    for item in items:
-        for part in item.split(","):
-            key, eq, value = part.strip().partition("=")
-            if key not in ("comm", "compute", "cpu") or not eq:
-                raise LagomError(f"--scale {item}: expected comm=F, compute=F or cpu=F (e.g. --scale comm=0.5)")
-            try:
-                factor = float(value)
-            except ValueError:
-                raise LagomError(f"--scale {item}: {value!r} is not a number") from None
-            if not (math.isfinite(factor) and 0 < factor <= 1000):
-                raise LagomError(f"--scale {item}: the factor must be > 0 and at most 1000")
-            if key in factors:
-                raise LagomError(f"--scale: {key} given twice")
-            factors[key] = factor
-    return DurationScale(**factors)
 
 
 def measured_means(steps: list[StepTiming]) -> dict[str, float]:
@@ -156,7 +141,14 @@ def run(args: argparse.Namespace) -> int:
     evaluator_name = args.evaluator or DEFAULT_EVALUATOR
     export = (check_export_path(args.export_trace, [("WORKLOAD", args.workload), ("--config", args.config)],
                                 force=args.force) if args.export_trace else None)
-    workload, from_trace = read_workload_arg(args.workload, reading_from_args(args))
+    from lagom.joint_run import read_folder_ranks
+
+    folder = None if args.unprofiled_cpu else read_folder_ranks(args.workload, args.rank, reading_from_args(args))
+    workloads = folder[1] if folder is not None else None  # every rank, replayed jointly
+    if folder is not None:
+        workload, from_trace = folder[0], True
+    else:
+        workload, from_trace = read_workload_arg(args.workload, reading_from_args(args))
     if export is not None and not from_trace:
         raise LagomError("--export-trace: applies to a trace (WORKLOAD is not a trace)")
     if args.unprofiled_cpu:
@@ -169,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
     choice = resolve_cluster(workload, from_trace, args.cluster, nccl_version)
     cluster = choice.cluster
     # the settings a file or --set gives reach NCCL's collectives of known size only (CollectiveOp.tunable)
-    signatures = sorted({workload.signature(c, cluster.gpus_per_node) for c in workload.collectives if c.tunable})
+    signatures = sorted({w.signature(c, cluster.gpus_per_node) for w in workloads or [workload]
+                         for c in w.collectives if c.tunable})
     from lagom.workload_fit import fit_warnings, unmatched_config_warning
 
     for note in choice.notes:
@@ -204,10 +197,19 @@ def run(args: argparse.Namespace) -> int:
         plan = Plan(entries={sig: plan.config_for(sig).merged_over(forced) for sig in signatures}, default=forced)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    from lagom.joint_run import (
+        JointEvaluator,
+        joint_identity,
+        joint_line,
+        parse_scale_items,
+        rank_scales,
+        scale_for_rank,
+    )
     from lagom.tuning import make_evaluator
 
-    scale = parse_scale(args.scale) if args.scale else None
-    if scale is not None and not from_trace:
+    items = parse_scale_items(args.scale) if args.scale else []
+    scale = scale_for_rank(items, workload.rank) if items else None
+    if items and not from_trace:
         raise LagomError("--scale: applies to a trace's measured times (WORKLOAD is not a trace)")
     noise = 0.0 if from_trace else DEFAULT_NOISE if args.noise is None else args.noise
     evaluator = make_evaluator(evaluator_name, cluster, noise, args.seed, workload)
@@ -217,7 +219,13 @@ def run(args: argparse.Namespace) -> int:
         found = unprofiled_cpu(evaluator, workload)
         print(unprofiled_line(found), file=sys.stderr)
         scale = replace(scale or DurationScale(), cpu=found.cpu)
-    timing = evaluator.evaluate(workload, plan, scale)
+    joint, jev = None, None
+    if workloads is not None:
+        jev = JointEvaluator(evaluator, workloads, rank_scales(items, [w.rank for w in workloads]))
+        joint = jev.joint(plan)
+        timing = jev.timing_of(joint, workload.rank)
+    else:
+        timing = evaluator.evaluate(workload, plan, scale)
     result: dict[str, Any] = {
         "iteration_us": round(timing.iteration_us, 3),
         "compute_us": round(timing.compute_us, 3),
@@ -238,16 +246,27 @@ def run(args: argparse.Namespace) -> int:
         from costmodel.replay.fidelity import fidelity
 
         result["steps"] = [st.to_dict() for st in timing.steps]
-        fid = fidelity(timing if not whatif else evaluator.evaluate(workload, Plan()))
+        own = not plan.entries and plan.default == CommConfig() and not items
+        fid = fidelity(timing if own else joint_identity(jev) if jev is not None
+                       else evaluator.evaluate(workload, Plan()))
         result["replay"] = fid.to_dict() if fid is not None else None
-        if whatif:  # the figures above are the what-if's; what the trace measured, per step, beside them
+        if not own:  # the figures above are the what-if's; what the trace measured, per step, beside them
             result["whatif"] = True
             result["measured"] = measured_means(timing.steps)
+    if joint is not None:
+        from lagom.joint_run import joint_json, ranks_json
+
+        result["ranks"] = ranks_json(joint)
+        result["joint"] = joint_json(joint)
+        print(joint_line(joint), file=sys.stderr)
+        timing_export = joint.ranks[workload.rank]
+    else:
+        timing_export = timing
     if export is not None:
         what = ", ".join([*([f"--config {args.config}"] if args.config else []),
                           *([f"--set {args.set_config}"] if args.set_config else []),
                           *([f"--scale {','.join(args.scale)}"] if args.scale else [])]) or "the recorded settings"
-        export_trace(workload, timing, export, what, scale.cpu if scale is not None else 1.0)
+        export_trace(workload, timing_export, export, what, scale.cpu if scale is not None else 1.0)
         result["export_trace"] = str(export)
         print(f"prediction written to {export} ({what})", file=sys.stderr)
     if args.json:

@@ -1,7 +1,9 @@
 """`lagom tune WORKLOAD [--cluster NAME|FILE] -o lagom.yaml`: per-collective NCCL settings for a workload.
 
 WORKLOAD is a profiler trace, a workload JSON file or a generator spec such as
-``fsdp:llama3-8b:gpus=16`` (as in ``lagom simulate``). For a trace, its own metadata
+``fsdp:llama3-8b:gpus=16`` (as in ``lagom simulate``). A directory of ranks is replayed
+jointly and every plan judged on the job's step, the slowest rank's (``--rank N``: rank N
+alone; docs/replay.md "Every rank at once"). For a trace, its own metadata
 decides what --cluster and --nccl-version leave open: the preset for its GPU, sized to
 its world, and the NCCL version it ran (lagom/trace_context.py); a given value that
 disagrees with the trace gets one warning line. A trace of an AMD GPU (RCCL) or of
@@ -121,6 +123,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--export-trace", metavar="OUT.json.gz",
                         help="a trace: write the tuned plan's predicted steps as a Kineto trace (Perfetto, HTA)")
     add_json(parser)
+    parser.add_argument("--rank", type=int, default=None, metavar="N",
+                        help="a folder of ranks: tune on rank N replayed alone (default: every rank jointly, a plan "
+                             "judged on the job's step)")
     add_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -137,7 +142,14 @@ def run(args: argparse.Namespace) -> int:
                                 force=args.force) if args.export_trace else None)
     if export is not None and export.resolve() == Path(args.output).resolve():
         raise LagomError(f"--export-trace {args.export_trace}: is also -o's file; give them two names")
-    workload, from_trace = read_workload_arg(args.workload, reading_from_args(args))
+    from lagom.joint_run import JointEvaluator, joint_line, read_folder_ranks
+
+    folder = None if args.unprofiled_cpu else read_folder_ranks(args.workload, args.rank, reading_from_args(args))
+    workloads = folder[1] if folder is not None else None  # every rank, replayed jointly
+    if folder is not None:
+        workload, from_trace = folder[0], True
+    else:
+        workload, from_trace = read_workload_arg(args.workload, reading_from_args(args))
     if export is not None and not from_trace:
         raise LagomError("--export-trace: applies to a trace (WORKLOAD is not a trace)")
     if args.unprofiled_cpu:
@@ -168,6 +180,9 @@ def run(args: argparse.Namespace) -> int:
         err.print(unprofiled_line(found), highlight=False, markup=False, soft_wrap=True)
         evaluator = tuning.ScaledEvaluator(model, DurationScale(cpu=found.cpu))
         cpu_scale = found.cpu
+    joint = JointEvaluator(model, workloads) if workloads is not None else None
+    if joint is not None:
+        evaluator = joint
     started = time.perf_counter()
     with StageProgress(err, f"tuning ({args.method}, evaluations)", total=args.budget) as bar:
         outcome = tuning.tune(
@@ -208,6 +223,8 @@ def run(args: argparse.Namespace) -> int:
     overhead = profiler_overhead([workload.recorded_steps]) if from_trace else None
     if overhead is not None:
         summary["profiler_overhead"] = overhead.to_dict()
+    if joint is not None and joint.last is not None:
+        err.print(joint_line(joint.last), highlight=False, markup=False, soft_wrap=True)
     fid = fidelity(outcome.baseline)
     if fid is not None:
         summary["replay"] = fid.to_dict()

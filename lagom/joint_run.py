@@ -1,0 +1,195 @@
+"""``lagom simulate DIR`` and ``lagom tune DIR``: every rank of a folder replayed at once.
+
+A folder of two traces or more is one job's ranks: they are replayed jointly
+(:mod:`costmodel.replay.joint`, docs/replay.md "Every rank at once") and a step's time
+is the job's, the slowest rank's; ``--rank N`` keeps the one-rank replay of rank N.
+What-ifs take a rank set: ``--scale compute=1.3@5``, ``--scale comm=0.5@0-3``
+(``@A-B+C`` joins sets); without one a factor applies to every rank.
+
+The per-op time source of the joint replay is the command's evaluator: each rank
+replayed alone under the plan gives each op's duration (:func:`costmodel.replay.joint.plan_durations`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from costmodel.evaluator import DurationScale, Timing
+from costmodel.replay.joint import JointTiming, RankScale, joint_replay, plan_durations
+from lagom.rank_args import ExecutorKind, RankReading
+from nccl_env.errors import LagomError
+from nccl_env.plan import Plan
+from traces.comm_split import rank_comm
+from traces.rank_join import RankJoin, join_ranks
+from traces.workload import Workload
+
+SCALE_KEYS = ("comm", "compute", "cpu")
+
+
+@dataclass(frozen=True)
+class ScaleItem:
+    key: str  # comm | compute | cpu
+    factor: float
+    ranks: frozenset[int] | None  # None: every rank
+
+
+def parse_scale_items(items: list[str]) -> list[ScaleItem]:
+    """``key=F`` or ``key=F@SET`` parts (comma-separated or the flag repeated); SET is ``N``, ``A-B``
+    or such sets joined with ``+``. A key given twice for one rank is refused."""
+    out: list[ScaleItem] = []
+    for item in items:
+        for part in item.split(","):
+            key, eq, value = part.strip().partition("=")
+            if key not in SCALE_KEYS or not eq:
+                raise LagomError(f"--scale {item}: expected comm=F, compute=F or cpu=F, optionally @RANKS "
+                                 "(e.g. --scale comm=0.5 or --scale compute=1.3@5)")
+            value, at, ranks_text = value.partition("@")
+            try:
+                factor = float(value)
+            except ValueError:
+                raise LagomError(f"--scale {item}: {value!r} is not a number") from None
+            if not (math.isfinite(factor) and 0 < factor <= 1000):
+                raise LagomError(f"--scale {item}: the factor must be > 0 and at most 1000")
+            ranks = _rank_set(ranks_text, item) if at else None
+            for other in out:
+                if other.key == key and (other.ranks is None or ranks is None or other.ranks & ranks):
+                    raise LagomError(f"--scale: {key} given twice for one rank")
+            out.append(ScaleItem(key, factor, ranks))
+    return out
+
+
+def _rank_set(text: str, item: str) -> frozenset[int]:
+    ranks: set[int] = set()
+    for piece in text.split("+"):
+        lo, dash, hi = piece.strip().partition("-")
+        try:
+            a = int(lo)
+            b = int(hi) if dash else a
+        except ValueError:
+            raise LagomError(f"--scale {item}: {text!r} is not a rank set (N, A-B, joined with +)") from None
+        if a < 0 or b < a:
+            raise LagomError(f"--scale {item}: {piece!r} is not a rank range")
+        ranks.update(range(a, b + 1))
+    return frozenset(ranks)
+
+
+def scale_for_rank(items: list[ScaleItem], rank: int) -> DurationScale | None:
+    """The one-rank replay's what-if: the factors whose rank set holds ``rank``."""
+    factors = {i.key: i.factor for i in items if i.ranks is None or rank in i.ranks}
+    return DurationScale(**factors) if factors else None
+
+
+def rank_scales(items: list[ScaleItem], ranks: list[int]) -> dict[int, RankScale]:
+    """Per rank of the folder its what-if; a rank set naming a rank the folder lacks is refused."""
+    for i in items:
+        if i.ranks is not None and not i.ranks & set(ranks):
+            raise LagomError(f"--scale {i.key}={i.factor:g}@...: no rank of the set is in the folder "
+                             f"(it holds ranks {_ranges(ranks)})")
+    out = {}
+    for r in ranks:
+        f = {i.key: i.factor for i in items if i.ranks is None or r in i.ranks}
+        out[r] = RankScale(compute=f.get("compute", 1.0), comm=f.get("comm", 1.0), cpu=f.get("cpu", 1.0))
+    return out
+
+
+def _ranges(ranks: list[int]) -> str:
+    return f"{min(ranks)}-{max(ranks)}" if ranks == list(range(min(ranks), max(ranks) + 1)) else str(sorted(ranks))
+
+
+def read_folder_ranks(text: str, rank: int | None,
+                      reading: RankReading | None = None) -> tuple[Workload, list[Workload] | None] | None:
+    """A trace folder of two ranks or more: (the rank replayed or reported first, every rank when
+    they are replayed jointly; None with ``--rank``), read on ``reading``'s executor. None: not
+    such a folder (read as before)."""
+    path = Path(text)
+    if not text.strip() or not path.is_dir():
+        return None
+    from traces.kineto import read_trace, trace_files
+
+    files = trace_files(path)
+    if len(files) < 2:
+        return None
+    if reading is not None and reading.executor is not ExecutorKind.LOCAL:
+        from lagom.rank_pool import read_all_ranks
+
+        workloads = read_all_ranks(path, reading)
+    else:
+        workloads = read_trace(path)
+    if rank is not None:
+        chosen = [w for w in workloads if w.rank == rank]
+        if not chosen:
+            raise LagomError(f"--rank {rank}: {path} holds ranks {_ranges([w.rank for w in workloads])}")
+        return chosen[0], None
+    return min(workloads, key=lambda w: w.rank), workloads
+
+
+class JointEvaluator:
+    """An evaluator over a folder's ranks: a plan's Timing is the job's (its steps the slowest
+    rank's), each rank's op durations from ``inner`` replaying it alone (the tuner sees a plain
+    Evaluator)."""
+
+    def __init__(self, inner, workloads: list[Workload], scales: dict[int, RankScale] | None = None) -> None:
+        self.inner, self.workloads, self.scales = inner, workloads, scales or {}
+        self.joined: RankJoin = join_ranks([rank_comm(w) for w in workloads], max(w.world_size for w in workloads))
+        self.last: JointTiming | None = None
+        self.alone: dict[int, Timing] = {}  # each rank replayed alone under the last plan (the time source)
+
+    @property
+    def evaluations(self) -> int:
+        return self.inner.evaluations
+
+    @evaluations.setter
+    def evaluations(self, value: int) -> None:
+        self.inner.evaluations = value
+
+    def joint(self, plan: Plan, scales: dict[int, RankScale] | None = None) -> JointTiming:
+        self.alone = {w.rank: self.inner.evaluate(w, plan) for w in self.workloads}
+        durations = {w.rank: plan_durations(w, self.alone[w.rank]) for w in self.workloads}
+        self.last = joint_replay(self.workloads, durations, self.scales if scales is None else scales, self.joined)
+        return self.last
+
+    def evaluate(self, workload: Workload, plan: Plan, scale: DurationScale | None = None) -> Timing:
+        """The job's figures under ``plan``, with ``workload``'s rank's ops (what the tuner's
+        objective reads) and its share of compute time uncontended. The what-if is the rank
+        scales given at construction; a ``scale`` here is refused."""
+        if scale is not None and not scale.is_identity:
+            raise LagomError("joint replay: give the what-if as rank scales (JointEvaluator(..., scales))")
+        return self.timing_of(self.joint(plan), workload.rank)
+
+    def timing_of(self, joint: JointTiming, rank: int) -> Timing:
+        alone = self.alone[rank]
+        share = alone.compute_uncontended_us / alone.compute_us if alone.compute_us > 0 else 1.0
+        return replace(joint.timing, ops=joint.ranks[rank].ops, uncontended_us=alone.uncontended_us,
+                       compute_uncontended_us=joint.timing.compute_us * share)
+
+
+def joint_identity(jev: JointEvaluator) -> Timing:
+    """The job replayed under the trace's own settings and times (the replay's fidelity)."""
+    return jev.joint(Plan(), scales={}).timing
+
+
+def ranks_json(joint: JointTiming) -> dict:
+    """``"ranks": {"0": {"steps": [...], "clock_offset_us": ...}, ...}``."""
+    return {str(r): {"steps": [s.to_dict() for s in t.steps],
+                     "clock_offset_us": round(joint.alignment.offsets_us.get(r, 0.0), 3)}
+            for r, t in sorted(joint.ranks.items())}
+
+
+def joint_json(joint: JointTiming) -> dict:
+    return {"ranks": len(joint.ranks), "matched_collectives": joint.matched,
+            "modelled_members": joint.modelled_members, "held_collectives": joint.held,
+            "slowest_rank_per_step": joint.slowest,
+            **joint.alignment.to_dict()}
+
+
+def joint_line(joint: JointTiming) -> str:
+    a = joint.alignment
+    offsets = ", ".join(f"{r}: {o:+.1f}" for r, o in sorted(a.offsets_us.items()))
+    return (f"{len(joint.ranks)} ranks replayed jointly; step = the slowest rank's (per step: ranks "
+            f"{', '.join(map(str, joint.slowest))}); clock offsets (us) {{{offsets}}} from {a.matched} matched "
+            f"collectives, residual skew median {a.residual_us:.1f} us, max {a.residual_max_us:.1f} us; "
+            f"{joint.modelled_members} members of partly recorded groups modelled, not read"
+            + (f"; {joint.held} collectives whose ranks' order contradicts their graphs keep their measured waits"
+               if joint.held else ""))

@@ -1,0 +1,84 @@
+"""Matching collectives across ranks and aligning the ranks' clocks (traces.rank_join, issue 26).
+
+Judged on tests/kineto_ranks.py's jobs, whose hosts' clocks are off by known amounts and
+whose every wait is known from the simulation, and on the two shared ranks of a 128-rank job.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import kineto_ranks as kr
+import pytest
+from conftest import trace_path
+
+from lagom.cli import main
+from traces.comm_split import UNRECORDED, rank_comm
+from traces.kineto import read_trace
+from traces.rank_join import join_ranks
+
+
+def read_job(folder: Path):
+    workloads = read_trace(folder)
+    return workloads, join_ranks([rank_comm(w) for w in workloads])
+
+
+@pytest.mark.parametrize("name", list(kr.PROGRAMS))
+def test_offsets_and_waits_are_the_true_ones(name: str, tmp_path: Path) -> None:
+    p = kr.PROGRAMS[name]
+    runs = kr.simulate(p)
+    workloads, joined = read_job(kr.write_ranks(p, runs, tmp_path / name))
+    true_offsets = {r: p.offsets_us[0] - p.offsets_us[r] for r in range(p.ranks)}
+    for r, off in joined.alignment.offsets_us.items():
+        assert off == pytest.approx(true_offsets[r], abs=0.5), (r, joined.alignment)
+    assert joined.alignment.residual_us < 0.5
+    assert joined.modelled_members == 0
+    for w in workloads:
+        # the reader's collectives in start order are the simulation's, in the window
+        true = sorted(((s, key) for key, s in _starts(runs[w.rank]).items()))
+        first_in = next(i for i, (s, _) in enumerate(true) if s >= runs[w.rank].schedule.window[0] - 1e-6)
+        ops = sorted(w.collectives, key=lambda c: c.start_us)
+        found = [joined.wait_us[w.rank][c.op_id] for c in ops]
+        expected = [runs[w.rank].waits_us[key] for _, key in true[first_in:first_in + len(ops)]]
+        assert len(found) == len(expected)
+        assert max(abs(a - b) for a, b in zip(found, expected)) < 1.0, w.rank
+
+
+def _starts(run: kr.RankRun) -> dict[tuple[str, int], float]:
+    out = {}
+    for op in run.schedule.ops:
+        if op.work.comm_args is not None:
+            out[(str(op.work.comm_args["Process Group Name"]), int(op.work.comm_args["Seq"]))] = op.start_us
+    return out
+
+
+def test_the_straggler_is_named_and_waits_for_nobody(tmp_path: Path, capsys) -> None:
+    p = kr.PROGRAMS["straggler"]
+    folder = kr.write_ranks(p, kr.simulate(p), tmp_path / "s")
+    assert main(["analyze", str(folder), "--json"]) == 0
+    ranks = json.loads(capsys.readouterr().out)["ranks"]
+    slow = p.slow.index(max(p.slow))
+    for r in ranks:
+        row = r["wait_transfer"][0]
+        if r["rank"] == slow:
+            assert row["wait_us"] == pytest.approx(0.0, abs=1.0) and row["waited_for"] == "-"
+        else:
+            assert row["wait_us"] > 0.2 * row["total_us"]
+            assert row["waited_for"].startswith(f"rank {slow} ")
+        assert row["transfer_per_call_us"] == pytest.approx(p.comm_us, rel=0.1)
+        assert r["clock"]["offset_us"] == pytest.approx(p.offsets_us[0] - p.offsets_us[r["rank"]], abs=0.5)
+
+
+def test_two_of_128_ranks_model_the_rest(tmp_path: Path) -> None:
+    for r in (0, 1):
+        shutil.copy(trace_path(f"w128_sendrecv_rank{r}.json.gz"), tmp_path)
+    workloads, joined = read_job(tmp_path)
+    assert joined.alignment.matched >= 3  # the collectives both ranks kept (the traces were sampled)
+    assert abs(joined.alignment.offsets_us[1]) < 1000.0  # hosts of one job: within a millisecond
+    assert joined.modelled_members >= 126 * len(joined.matches)
+    assert any(who == UNRECORDED for r in (0, 1) for who in joined.waited_for[r].values())
+    for w in workloads:
+        for c in w.collectives:
+            assert 0.0 <= joined.wait_us[w.rank][c.op_id] <= c.duration_us

@@ -293,7 +293,8 @@ def joint_replay(workloads: list[Workload], durations: dict[int, list[float]],
             for q, k in came[i]:
                 hold(q, k, i)
 
-    timings = {r: replay(replay_static(by_rank[r]), [e - s for s, e in zip(starts[r], ends[r])], cpu=scales.get(r, RankScale()).cpu)
+    timings = {r: replay(replay_static(by_rank[r]), [e - s for s, e in zip(starts[r], ends[r])],
+                         cpu=scales.get(r, RankScale()).cpu)
                for r in sorted(ranks)}
     return _job(timings, joined, len(held))
 

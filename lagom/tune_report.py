@@ -30,13 +30,13 @@ import enum
 from dataclasses import dataclass
 
 from costmodel.evaluator import Timing
-from lagom.tuning import TuneOutcome
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Signature
 from nccl_env.rules import Mechanism
 from traces.contention import measured_slowdowns
 from traces.intervals import CoverIndex, union
 from traces.workload import Workload
+from tuner.result import TuneOutcome
 
 IDLE_BOUND_FRACTION = 0.5  # the GPU idle half the step or more: the CPU or launches pace it
 COMM_BOUND_FRACTION = 0.25  # a quarter of the step exposed collectives: only faster collectives help

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
@@ -30,7 +30,8 @@ from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
 from nccl_env.rules import Mechanism, NcclVersion, path_requirements
 from traces.workload import Workload
-from tuner import METHODS, AutoCCL, TuningResult, build_space
+from tuner import METHODS, AutoCCL, build_space
+from tuner.result import TuneOutcome
 from tuner.space import SearchSpace
 
 EVALUATORS = ("analytic", "sim")
@@ -172,15 +173,6 @@ class SharedEvaluations:
             hit = self._cache[key] = self.inner.evaluate(workload, plan)
             self.runs += 1
         return hit
-
-
-@dataclass
-class TuneOutcome:
-    space: SearchSpace
-    result: TuningResult
-    baseline: Timing
-    autoccl: TuningResult | None
-    evaluations_run: int = 0  # every evaluation tune ran: the method's, the baseline's, AutoCCL's not reused
 
 
 def tune(

@@ -28,7 +28,7 @@ from traces.kineto import read_trace
 from traces.size_ranges import power_of_two_range, varying_families
 from traces.workload import StreamKind
 from traces.workload_io import load_workload, save_workload
-from tuner.result import TuningResult
+from tuner.result import TuneOutcome, TuningResult
 from tuner.space import build_space
 
 TRACES = trace_dir()
@@ -144,7 +144,7 @@ def test_varying_sizes_get_power_of_two_ranges_and_unknown_sizes_no_entry():
     assert {c.op_id for c in w.collectives if c.message_bytes is None}.isdisjoint(ids)
     plan = space.plan(space.minimum_point())  # a plan that sets every signature
     timing = ReplayEvaluator(Simulator(cluster, noise=0.0), cluster.gpus_per_node).evaluate(w, plan)
-    outcome = tuning.TuneOutcome(space, TuningResult("test", plan, timing, 1), timing, None)
+    outcome = TuneOutcome(space, TuningResult("test", plan, timing, 1), timing, None)
     config = tuning.tuned_config(outcome, cluster, "a100-nvswitch", str(W16), min_gain=0.0)
     assert not any(e.match.collective is CollectiveType.SENDRECV or e.match.max_bytes == 0
                    for e in config.collectives)

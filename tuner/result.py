@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from costmodel.evaluator import Timing
 from nccl_env.plan import Plan
-from tuner.space import Point
+from tuner.space import Point, SearchSpace
 
 
 @dataclass(frozen=True)
@@ -43,3 +43,15 @@ class TuningResult:
     @property
     def iteration_us(self) -> float:
         return self.timing.iteration_us
+
+
+@dataclass
+class TuneOutcome:
+    """What ``lagom tune`` found: the search space, the method's result, NCCL's default (the
+    baseline) and AutoCCL's result when it was run."""
+
+    space: SearchSpace
+    result: TuningResult
+    baseline: Timing
+    autoccl: TuningResult | None
+    evaluations_run: int = 0  # every evaluation tune ran: the method's, the baseline's, AutoCCL's not reused

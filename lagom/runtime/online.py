@@ -210,7 +210,7 @@ class Session:
 
     def _write_result(self, controller: OnlineController) -> None:
         from lagom import tuning
-        from tuner import TuningResult
+        from tuner.result import TuneOutcome, TuningResult
 
         space = self._space
         assert space is not None
@@ -219,7 +219,7 @@ class Session:
         timing = result.timing if result is not None and controller.result == "kept" else seed_timing
         if seed_timing is None or timing is None:
             return
-        outcome = tuning.TuneOutcome(
+        outcome = TuneOutcome(
             space, TuningResult("lagom-online", controller.final, timing, controller.evaluations,
                                 notes=[(f"online: {controller.result} after {controller.steps_spent} steps, "
                                         f"{controller.evaluations} measured plans; baseline_us is the seed's")]),

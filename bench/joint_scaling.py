@@ -10,7 +10,7 @@ seconds of the process:
 
 - one rank: each rank replayed alone under the trace's own settings
   (``Simulator.evaluate``), N times;
-- joint: what ``lagom simulate DIR`` does, ``lagom.joint_run.JointEvaluator.joint``: the
+- joint: what ``lagom simulate DIR`` does, ``lagom.orchestration.joint_run.JointEvaluator.joint``: the
   same N one-rank evaluations as the time source, the ranks matched and aligned
   (``traces.rank_join``), every rank scheduled at once and each rank's figures.
 
@@ -40,11 +40,11 @@ CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[2])
 from costmodel.replay.schedule import replay_static
-from lagom.joint_run import JointEvaluator
-from lagom.trace_context import resolve_cluster
-from lagom.tuning import make_evaluator
+from lagom.orchestration.joint_run import JointEvaluator
+from lagom.orchestration.trace_context import resolve_cluster
+from lagom.orchestration.tuning import make_evaluator
 from nccl_env.plan import Plan
-from traces.kineto import read_trace
+from traces.reader import read_trace
 
 t = time.process_time()
 workloads = read_trace(sys.argv[1])

@@ -33,10 +33,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel.cluster import load_cluster  # noqa: E402
-from lagom import bench_matrix, tuning  # noqa: E402
-from lagom.knob_args import parse_nccl_version_arg  # noqa: E402
+from lagom.args.knob_args import parse_nccl_version_arg  # noqa: E402
 from lagom.online.agent import simulate_online  # noqa: E402
 from lagom.online.controller import OnlineController, OnlineSettings  # noqa: E402
+from lagom.orchestration import bench_matrix, tuning  # noqa: E402
 from nccl_env.plan import Plan  # noqa: E402
 from nccl_env.rules import NcclVersion  # noqa: E402
 from traces.generate import PAPER_WORKLOADS  # noqa: E402

@@ -44,7 +44,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table  # noqa: E402
 
 from costmodel.cluster import load_cluster  # noqa: E402
-from lagom import bench_matrix, tuning  # noqa: E402
+from lagom.orchestration import bench_matrix, tuning  # noqa: E402
 from nccl_env.delivery import group_paths  # noqa: E402
 from nccl_env.plan import Plan  # noqa: E402
 from tuner import AutoCCL, LagomSearch  # noqa: E402

@@ -23,8 +23,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel.cluster import load_cluster  # noqa: E402
-from lagom import tuning  # noqa: E402
-from lagom.knob_args import parse_nccl_version_arg  # noqa: E402
+from lagom.args.knob_args import parse_nccl_version_arg  # noqa: E402
+from lagom.orchestration import tuning  # noqa: E402
 from nccl_env.rules import NcclVersion  # noqa: E402
 from traces.generate import generate_workload  # noqa: E402
 from traces.workload import Dependency, Op, Workload  # noqa: E402

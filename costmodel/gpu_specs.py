@@ -34,7 +34,7 @@ REACH_NONE = "none"
 @dataclass(frozen=True)
 class GpuRow:
     key: str  # the row's name, e.g. "A100-SXM4-40GB"
-    model: str  # what a device name spells (lagom.trace_context.gpu_model): "A100"
+    model: str  # what a device name spells (lagom.orchestration.trace_context.gpu_model): "A100"
     vendor: str  # NVIDIA or AMD
     form: str  # "sxm", "pcie" or "oam" (the OCP module AMD's Instinct parts come in)
     sm_count: int  # SMs (NVIDIA) or compute units (AMD) of one device

@@ -17,7 +17,7 @@ import textwrap
 from typing import NoReturn
 
 from lagom import __version__
-from lagom.package_check import shadowed
+from lagom.orchestration.package_check import shadowed
 
 # Subcommand modules, in the order `lagom --help` lists them.
 COMMANDS = ["record", "analyze", "simulate", "calibrate", "tune", "run", "bench", "plugin", "doctor"]

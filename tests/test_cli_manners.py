@@ -14,7 +14,7 @@ from conftest import EXAMPLES, REPO_ROOT
 from costmodel.cluster import load_cluster
 from lagom import __version__
 from lagom.cli import COMMANDS, main
-from lagom.package_check import shadowed
+from lagom.orchestration.package_check import shadowed
 
 
 def test_version(capsys):
@@ -171,7 +171,7 @@ def _shared_actions(option: str) -> dict[str, object]:
     ("--json", {"record", "analyze", "simulate", "tune", "run", "calibrate", "bench", "doctor"}),
 ])
 def test_a_shared_flag_has_one_metavar_default_and_meaning(option, commands):
-    from lagom import common_args
+    from lagom.args import common_args
 
     actions = _shared_actions(option)
     assert set(actions) == commands, option
@@ -214,7 +214,7 @@ def test_a_narrow_table_keeps_every_header_word_and_number_whole():
     from rich.console import Console
     from rich.table import Table
 
-    from lagom.console import fit_columns
+    from lagom.reports.console import fit_columns
 
     table = Table(title="profiler steps")
     headers = ("step", "measured", "replayed", "tuned", "coll.", "exposed", "critical")
@@ -291,8 +291,8 @@ def test_run_json_summarises_the_job_and_its_collectives(tmp_path):
 def test_noise_has_one_default_for_a_spec_and_none_for_a_trace(tmp_path):
     """run --online --simulate takes --noise as simulate does: the simulator's spread (0.01) for a
     spec or a workload file, none for a trace (replayed from its measured times)."""
+    from lagom.args.common_args import DEFAULT_NOISE
     from lagom.commands.run import _default_noise
-    from lagom.common_args import DEFAULT_NOISE
 
     assert _default_noise("tp:phi2:tp=8") == DEFAULT_NOISE == 0.01
     assert _default_noise(_WIDE_TRACE) == 0.0

@@ -1,4 +1,4 @@
-"""Every config value is checked where it is read, by one validator (lagom.tuned_config.parse_tuned_config).
+"""Every config value is checked where it is read, by one validator (lagom.files.tuned_config.parse_tuned_config).
 
 Its env rules (nccl_env/env_values.py) must take everything Lagom itself delivers on every
 NCCL version, and refuse what NCCL would ignore with a warning in its debug log; the same
@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from costmodel.cluster import load_cluster
-from lagom.tuned_config import parse_tuned_config
+from lagom.files.tuned_config import parse_tuned_config
 from nccl_env.delivery import deliver
 from nccl_env.env_values import validate_env
 from nccl_env.errors import LagomError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lagom.tuned_config import CollectiveEntry, Match, TunedConfig, load_tuned_config
+from lagom.files.tuned_config import CollectiveEntry, Match, TunedConfig, load_tuned_config
 from nccl_env import Algorithm, CollectiveType, CommConfig, LagomError, Protocol, Signature
 from nccl_env.rules import NcclVersion
 from traces import (

@@ -14,8 +14,8 @@ from kineto_builder import TraceBuilder
 from costmodel.cluster import load_cluster
 from costmodel.gpu_specs import AMD, NVIDIA, REACH_NONE, ROWS, DeviceFacts, gpu_spec, match_gpu, row_by_key
 from costmodel.trace_cluster import PCIE_ACHIEVED_GB_PER_S, bus_bandwidths, derive_cluster
-from lagom.trace_context import resolve_cluster
-from lagom.tuned_config import load_tuned_config
+from lagom.files.tuned_config import load_tuned_config
+from lagom.orchestration.trace_context import resolve_cluster
 from nccl_env.knobs import CollectiveType
 from traces.kineto import read_trace
 

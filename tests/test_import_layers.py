@@ -130,3 +130,62 @@ def test_reader_checker_catches_each_way_in(tmp_path):
     found = reader_violations(bad, tmp_path)
     assert [v.split(":")[1] for v in found] == ["1", "2", "4", "4"]
     assert "traces.kineto_json" in found[1]
+
+
+# lagom/ by role (issue 25): its rooms, lowest first. A module may import lagom modules of its own
+# room and the rooms below it, never above; the package itself (lagom.__version__) is everyone's.
+LAGOM_ROOMS = ["files", "args", "reports", "orchestration", "online", "runtime", "commands", "cli"]
+LAGOM_ROOT_ENTRY = {"cli", "__main__"}  # the entry points: the top room
+
+
+def lagom_room(module: str, root: Path = REPO_ROOT) -> str | None:
+    """The room of a lagom module (``lagom.files.tuned_config`` -> files), or None for the package."""
+    parts = module.split(".")
+    if parts[0] != "lagom" or len(parts) < 2:
+        return None
+    if parts[1] in LAGOM_ROOMS:
+        return parts[1]
+    if parts[1] in LAGOM_ROOT_ENTRY:
+        return "cli"
+    return "unknown"
+
+
+def room_violations(path: Path, root: Path = REPO_ROOT) -> list[str]:
+    own = lagom_room(_module_name(path, root), root)
+    if own is None:
+        return []
+    out = []
+    for line, target in imported_modules(path, root):
+        room = lagom_room(target, root)
+        if room is None or target == "lagom.__version__":
+            continue
+        if own == "unknown" or room == "unknown":
+            out.append(f"{path.relative_to(root)}:{line}: {target}: every lagom module lives in a room "
+                       f"({', '.join(LAGOM_ROOMS)}) or is an entry point")
+        elif LAGOM_ROOMS.index(room) > LAGOM_ROOMS.index(own):
+            out.append(f"{path.relative_to(root)}:{line}: lagom.{own} imports {target} (a higher room)")
+    return out
+
+
+def test_lagom_root_holds_only_rooms_and_entry_points():
+    loose = sorted(p.stem for p in (REPO_ROOT / "lagom").glob("*.py")
+                   if p.stem not in LAGOM_ROOT_ENTRY | {"__init__"})
+    assert loose == [], f"lagom/ modules outside a room: {loose}"
+    rooms = sorted(p.name for p in (REPO_ROOT / "lagom").iterdir() if (p / "__init__.py").exists())
+    assert rooms == sorted(r for r in LAGOM_ROOMS if r != "cli")
+
+
+def test_lagom_rooms_import_downwards_only():
+    modules = sorted((REPO_ROOT / "lagom").rglob("*.py"))
+    assert len(modules) > 40
+    bad = [v for p in modules for v in room_violations(p)]
+    assert not bad, "\n".join(bad)
+
+
+def test_room_checker_catches_an_upward_import(tmp_path):
+    (tmp_path / "lagom" / "files").mkdir(parents=True)
+    bad = tmp_path / "lagom" / "files" / "bad.py"
+    bad.write_text("def f():\n    from lagom.orchestration.tuning import tune\nfrom lagom import __version__\n"
+                   "from lagom.files import output_paths\n")
+    found = room_violations(bad, tmp_path)
+    assert len(found) == 2 and all(":2:" in v and "higher room" in v for v in found), found

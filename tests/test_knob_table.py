@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO_ROOT
 
 from costmodel.cluster import load_cluster
-from lagom.knob_args import parse_nccl_version_arg, parse_set
+from lagom.args.knob_args import parse_nccl_version_arg, parse_set
 from nccl_env import delivery
 from nccl_env.errors import LagomError
 from nccl_env.knob_table import KNOBS, PATH, RESOURCE_KNOBS, Scope, knob_scopes
@@ -32,7 +32,7 @@ KNOB_HOMES = {"nccl_env/knobs.py", "costmodel/analytic/collective_model.py", "co
 # reports); they are routed through the table after those branches merge, and this set emptied.
 PENDING_MERGE = {
     "costmodel/sim/simulator.py", "costmodel/analytic/evaluator.py", "costmodel/sim/compute.py",
-    "costmodel/analytic/contention_model.py", "costmodel/sim/published_cases.py", "lagom/tune_report.py",
+    "costmodel/analytic/contention_model.py", "costmodel/sim/published_cases.py", "lagom/reports/tune_report.py",
     *(f"costmodel/replay/{p.name}" for p in (REPO_ROOT / "costmodel/replay").glob("*.py")),
     *(f"lagom/commands/{p.name}" for p in (REPO_ROOT / "lagom/commands").glob("*.py")),
 }
@@ -168,10 +168,10 @@ def test_every_ladder_value_validates_where_the_space_offers_it():
 # measurement's data file, and the settings file the launcher writes for its ranks.
 VERSION_EDGES = {
     "nccl_env/rules.py", "nccl_env/nccl_releases.py", "nccl_env/libnccl.py", "costmodel/cluster.py",
-    "costmodel/calibration/torch_backend.py", "costmodel/sim/published_cases.py", "lagom/tuned_config.py",
-    "lagom/knob_args.py", "lagom/commands/tune.py", "lagom/commands/bench.py", "lagom/commands/run.py",
+    "costmodel/calibration/torch_backend.py", "costmodel/sim/published_cases.py", "lagom/files/tuned_config.py",
+    "lagom/args/knob_args.py", "lagom/commands/tune.py", "lagom/commands/bench.py", "lagom/commands/run.py",
     "lagom/commands/simulate.py",
-    "lagom/trace_context.py", "lagom/runtime/online.py",
+    "lagom/orchestration/trace_context.py", "lagom/runtime/online.py",
 }
 PARSE = re.compile(r"NcclVersion\.(parse|from_code)\(|released_version\(|parse_nccl_version_arg\(|"
                    r"nccl_version\S*\.split\(|version\S*\.split\(\s*[\"']\.")
@@ -202,6 +202,6 @@ def test_a_version_nccl_never_released_is_refused_with_the_closest_named():
 
 def test_every_version_the_project_ships_is_a_release():
     presets = [load_cluster(p).nccl_version for p in ("a100-nvswitch", "h100-nvswitch", "high-bw", "low-bw")]
-    from lagom.bench_matrix import PATHS_NCCL_VERSION
+    from lagom.orchestration.bench_matrix import PATHS_NCCL_VERSION
 
     assert all(v in RELEASED for v in [*presets, PATHS_NCCL_VERSION])

@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from costmodel.cluster import load_cluster
 from costmodel.evaluator import OpTiming, Timing
-from lagom import tuning
 from lagom.online.agent import RankAgent, run_in_process, simulated_ranks
 from lagom.online.clock import SimulatedClock, StepClock
 from lagom.online.controller import OnlineController, OnlineSettings
@@ -29,6 +28,7 @@ from lagom.online.protocol import (
     decode_decision,
     encode_decision,
 )
+from lagom.orchestration import tuning
 from nccl_env.delivery import deliver
 from nccl_env.errors import LagomError
 from nccl_env.plugin_abi import TunerLibrary
@@ -208,8 +208,8 @@ def test_online_refusals_are_one_line_and_exit_2(args, message):
 def test_a_single_process_job_tunes_through_explicit_steps_and_saves_the_plan(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
     import lagom.runtime
+    from lagom.files.tuned_config import load_tuned_config
     from lagom.runtime import online
-    from lagom.tuned_config import load_tuned_config
 
     settings = online.OnlineSettingsFile(nccl_version=NcclVersion.parse(VERSION), plugin=str(build_plugin()),
                                          result_path=str(tmp_path / "tuned.yaml"), simulate=SPEC, cluster="low-bw",

@@ -20,8 +20,8 @@ import pytest
 from conftest import REPO_ROOT, run_jobs
 
 from costmodel.cluster import load_cluster
-from lagom import tuning
-from lagom.tuned_config import load_tuned_config
+from lagom.files.tuned_config import load_tuned_config
+from lagom.orchestration import tuning
 from nccl_env.plan import Plan
 from nccl_env.plugin_build import build_plugin
 from nccl_env.rules import NcclVersion

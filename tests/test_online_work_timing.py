@@ -14,8 +14,8 @@ import yaml
 
 import lagom.runtime as runtime
 from costmodel.cluster import load_cluster
-from lagom import tuning
 from lagom.online.work_timing import WorkDurations, op_ids_of_call, op_timings
+from lagom.orchestration import tuning
 from lagom.runtime import launcher
 from lagom.runtime.env import ENV_ONLINE
 from lagom.runtime.online import OnlineSettingsFile

@@ -1,4 +1,4 @@
-"""Files a user owns are never lost (lagom/output_paths.py and its users).
+"""Files a user owns are never lost (lagom/files/output_paths.py and its users).
 
 What the bad-input matrix refuses, here the other side: a file Lagom wrote is replaced
 when the same command runs again, ``--force`` replaces a user's file, a link keeps
@@ -18,9 +18,9 @@ import yaml
 from conftest import EXAMPLES
 
 from lagom.cli import main
-from lagom.output_paths import OutputFormat, check_output, write_output
+from lagom.files.output_paths import OutputFormat, check_output, write_output
+from lagom.files.tuned_config import TunedConfig, load_tuned_config
 from lagom.runtime.launcher import ONLINE_RESULT, OnlineRequest, RunSetup, _interrupt_deferred, _save_online
-from lagom.tuned_config import TunedConfig, load_tuned_config
 from nccl_env.errors import LagomError
 
 TRACE = EXAMPLES / "a100_w2_allreduce_broadcast.json.gz"

@@ -16,7 +16,7 @@ from costmodel.analytic.evaluator import AnalyticEvaluator
 from costmodel.cluster import load_cluster
 from costmodel.nccl_defaults import symmetric_kernel
 from costmodel.sim.simulator import Simulator
-from lagom import bench_matrix, tuning
+from lagom.orchestration import bench_matrix, tuning
 from nccl_env import CollectiveType, CommConfig, CommPath, Plan, Signature
 from nccl_env.delivery import deliver
 from nccl_env.errors import LagomError

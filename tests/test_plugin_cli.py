@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from lagom.cli import main
-from lagom.plugin_export import plugin_entries_from_config
-from lagom.tuned_config import load_tuned_config
+from lagom.files.plugin_export import plugin_entries_from_config
+from lagom.files.tuned_config import load_tuned_config
 from nccl_env import Algorithm, CollectiveType
 from nccl_env.libnccl import find_libnccl, nccl_version
 from nccl_env.plugin_build import PluginBuildError, build_plugin
@@ -175,8 +175,8 @@ def test_doctor_reports_problems_as_lines(tmp_path):
 def test_plugin_table_says_when_its_nccl_loads_no_plugin():
     """A config tuned for NCCL 2.18 (the paper's clusters) gets a table that no NCCL of that
     version reads: the table says so instead of suggesting only the chunk size is lost."""
-    from lagom.plugin_export import plugin_table_comments
-    from lagom.tuned_config import parse_tuned_config
+    from lagom.files.plugin_export import plugin_table_comments
+    from lagom.files.tuned_config import parse_tuned_config
 
     def comments(version: str) -> list[str]:
         return plugin_table_comments(parse_tuned_config({

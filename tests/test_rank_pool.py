@@ -1,4 +1,4 @@
-"""A folder's ranks read on worker processes or a Dask cluster (lagom.rank_pool) give exactly what
+"""A folder's ranks read on worker processes or a Dask cluster (lagom.orchestration.rank_pool) give exactly what
 reading them in this process gives; a bad file is the same one line; Ctrl-C stops the pool.
 
 Folders: the w128 pair (two real ranks of one job) and copies of a real trace rewritten as the
@@ -22,10 +22,10 @@ import pytest
 from conftest import REPO_ROOT, trace_path
 from kineto_builder import write_rank_copies
 
+from lagom.args.rank_args import ExecutorKind, RankReading
 from lagom.cli import main
-from lagom.rank_args import ExecutorKind, RankReading
-from lagom.rank_pool import LOCAL_SCHEDULER, read_lowest_rank
-from lagom.workload_arg import read_workload_arg
+from lagom.orchestration.rank_pool import LOCAL_SCHEDULER, read_lowest_rank
+from lagom.orchestration.workload_arg import read_workload_arg
 from traces.comm_split import rank_comm
 from traces.exec_graph import WAIT_BASIS_RANKS
 from traces.kineto import read_trace

@@ -15,7 +15,7 @@ from statistics import fmean
 
 import pytest
 
-from lagom.record_overhead import overhead_line, profiler_overhead
+from lagom.reports.record_overhead import overhead_line, profiler_overhead
 from lagom.runtime import record
 from lagom.runtime.record import Phase, RecordSettings, StepWindow
 from lagom.runtime.record_launch import MARKER, check_out_dir, launch_record, prepare_record, report

@@ -180,7 +180,7 @@ def test_min_gain_keeps_nccl_defaults_below_it(tmp_path, capsys, min_gain, chang
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["speedup_vs_nccl"] > 1.01  # the search found a gain; only the threshold decides
-    from lagom.tuned_config import load_tuned_config
+    from lagom.files.tuned_config import load_tuned_config
 
     config = load_tuned_config(out_file)
     assert bool(config.env or config.collectives) is changes

@@ -32,9 +32,9 @@ import pytest
 import yaml
 from conftest import REPO_ROOT, run_jobs
 
-from lagom.plugin_export import plugin_entries_from_config, render_plugin_table
+from lagom.files.plugin_export import plugin_entries_from_config, render_plugin_table
+from lagom.files.tuned_config import load_tuned_config
 from lagom.runtime import audit
-from lagom.tuned_config import load_tuned_config
 from nccl_env.knobs import CollectiveType
 from nccl_env.plugin_build import build_plugin
 from nccl_env.plugin_table import parse_table

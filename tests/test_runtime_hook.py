@@ -21,11 +21,11 @@ from conftest import REPO_ROOT
 
 import lagom
 import lagom.runtime as runtime
+from lagom.files.tuned_config import TunedConfig, parse_tuned_config
 from lagom.runtime import audit
 from lagom.runtime.collectives import C10D_OPS, SPECS
 from lagom.runtime.env import merge_env
 from lagom.runtime.process_groups import build_nccl_options, settings_for
-from lagom.tuned_config import TunedConfig, parse_tuned_config
 from nccl_env.knobs import cta_policy_value
 
 CONFIG = {

@@ -7,10 +7,10 @@ import json
 import pytest
 from conftest import trace_path
 
+from lagom.args.knob_args import parse_set, parse_size
 from lagom.cli import main
-from lagom.knob_args import parse_set, parse_size
-from lagom.tuned_config import CollectiveEntry, Match, TunedConfig
-from lagom.workload_arg import load_workload_arg
+from lagom.files.tuned_config import CollectiveEntry, Match, TunedConfig
+from lagom.orchestration.workload_arg import load_workload_arg
 from nccl_env import Algorithm, CollectiveType, CommConfig, LagomError, Protocol
 from traces.generate import generate_workload
 from traces.workload_io import save_workload

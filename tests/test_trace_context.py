@@ -9,8 +9,8 @@ import pytest
 from conftest import run_cli, trace_dir
 from kineto_builder import TraceBuilder
 
-from lagom.trace_context import gpu_model, presets_for_gpu, resolve_cluster
-from lagom.tuned_config import load_tuned_config
+from lagom.files.tuned_config import load_tuned_config
+from lagom.orchestration.trace_context import gpu_model, presets_for_gpu, resolve_cluster
 from nccl_env.rules import NcclVersion
 from traces.kineto import read_trace
 

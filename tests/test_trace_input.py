@@ -14,8 +14,8 @@ from kineto_builder import TraceBuilder
 from costmodel.cluster import load_cluster
 from costmodel.replay.trace_evaluator import ReplayEvaluator
 from costmodel.sim.simulator import Simulator
-from lagom import tuning
-from lagom.tuned_config import load_tuned_config
+from lagom.files.tuned_config import load_tuned_config
+from lagom.orchestration import tuning
 from nccl_env.knobs import CollectiveType, CommConfig
 from nccl_env.plan import Plan
 from nccl_env.rules import NcclVersion

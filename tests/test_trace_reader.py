@@ -1,5 +1,5 @@
 """The trace-reader interface (traces.reader) on real traces: the reader it picks, its whole read
-against its two-round read (what lagom.rank_pool runs on workers), and the errors for paths no
+against its two-round read (what lagom.orchestration.rank_pool runs on workers), and the errors for paths no
 reader claims, which stay the one-line errors of the Kineto reader."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from conftest import REPO_ROOT, run_cli
 
 from costmodel.cluster import load_cluster
 from costmodel.sim.simulator import Simulator
-from lagom.tuned_config import load_tuned_config
+from lagom.files.tuned_config import load_tuned_config
 from nccl_env.knobs import CollectiveType
 from nccl_env.plan import Plan
 from nccl_env.rules import NcclVersion
@@ -195,7 +195,7 @@ def test_readme_setup_command_tunes_the_bundled_trace(tmp_path):
 def test_evaluations_count_every_evaluation_tune_ran_the_comparison_included(tmp_path, capsys):
     """The AutoCCL comparison's evaluations count too; a plan Lagom already measured is not run again."""
     from costmodel.sim import Simulator as Sim
-    from lagom import tuning
+    from lagom.orchestration import tuning
 
     cluster = load_cluster("low-bw")
     workload = generate_workload("ep:olmoe:ep=8")

@@ -17,9 +17,9 @@ import kineto_world as kw
 import pytest
 from conftest import EXAMPLES, run_cli
 
-from lagom.bench_matrix import CLUSTERS, matrix_specs
-from lagom.tune_report import COMM_BOUND_FRACTION, IDLE_BOUND_FRACTION
-from lagom.tuned_config import TunedConfig, load_tuned_config
+from lagom.files.tuned_config import TunedConfig, load_tuned_config
+from lagom.orchestration.bench_matrix import CLUSTERS, matrix_specs
+from lagom.reports.tune_report import COMM_BOUND_FRACTION, IDLE_BOUND_FRACTION
 
 CASES = [(spec, cluster) for cluster in CLUSTERS for spec in matrix_specs(quick=True)]
 

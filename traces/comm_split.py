@@ -77,7 +77,7 @@ class KeyInstances:
 class RankComm:
     """What the wait/transfer split needs of one rank: its on-GPU collectives per key (keys in the
     order of their first instance). About 24 bytes a collective, so the ranks of a large job
-    fit in one process where their Workloads would not (lagom.rank_pool)."""
+    fit in one process where their Workloads would not (lagom.orchestration.rank_pool)."""
 
     rank: int
     keys: dict[CommKey, KeyInstances]

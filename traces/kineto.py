@@ -117,7 +117,7 @@ def read_trace(path: str | Path) -> list[Workload]:
     return sorted(workloads, key=lambda w: w.rank)
 
 
-# The steps of read_trace, public so that lagom.rank_pool (through traces.reader) can run the per-file
+# The steps of read_trace, public so that lagom.orchestration.rank_pool (through traces.reader) can run the per-file
 # ones (parse, build) in worker processes and the rest (layout, waits: traces.trace_job) in the parent,
 # with the same results.
 def trace_files(path: str | Path) -> list[Path]:

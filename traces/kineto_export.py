@@ -6,7 +6,7 @@ its thread (its thread's last wait before it: a host sync or a hand-over), ``ac2
 ends follow their kernels and GPU annotations (``nccl:all_reduce`` spans) the kernel they
 wrap. Process, thread and stream layout, names and args stay the original's. A gloo job's
 trace (no GPU op) moves its collectives' CPU calls, matched by name and time. What was
-predicted is added to the top-level object (``lagom.trace_export`` says under which key).
+predicted is added to the top-level object (``lagom.files.trace_export`` says under which key).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _is_gpu_op(event: dict) -> bool:
 def moved_trace(workload: Workload, moved: MovedOps, gzipped: bool, stamp: dict) -> tuple[bytes, int]:
     """``workload``'s trace file with every event moved to ``moved`` and ``stamp``'s entries added to
     its top-level object, as the bytes of a .json (or, ``gzipped``, a .json.gz) file, and the number
-    of GPU ops moved; the caller writes them (lagom.output_paths.write_output, atomically)."""
+    of GPU ops moved; the caller writes them (lagom.files.output_paths.write_output, atomically)."""
     assert workload.exec_graph is not None
     source = Path(workload.source)
     try:

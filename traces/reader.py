@@ -6,7 +6,7 @@ trace later) is one :class:`TraceReader`. It says whether it reads a path
 :class:`~traces.workload.Workload` per rank, each with its execution graph,
 ``Workload.exec_graph``, and the metadata the trace records: device, NCCL version, world,
 profiler steps, ``lagom record``'s step times), reads it in the two rounds
-``lagom.rank_pool`` spreads over workers (:meth:`TraceReader.files`,
+``lagom.orchestration.rank_pool`` spreads over workers (:meth:`TraceReader.files`,
 :meth:`TraceReader.scan`, then :func:`job_layout` over the headers and
 :meth:`ScannedTrace.build_rank`), and writes a replay's prediction back in its own format
 (:meth:`TraceReader.moved_trace`, ``--export-trace``).
@@ -144,7 +144,7 @@ def trace_files(path: str | Path) -> list[Path]:
 
 
 def scan_trace_file(path: Path) -> ScannedTrace:
-    """One per-rank file parsed by its format's reader (the first round of ``lagom.rank_pool``)."""
+    """One per-rank file parsed by its format's reader (the first round of ``lagom.orchestration.rank_pool``)."""
     return reader_for(path).scan(path)
 
 

@@ -4,7 +4,7 @@ the files are one job's ranks, each collective's wait for its peers attached acr
 step times of ``lagom record``'s metadata object (docs/record.md).
 
 A reader (:mod:`traces.reader`) parses each file to a header and its records; :func:`job_layout`
-lays the files out from the headers alone, so that ``lagom.rank_pool`` can parse the files in
+lays the files out from the headers alone, so that ``lagom.orchestration.rank_pool`` can parse the files in
 worker processes and lay the job out in the parent, with the in-process reader's results.
 """
 

@@ -373,7 +373,7 @@ def build_space(
     it seeds AutoCCL and the tune table's "old" column. ``enabled_pairs`` gives the
     (algorithm, protocol) pairs NCCL's tuning model enables for a signature; without
     it, :func:`pairs_for`'s rule. The tuner imports no cost model: the caller
-    (``lagom.tuning.space_for``) passes both. ``use_plugin=False``: the doors without
+    (``lagom.orchestration.tuning.space_for``) passes both. ``use_plugin=False``: the doors without
     Lagom's tuner plugin (channels per group, chunk per process, algorithm per collective
     type). Raises LagomError when the workload has no collective to tune.
     """

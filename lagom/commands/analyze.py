@@ -29,13 +29,13 @@ from pathlib import Path
 
 import orjson
 
-from lagom.analyze_report import rank_report, render
-from lagom.common_args import add_json
-from lagom.console import stdout_console
-from lagom.output_paths import OutputFormat, check_output
-from lagom.rank_args import ExecutorKind, add_arguments, reading_from_args
-from lagom.record_overhead import overhead_line, profiler_overhead
-from lagom.replay_report import measured_steps
+from lagom.args.common_args import add_json
+from lagom.args.rank_args import ExecutorKind, add_arguments, reading_from_args
+from lagom.files.output_paths import OutputFormat, check_output
+from lagom.reports.analyze_report import rank_report, render
+from lagom.reports.console import stdout_console
+from lagom.reports.record_overhead import overhead_line, profiler_overhead
+from lagom.reports.replay_report import measured_steps
 from nccl_env.errors import LagomError
 from traces.reader import read_trace, trace_files
 from traces.steps import trim_to_profiler_steps
@@ -87,14 +87,14 @@ def run(args: argparse.Namespace) -> int:
         trace_files(path)  # an empty, missing or too large input: one line before anything is said or read
     reading = reading_from_args(args)
     if reading.executor is not ExecutorKind.LOCAL:  # a folder's ranks on worker processes or Dask
-        from lagom.analyze_ranks import analyze_paths
+        from lagom.orchestration.analyze_ranks import analyze_paths
 
         reports, plot_view, recorded = analyze_paths(args.paths, reading, args.include_last_step, args.top,
                                                      bool(args.plot))
     else:
         reports, plot_view, recorded = _analyze_here(args)
     if args.plot and plot_view is not None:
-        from lagom.plot_timeline import plot_step  # matplotlib only when asked
+        from lagom.reports.plot_timeline import plot_step  # matplotlib only when asked
 
         plot_step(plot_view, args.plot)
     overhead = profiler_overhead(recorded)
@@ -139,7 +139,7 @@ def _analyze_here(args: argparse.Namespace) -> tuple[list[dict], Workload | None
         | {"steps": measured_steps(w)}
         for v, w in zip(views, workloads)
     ]
-    from lagom.analyze_ranks import add_joined_waits
+    from lagom.orchestration.analyze_ranks import add_joined_waits
 
     index = {id(w): i for i, w in enumerate(workloads)}
     for ranks in folders:

@@ -32,11 +32,11 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodel.cluster import load_cluster
-from lagom import bench_matrix, tuning
-from lagom.common_args import add_cluster, add_evaluator, add_json, add_nccl_version
-from lagom.console import stdout_console
-from lagom.knob_args import parse_nccl_version_arg
-from lagom.output_paths import OutputFormat, check_output, save_figure
+from lagom.args.common_args import add_cluster, add_evaluator, add_json, add_nccl_version
+from lagom.args.knob_args import parse_nccl_version_arg
+from lagom.files.output_paths import OutputFormat, check_output, save_figure
+from lagom.orchestration import bench_matrix, tuning
+from lagom.reports.console import stdout_console
 from nccl_env.errors import LagomError
 
 # What --check asserts per cell (and tests/test_bench_quick.py): what Lagom owes, each with

@@ -25,10 +25,18 @@ import json
 import sys
 from pathlib import Path
 
-from lagom.common_args import DEFAULT_NOISE, add_cluster, add_json, add_noise, add_seed, check_seed, deprecated_alias
-from lagom.console import stdout_console
-from lagom.knob_args import check_noise
-from lagom.output_paths import OutputFormat, check_output, write_output
+from lagom.args.common_args import (
+    DEFAULT_NOISE,
+    add_cluster,
+    add_json,
+    add_noise,
+    add_seed,
+    check_seed,
+    deprecated_alias,
+)
+from lagom.args.knob_args import check_noise
+from lagom.files.output_paths import OutputFormat, check_output, write_output
+from lagom.reports.console import stdout_console
 from nccl_env.errors import LagomError
 
 CLUSTER_HEADER = "# Lagom cluster file"  # the first line of what calibrate writes (OutputFormat.CLUSTER's marker)
@@ -61,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _backend(args: argparse.Namespace):
-    from lagom.tuning import MAX_BUDGET
+    from lagom.orchestration.tuning import MAX_BUDGET
 
     if args.measurements < MIN_MEASUREMENTS or args.measurements > MAX_BUDGET:
         flag = "--budget" if args.deprecated_budget is not None else "--measurements"
@@ -82,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from costmodel.calibration.calibrate import calibrate
-    from lagom.console import StageProgress
+    from lagom.reports.console import StageProgress
 
     deprecated_alias(args, "--budget", "--measurements", "deprecated_budget", "measurements", "calibrate")
     if args.measurements is None:

@@ -17,7 +17,7 @@ import json
 import subprocess
 from dataclasses import dataclass, field
 
-from lagom.common_args import add_json
+from lagom.args.common_args import add_json
 from nccl_env.errors import LagomError
 
 
@@ -51,7 +51,7 @@ def examine(cc: str | None = None) -> Report:
     from nccl_env.rules import TUNER_SYMBOL_SINCE, per_collective_knobs, tuner_symbols
 
     report = Report()
-    from lagom.package_check import PACKAGES, shadowed
+    from lagom.orchestration.package_check import PACKAGES, shadowed
 
     problems = shadowed()
     for line in problems:
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from rich.table import Table
 
-        from lagom.console import stdout_console
+        from lagom.reports.console import stdout_console
 
         table = Table(title="lagom doctor", show_lines=False)
         table.add_column("check")

@@ -63,9 +63,9 @@ def run(args: argparse.Namespace) -> int:
         print(build_plugin(force=args.force, cc=args.cc))
         return 0
     if args.action == "table":
-        from lagom.output_paths import OutputFormat, check_output, write_output
-        from lagom.plugin_export import render_plugin_table
-        from lagom.tuned_config import load_tuned_config
+        from lagom.files.output_paths import OutputFormat, check_output, write_output
+        from lagom.files.plugin_export import render_plugin_table
+        from lagom.files.tuned_config import load_tuned_config
 
         if args.output is not None:
             check_output("-o", args.output, OutputFormat.PLUGIN_TABLE, [("CONFIG", args.config)], force=args.force)

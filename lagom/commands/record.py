@@ -38,7 +38,7 @@ import json
 import sys
 from pathlib import Path
 
-from lagom.common_args import add_json
+from lagom.args.common_args import add_json
 
 _DEFAULTS = {"skip": 10, "timed": 5, "warmup": 2, "active": 5}
 

@@ -57,7 +57,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from lagom.common_args import add_cluster, add_json, add_nccl_version, add_noise
+from lagom.args.common_args import add_cluster, add_json, add_nccl_version, add_noise
 from nccl_env.errors import LagomError
 
 
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         return _launch(args, command, lambda workdir: launch(
             args.config, command, audit_path=args.audit, workdir=workdir, use_plugin=not args.no_plugin,
             force=args.force))
-    from lagom.knob_args import parse_nccl_version_arg
+    from lagom.args.knob_args import parse_nccl_version_arg
     from lagom.online import DEFAULT_BUDGET_STEPS
     from lagom.runtime.launcher import OnlineRequest
 
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
 def _default_noise(workload: str | None) -> float:
     """--noise's default with --simulate, as in lagom simulate: the simulator's run-to-run spread for a
     spec or a workload file; none for a trace, which is replayed from its measured times."""
-    from lagom.common_args import DEFAULT_NOISE
+    from lagom.args.common_args import DEFAULT_NOISE
     from traces.workload_io import is_workload_file
 
     if workload is None:

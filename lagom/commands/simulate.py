@@ -5,7 +5,7 @@ step's time the job's, the slowest rank's, ``--rank N`` for rank N alone; docs/r
 "Every rank at once"), a Lagom workload JSON file,
 or a spec string such as ``fsdp:llama3-8b:gpus=16``, ``tp:phi2:tp=8,dp=2``, ``ep:olmoe:ep=8``.
 --cluster is required for a spec or a workload file; for a trace it defaults to the
-preset for the trace's GPU, with the NCCL version the trace ran (lagom/trace_context.py).
+preset for the trace's GPU, with the NCCL version the trace ran (lagom/orchestration/trace_context.py).
 --nccl-version sets the NCCL modelled; without it a --config file's own ``nccl_version``
 (the one ``lagom tune`` tuned for) is honoured, else the trace's, else the cluster's.
 
@@ -25,7 +25,7 @@ what-if first: every collective's (every compute kernel's; the CPU's own time be
 calls) measured time times F, and the replay's schedule follows; the plan, if any,
 applies on top. ``replay`` stays the fidelity under the trace's own times.
 ``--export-trace OUT.json.gz`` writes the prediction as a Kineto trace with the
-original's layout and names (lagom/trace_export.py), to open beside the measured one.
+original's layout and names (lagom/files/trace_export.py), to open beside the measured one.
 ``--unprofiled-cpu`` (a trace ``lagom record`` wrote, with the steps it timed without
 the profiler) scales the CPU's time between calls so that the replay runs at that
 unprofiled step, before anything else applies (docs/replay.md).
@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.evaluator import DurationScale, StepTiming, check_config
-from lagom.common_args import (
+from lagom.args.common_args import (
     DEFAULT_NOISE,
     add_cluster,
     add_evaluator,
@@ -66,10 +66,10 @@ from lagom.common_args import (
     add_seed,
     check_seed,
 )
-from lagom.knob_args import check_noise, parse_nccl_version_arg
-from lagom.rank_args import add_arguments, reading_from_args
-from lagom.record_overhead import check_recorded_steps, unprofiled_cpu, unprofiled_line
-from lagom.trace_export import check_export_path, export_trace
+from lagom.args.knob_args import check_noise, parse_nccl_version_arg
+from lagom.args.rank_args import add_arguments, reading_from_args
+from lagom.files.trace_export import check_export_path, export_trace
+from lagom.reports.record_overhead import check_recorded_steps, unprofiled_cpu, unprofiled_line
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan
@@ -131,9 +131,9 @@ def _file_nccl_version(path: str) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lagom.knob_args import parse_set
-    from lagom.trace_context import resolve_cluster
-    from lagom.workload_arg import read_workload_arg
+    from lagom.args.knob_args import parse_set
+    from lagom.orchestration.trace_context import resolve_cluster
+    from lagom.orchestration.workload_arg import read_workload_arg
 
     if args.noise is not None:
         check_noise(args.noise)
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     evaluator_name = args.evaluator or DEFAULT_EVALUATOR
     export = (check_export_path(args.export_trace, [("WORKLOAD", args.workload), ("--config", args.config)],
                                 force=args.force) if args.export_trace else None)
-    from lagom.joint_run import read_folder_ranks
+    from lagom.orchestration.joint_run import read_folder_ranks
 
     folder = None if args.unprofiled_cpu else read_folder_ranks(args.workload, args.rank, reading_from_args(args))
     workloads = folder[1] if folder is not None else None  # every rank, replayed jointly
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     # the settings a file or --set gives reach NCCL's collectives of known size only (CollectiveOp.tunable)
     signatures = sorted({w.signature(c, cluster.gpus_per_node) for w in workloads or [workload]
                          for c in w.collectives if c.tunable})
-    from lagom.workload_fit import fit_warnings, unmatched_config_warning
+    from lagom.reports.workload_fit import fit_warnings, unmatched_config_warning
 
     for note in choice.notes:
         print(f"note: {note}", file=sys.stderr)
@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
 
     plan = Plan()
     if args.config:
-        from lagom.tuned_config import load_tuned_config
+        from lagom.files.tuned_config import load_tuned_config
 
         tuned = load_tuned_config(args.config, version)  # NCCL's rules for the cluster's version
         for i, entry in enumerate(tuned.collectives):
@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
         plan = Plan(entries={sig: plan.config_for(sig).merged_over(forced) for sig in signatures}, default=forced)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    from lagom.joint_run import (
+    from lagom.orchestration.joint_run import (
         JointEvaluator,
         joint_identity,
         joint_line,
@@ -205,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
         rank_scales,
         scale_for_rank,
     )
-    from lagom.tuning import make_evaluator
+    from lagom.orchestration.tuning import make_evaluator
 
     items = parse_scale_items(args.scale) if args.scale else []
     scale = scale_for_rank(items, workload.rank) if items else None
@@ -254,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
             result["whatif"] = True
             result["measured"] = measured_means(timing.steps)
     if joint is not None:
-        from lagom.joint_run import joint_json, ranks_json
+        from lagom.orchestration.joint_run import joint_json, ranks_json
 
         result["ranks"] = ranks_json(joint)
         result["joint"] = joint_json(joint)
@@ -274,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from rich.table import Table
 
-    from lagom.console import stdout_console
+    from lagom.reports.console import stdout_console
 
     per = " per step" if timing.steps else ""
 
@@ -302,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
     console = stdout_console()
     console.print(table)
     if timing.steps:
-        from lagom.replay_report import fidelity_line, steps_table
+        from lagom.reports.replay_report import fidelity_line, steps_table
 
         console.print(steps_table(timing.steps, whatif=whatif))
         if fid is not None:

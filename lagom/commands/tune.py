@@ -5,7 +5,7 @@ WORKLOAD is a profiler trace, a workload JSON file or a generator spec such as
 jointly and every plan judged on the job's step, the slowest rank's (``--rank N``: rank N
 alone; docs/replay.md "Every rank at once"). For a trace, its own metadata
 decides what --cluster and --nccl-version leave open: the preset for its GPU, sized to
-its world, and the NCCL version it ran (lagom/trace_context.py); a given value that
+its world, and the NCCL version it ran (lagom/orchestration/trace_context.py); a given value that
 disagrees with the trace gets one warning line. A trace of an AMD GPU (RCCL) or of
 one rank is not NCCL's to tune: one line, exit 2. Collectives the trace records no
 size for, and communication kernels that are not NCCL's, are left out of tuning
@@ -47,7 +47,7 @@ time between calls scaled so that the trace's own settings run at the step it ti
 without the profiler (docs/replay.md).
 
 ``--export-trace OUT.json.gz`` (a trace) writes the tuned plan's predicted steps as a
-Kineto trace with the original's layout (lagom/trace_export.py).
+Kineto trace with the original's layout (lagom/files/trace_export.py).
 
 Writes the tuned-config file (``-o``, default lagom.yaml; an existing file is replaced
 only if Lagom wrote it, else give ``--force``; never the input); ``--json`` prints
@@ -72,25 +72,25 @@ from rich.table import Table
 
 from costmodel.evaluator import DurationScale, Evaluator
 from costmodel.replay.fidelity import fidelity
-from lagom import tuning
-from lagom.common_args import add_cluster, add_evaluator, add_json, add_nccl_version, add_seed, check_seed
-from lagom.console import StageProgress, mib, stdout_console
-from lagom.knob_args import parse_nccl_version_arg
-from lagom.output_paths import OutputFormat, check_output
-from lagom.rank_args import add_arguments, reading_from_args
-from lagom.record_overhead import (
+from lagom.args.common_args import add_cluster, add_evaluator, add_json, add_nccl_version, add_seed, check_seed
+from lagom.args.knob_args import parse_nccl_version_arg
+from lagom.args.rank_args import add_arguments, reading_from_args
+from lagom.files.output_paths import OutputFormat, check_output
+from lagom.files.trace_export import check_export_path, export_trace
+from lagom.orchestration import tuning
+from lagom.orchestration.trace_context import refuse_to_tune, resolve_cluster
+from lagom.orchestration.workload_arg import read_workload_arg
+from lagom.reports.console import StageProgress, mib, stdout_console
+from lagom.reports.record_overhead import (
     check_recorded_steps,
     overhead_line,
     profiler_overhead,
     unprofiled_cpu,
     unprofiled_line,
 )
-from lagom.replay_report import fidelity_line, fidelity_warning, steps_table
-from lagom.trace_context import refuse_to_tune, resolve_cluster
-from lagom.trace_export import check_export_path, export_trace
-from lagom.tune_report import tune_report
-from lagom.workload_arg import read_workload_arg
-from lagom.workload_fit import fit_warnings, untunable_warnings
+from lagom.reports.replay_report import fidelity_line, fidelity_warning, steps_table
+from lagom.reports.tune_report import tune_report
+from lagom.reports.workload_fit import fit_warnings, untunable_warnings
 from nccl_env.errors import LagomError
 from nccl_env.knob_table import REPORT_ORDER, value_of
 from nccl_env.knobs import CommConfig
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
                                 force=args.force) if args.export_trace else None)
     if export is not None and export.resolve() == Path(args.output).resolve():
         raise LagomError(f"--export-trace {args.export_trace}: is also -o's file; give them two names")
-    from lagom.joint_run import JointEvaluator, joint_line, read_folder_ranks
+    from lagom.orchestration.joint_run import JointEvaluator, joint_line, read_folder_ranks
 
     folder = None if args.unprofiled_cpu else read_folder_ranks(args.workload, args.rank, reading_from_args(args))
     workloads = folder[1] if folder is not None else None  # every rank, replayed jointly

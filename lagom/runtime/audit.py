@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 
-from lagom.output_paths import write_output
+from lagom.files.output_paths import write_output
 from nccl_env.errors import LagomError
 
 FORMAT = "lagom.audit"

@@ -32,12 +32,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from lagom.files.tuned_config import TunedConfig, load_tuned_config
 from lagom.runtime import audit
 from lagom.runtime.c10d_observer import C10dObserver
 from lagom.runtime.collectives import ALSO_IN_C10D, SPECS, TYPE_INDEX, TYPE_ORDER, CollectiveSpec
 from lagom.runtime.env import EnvMerge, merge_env
 from lagom.runtime.process_groups import GroupOptionsInjector
-from lagom.tuned_config import TunedConfig, load_tuned_config
 from nccl_env.errors import LagomError
 
 _IGNORED = None  # record info for a call on a group this rank is not part of

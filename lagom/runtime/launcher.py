@@ -35,15 +35,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from costmodel.cluster import load_cluster
-from lagom.knob_args import check_noise
+from lagom.args.knob_args import check_noise
+from lagom.files.output_paths import RUN_FOLDER_MARKER, OutputFormat, check_output, write_output
+from lagom.files.plugin_export import plugin_entries_from_config, write_plugin_table
+from lagom.files.tuned_config import TunedConfig, load_tuned_config
 from lagom.online import DEFAULT_BUDGET_STEPS, DEFAULT_TIMEOUT_S, MAX_BUDGET_STEPS
-from lagom.output_paths import RUN_FOLDER_MARKER, OutputFormat, check_output, write_output
-from lagom.plugin_export import plugin_entries_from_config, write_plugin_table
+from lagom.orchestration.workload_arg import read_workload_arg
 from lagom.runtime import audit, nccl_paths
 from lagom.runtime.bootstrap import SITECUSTOMIZE
 from lagom.runtime.env import ENV_CONFIG, ENV_HOME, ENV_ONLINE, ENV_RUN_DIR, merge_env
-from lagom.tuned_config import TunedConfig, load_tuned_config
-from lagom.workload_arg import read_workload_arg
 from nccl_env.delivery import online_ceilings, plugin_env
 from nccl_env.errors import LagomError
 from nccl_env.files import PathKind, check_path_kind
@@ -103,7 +103,7 @@ def prepare(
 
 def check_run_folder(workdir: str | os.PathLike) -> Path:
     """``--workdir``'s folder, resolved, refused (LagomError) unless it is new, empty or one an earlier
-    ``lagom run`` laid out (:data:`~lagom.output_paths.RUN_FOLDER_MARKER`): the run writes lagom.yaml,
+    ``lagom run`` laid out (:data:`~lagom.files.output_paths.RUN_FOLDER_MARKER`): the run writes lagom.yaml,
     tuner_table.csv, bootstrap/, audit/ there, and a file of the user's by those names is never replaced."""
     text = os.fspath(workdir)
     if not text.strip():
@@ -305,7 +305,7 @@ def launch(
     """The whole of ``lagom run``; returns the child's exit status.
 
     Every output (``--audit``, ``--save``, ``--workdir``) is checked before the job starts
-    (:mod:`lagom.output_paths`); ``force`` lets --audit and --save replace a file Lagom did not write."""
+    (:mod:`lagom.files.output_paths`); ``force`` lets --audit and --save replace a file Lagom did not write."""
     stream = stream if stream is not None else sys.stderr
     check_command(argv, "lagom run --config lagom.yaml -- torchrun train.py")
     _check_outputs(config_path, audit_path, workdir, online, force)
@@ -392,7 +392,7 @@ class OnlineRequest:
 
     save: str | None = None
     budget_steps: int = DEFAULT_BUDGET_STEPS
-    nccl_version: NcclVersion | None = None  # --nccl-version, a release (lagom.knob_args.parse_nccl_version_arg)
+    nccl_version: NcclVersion | None = None  # --nccl-version, a release (lagom.args.knob_args.parse_nccl_version_arg)
     simulate: str | None = None  # workload spec whose simulated times every rank measures
     cluster: str | None = None
     noise: float = 0.0

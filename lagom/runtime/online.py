@@ -99,13 +99,13 @@ class Session:
         import torch.distributed as dist
 
         from costmodel.cluster import load_cluster
-        from lagom import tuning
+        from lagom.files.tuned_config import load_tuned_config
         from lagom.online.agent import RankAgent
         from lagom.online.clock import CudaClock, HostClock, SimulatedClock, StepClock
         from lagom.online.controller import OnlineController, OnlineSettings
         from lagom.online.plugin_view import PluginView
         from lagom.online.protocol import MemoryStore, Store
-        from lagom.tuned_config import load_tuned_config
+        from lagom.orchestration import tuning
         from nccl_env.errors import LagomError
         from nccl_env.plugin_abi import TunerLibrary
 
@@ -209,7 +209,7 @@ class Session:
                 self._write_result(self._controller)
 
     def _write_result(self, controller: OnlineController) -> None:
-        from lagom import tuning
+        from lagom.orchestration import tuning
         from tuner.result import TuneOutcome, TuningResult
 
         space = self._space

@@ -29,7 +29,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lagom.record_overhead import overhead_line, profiler_overhead
+from lagom.reports.record_overhead import overhead_line, profiler_overhead
 from lagom.runtime import record
 from lagom.runtime.env import ENV_RECORD
 from lagom.runtime.launcher import check_command, run_child, write_bootstrap

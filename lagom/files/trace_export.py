@@ -25,7 +25,7 @@ from pathlib import Path
 from costmodel.evaluator import Timing
 from costmodel.replay.schedule import moved_times
 from lagom import __version__
-from lagom.output_paths import OutputFormat, check_output, write_output
+from lagom.files.output_paths import OutputFormat, check_output, write_output
 from nccl_env.errors import LagomError
 from traces.reader import reader_for
 from traces.workload import Workload
@@ -36,7 +36,7 @@ EXPORT_KEY = "lagom_export"  # the top-level object that marks a file Lagom wrot
 def check_export_path(out: str, inputs: list[tuple[str, object]], force: bool = False) -> Path:
     """The export's path, checked before any work: a trace file name (.json, .json.gz) in an existing,
     writable folder, not one of the command's inputs, and replacing only a trace Lagom exported
-    unless ``force`` (:func:`lagom.output_paths.check_output`)."""
+    unless ``force`` (:func:`lagom.files.output_paths.check_output`)."""
     if not (out.endswith(".json") or out.endswith(".json.gz")):
         raise LagomError(f"--export-trace {out}: a trace is written as .json or .json.gz; give such a name")
     return check_output("--export-trace", out, OutputFormat.EXPORTED_TRACE, inputs, force=force)

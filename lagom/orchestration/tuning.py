@@ -21,8 +21,8 @@ from costmodel.nccl_defaults import algo_estimates, nccl_default_config
 from costmodel.replay.anchor import recorded_configs
 from costmodel.replay.trace_evaluator import ReplayEvaluator
 from costmodel.sim.simulator import Simulator
-from lagom.tuned_config import CollectiveEntry, Match, TunedConfig
-from lagom.workload_arg import load_workload_arg
+from lagom.files.tuned_config import CollectiveEntry, Match, TunedConfig
+from lagom.orchestration.workload_arg import load_workload_arg
 from nccl_env.cache import cache_dir
 from nccl_env.delivery import deliver, group_paths
 from nccl_env.errors import LagomError
@@ -147,7 +147,7 @@ def tuning_cluster(cluster: ClusterSpec, cluster_arg: str, evaluator: str,
                    log: Callable[[str], None] | None = None) -> ClusterSpec:
     """The cluster the evaluator should model: for ``analytic`` on a preset without fitted
     ``model:`` parameters, the preset calibrated against ``sim:PRESET`` (cached), with the
-    cluster's NCCL, nodes and GPU (a trace's own GPU numbers: lagom.trace_context)."""
+    cluster's NCCL, nodes and GPU (a trace's own GPU numbers: lagom.orchestration.trace_context)."""
     if evaluator != "analytic" or cluster.model or cluster_arg not in preset_names():
         return cluster
     return replace(calibrated_cluster(cluster_arg, log=log), nccl_version=cluster.nccl_version, nodes=cluster.nodes,

@@ -32,7 +32,7 @@ import numpy as np
 
 from costmodel.cluster import ClusterSpec, load_cluster
 from costmodel.evaluator import Evaluator
-from lagom import tuning
+from lagom.orchestration import tuning
 from nccl_env.delivery import group_paths
 from nccl_env.plan import Plan
 from nccl_env.rules import NcclVersion

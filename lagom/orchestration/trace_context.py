@@ -45,7 +45,7 @@ import yaml
 from costmodel.cluster import ClusterSpec, load_cluster, preset_names
 from costmodel.gpu_specs import AMD, DeviceFacts, GpuMatch, GpuRow, device_model, gpu_spec, is_amd_name, match_gpu
 from costmodel.trace_cluster import derive_cluster, device_facts
-from lagom.tuning import with_nccl_version
+from lagom.orchestration.tuning import with_nccl_version
 from nccl_env.cache import cache_dir
 from nccl_env.errors import LagomError
 from nccl_env.rules import NcclVersion

@@ -52,7 +52,7 @@ class OutputFormat(enum.Enum):
     CLUSTER = ("a cluster file", (b"# Lagom cluster file",))
     MEASUREMENTS = ("a measurements file", (b'"format": "lagom.calibration-measurements"',))
     PLOT = ("a plot", (b"lagom-nccl",))
-    EXPORTED_TRACE = ("a trace Lagom exported", (b'"lagom_export":',))  # lagom.trace_export's last key
+    EXPORTED_TRACE = ("a trace Lagom exported", (b'"lagom_export":',))  # lagom.files.trace_export's last key
 
     def __init__(self, label: str, markers: tuple[bytes, ...]) -> None:
         self.label = label

@@ -1,6 +1,6 @@
 """The command-line choice of where a trace folder's ranks are read: ``--jobs``, ``--executor``,
 ``--dask-address`` (shared by ``lagom analyze``, ``simulate`` and ``tune``; the reading
-itself is :mod:`lagom.rank_pool`)."""
+itself is :mod:`lagom.orchestration.rank_pool`)."""
 
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import yaml
 
-from lagom.output_paths import write_output
+from lagom.files.output_paths import write_output
 from nccl_env.env_names import check_env_names
 from nccl_env.env_values import validate_env
 from nccl_env.errors import LagomError
@@ -170,7 +170,7 @@ class TunedConfig:
         return yaml.safe_dump(self.to_dict(), sort_keys=False, width=100)
 
     def dump(self, path: str | Path, flag: str = "") -> None:
-        """Write the file atomically (:func:`lagom.output_paths.write_output`); LagomError naming ``flag``."""
+        """Write the file atomically (:func:`lagom.files.output_paths.write_output`); LagomError naming ``flag``."""
         write_output(path, self.to_yaml(), flag)
 
 

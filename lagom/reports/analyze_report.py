@@ -10,8 +10,8 @@ from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
-from lagom.console import mib
-from lagom.replay_report import measured_steps_table
+from lagom.reports.console import mib
+from lagom.reports.replay_report import measured_steps_table
 from traces.breakdown import comm_comp_overlap_pct, temporal_breakdown
 from traces.collectives_table import collectives_table
 from traces.comm_split import split_rows

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lagom.output_paths import write_output
-from lagom.tuned_config import TunedConfig
+from lagom.files.output_paths import write_output
+from lagom.files.tuned_config import TunedConfig
 from nccl_env.delivery import PLUGIN_SETTINGS, PluginRule, plugin_lines
 from nccl_env.errors import LagomError
 from nccl_env.knob_table import CHUNK, THREADS

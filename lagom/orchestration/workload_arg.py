@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lagom.rank_args import ExecutorKind, RankReading
+from lagom.args.rank_args import ExecutorKind, RankReading
 from nccl_env.errors import LagomError
 from nccl_env.files import check_path_kind
 from traces.workload import Workload
@@ -26,7 +26,7 @@ def read_workload_arg(text: str, reading: RankReading | None = None) -> tuple[Wo
     """(workload, whether it is a trace's). An existing workload JSON -> loaded; another existing
     path -> a Kineto trace (rank 0, else the lowest rank); anything else -> a spec string for
     :func:`traces.generate.generate_workload`. ``reading``: the executor that reads a folder's
-    ranks (lagom.rank_pool; default: in this process), with the same result."""
+    ranks (lagom.orchestration.rank_pool; default: in this process), with the same result."""
     if not text.strip():
         raise LagomError("WORKLOAD: an empty name (give a trace, a workload JSON file or a spec such as "
                          "fsdp:llama3-8b:gpus=16)")
@@ -36,7 +36,7 @@ def read_workload_arg(text: str, reading: RankReading | None = None) -> tuple[Wo
         if path.is_file() and is_workload_file(path):
             return load_workload(path), False
         if reading is not None and reading.executor is not ExecutorKind.LOCAL and path.is_dir():
-            from lagom.rank_pool import read_lowest_rank
+            from lagom.orchestration.rank_pool import read_lowest_rank
 
             return read_lowest_rank(path, reading), True
         from traces.reader import read_trace  # lazily: only traces need the reader

@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from lagom.output_paths import save_figure  # noqa: E402
+from lagom.files.output_paths import save_figure  # noqa: E402
 from nccl_env.errors import LagomError  # noqa: E402
 from traces.breakdown import comm_comp_overlap_pct  # noqa: E402
 from traces.intervals import intersection, union  # noqa: E402

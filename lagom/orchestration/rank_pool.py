@@ -50,8 +50,8 @@ from typing import Any, Generic, TypeVar
 
 from rich.console import Console
 
-from lagom.console import StageProgress
-from lagom.rank_args import ExecutorKind, RankReading
+from lagom.args.rank_args import ExecutorKind, RankReading
+from lagom.reports.console import StageProgress
 from nccl_env.errors import LagomError
 from traces.comm_split import RankComm, join_waits, op_waits, rank_comm
 from traces.rank_join import RankJoin, join_ranks
@@ -167,7 +167,7 @@ class _ProcessPool(_Pool):
         if "forkserver" in multiprocessing.get_all_start_methods():
             # a fork of a server that has imported the readers once: no fork of this (threaded) process
             ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["lagom.rank_pool", *preload])
+            ctx.set_forkserver_preload(["lagom.orchestration.rank_pool", *preload])
         else:
             ctx = multiprocessing.get_context("spawn")
         self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init)
@@ -235,7 +235,7 @@ class _DaskPool(_Pool):
             try:
                 self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                             host="127.0.0.1", dashboard_address=None, silence_logs=logging.CRITICAL,
-                                            preload=["lagom.rank_pool"], scheduler_kwargs=LOCAL_SCHEDULER)
+                                            preload=["lagom.orchestration.rank_pool"], scheduler_kwargs=LOCAL_SCHEDULER)
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             self.client = Client(self.cluster)

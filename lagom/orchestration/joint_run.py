@@ -18,7 +18,7 @@ from pathlib import Path
 
 from costmodel.evaluator import DurationScale, Timing
 from costmodel.replay.joint import JointTiming, RankScale, joint_replay, plan_durations
-from lagom.rank_args import ExecutorKind, RankReading
+from lagom.args.rank_args import ExecutorKind, RankReading
 from nccl_env.errors import LagomError
 from nccl_env.plan import Plan
 from traces.comm_split import rank_comm
@@ -106,13 +106,13 @@ def read_folder_ranks(text: str, rank: int | None,
     path = Path(text)
     if not text.strip() or not path.is_dir():
         return None
-    from traces.kineto import read_trace, trace_files
+    from traces.reader import read_trace, trace_files
 
     files = trace_files(path)
     if len(files) < 2:
         return None
     if reading is not None and reading.executor is not ExecutorKind.LOCAL:
-        from lagom.rank_pool import read_all_ranks
+        from lagom.orchestration.rank_pool import read_all_ranks
 
         workloads = read_all_ranks(path, reading)
     else:

@@ -1,7 +1,7 @@
-"""``lagom analyze`` on a rank pool (lagom.rank_pool): what a worker computes for one rank, and
+"""``lagom analyze`` on a rank pool (lagom.orchestration.rank_pool): what a worker computes for one rank, and
 what the parent puts together.
 
-A worker trims its rank to the analysed span and runs :func:`lagom.analyze_report.rank_report`
+A worker trims its rank to the analysed span and runs :func:`lagom.reports.analyze_report.rank_report`
 on it, as the in-process path does, and returns the report with the op ids of the span's
 collectives. Only the wait/transfer split needs the other ranks: the parent computes it
 from every rank's compact collectives (:func:`traces.comm_split.split_rows_compact`) and
@@ -15,10 +15,10 @@ from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lagom.analyze_report import rank_report
-from lagom.rank_args import RankReading
-from lagom.rank_pool import RankPool
-from lagom.replay_report import measured_steps
+from lagom.args.rank_args import RankReading
+from lagom.orchestration.rank_pool import RankPool
+from lagom.reports.analyze_report import rank_report
+from lagom.reports.replay_report import measured_steps
 from traces.comm_split import join_waits, rank_comm, split_rows_compact
 from traces.exec_graph import WAIT_BASIS_FASTEST, WAIT_BASIS_RANKS
 from traces.rank_join import RankJoin, join_ranks
@@ -60,7 +60,7 @@ def analyze_paths(paths: list[str], reading: RankReading, include_last_step: boo
     recorded: list[RecordedSteps | None] = []
     seen: set[Path] = set()
     plot_view: Workload | None = None
-    with RankPool(reading, preload=["lagom.analyze_ranks"]) as pool:
+    with RankPool(reading, preload=["lagom.orchestration.analyze_ranks"]) as pool:
         for i, path in enumerate(paths):
             job = pool.read_job(Path(path), analyze_rank, (include_last_step, top, want_plot and i == 0))
             joined = job.join()

@@ -1,0 +1,1 @@
+"""lagom.args: see docs/architecture.md."""

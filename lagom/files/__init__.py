@@ -1,0 +1,1 @@
+"""lagom.files: see docs/architecture.md."""

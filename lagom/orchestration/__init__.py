@@ -1,0 +1,1 @@
+"""lagom.orchestration: see docs/architecture.md."""

@@ -1,0 +1,1 @@
+"""lagom.reports: see docs/architecture.md."""

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 PACKAGES = ("nccl_env", "traces", "costmodel", "tuner")
-ROOT = Path(__file__).resolve().parents[1]  # the folder holding lagom/ and its sibling packages
+ROOT = Path(__file__).resolve().parents[2]  # the folder holding lagom/ and its sibling packages
 
 
 def _resolves_to(name: str) -> Path | None:

@@ -55,6 +55,7 @@ from costmodel.replay.data import ReplayData
 from costmodel.replay.schedule import ReplayStatic, replay
 from nccl_env.errors import LagomError
 from traces.comm_split import rank_comm
+from traces.gc_pause import no_cyclic_gc
 from traces.rank_join import ClockAlignment, RankJoin, join_ranks
 from traces.workload import Workload
 
@@ -116,7 +117,10 @@ class JointData:
                  held: Mapping[int, ReplayData] | None = None) -> None:
         if not workloads:
             raise LagomError("joint replay: no rank to replay")
-        held = held or {}
+        with no_cyclic_gc():  # millions of small containers, no cycles (traces/gc_pause.py)
+            self._build(workloads, joined, held or {})
+
+    def _build(self, workloads: list[Workload], joined: RankJoin | None, held: Mapping[int, ReplayData]) -> None:
         self.data: dict[int, ReplayData] = {}
         for w in sorted(workloads, key=lambda w: w.rank):
             d = held.get(w.rank)
@@ -186,6 +190,13 @@ def joint_replay(data: JointData, durations: Mapping[int, Sequence[float] | np.n
                  uncontended: Mapping[int, np.ndarray] | None = None) -> JointTiming:
     """Every rank of ``data`` (one job's) scheduled at once, each op's time from ``durations``
     (``uncontended``: the same with no collective beside it, for the compute slowdown)."""
+    with no_cyclic_gc():  # per rank and node a few floats and lists, no cycles to find
+        return _joint_replay(data, durations, scales, uncontended)
+
+
+def _joint_replay(data: JointData, durations: Mapping[int, Sequence[float] | np.ndarray],
+                  scales: dict[int, RankScale] | None,
+                  uncontended: Mapping[int, np.ndarray] | None) -> JointTiming:
     joined = data.joined
     scales = scales or {}
     ranks = {r: _Rank(rk.st, rk.succ, list(rk.indeg), rk.offset_us, rk.match_of) for r, rk in data.ranks.items()}

@@ -228,6 +228,7 @@ def _joint_replay(data: JointData, durations: Mapping[int, Sequence[float] | np.
                 d[k] *= sc.comm
         dur[r] = d
         unc[r] = u
+    cpu_of = {r: scales.get(r, RankScale()).cpu for r in ranks}
     starts = {r: [0.0] * len(rk.st.op_ids) for r, rk in ranks.items()}
     ends = {r: [0.0] * len(rk.st.op_ids) for r, rk in ranks.items()}
     new_end = {r: list(rk.st.wait_end) for r, rk in ranks.items()}
@@ -244,7 +245,7 @@ def _joint_replay(data: JointData, durations: Mapping[int, Sequence[float] | np.
                 queue.append((r, s))
 
     def at(r: int, thread: int, j: int, t: float) -> float:
-        st, cpu = ranks[r].st, scales.get(r, RankScale()).cpu
+        st, cpu = ranks[r].st, cpu_of[r]
         if j >= 0:
             return new_end[r][j] + cpu * (t - st.wait_end[j])
         if cpu == 1.0:
@@ -297,7 +298,7 @@ def _joint_replay(data: JointData, durations: Mapping[int, Sequence[float] | np.
             j = v - n
             finish = -math.inf
             begin = st.wait_begin[j]
-            cpu = scales.get(r, RankScale()).cpu
+            cpu = cpu_of[r]
             if begin == begin:
                 finish = at(r, st.wait_thread[j], st.wait_prev[j], begin) + cpu * st.wait_own[j]
             for a in st.wait_awaited[j]:
@@ -336,7 +337,7 @@ def _joint_replay(data: JointData, durations: Mapping[int, Sequence[float] | np.
     timings = {}
     for r in sorted(ranks):
         t = replay(ranks[r].st, [e - s for s, e in zip(starts[r], ends[r])], unc[r],
-                   cpu=scales.get(r, RankScale()).cpu)
+                   cpu=cpu_of[r])
         t.replay = data.data[r]
         timings[r] = t
     return _job(timings, joined, len(held))

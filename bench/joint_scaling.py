@@ -8,11 +8,15 @@ a100_w16_sendrecv_3streams_rank0) rewritten as the distinct ranks of one job
 which reads the folder once (``traces.kineto.read_trace``) and then times, in CPU
 seconds of the process:
 
-- one rank: each rank replayed alone under the trace's own settings
-  (``Simulator.evaluate``), N times;
-- joint: what ``lagom simulate DIR`` does, ``lagom.orchestration.joint_run.JointEvaluator.joint``: the
-  same N one-rank evaluations as the time source, the ranks matched and aligned
-  (``traces.rank_join``), every rank scheduled at once and each rank's figures.
+- one rank: each rank replayed alone under the trace's own settings (the command's
+  ``ReplayEvaluator.evaluate``, which holds the last few ranks' replay data, so each
+  rank's are built for it), N times;
+- joint build: ``lagom.orchestration.joint_run.JointEvaluator(...)``: every rank's replay data and
+  graph edges, the ranks matched and aligned (``traces.rank_join``), built once;
+- joint: what ``lagom simulate DIR`` then does per plan, ``JointEvaluator.joint``: each
+  rank's durations under the plan from the evaluator's mechanism, every rank scheduled at
+  once and each rank's figures; and the same again (a second plan, as ``lagom tune DIR``
+  asks many: the data already built),
 
 and prints the reading's time, both replays' and the child's peak resident memory
 (``ru_maxrss``). The machine's load average is printed with them: on a shared machine
@@ -39,7 +43,6 @@ from kineto_builder import write_rank_copies  # noqa: E402
 CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[2])
-from costmodel.replay.schedule import replay_static
 from lagom.orchestration.joint_run import JointEvaluator
 from lagom.orchestration.trace_context import resolve_cluster
 from lagom.orchestration.tuning import make_evaluator
@@ -50,18 +53,23 @@ t = time.process_time()
 workloads = read_trace(sys.argv[1])
 read_s = time.process_time() - t
 low = min(workloads, key=lambda w: w.rank)
-evaluator = make_evaluator("sim", resolve_cluster(low, True, None).cluster)
-for w in workloads:
-    replay_static(w)
+evaluator = make_evaluator("sim", resolve_cluster(low, True, None).cluster, workload=low)
 t = time.process_time()
 alone = [evaluator.evaluate(w, Plan()).iteration_us for w in workloads]
 alone_s = time.process_time() - t
 t = time.process_time()
-joint = JointEvaluator(evaluator, workloads).joint(Plan())
+jev = JointEvaluator(evaluator, workloads)
+build_s = time.process_time() - t
+t = time.process_time()
+joint = jev.joint(Plan())
 joint_s = time.process_time() - t
+t = time.process_time()
+again = jev.joint(Plan())
+again_s = time.process_time() - t
 peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"ranks": len(workloads), "ops_per_rank": len(replay_static(low).op_ids), "read_s": read_s,
-                  "alone_s": alone_s, "joint_s": joint_s, "peak_mib": peak_mib,
+print(json.dumps({"ranks": len(workloads), "ops_per_rank": len(jev.data.data[low.rank].static.op_ids),
+                  "read_s": read_s, "alone_s": alone_s, "build_s": build_s, "joint_s": joint_s,
+                  "again_s": again_s, "peak_mib": peak_mib,
                   "job_step_us": joint.timing.iteration_us, "alone_step_us": max(alone)}))
 """
 
@@ -73,8 +81,8 @@ def main() -> int:
     args = parser.parse_args()
     source = shared_traces_dir() / args.source
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(f"{'ranks':>5} {'ops/rank':>8} {'read s':>7} {'N one-rank s':>12} {'joint s':>8} {'wall s':>7} "
-          f"{'peak MiB':>8} {'load':>5}")
+    print(f"{'ranks':>5} {'ops/rank':>8} {'read s':>7} {'N one-rank s':>12} {'build s':>7} {'joint s':>8} "
+          f"{'again s':>7} {'wall s':>7} {'peak MiB':>8} {'load':>5}")
     for n in [int(x) for x in args.ranks.split(",")]:
         with tempfile.TemporaryDirectory(prefix="joint-") as tmp:
             write_rank_copies(source, n, Path(tmp))
@@ -87,7 +95,8 @@ def main() -> int:
                 return 1
             r = json.loads(done.stdout.strip().splitlines()[-1])
             print(f"{r['ranks']:>5} {r['ops_per_rank']:>8} {r['read_s']:7.1f} {r['alone_s']:12.1f} "
-                  f"{r['joint_s']:8.1f} {wall:7.1f} {r['peak_mib']:8.0f} {os.getloadavg()[0]:5.1f}")
+                  f"{r['build_s']:7.1f} {r['joint_s']:8.1f} {r['again_s']:7.1f} {wall:7.1f} {r['peak_mib']:8.0f} "
+                  f"{os.getloadavg()[0]:5.1f}")
     return 0
 
 

@@ -18,8 +18,7 @@ import kineto_world as kw
 import pytest
 from conftest import trace_path
 
-from costmodel.replay.joint import RankScale, joint_replay
-from costmodel.replay.schedule import replay_static
+from costmodel.replay.joint import JointData, JointTiming, RankScale, joint_replay
 from lagom.cli import main
 from traces.comm_split import rank_comm
 from traces.kineto import read_trace
@@ -34,8 +33,10 @@ PAIRS = [
 ]
 
 
-def measured(workloads) -> dict[int, list[float]]:
-    return {w.rank: list(replay_static(w).measured_dur) for w in workloads}
+def replayed(workloads, scales: dict[int, RankScale] | None = None, joined=None) -> JointTiming:
+    """The joint replay of ``workloads`` with their measured times (their data built for it)."""
+    data = JointData(workloads, joined)
+    return joint_replay(data, data.measured_durations(), scales)
 
 
 @pytest.mark.parametrize("case", PAIRS, ids=lambda c: f"{c[0]}-comm{c[1]:g}-" + "-".join(
@@ -46,7 +47,7 @@ def test_the_joint_replay_predicts_every_rank_of_the_second_run(case, tmp_path: 
     first, _, truth = kr.paired_ranks(p, tmp_path, comm=comm, compute=compute)
     workloads = read_trace(first)
     scales = {r: RankScale(compute=compute.get(r, 1.0), comm=comm) for r in range(p.ranks)}
-    joint = joint_replay(workloads, measured(workloads), scales)
+    joint = replayed(workloads, scales)
     assert joint.modelled_members == 0 and joint.matched > 10
     for r, pair in enumerate(truth.ranks):
         steps = {s.name: s for s in joint.ranks[r].steps}
@@ -59,7 +60,7 @@ def test_the_joint_replay_predicts_every_rank_of_the_second_run(case, tmp_path: 
 def test_measured_times_give_every_rank_its_trace(name: str, tmp_path: Path) -> None:
     p = kr.PROGRAMS[name]
     workloads = read_trace(kr.write_ranks(p, kr.simulate(p), tmp_path / name))
-    joint = joint_replay(workloads, measured(workloads))
+    joint = replayed(workloads)
     for t in joint.ranks.values():
         for s in t.steps:
             assert s.iteration_us == pytest.approx(s.measured_iteration_us, abs=1e-6)
@@ -74,14 +75,14 @@ def test_the_shared_pair_of_128_ranks(tmp_path: Path) -> None:
     for r in (0, 1):
         shutil.copy(trace_path(f"w128_sendrecv_rank{r}.json.gz"), tmp_path)
     workloads = read_trace(tmp_path)
-    base = joint_replay(workloads, measured(workloads))
+    base = replayed(workloads)
     assert base.modelled_members > 0
     for t in base.ranks.values():
         for s in t.steps:
             assert s.iteration_us == pytest.approx(s.measured_iteration_us, rel=0.03)
     for slowed in (0, 1):
         other = 1 - slowed
-        slow = joint_replay(workloads, measured(workloads), {slowed: RankScale(compute=1.5)})
+        slow = replayed(workloads, {slowed: RankScale(compute=1.5)})
         for a, b in zip(slow.ranks[other].steps, base.ranks[other].steps):
             assert a.iteration_us >= b.iteration_us - 1e-6
         assert sum(s.iteration_us for s in slow.ranks[slowed].steps) > sum(
@@ -93,8 +94,8 @@ def test_a_slower_stage_moves_its_peers(tmp_path: Path) -> None:
     step (its neighbours wait on its sends); the rank-scoped what-if moves them all."""
     p = kr.PROGRAMS["pipeline"]
     workloads = read_trace(kr.write_ranks(p, kr.simulate(p), tmp_path / "p"))
-    base = joint_replay(workloads, measured(workloads))
-    slow = joint_replay(workloads, measured(workloads), {3: RankScale(compute=1.5)})
+    base = replayed(workloads)
+    slow = replayed(workloads, {3: RankScale(compute=1.5)})
     for r in range(p.ranks):
         before = sum(s.iteration_us for s in base.ranks[r].steps)
         after = sum(s.iteration_us for s in slow.ranks[r].steps)
@@ -173,8 +174,35 @@ def test_matches_that_contradict_the_graphs_keep_their_measured_waits(tmp_path: 
     firsts = [m.members[0] for m in pairs]
     for m, first in zip(pairs, reversed(firsts)):
         m.members = [first, m.members[1]]
-    joint = joint_replay(workloads, measured(workloads), joined=joined)
+    joint = replayed(workloads, joined=joined)
     assert joint.held > 0
     for t in joint.ranks.values():
         for s in t.steps:
             assert s.iteration_us == pytest.approx(s.measured_iteration_us, abs=1e-6)
+
+
+GLOO_DDP = Path(__file__).parent / "data" / "gloo_ddp_w2"
+
+
+def test_a_gloo_jobs_ranks_meet_at_their_all_reduces() -> None:
+    """The two-rank gloo DDP job: with the measured times each rank is its trace; halving the
+    all-reduces' transfer on every rank shortens every step of each (the job's by more than
+    10%); on rank 1 alone, rank 1's time shrinks and rank 0 gains no more than with its own
+    halved."""
+    workloads = read_trace(GLOO_DDP)
+    data = JointData(workloads)
+    base = joint_replay(data, data.measured_durations())
+    assert base.matched == 10 and base.modelled_members == 0
+    for t in base.ranks.values():
+        assert t.replay is not None and t.replay is data.data[t.replay.workload.rank]
+        for s in t.steps:
+            assert s.iteration_us == pytest.approx(s.measured_iteration_us, abs=1e-6)
+    half = joint_replay(data, data.measured_durations(), {r: RankScale(comm=0.5) for r in (0, 1)})
+    for r in (0, 1):
+        for a, b in zip(base.ranks[r].steps, half.ranks[r].steps):
+            assert b.iteration_us < a.iteration_us
+    assert half.timing.iteration_us < 0.9 * base.timing.iteration_us
+    one = joint_replay(data, data.measured_durations(), {1: RankScale(comm=0.5)})
+    assert sum(s.iteration_us for s in one.ranks[1].steps) < sum(s.iteration_us for s in base.ranks[1].steps)
+    for a, b in zip(one.ranks[0].steps, half.ranks[0].steps):  # rank 0 gains no more than when its own are halved
+        assert a.iteration_us >= b.iteration_us

@@ -82,3 +82,23 @@ def test_two_of_128_ranks_model_the_rest(tmp_path: Path) -> None:
     for w in workloads:
         for c in w.collectives:
             assert 0.0 <= joined.wait_us[w.rank][c.op_id] <= c.duration_us
+
+
+GLOO_DDP = Path(__file__).parent / "data" / "gloo_ddp_w2"
+
+
+def test_a_gloo_jobs_collectives_are_matched_by_order() -> None:
+    """A gloo job's all-reduces are CPU-side ops whose ends do not line up across ranks: the
+    joint replay's view (``cpu_job``) matches each rank's k-th all-reduce with the other's,
+    sizes agreeing; the wait/transfer split's view keeps NCCL's kernels only (none here)."""
+    workloads = read_trace(GLOO_DDP)
+    assert all(not c.on_gpu for w in workloads for c in w.collectives)
+    assert join_ranks([rank_comm(w) for w in workloads]).matches == []
+    joined = join_ranks([rank_comm(w, cpu_job=True) for w in workloads])
+    by_rank = {w.rank: {c.op_id: c for c in w.collectives} for w in workloads}
+    assert len(joined.matches) == len(workloads[0].collectives) == 10
+    for k, m in enumerate(sorted(joined.matches, key=lambda m: m.members[0][1])):
+        assert [r for r, _ in m.members] == [0, 1] and m.modelled == 0
+        sizes = {by_rank[r][op].message_bytes for r, op in m.members}
+        assert len(sizes) == 1 and [op for _, op in m.members] == [k, k]
+    assert joined.alignment.matched == 10

@@ -82,11 +82,16 @@ class RankComm:
     rank: int
     keys: dict[CommKey, KeyInstances]
     group_sizes: dict[str, int] = field(default_factory=dict)  # the size of each group of its collectives
+    on_cpu: bool = False  # its collectives are CPU-side ones (a gloo job's; ``rank_comm(cpu_job=True)``)
 
 
-def rank_comm(workload: Workload) -> RankComm:
+def rank_comm(workload: Workload, cpu_job: bool = False) -> RankComm:
+    """One rank's on-GPU collectives. ``cpu_job``: where none ran on the GPU (a gloo job: one
+    CPU-side op per collective, at the backend's worker span), those instead: the joint replay
+    matches them across ranks; the wait/transfer split reads NCCL's kernels only."""
     keys: dict[CommKey, KeyInstances] = {}
-    for c in sorted((c for c in workload.collectives if c.on_gpu), key=lambda c: (c.start_us, c.op_id)):
+    on_cpu = cpu_job and not any(c.on_gpu for c in workload.collectives)
+    for c in sorted((c for c in workload.collectives if c.on_gpu or on_cpu), key=lambda c: (c.start_us, c.op_id)):
         key = comm_key(c)
         inst = keys.get(key)
         if inst is None:
@@ -94,7 +99,7 @@ def rank_comm(workload: Workload) -> RankComm:
         inst.op_ids.append(c.op_id)
         inst.start_us.append(c.start_us)
         inst.duration_us.append(c.duration_us)
-    return RankComm(workload.rank, keys, {g: workload.group_size(g) for g in {k[0] for k in keys}})
+    return RankComm(workload.rank, keys, {g: workload.group_size(g) for g in {k[0] for k in keys}}, on_cpu)
 
 
 def key_waits(ranks: list[RankComm]) -> dict[int, dict[CommKey, list[float]]]:

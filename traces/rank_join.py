@@ -11,7 +11,11 @@ hundreds of microseconds, as much as a collective's wait. This module joins the 
   whose end differences agree best, and on that clock an instance joins the collective
   whose members end within half the sequence's shortest spacing of it. A send and its
   recv are one collective of a two-rank group; a send/recv in a larger group names no
-  peer the trace keeps, so it is matched with nothing.
+  peer the trace keeps, so it is matched with nothing. A CPU-side collective (a gloo
+  job's, at the backend's worker span) ends when its thread returns, not when the data
+  arrived, so its members' ends do not line up: those are matched by order alone, the
+  k-th instance on each rank, each rank's sequence shifted (by at most ``SHIFT_TRIES``)
+  to where its starts on the first clock agree best with the lowest rank's.
 - **Clock alignment.** The members of one collective end together (each kernel ends once
   the data moved, a transfer after the last member arrived), within the collective's own
   skew. Each rank's offset is the one that best lines up the ends of every collective it
@@ -133,6 +137,7 @@ def join_ranks(ranks: list[RankComm], world_size: int | None = None) -> RankJoin
             sizes[g] = max(sizes.get(g, 0), n)
     default_size = world_size or len(ranks)
     order = sorted(seqs)
+    cpu = {rc.rank for rc in ranks if rc.on_cpu}
     coarse = _coarse_offsets(seqs, order)
     matches: list[Match] = []
     for mk, rs in holders.items():
@@ -143,7 +148,8 @@ def join_ranks(ranks: list[RankComm], world_size: int | None = None) -> RankJoin
             for r in rs:
                 matches.extend(Match(mk[0], mk[1], size, [(r, op)]) for op in seqs[r][mk].op_ids)
             continue
-        for members in _clusters([(r, seqs[r][mk]) for r in rs], coarse):
+        by_order = all(r in cpu for r in rs)
+        for members in (_in_order if by_order else _clusters)([(r, seqs[r][mk]) for r in rs], coarse):
             matches.append(Match(mk[0], mk[1], max(size, len(members)), members))
     alignment = align_clocks(matches, where, order)
     out = RankJoin(alignment, matches)
@@ -225,6 +231,29 @@ def _clusters(holders: list[tuple[int, _Seq]], coarse: dict[int, float]) -> list
     for members in out:
         members.sort()
     return out
+
+
+def _in_order(holders: list[tuple[int, _Seq]], coarse: dict[int, float]) -> list[list[tuple[int, int]]]:
+    """One (group, collective)'s instances on several ranks grouped by their order: the k-th of
+    each rank's sequence, shifted to agree best (least median start difference's deviation on
+    the roughly aligned clock) with the first holder's."""
+    (r0, ref), rest = holders[0], holders[1:]
+    a = np.asarray(ref.start_us, dtype=float) + coarse.get(r0, 0.0)
+    out: dict[int, list[tuple[int, int]]] = {i: [(r0, op)] for i, op in enumerate(ref.op_ids)}
+    for r, seq in rest:
+        b = np.asarray(seq.start_us, dtype=float) + coarse.get(r, 0.0)
+        best = (math.inf, 0)
+        for shift in range(-SHIFT_TRIES, SHIFT_TRIES + 1):
+            x, y = a[max(0, shift):], b[max(0, -shift):]
+            n = min(x.size, y.size)
+            if n == 0:
+                continue
+            d = x[:n] - y[:n]
+            best = min(best, (float(np.median(np.abs(d - np.median(d)))) + abs(shift) * CLOCK_RESOLUTION_US, shift))
+        shift = best[1]
+        for j, op in enumerate(seq.op_ids):
+            out.setdefault(j + shift, []).append((r, op))  # past the first holder's ends: its own collective
+    return [sorted(m) for _, m in sorted(out.items())]
 
 
 def align_clocks(matches: list[Match], where: dict[tuple[int, int], tuple[float, float, CommKey]],

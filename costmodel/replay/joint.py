@@ -18,31 +18,44 @@ Each rank's graph is scheduled as :mod:`costmodel.replay.schedule` schedules one
   every rank moves them with the rest). A collective only one rank has is thus today's
   held wait.
 
+What every joint replay of one job shares is built once, on a :class:`JointData`: each
+rank's :class:`~costmodel.replay.data.ReplayData`, its graph's successor edges, the
+ranks' join (:mod:`traces.rank_join`) and per matched collective its members, measured
+last arrival and transfers. Its lifetime is its holder's (:class:`lagom.orchestration.joint_run.JointEvaluator`
+holds one per folder for every plan it judges; a test builds one per job); nothing is
+kept anywhere else.
+
 The per-op time source is explicit and small: ``durations[rank]``, one duration per op in
 :attr:`~costmodel.replay.schedule.ReplayStatic.op_ids` order, as a one-rank replay under
-the plan would use them (:func:`plan_durations`): a collective's duration there holds
-its wait (the graph's ``comm_wait_us``) plus its transfer under the plan, so its
-transfer under the plan is ``duration - held wait``. Rank-scoped what-ifs
-(:class:`RankScale`) then scale a rank's compute kernels, its collectives' transfers and
-its CPU's own time. With the measured durations and no scale every rank's schedule is its
-trace (checked by tests/test_joint_replay.py).
+the plan would use them (:func:`costmodel.replay.anchor.durations_under` on the rank's
+anchor): a collective's duration there holds its wait (the graph's ``comm_wait_us``) plus
+its transfer under the plan, so its transfer under the plan is ``duration - held wait``.
+Rank-scoped what-ifs (:class:`RankScale`) then scale a rank's compute kernels, its
+collectives' transfers (a collective no other recorded rank has: its whole time, as a
+one-rank what-if does) and its CPU's own time. With the measured durations and no scale
+every rank's schedule is its trace (checked by tests/test_joint_replay.py).
 
 Each rank's figures (steps, collectives, exposed) are its own one-rank replay with each
-op's joint duration, so they follow the one-rank definitions exactly; the job's step is
-the slowest rank's. One pass over every rank's nodes: linear in ranks x ops.
+op's joint duration, so they follow the one-rank definitions exactly (and its Timing's
+``replay`` is the rank's ReplayData, for the export); the job's step is the slowest
+rank's. One pass over every rank's nodes: linear in ranks x ops.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from costmodel.evaluator import StepTiming, Timing
-from costmodel.replay.schedule import ReplayStatic, replay, replay_static
-from costmodel.workload_cache import WorkloadCache
+from costmodel.replay.data import ReplayData
+from costmodel.replay.schedule import ReplayStatic, replay
 from nccl_env.errors import LagomError
 from traces.comm_split import rank_comm
+from traces.gc_pause import no_cyclic_gc
 from traces.rank_join import ClockAlignment, RankJoin, join_ranks
 from traces.workload import Workload
 
@@ -82,28 +95,70 @@ class JointTiming:
         )
 
 
-def plan_durations(workload: Workload, timing: Timing) -> list[float]:
-    """The per-op time source from a one-rank replay under a plan: each op's duration there."""
-    return [timing.ops[op].duration_us for op in replay_static(workload).op_ids]
-
-
 @dataclass
 class _Rank:
     """One rank's graph with its successors (the edges :func:`costmodel.replay.schedule.replay` follows)."""
 
     st: ReplayStatic
     succ: list[list[int]]
-    indeg: list[int]
+    indeg: list[int]  # the in-degrees before any node ran (a replay counts down a copy)
     offset_us: float
     match_of: dict[int, int]  # op index -> match index (collectives of the join)
 
 
-def _graph_edges(workload: Workload) -> tuple[list[list[int]], list[int]]:
-    return _succ(replay_static(workload))
+class JointData:
+    """One job's ranks as every joint replay of them schedules them, built once (the module
+    docstring): per rank its :class:`ReplayData` (``data``; ``held`` gives ones already built)
+    and graph edges, the join, and per matched collective its recorded members (rank, op
+    index), measured last arrival on the aligned clock, the lag of members without a trace,
+    and each member's measured transfer. Do not mutate the workloads while it is held."""
 
+    def __init__(self, workloads: list[Workload], joined: RankJoin | None = None,
+                 held: Mapping[int, ReplayData] | None = None) -> None:
+        if not workloads:
+            raise LagomError("joint replay: no rank to replay")
+        with no_cyclic_gc():  # millions of small containers, no cycles (traces/gc_pause.py)
+            self._build(workloads, joined, held or {})
 
-# per rank, its graph's successors and in-degrees (plan-independent); small beside the replay data
-_EDGES: WorkloadCache[tuple[list[list[int]], list[int]]] = WorkloadCache(_graph_edges, max_workloads=4096)
+    def _build(self, workloads: list[Workload], joined: RankJoin | None, held: Mapping[int, ReplayData]) -> None:
+        self.data: dict[int, ReplayData] = {}
+        for w in sorted(workloads, key=lambda w: w.rank):
+            d = held.get(w.rank)
+            self.data[w.rank] = d if d is not None and d.serves(w) else ReplayData(w)
+        if joined is None:
+            joined = join_ranks([rank_comm(w, cpu_job=True) for w in workloads], max(w.world_size for w in workloads))
+        self.joined = joined
+        off = joined.alignment.offsets_us
+        self.ranks: dict[int, _Rank] = {}
+        for r, d in self.data.items():
+            succ, indeg = _succ(d.static)
+            self.ranks[r] = _Rank(d.static, succ, indeg, off.get(r, 0.0), {})
+        index = {r: {op: k for k, op in enumerate(rk.st.op_ids)} for r, rk in self.ranks.items()}
+        self.members: list[list[tuple[int, int]]] = []
+        self.last_meas: list[float] = []
+        self.lag_unrec: list[float] = []
+        self.transfer: dict[tuple[int, int], float] = {}  # measured; a replay scales a copy
+        for m in joined.matches:
+            mem = [(r, index[r][op]) for r, op in m.members if r in index and op in index[r]]
+            if not mem:
+                continue
+            i = len(self.members)
+            self.members.append(mem)
+            arrivals = [self.ranks[r].st.measured_start[k] + self.ranks[r].offset_us for r, k in mem]
+            waits = [joined.wait_us[r][self.ranks[r].st.op_ids[k]] for r, k in mem]
+            recorded_last = max(arrivals)
+            last = max([recorded_last] + [a + w for a, w in zip(arrivals, waits)])
+            self.last_meas.append(last)
+            self.lag_unrec.append(last - recorded_last if m.modelled else 0.0)
+            for r, k in mem:
+                self.ranks[r].match_of[k] = i
+                st = self.ranks[r].st
+                end_aligned = st.measured_start[k] + st.measured_dur[k] + self.ranks[r].offset_us
+                self.transfer[(r, k)] = end_aligned - last
+
+    def measured_durations(self) -> dict[int, list[float]]:
+        """Per rank its ops' measured durations (the time source with which every rank is its trace)."""
+        return {r: list(d.static.measured_dur) for r, d in self.data.items()}
 
 
 def _succ(st: ReplayStatic) -> tuple[list[list[int]], list[int]]:
@@ -130,64 +185,50 @@ def _succ(st: ReplayStatic) -> tuple[list[list[int]], list[int]]:
     return succ, indeg
 
 
-def joint_replay(workloads: list[Workload], durations: dict[int, list[float]],
-                 scales: dict[int, RankScale] | None = None, joined: RankJoin | None = None) -> JointTiming:
-    """Every rank of ``workloads`` (one job's, read together) scheduled at once."""
-    if not workloads:
-        raise LagomError("joint replay: no rank to replay")
-    by_rank = {w.rank: w for w in workloads}
-    if joined is None:
-        joined = join_ranks([rank_comm(w) for w in workloads], max(w.world_size for w in workloads))
+def joint_replay(data: JointData, durations: Mapping[int, Sequence[float] | np.ndarray],
+                 scales: dict[int, RankScale] | None = None,
+                 uncontended: Mapping[int, np.ndarray] | None = None) -> JointTiming:
+    """Every rank of ``data`` (one job's) scheduled at once, each op's time from ``durations``
+    (``uncontended``: the same with no collective beside it, for the compute slowdown)."""
+    with no_cyclic_gc():  # per rank and node a few floats and lists, no cycles to find
+        return _joint_replay(data, durations, scales, uncontended)
+
+
+def _joint_replay(data: JointData, durations: Mapping[int, Sequence[float] | np.ndarray],
+                  scales: dict[int, RankScale] | None,
+                  uncontended: Mapping[int, np.ndarray] | None) -> JointTiming:
+    joined = data.joined
     scales = scales or {}
-    off = joined.alignment.offsets_us
-    ranks: dict[int, _Rank] = {}
-    for r, w in by_rank.items():
-        st = replay_static(w)
-        succ, indeg = _EDGES.get(w)
-        ranks[r] = _Rank(st, succ, list(indeg), off.get(r, 0.0), {})
-    index = {r: {op: k for k, op in enumerate(ranks[r].st.op_ids)} for r in ranks}
-    # per match: members (rank, op index), measured aligned arrivals, transfers, the unrecorded lag
-    members: list[list[tuple[int, int]]] = []
-    last_meas: list[float] = []
-    lag_unrec: list[float] = []
-    transfer: dict[tuple[int, int], float] = {}
-    for m in joined.matches:
-        mem = [(r, index[r][op]) for r, op in m.members if r in index and op in index[r]]
-        if not mem:
-            continue
-        i = len(members)
-        members.append(mem)
-        arrivals = [ranks[r].st.measured_start[k] + ranks[r].offset_us for r, k in mem]
-        waits = [joined.wait_us[r][ranks[r].st.op_ids[k]] for r, k in mem]
-        recorded_last = max(arrivals)
-        last = max([recorded_last] + [a + w for a, w in zip(arrivals, waits)])
-        last_meas.append(last)
-        lag_unrec.append(last - recorded_last if m.modelled else 0.0)
-        for r, k in mem:
-            ranks[r].match_of[k] = i
-            st = ranks[r].st
-            end_aligned = st.measured_start[k] + st.measured_dur[k] + ranks[r].offset_us
-            transfer[(r, k)] = end_aligned - last
+    ranks = {r: _Rank(rk.st, rk.succ, list(rk.indeg), rk.offset_us, rk.match_of) for r, rk in data.ranks.items()}
+    members, last_meas, lag_unrec = data.members, data.last_meas, data.lag_unrec
+    transfer = dict(data.transfer)
     # the transfer under the plan and the rank's scale
     dur: dict[int, list[float]] = {}
+    unc: dict[int, np.ndarray | None] = {}
     for r, rk in ranks.items():
         st = rk.st
-        d = list(durations[r])
+        d = [float(x) for x in durations[r]]
         if len(d) != len(st.op_ids):
             raise LagomError(f"joint replay: rank {r}: {len(d)} durations for {len(st.op_ids)} ops")
         sc = scales.get(r, RankScale())
-        graph = by_rank[r].exec_graph
-        assert graph is not None  # replay_static refused a workload without one
+        graph = data.data[r].graph
+        u = None if uncontended is None else np.array(uncontended[r], dtype=np.float64)
         for k in range(len(d)):
             if st.is_compute[k]:
                 d[k] *= sc.compute
+                if u is not None:
+                    u[k] *= sc.compute
             elif k in rk.match_of:
                 measured = st.measured_dur[k]
                 kept = min(measured, graph.comm_wait_us.get(st.op_ids[k], 0.0))  # the wait the source held
                 base = measured - kept
                 ratio = (d[k] - kept) / base if base > 0 else 1.0
                 transfer[(r, k)] *= ratio * sc.comm
+            elif st.is_coll[k]:  # no recorded peer: its time as a one-rank what-if scales it
+                d[k] *= sc.comm
         dur[r] = d
+        unc[r] = u
+    cpu_of = {r: scales.get(r, RankScale()).cpu for r in ranks}
     starts = {r: [0.0] * len(rk.st.op_ids) for r, rk in ranks.items()}
     ends = {r: [0.0] * len(rk.st.op_ids) for r, rk in ranks.items()}
     new_end = {r: list(rk.st.wait_end) for r, rk in ranks.items()}
@@ -204,7 +245,7 @@ def joint_replay(workloads: list[Workload], durations: dict[int, list[float]],
                 queue.append((r, s))
 
     def at(r: int, thread: int, j: int, t: float) -> float:
-        st, cpu = ranks[r].st, scales.get(r, RankScale()).cpu
+        st, cpu = ranks[r].st, cpu_of[r]
         if j >= 0:
             return new_end[r][j] + cpu * (t - st.wait_end[j])
         if cpu == 1.0:
@@ -257,7 +298,7 @@ def joint_replay(workloads: list[Workload], durations: dict[int, list[float]],
             j = v - n
             finish = -math.inf
             begin = st.wait_begin[j]
-            cpu = scales.get(r, RankScale()).cpu
+            cpu = cpu_of[r]
             if begin == begin:
                 finish = at(r, st.wait_thread[j], st.wait_prev[j], begin) + cpu * st.wait_own[j]
             for a in st.wait_awaited[j]:
@@ -293,9 +334,12 @@ def joint_replay(workloads: list[Workload], durations: dict[int, list[float]],
             for q, k in came[i]:
                 hold(q, k, i)
 
-    timings = {r: replay(replay_static(by_rank[r]), [e - s for s, e in zip(starts[r], ends[r])],
-                         cpu=scales.get(r, RankScale()).cpu)
-               for r in sorted(ranks)}
+    timings = {}
+    for r in sorted(ranks):
+        t = replay(ranks[r].st, [e - s for s, e in zip(starts[r], ends[r])], unc[r],
+                   cpu=cpu_of[r])
+        t.replay = data.data[r]
+        timings[r] = t
     return _job(timings, joined, len(held))
 
 

@@ -6,8 +6,11 @@ is the job's, the slowest rank's; ``--rank N`` keeps the one-rank replay of rank
 What-ifs take a rank set: ``--scale compute=1.3@5``, ``--scale comm=0.5@0-3``
 (``@A-B+C`` joins sets); without one a factor applies to every rank.
 
-The per-op time source of the joint replay is the command's evaluator: each rank
-replayed alone under the plan gives each op's duration (:func:`costmodel.replay.joint.plan_durations`).
+The per-op time source of the joint replay is the command's evaluator: each rank's ops'
+durations under the plan, as its one-rank replay takes them (its mechanism, anchor and memo:
+:func:`costmodel.replay.anchor.durations_under`). The folder's replay data
+(:class:`costmodel.replay.joint.JointData`) are built once, when the
+:class:`JointEvaluator` is, and live as long as it does.
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from costmodel.evaluator import DurationScale, Timing
-from costmodel.replay.joint import JointTiming, RankScale, joint_replay, plan_durations
+import numpy as np
+
+from costmodel.evaluator import DurationScale, Timing, TraceEvaluator, check_plan
+from costmodel.replay.anchor import durations_under
+from costmodel.replay.joint import JointData, JointTiming, RankScale, joint_replay
+from costmodel.replay.trace_evaluator import ReplayEvaluator
 from lagom.args.rank_args import ExecutorKind, RankReading
 from nccl_env.errors import LagomError
 from nccl_env.plan import Plan
-from traces.comm_split import rank_comm
-from traces.rank_join import RankJoin, join_ranks
 from traces.workload import Workload
 
 SCALE_KEYS = ("comm", "compute", "cpu")
@@ -127,14 +132,17 @@ def read_folder_ranks(text: str, rank: int | None,
 
 class JointEvaluator:
     """An evaluator over a folder's ranks: a plan's Timing is the job's (its steps the slowest
-    rank's), each rank's op durations from ``inner`` replaying it alone (the tuner sees a plain
-    Evaluator)."""
+    rank's), each rank's op durations under the plan from ``inner``'s mechanism (the tuner
+    sees a plain Evaluator). It holds the folder's :class:`JointData`, built here once."""
 
-    def __init__(self, inner, workloads: list[Workload], scales: dict[int, RankScale] | None = None) -> None:
-        self.inner, self.workloads, self.scales = inner, workloads, scales or {}
-        self.joined: RankJoin = join_ranks([rank_comm(w) for w in workloads], max(w.world_size for w in workloads))
+    def __init__(self, inner: TraceEvaluator, workloads: list[Workload],
+                 scales: dict[int, RankScale] | None = None) -> None:
+        if not isinstance(inner, ReplayEvaluator):  # a folder's ranks are traces: make_evaluator gives a replay
+            raise LagomError("joint replay: the ranks' times come from a trace's replay evaluator")
+        self.inner: ReplayEvaluator = inner
+        self.workloads, self.scales = workloads, scales or {}
+        self.data = JointData(workloads)  # every plan's joint replay reads it; lives as long as this evaluator
         self.last: JointTiming | None = None
-        self.alone: dict[int, Timing] = {}  # each rank replayed alone under the last plan (the time source)
 
     @property
     def evaluations(self) -> int:
@@ -144,10 +152,21 @@ class JointEvaluator:
     def evaluations(self, value: int) -> None:
         self.inner.evaluations = value
 
+    def durations(self, plan: Plan) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+        """Per rank, its ops' durations under ``plan`` and the same with no collective beside them
+        (one evaluation of each rank's ops counted on ``inner``)."""
+        check_plan(plan)
+        inner = self.inner
+        durations, uncontended = {}, {}
+        for r, d in self.data.data.items():
+            durations[r], uncontended[r] = durations_under(inner.mechanism, d.anchor(inner.gpus_per_node), plan,
+                                                           inner.memo)
+        inner.evaluations += len(self.data.data)
+        return durations, uncontended
+
     def joint(self, plan: Plan, scales: dict[int, RankScale] | None = None) -> JointTiming:
-        self.alone = {w.rank: self.inner.evaluate(w, plan) for w in self.workloads}
-        durations = {w.rank: plan_durations(w, self.alone[w.rank]) for w in self.workloads}
-        self.last = joint_replay(self.workloads, durations, self.scales if scales is None else scales, self.joined)
+        durations, uncontended = self.durations(plan)
+        self.last = joint_replay(self.data, durations, self.scales if scales is None else scales, uncontended)
         return self.last
 
     def evaluate(self, workload: Workload, plan: Plan, scale: DurationScale | None = None) -> Timing:
@@ -158,10 +177,11 @@ class JointEvaluator:
             raise LagomError("joint replay: give the what-if as rank scales (JointEvaluator(..., scales))")
         return self.timing_of(self.joint(plan), workload.rank)
 
-    def timing_of(self, joint: JointTiming, rank: int) -> Timing:
-        alone = self.alone[rank]
-        share = alone.compute_uncontended_us / alone.compute_us if alone.compute_us > 0 else 1.0
-        return replace(joint.timing, ops=joint.ranks[rank].ops, uncontended_us=alone.uncontended_us,
+    @staticmethod
+    def timing_of(joint: JointTiming, rank: int) -> Timing:
+        own = joint.ranks[rank]
+        share = own.compute_uncontended_us / own.compute_us if own.compute_us > 0 else 1.0
+        return replace(joint.timing, ops=own.ops, uncontended_us=own.uncontended_us,
                        compute_uncontended_us=joint.timing.compute_us * share)
 
 

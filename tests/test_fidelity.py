@@ -278,6 +278,11 @@ NOT_JUDGED = {
 CONTENTION_HOLDS = {
     "h100x8-gemm8192-fp16-ag64MiBshard-nccl-vs-zerocta-pr172714",
     "arxiv2507.03114-overlap-compute-slowdown-a100-h100-mi250-mi210",
+    # NCCL's Blackwell symmetric-kernel constants (600 GiB/s peak, 55 per CTA): with Hopper's the symmetric
+    # kernels were slower than the NVLink5 ring and these came out -0.7% and +0.7%
+    "gb200x4-llama3-8b-fsdp-symm-mem-compile-on-torchtitan3105",
+    "gb200x4-qwen3-32b-fsdp-symm-mem-compile-on-torchtitan3105",
+    "gb200x4-qwen3-32b-fsdp-symm-mem-compile-off-torchtitan3105",
 }
 
 

@@ -423,10 +423,14 @@ def _sym_model_us(bus_bytes: float, base_us: float, ctas: int, cta_bw: float, pe
     return base_us + (z if z >= 100.0 else math.log1p(math.exp(z)))
 
 
-def symmetric_kernel(signature: Signature, min_ctas: int = 1, max_ctas: int = SYM_MAX_CTAS) -> SymmetricKernel | None:
+def symmetric_kernel(signature: Signature, min_ctas: int = 1, max_ctas: int = SYM_MAX_CTAS,
+                     compute_capability: int = 90) -> SymmetricKernel | None:
     """NCCL's symmetric kernel and CTA count for this collective (None: it has none: AllGather,
-    AllReduce and ReduceScatter only). Constants for compute capability < 10.0 (Ampere, Hopper):
-    base latency 4.5 us (LL) / 7.8 us, 44 GiB/s per CTA (65 for AllReduce), peak 320 GiB/s."""
+    AllReduce and ReduceScatter only). NCCL's constants (sym_model ncclSymkLsaBaseModel): below
+    compute capability 10.0 (Ampere, Hopper) base latency 4.5 us (LL) / 7.8 us, 44 GiB/s per CTA
+    (65 for AllReduce), peak 320 GiB/s; from 10.0 (Blackwell) base latency LL 8.5 (AllGather) /
+    10.5 (ReduceScatter) / 11.0 (AllReduce), else 13.0 (19.5 AllReduce), 55 GiB/s per CTA, peak
+    600 GiB/s (650 for ReduceScatter). The TMA kernel variants are not modelled."""
     coll = signature.collective
     n = max(1, signature.ranks)
     if coll not in (CollectiveType.ALLGATHER, CollectiveType.ALLREDUCE, CollectiveType.REDUCESCATTER) or n < 2:
@@ -435,8 +439,13 @@ def symmetric_kernel(signature: Signature, min_ctas: int = 1, max_ctas: int = SY
     per_rank = whole if coll is CollectiveType.ALLREDUCE else whole / n  # NCCL's count: per rank for AG / RS
     bus_all = per_rank if coll is CollectiveType.ALLREDUCE else n * per_rank
     is_ar = coll is CollectiveType.ALLREDUCE
-    cta_bw = (65.0 if is_ar else 44.0) * _GIB_PER_S
-    peak = 320.0 * _GIB_PER_S
+    blackwell = compute_capability >= 100
+    if blackwell:
+        cta_bw = 55.0 * _GIB_PER_S
+        peak = (650.0 if coll is CollectiveType.REDUCESCATTER else 600.0) * _GIB_PER_S
+    else:
+        cta_bw = (65.0 if is_ar else 44.0) * _GIB_PER_S
+        peak = 320.0 * _GIB_PER_S
     prefix = {CollectiveType.ALLGATHER: "AllGather", CollectiveType.ALLREDUCE: "AllReduce",
               CollectiveType.REDUCESCATTER: "ReduceScatter"}[coll]
     candidates: list[tuple[str, float, bool]] = []  # (name, bus bytes, LL)
@@ -450,7 +459,11 @@ def symmetric_kernel(signature: Signature, min_ctas: int = 1, max_ctas: int = SY
     low = max(1, min(min_ctas, top))
     best: SymmetricKernel | None = None
     for name, bus, ll in candidates:
-        base = 4.5 if ll else 7.8
+        if blackwell:
+            base = ({CollectiveType.ALLGATHER: 8.5, CollectiveType.REDUCESCATTER: 10.5}.get(coll, 11.0) if ll
+                    else 19.5 if is_ar else 13.0)
+        else:
+            base = 4.5 if ll else 7.8
         ctas, time_us = top, _sym_model_us(bus, base, top, cta_bw, peak)
         for b in range(low, top):
             t = _sym_model_us(bus, base, b, cta_bw, peak)

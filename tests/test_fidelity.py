@@ -18,14 +18,24 @@ import pytest
 from conftest import REPO_ROOT, shared_traces_dir
 
 from costmodel.cluster import load_cluster
-from costmodel.sim.published_cases import gemm_beside_us, load_cases, parse_cases, run_cases
+from costmodel.sim.published_cases import (
+    assign_splits,
+    gemm_beside_us,
+    load_cases,
+    overlap_slowdown,
+    parse_cases,
+    run_cases,
+)
 from costmodel.sim.simulator import Simulator
-from nccl_env import CollectiveType, CommConfig, Signature
+from nccl_env import CollectiveType, CommConfig, Plan, Signature
 from nccl_env.errors import LagomError
+from nccl_env.knobs import CommPath
 from traces.gemm_names import GemmDtype
-from traces.generate import gemm_op
+from traces.generate import gemm_op, generate_workload
 
 BUNDLED = REPO_ROOT / "tests" / "data" / "fidelity" / "published.json"
+CONTENTION = REPO_ROOT / "tests" / "data" / "fidelity" / "contention.json"
+SHARED_CONTENTION = shared_traces_dir().parent / "fidelity" / "contention.json"
 PATHS = REPO_ROOT / "tests" / "data" / "fidelity" / "paths.json"
 SHARED = shared_traces_dir().parent / "fidelity" / "published.json"
 CLI = REPO_ROOT / "bench" / "fidelity.py"
@@ -42,9 +52,10 @@ VERDICTS = {
 PATH_VERDICTS = {
     "h100x8-allgather-busbw-ring": True,
     "h100x8-reducescatter-busbw-ring": True,
-    # the copy-engine figure holds; NCCL's kernels beside the GEMM come out 26% slow: the simulator's
-    # L2 footprint (32 channels x 2 MiB chunks, more than H100's 50 MB) costs the GEMM more than it did
-    "h100x8-matmul-allgather-copy-engine": False,
+    # every figure holds since the FIFO's L2 footprint is one slice per channel (half a chunk, NCCL's
+    # SLICESTEPS/CHUNKSTEPS); with a whole chunk (32 channels x 2 MiB, more than H100's 50 MB L2)
+    # NCCL's kernels beside the GEMM came out 26% slow (issue 23)
+    "h100x8-matmul-allgather-copy-engine": True,
 }
 
 
@@ -61,7 +72,7 @@ def test_path_cases_hold_as_recorded():
     assert max(gemm, coll) <= case.model["overlap"]["zero"] * 1e3 < case.model["overlap"]["default"] * 1e3 < seq
     # beside the copy engines the GEMM keeps its SMs: it runs as alone (it is compute-bound)
     assert case.detail["paths"]["zero"]["gemm_us"] == pytest.approx(gemm, rel=1e-6)
-    for label in ("sequential (NCCL's defaults)", "overlap, CTA policy zero"):
+    for label in ("sequential (NCCL's defaults)", "overlap, CTA policy default", "overlap, CTA policy zero"):
         assert next(r for r in case.rows if r.label.strip() == label).holds
 
 
@@ -121,7 +132,7 @@ def test_shared_published_file_holds():
 def test_cli_table_and_json_exit_status():
     table = subprocess.run([sys.executable, str(CLI), str(BUNDLED)], capture_output=True, text=True, timeout=120)
     assert table.returncode == 0, table.stderr
-    assert "3 of 3 cases hold" in table.stdout
+    assert "3 of 3 judged cases hold (100%)" in table.stdout
     assert "allreduce-busbw-one-100G-nic (busbw_ceiling)" in table.stdout
     assert "8 channels" in table.stdout  # one row per point of the sweep
     out = subprocess.run([sys.executable, str(CLI), str(BUNDLED), "--json"], capture_output=True, text=True,
@@ -130,7 +141,8 @@ def test_cli_table_and_json_exit_status():
     cases = json.loads(out.stdout)["cases"]
     assert [c["id"] for c in cases] == list(VERDICTS)
     for c in cases:
-        assert set(c) == {"id", "kind", "holds", "model", "measured", "detail"}
+        assert set(c) == {"id", "kind", "holds", "model", "measured", "detail", "split", "not_judged"}
+        assert c["split"] is None and c["not_judged"] is None
         assert c["holds"] is VERDICTS[c["id"]]
 
 
@@ -229,7 +241,7 @@ def test_gemm_case_that_misses_exits_1(tmp_path, capsys):
     path.write_text(json.dumps(_file(_gemm_case(12, 1.0, 1.05, "a"), _gemm_case(13, 1.0, 1.05, "b"))))
     assert _cli_main()([str(path)]) == 1
     out = capsys.readouterr().out
-    assert "1 of 2 cases hold" in out and "\nNO " in out
+    assert "1 of 2 judged cases hold (50%)" in out and "\nNO " in out
 
 
 def test_gemm_precision_sets_its_peak():
@@ -245,3 +257,104 @@ def test_gemm_precision_sets_its_peak():
     case["gemm"]["dtype"] = "fp8"
     with pytest.raises(LagomError, match="'gemm.dtype' 'fp8' is not one of bf16, fp16, tf32, fp32"):
         parse_cases(_file(case), "built")
+
+
+# ---- contention.json: 27 measurements on NVIDIA GPUs, split into a fitting and a checking set -----------
+
+# Why each case the simulator cannot be asked is not judged (the runner prints the reason).
+NOT_JUDGED = {
+    "a100-gpt-training-gemm-beside-allgather-nccl1428": "does not state the GEMM's shape",
+    "h20x8-fsdp-rollout-symk-allgather-unirl467": "no preset models a H20",
+    "gb200x4-gpt-oss-20b-fsdp-symm-mem-compile-on-torchtitan3105": "mixture of experts",
+    "gb200x4-gpt-oss-20b-fsdp-symm-mem-compile-off-torchtitan3105": "mixture of experts",
+    "cuda13.2-32MiB-ce-p2p-nccl2177": "names no GPU model",
+    "cuda13.2-32MiB-ce-local-nccl2177": "names no GPU model",
+    "cuda13.2-32MiB-sm-local-nccl2177": "names no GPU model",
+    "v100x2-allgather-256MiB-alone-and-beside-d2h-nccl2218": "no preset models a V100",
+    "v100x4-allgather-256MiB-alone-and-beside-d2h-nccl2218": "no preset models a V100",
+}
+# The judged cases that hold today (docs/simulator.md, "Fitting and checking"); every other judged case
+# is a recorded miss.
+CONTENTION_HOLDS = {
+    "h100x8-gemm8192-fp16-ag64MiBshard-nccl-vs-zerocta-pr172714",
+    "arxiv2507.03114-overlap-compute-slowdown-a100-h100-mi250-mi210",
+    # NCCL's Blackwell symmetric-kernel constants (600 GiB/s peak, 55 per CTA): with Hopper's the symmetric
+    # kernels were slower than the NVLink5 ring and these came out -0.7% and +0.7%
+    "gb200x4-llama3-8b-fsdp-symm-mem-compile-on-torchtitan3105",
+    "gb200x4-qwen3-32b-fsdp-symm-mem-compile-on-torchtitan3105",
+    "gb200x4-qwen3-32b-fsdp-symm-mem-compile-off-torchtitan3105",
+}
+
+
+def test_every_contention_case_is_judged_or_says_why():
+    results = {r.id: r for r in run_cases(load_cases(CONTENTION))}
+    assert len(results) == 27
+    assert {k for k, r in results.items() if r.holds is None} == set(NOT_JUDGED)
+    for case_id, why in NOT_JUDGED.items():
+        assert why in results[case_id].not_judged
+    assert {k for k, r in results.items() if r.holds} == CONTENTION_HOLDS
+    # pytorch #172714: sequential, overlap beside NCCL's kernels and beside the copy engines, each within 15%
+    case = results["h100x8-gemm8192-fp16-ag64MiBshard-nccl-vs-zerocta-pr172714"]
+    assert case.model["sequential"] == pytest.approx(2.96, rel=0.15)
+    assert case.model["overlap"]["default"] == pytest.approx(2.02, rel=0.15)
+    assert case.model["overlap"]["zero"] == pytest.approx(1.77, rel=0.15)
+    # an other: cluster naming A100 and H100 (and AMD parts) is judged on both NVIDIA presets, on stand-ins
+    arxiv = results["arxiv2507.03114-overlap-compute-slowdown-a100-h100-mi250-mi210"]
+    assert {w["spec"].split(" on ")[1] for w in arxiv.detail["workloads"]} == {"a100-nvswitch", "h100-nvswitch"}
+    # a path gain without a workload names the stand-in it was judged on
+    xla = results["h100x8-llama31-8b-xla-min-sm-cta-policy-xla33613"]
+    assert xla.detail["stand_in"] and xla.detail["workload"] == "fsdp:llama3-8b:gpus=8,mb=2,seq=4096"
+    assert "copy engine" in xla.detail["mechanisms"]
+
+
+def test_the_split_is_the_rule_applied_to_the_cases():
+    data = json.loads(CONTENTION.read_text())
+    cases = data["cases"]
+    assert assign_splits(cases) == {c["id"]: c["split"] for c in cases}
+    assert {c["split"] for c in cases} == {"fit", "check"}
+    assert abs(sum(c["split"] == "fit" for c in cases) - sum(c["split"] == "check" for c in cases)) <= 1
+    if SHARED_CONTENTION.is_file():  # the copy is the shared file plus the split, nothing else
+        shared = json.loads(SHARED_CONTENTION.read_text())
+        assert [{k: v for k, v in c.items() if k != "split"} for c in cases] == shared["cases"]
+
+
+def test_cli_reports_both_sets_and_the_fitting_sets_worst_miss():
+    run = subprocess.run([sys.executable, str(CLI), str(CONTENTION)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stderr  # some judged cases miss
+    assert "fitting set: " in run.stdout and "checking set: " in run.stdout
+    assert "worst miss of the fitting set: " in run.stdout
+    assert "not judged" in run.stdout and "no preset models a V100" in run.stdout
+    if SHARED_CONTENTION.is_file():  # the shared file has no split: one line, every case run
+        shared = subprocess.run([sys.executable, str(CLI), str(SHARED_CONTENTION)], capture_output=True, text=True,
+                                timeout=300)
+        assert shared.returncode == 1 and "judged cases hold" in shared.stdout and "9 not judged" in shared.stdout
+
+
+def test_fsdp_llama3_on_h100_sits_in_the_published_ranges():
+    """Issue 23's reference job: compute beside NCCL's defaults within arXiv 2507.03114's H100 range
+    (mean x1.189 +-15%, at most x1.40), copy-engine AllGathers within the published end-to-end gains
+    (+1.1% torchtitan #3105 to +7% openxla #33613)."""
+    spec = "fsdp:llama3-8b:gpus=8,mb=2,seq=4096"
+    cluster = load_cluster("h100-nvswitch")
+    sim = Simulator(cluster.__class__(**{**cluster.__dict__, "nccl_version": "2.30.7"}), noise=0.0)
+    workload = generate_workload(spec)
+    slowdown = overlap_slowdown(sim, spec, workload)
+    assert 1.189 * 0.85 <= slowdown.slowdown <= 1.40
+    gpn = cluster.gpus_per_node
+    signatures = {workload.signature(c, gpn) for c in workload.collectives}
+    before = sim.evaluate(workload, Plan()).iteration_us
+    after = sim.evaluate(workload, Plan(entries={s: CommConfig(path=CommPath.COPY_ENGINE) for s in signatures
+                                                 if s.collective is CollectiveType.ALLGATHER})).iteration_us
+    assert 1.1 <= (before / after - 1) * 100 <= 7.0
+
+
+def test_other_clusters_and_null_fields_are_not_judged_with_the_reason():
+    case = {"id": "x", "source": "s", "note": "n", "kind": "busbw_ceiling", "cluster": "other:h20",
+            "collective": "allreduce", "bytes": 1 << 30, "ranks": 8, "nodes": 1, "busbw_GBps": 100.0,
+            "tolerance": {"relative": 0.1}}
+    (r,) = run_cases(parse_cases(_file(case), "t"))
+    assert r.holds is None and r.not_judged == "no preset: h20: no preset models a H20"
+    (r,) = run_cases(parse_cases(_file({**case, "cluster": "h100-nvswitch", "bytes": None}), "t"))
+    assert r.holds is None and "does not state the collective's bytes" in r.not_judged
+    with pytest.raises(LagomError, match="'split' must be one of fit, check"):
+        parse_cases(_file({**case, "split": "train"}), "t")

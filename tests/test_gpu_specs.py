@@ -163,7 +163,8 @@ def test_an_h200_trace_gets_the_tables_gpu_and_its_own_network(tmp_path):
 
 @pytest.mark.parametrize("device, sms, mem, cc, key, intra", [
     ("Tesla V100-SXM2-32GB", 80, 34089730048, (7, 0), "V100-SXM2-32GB", ("nvlink", 120.0)),  # NVLink2 150 x 0.8
-    ("NVIDIA B200", 148, 191514247168, (10, 0), "B200-SXM-180GB", ("nvswitch", 720.0)),  # NVLink5 900 x 0.8
+    # (a B200 trace now gets the b200-nvswitch preset: test_simulate_and_tune_a_b200_trace_end_to_end)
+    ("NVIDIA H200", 132, 150754820096, (9, 0), "H200-SXM-141GB", ("nvswitch", 360.0)),  # NVLink4 450 x 0.8
     ("AMD Instinct MI300X", 304, 205822885888, (9, 4), "MI300X", ("nvlink", 358.4)),  # Infinity Fabric 448 x 0.8
     ("NVIDIA A100 80GB PCIe", 108, 85198045184, (8, 0), "A100-PCIE-80GB", ("pcie", 25.0)),  # bridges: pairs only
     ("NVIDIA L40S", 142, 47697362944, (8, 9), "L40S", ("pcie", 25.0)),
@@ -198,7 +199,9 @@ def test_the_traces_sm_count_wins_over_the_tables(tmp_path):
     (w,) = read_trace(_trace(tmp_path / "gb200.json", "NVIDIA GB200", 152, 199421984768, (10, 0)))
     choice = resolve_cluster(w, True, None)
     assert choice.cluster.gpu.sm_count == 152
-    assert "152 SMs (the trace's; the table says 148)" in choice.notes[0]
+    # the gb200-nvl72 preset models a GB200 (issue 23); the trace's SM count wins over the preset's
+    assert choice.cluster_arg == "gb200-nvl72"
+    assert "152 SMs: the trace's (the preset says 148)" in choice.notes[0]
     (w,) = read_trace(_trace(tmp_path / "a100.json", "NVIDIA A100-SXM4-80GB", 98, 84990623744, (8, 0)))
     choice = resolve_cluster(w, True, None)  # the preset, with the trace's SMs (a GPU with 10 SMs held back)
     assert (choice.cluster_arg, choice.cluster.gpu.sm_count) == ("a100-nvswitch", 98)
@@ -206,19 +209,22 @@ def test_the_traces_sm_count_wins_over_the_tables(tmp_path):
 
 
 def test_simulate_and_tune_a_b200_trace_end_to_end(tmp_path, capsys):
+    # a small synthetic trace whose deviceProperties name a B200: the b200-nvswitch preset models it
     trace = _trace(tmp_path / "b200.json", "NVIDIA B200", 148, 191514247168, (10, 0))
     code, out, err = run_cli(capsys, "simulate", str(trace))
     assert code == 0, err
-    notes = [line for line in err.splitlines() if line.startswith("note: cluster derived from the trace")]
-    assert len(notes) == 1 and "no preset models NVIDIA B200" in notes[0] and "148 SMs" in notes[0]
+    notes = [line for line in err.splitlines() if line.startswith("note: cluster b200-nvswitch")]
+    assert len(notes) == 1 and "the preset for the trace's GPU (NVIDIA B200)" in notes[0], err
+    assert "cluster derived from the trace" not in err
     assert "the model reproduces 2 steps of this trace within 0.0%" in out
     code, out, err = run_cli(capsys, "tune", str(trace), "-o", str(tmp_path / "b200.yaml"))
     assert code == 0, err
-    assert "note: cluster derived from the trace" in err and "the model reproduces 2 steps" in out
+    assert "note: cluster b200-nvswitch" in err and "the model reproduces 2 steps" in out
     config = load_tuned_config(tmp_path / "b200.yaml")
-    assert load_cluster(config.cluster).gpu.name == "B200-SXM-180GB" and str(config.nccl_version) == "2.21.5"
+    assert config.cluster == "b200-nvswitch" and str(config.nccl_version) == "2.21.5"
+    assert load_cluster(config.cluster).gpu.name == "B200-SXM-180GB"
     code, out, err = run_cli(capsys, "simulate", str(trace), "--cluster", config.cluster, "--json", "--noise", "0")
-    assert code == 0 and json.loads(out)["cluster"] == "derived-B200-SXM-180GB" and "warning" not in err
+    assert code == 0 and json.loads(out)["cluster"] == "b200-nvswitch" and "warning" not in err
 
 
 def test_an_mi300x_trace_is_simulated_but_not_tuned(tmp_path, capsys):

@@ -71,6 +71,23 @@ def test_nccl_picks_few_ctas_for_its_symmetric_kernels():
     assert bounded is not None and bounded.ctas >= 16
 
 
+def test_blackwell_symmetric_kernels_run_on_nccls_sm100_constants():
+    """From compute capability 10.0 NCCL's model has its own constants (600 GiB/s peak, 55 GiB/s per CTA,
+    13 us base latency for the store kernel): a large AllGather is about twice as fast as on Hopper and takes
+    more CTAs to get there."""
+    sig = Signature("g", AG, 512 << 20, 8, 1)
+    hopper = symmetric_kernel(sig)
+    blackwell = symmetric_kernel(sig, compute_capability=100)
+    assert hopper is not None and blackwell is not None
+    assert blackwell.name == "AllGather_ST" and blackwell.base_latency_us == 13.0
+    assert blackwell.peak_bw_bytes_per_us == pytest.approx(600 * (1 << 30) / 1e6)
+    assert 1.7 < hopper.time_us / blackwell.time_us < 2.0 and blackwell.ctas > hopper.ctas
+    # the simulator on the b200-nvswitch preset uses them
+    sim = Simulator(replace(load_cluster("b200-nvswitch"), nccl_version="2.28.9"), noise=0.0)
+    model = sim.collective_model(sig, CommConfig(path=CommPath.SYMMETRIC))
+    assert model.channels == blackwell.ctas
+
+
 def test_delivery_sets_the_cta_policy_per_group_and_refuses_it_where_nccl_has_none():
     ag = Signature("fsdp", AG, 64 << 20, 8, 1)
     rs = Signature("fsdp", RS, 64 << 20, 8, 1)

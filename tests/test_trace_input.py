@@ -286,7 +286,7 @@ def test_tuning_leaves_other_communication_kernels_to_themselves(tmp_path, capsy
     trace = _symmetric_memory_trace(tmp_path / "b200.json")
     code, _, err = run_cli(capsys, "tune", str(trace), "--evaluator", "sim", "--budget", "6", "--no-autoccl",
                            "-o", str(tmp_path / "x.yaml"))
-    assert code == 0 and "note: cluster derived from the trace (no preset models NVIDIA B200)" in err, err
+    assert code == 0 and "note: cluster b200-nvswitch: the preset for the trace's GPU (NVIDIA B200)" in err, err
     out_file = tmp_path / "lagom.yaml"
     code, out, err = run_cli(capsys, "tune", str(trace), "--cluster", "h100-nvswitch", "--evaluator", "sim",
                              "--budget", "6", "--no-autoccl", "-o", str(out_file), "--json")

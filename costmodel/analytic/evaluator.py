@@ -57,7 +57,7 @@ from costmodel.analytic.jump import JumpStatic, build_jump_static, jump_timeline
 from costmodel.analytic.params import params_for
 from costmodel.cluster import ClusterSpec
 from costmodel.evaluator import DurationScale, LazyOpValues, OpTiming, Timing, check_generated, check_plan
-from costmodel.nccl_defaults import symmetric_kernel
+from costmodel.nccl_defaults import nccl_graph, symmetric_kernel
 from costmodel.replay.anchor import check_scale
 from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
@@ -217,7 +217,7 @@ class AnalyticEvaluator:
             est = copy_engine_estimate(p, signature.collective, signature.message_bytes, signature.ranks,
                                        signature.nodes, self.cluster.gpus_per_node, g.l2_bytes, g.mem_bw)
         else:
-            kernel = symmetric_kernel(signature)
+            kernel = symmetric_kernel(signature, compute_capability=nccl_graph(self.cluster).compute_capability)
             if kernel is None:
                 return None
             est = symmetric_estimate(p, signature.collective, signature.message_bytes, signature.ranks,

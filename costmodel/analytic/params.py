@@ -92,7 +92,7 @@ PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("fifo_dram_per_byte", "extra DRAM bytes per payload byte when its FIFO does not fit in L2",
               lambda c: 2.0, 0.0, 20.0, "contention"),
     ParamSpec("fifo_chunks", "chunks per channel resident in L2 (footprint = this x channels x chunk)",
-              lambda c: 1.0, 0.0, 16.0, "contention"),
+              lambda c: 0.5, 0.0, 16.0, "contention"),  # one slice: NCCL SLICESTEPS/CHUNKSTEPS = 1/2
     # ---- compute alone ------------------------------------------------------------------------------------
     ParamSpec("gemm_efficiency", "share of peak FLOP/s a GEMM block reaches", lambda c: 0.7, 0.05, 1.0,
               "compute"),  # cuBLAS large BF16 GEMMs: ~70% of peak

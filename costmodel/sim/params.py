@@ -41,8 +41,12 @@ class SimParams:
     step_sync_us_ll128: float = 0.4  # per step: flags travel inline with data, no fence
     step_sync_us_ll: float = 0.2  # per step: flags inline, 8-byte granularity
     launch_us: float = 5.0  # NCCL kernel launch + work-element fetch (NCCL tuning.cc baseLat is 6.6-8.4 us)
-    # of a channel's two-chunk FIFO (NCCL_STEPS / CHUNKSTEPS), one is in L2 on average
-    fifo_resident_chunks: float = 1.0
+    # FIFO data written by the peer and not yet read by the channel's CTA: one slice, the unit a
+    # sender posts and a receiver waits on (NCCL collectives.h: SLICESTEPS = NCCL_STEPS/4 of a
+    # chunk's CHUNKSTEPS = NCCL_STEPS/2, so half a chunk); the rest of the two-chunk FIFO is already
+    # read (write-once, read-once lines, not re-used). Was 1.0 (a whole chunk): on H100 that charged
+    # a GEMM beside 32 channels x 2 MiB the whole 50 MB L2 (pytorch #172714 overlap +26%, issue 23)
+    fifo_resident_chunks: float = 0.5
     dram_bytes_per_payload_byte: float = 1.0  # a collective writes its result (and reads its input) once per byte
     fifo_dram_bytes_per_payload_byte: float = 2.0  # FIFO traffic (peer write + CTA read) when it spills out of L2
     tree_bw_fraction: float = 0.92  # NCCL tuning.cc: tree bandwidth 0.92 of the ring's

@@ -23,7 +23,20 @@ otherwise); :func:`run_case` asks the simulator, noise off, for the case's quant
   together on two streams under each CTA policy measured (``overlap``: ``default`` is NCCL's
   defaults; ``zero`` puts the collective's group on the copy-engine path, buffers registered;
   ``efficiency`` on CTA policy EFFICIENCY, whose only effect, NCCL's NVLS re-selection, no
-  preset models); each figure holds within ``relative``.
+  preset models); each figure holds within ``relative``;
+* ``collective_alone_rate``: the collective alone on its path (``sm``: NCCL's defaults,
+  ``symmetric``, ``copy_engine``) at each size, as a time or a rate in the stated
+  convention (``unknown``: holds if algbw or busbw does, and says which);
+* ``path_gain_end_to_end``: one iteration of the case's ``workload`` (or the job the project
+  chooses to stand for it, :mod:`costmodel.sim.case_stand_ins`, printed) under NCCL's
+  defaults and with the change (the named collectives on the named path); the throughput
+  change in %.
+
+A field the source does not state is ``null``: NCCL's default where one exists (channels, the
+NCCL version: :data:`UNSTATED_NCCL_VERSION`), else the case is *not judged* and the result says
+why, as it does for a cluster no preset models (``other:GPU``). An ``other:`` cluster naming
+GPUs some presets model is judged on those presets. A case's optional ``split`` (``fit`` or
+``check``) says which set it belongs to (:func:`assign_splits`, docs/simulator.md).
 """
 
 from __future__ import annotations
@@ -37,6 +50,8 @@ from typing import Any
 
 from costmodel.cluster import ClusterSpec, load_cluster, preset_names
 from costmodel.evaluator import MODELLED_ALGORITHMS
+from costmodel.gpu_specs import device_model
+from costmodel.sim.case_stand_ins import OTHER_PREFIX, NotJudged, presets_for_other, stand_in_spec, stand_in_specs
 from costmodel.sim.simulator import Simulator, tiny_overlap_workload
 from nccl_env.errors import LagomError
 from nccl_env.files import read_text
@@ -51,6 +66,10 @@ from traces.workload import ComputeOp, Stream, StreamKind, Workload
 FORMAT = "lagom.published-cases"
 VERSION = 1
 _GROUP = "published"
+SPLITS = ("fit", "check")
+# A case that needs a path and states no NCCL: the first NCCL with both paths (symmetric kernels
+# from 2.27, copy-engine collectives and CTA policies from 2.28; nccl_env.rules)
+UNSTATED_NCCL_VERSION = "2.28.9"
 
 
 # ---- results ------------------------------------------------------------------------------------
@@ -65,21 +84,31 @@ class Row:
     measured: str
     tolerance: str
     holds: bool | None  # None: shown for information, not judged
+    error: float | None = None  # model / measured - 1 (or the distance outside a range): the size of a miss
 
 
 @dataclass
 class CaseResult:
     id: str
     kind: str
-    holds: bool
+    holds: bool | None  # None: not judged (``not_judged`` says why)
     model: Any  # JSON-ready, same shape as ``measured`` where the kind allows
     measured: Any
     detail: dict
     rows: list[Row] = field(default_factory=list)  # first row: the case; more: its points/quantities
+    split: str | None = None  # "fit", "check", or None when the file has no split
+    not_judged: str | None = None
 
     def to_json(self) -> dict:
         return {"id": self.id, "kind": self.kind, "holds": self.holds, "model": self.model,
-                "measured": self.measured, "detail": self.detail}
+                "measured": self.measured, "detail": self.detail, "split": self.split,
+                "not_judged": self.not_judged}
+
+    @property
+    def worst_row(self) -> Row | None:
+        """The judged row furthest from its measurement."""
+        rows = [r for r in self.rows if r.error is not None]
+        return max(rows, key=lambda r: abs(r.error or 0.0), default=None)
 
 
 # ---- reading a cases file -----------------------------------------------------------------------
@@ -114,10 +143,35 @@ class GemmBeside:
 
 @dataclass(frozen=True)
 class SlowdownRange:
-    workloads: tuple[tuple[str, Workload], ...]
+    workloads: tuple[tuple[str, Workload, ClusterSpec], ...]
     mean_min: float
     mean_max: float
     largest_max: float
+    stand_in: bool = False  # the workloads are the project's choice for a described job
+
+
+@dataclass(frozen=True)
+class AloneRate:
+    signature_for: Callable[[int], Signature]  # the collective's signature for a point's bytes
+    path: CommPath | None  # None: NCCL's defaults (the SM ring)
+    points: tuple[tuple[int, str, float], ...]  # (bytes as the case gives them, "GBps" or "time_us", value)
+    convention: str  # algbw, busbw or unknown
+    bytes_are: str  # "shard" (per rank) or "buffer" (nccl-tests' size)
+    relative: float
+    nccl_version: NcclVersion
+
+
+@dataclass(frozen=True)
+class PathGain:
+    spec: str
+    workload: Workload
+    stand_in: bool
+    collectives: frozenset[CollectiveType]
+    path: CommPath
+    nccl_version: NcclVersion
+    measured_pct: float
+    absolute_pct: float | None
+    relative: float | None
 
 
 @dataclass(frozen=True)
@@ -131,7 +185,7 @@ class OverlapVsSequential:
     relative: float
 
 
-Quantity = ChannelSweep | BusbwCeiling | GemmBeside | SlowdownRange | OverlapVsSequential
+Quantity = ChannelSweep | BusbwCeiling | GemmBeside | SlowdownRange | OverlapVsSequential | AloneRate | PathGain
 
 # The path each CTA policy of an ``overlap_vs_sequential`` case puts the collective's group on.
 POLICY_PATHS: dict[str, CommPath | None] = {"default": None, "efficiency": CommPath.EFFICIENCY,
@@ -145,8 +199,11 @@ class Case:
     id: str
     kind: str
     source: str
-    cluster: ClusterSpec
-    quantity: Quantity
+    cluster: ClusterSpec | None  # None: no preset models it (``not_judged`` says so)
+    quantity: Quantity | None  # None: not judged
+    split: str | None = None
+    not_judged: str | None = None
+    clusters: tuple[ClusterSpec, ...] = ()  # every preset an ``other:`` cluster maps to (the first is ``cluster``)
 
 
 class _Fields:
@@ -155,6 +212,8 @@ class _Fields:
     def __init__(self, where: str, data: dict):
         self.where = where
         self.data = data
+        self.clusters: tuple[ClusterSpec, ...] = ()
+        self.note = ""
 
     def error(self, message: str) -> LagomError:
         return LagomError(f"{self.where}: {message}")
@@ -164,6 +223,17 @@ class _Fields:
         if key not in data:
             raise self.error(f"missing field '{prefix}{key}'")
         return data[key]
+
+    def stated(self, key: str, data: dict | None = None, prefix: str = "", what: str = "") -> Any:
+        """The field's value; NotJudged when the source does not state it (``null``)."""
+        value = self.raw(key, data, prefix)
+        if value is None:
+            raise NotJudged(f"the source does not state {what or prefix + key}")
+        return value
+
+    def optional(self, key: str, data: dict | None = None) -> Any:
+        data = self.data if data is None else data
+        return data.get(key)
 
     def mapping(self, key: str, data: dict | None = None, prefix: str = "") -> dict:
         value = self.raw(key, data, prefix)
@@ -245,12 +315,26 @@ def _parse_case(raw: object, where: str) -> Case:
     if kind not in _KINDS:
         raise f.error(f"unknown kind {kind!r} (known: {', '.join(KINDS)})")
     source = f.text("source")
-    f.text("note")
+    f.note = f.text("note")
+    split = raw.get("split")
+    if split is not None and split not in SPLITS:
+        raise f.error(f"'split' must be one of {', '.join(SPLITS)}, got {split!r}")
     preset = f.text("cluster")
-    if preset not in preset_names():
+    if preset.startswith(OTHER_PREFIX):
+        presets, missing = presets_for_other(preset)
+        if not presets:
+            return Case(case_id, kind, source, None, None, split, f"no preset: {'; '.join(missing)}")
+        f.clusters = tuple(load_cluster(p) for p in presets)
+    elif preset not in preset_names():
         raise f.error(f"unknown preset {preset!r} (presets: {', '.join(preset_names())})")
-    cluster = load_cluster(preset)
-    return Case(case_id, kind, source, cluster, _KINDS[kind](f, cluster))
+    else:
+        f.clusters = (load_cluster(preset),)
+    cluster = f.clusters[0]
+    try:
+        quantity = _KINDS[kind](f, cluster)
+    except NotJudged as exc:
+        return Case(case_id, kind, source, cluster, None, split, str(exc), f.clusters)
+    return Case(case_id, kind, source, cluster, quantity, split, None, f.clusters)
 
 
 def _signature(f: _Fields, cluster: ClusterSpec, data: dict | None = None, prefix: str = "") -> Signature:
@@ -262,6 +346,8 @@ def _signature(f: _Fields, cluster: ClusterSpec, data: dict | None = None, prefi
     if collective is None:
         known = ", ".join(c.value for c in CollectiveType)
         raise f.error(f"'{prefix}collective' {name!r} is not a collective ({known})")
+    for key in ("bytes", "ranks", "nodes"):
+        f.stated(key, data, prefix, f"the collective's {key}")
     message_bytes = f.integer("bytes", data, prefix)
     ranks = f.integer("ranks", data, prefix)
     nodes = f.integer("nodes", data, prefix)
@@ -319,6 +405,8 @@ def _busbw_ceiling(f: _Fields, cluster: ClusterSpec) -> BusbwCeiling:
 
 
 def _gemm(f: _Fields, cluster: ClusterSpec, gemm: dict) -> ComputeOp:
+    for key in ("m", "n", "k", "dtype"):
+        f.stated(key, gemm, "gemm.", "the GEMM's shape (m, n, k, dtype)")
     m, n, k = (f.integer(key, gemm, "gemm.") for key in ("m", "n", "k"))
     dtype_name = f.raw("dtype", gemm, "gemm.")
     dtypes = {d.value: d for d in GemmDtype}
@@ -333,40 +421,53 @@ def _gemm(f: _Fields, cluster: ClusterSpec, gemm: dict) -> ComputeOp:
 
 def _gemm_beside(f: _Fields, cluster: ClusterSpec) -> GemmBeside:
     gemm = f.mapping("gemm")
-    f.integer("grid_blocks", gemm, "gemm.")  # required here: the measured launch's blocks
     op = _gemm(f, cluster, gemm)
+    f.stated("grid_blocks", gemm, "gemm.", "the GEMM's grid")
+    f.integer("grid_blocks", gemm, "gemm.")  # required here: the measured launch's blocks
     coll = f.mapping("collective")
     signature = _signature(f, cluster, coll, "collective.")
-    channels = _channels(f, cluster, "channels", coll, "collective.")
+    channels = _channels(f, cluster, "channels", coll, "collective.") if coll.get("channels") is not None else None
     low, high = f.bounds("slowdown", "min", "max")
-    return GemmBeside(op, signature, CommConfig(channels=channels), low, high)
+    relative = _relative(f)
+    return GemmBeside(op, signature, CommConfig(channels=channels), low * (1 - relative), high * (1 + relative))
+
+
+def _relative(f: _Fields) -> float:
+    """A case's optional ``tolerance.relative`` (0 without one)."""
+    tolerance = f.data.get("tolerance")
+    if not isinstance(tolerance, dict) or tolerance.get("relative") is None:
+        return 0.0
+    return f.number("relative", tolerance, "tolerance.")
 
 
 def _slowdown_range(f: _Fields, cluster: ClusterSpec) -> SlowdownRange:
     specs = f.raw("workloads")
+    stand_in = isinstance(specs, str)
+    if stand_in:  # a description of the jobs: the project's stand-ins (case_stand_ins), printed
+        specs = stand_in_specs(specs, cluster.gpus_per_node)
     if not isinstance(specs, list) or not specs or not all(isinstance(s, str) for s in specs):
         raise f.error(f"'workloads' must be a non-empty list of workload spec strings, got {specs!r}")
     workloads = []
-    for spec in specs:
-        try:
-            workload = generate_workload(spec)
-        except LagomError as exc:
-            raise f.error(f"workload {spec!r}: {exc}") from None
-        if workload.world_size > cluster.world_size:
-            raise f.error(f"workload {spec!r} needs {workload.world_size} GPUs; {cluster.name} has "
-                          f"{cluster.world_size}")
-        workloads.append((spec, workload))
+    for preset in f.clusters or (cluster,):
+        for spec in specs:
+            try:
+                workload = generate_workload(spec)
+            except LagomError as exc:
+                raise f.error(f"workload {spec!r}: {exc}") from None
+            if workload.world_size > preset.world_size:
+                raise f.error(f"workload {spec!r} needs {workload.world_size} GPUs; {preset.name} has "
+                              f"{preset.world_size}")
+            workloads.append((spec, workload, preset))
     mean_min, mean_max = f.bounds("slowdown_mean", "min", "max")
     _, largest_max = f.bounds("slowdown_max", None, "max")
-    return SlowdownRange(tuple(workloads), mean_min, mean_max, largest_max)
+    relative = _relative(f)
+    return SlowdownRange(tuple(workloads), mean_min * (1 - relative), mean_max * (1 + relative),
+                         largest_max * (1 + relative), stand_in)
 
 
 def _overlap_vs_sequential(f: _Fields, cluster: ClusterSpec) -> OverlapVsSequential:
-    published = f.text("nccl_version")
-    try:
-        version = NcclVersion.parse(published)  # a publication may name the minor only: not a release check
-    except LagomError as exc:
-        raise f.error(f"'nccl_version': {exc}") from None
+    version = _nccl_version(f)
+    published = f.text("nccl_version") if f.data.get("nccl_version") is not None else UNSTATED_NCCL_VERSION
     measured = f.mapping("measured_ms")
     overlap = f.mapping("overlap", measured, "measured_ms.")
     if not overlap:
@@ -387,12 +488,126 @@ def _overlap_vs_sequential(f: _Fields, cluster: ClusterSpec) -> OverlapVsSequent
                                values, f.number("relative", f.mapping("tolerance"), "tolerance."))
 
 
+def _nccl_version(f: _Fields) -> NcclVersion:
+    """The case's NCCL, or :data:`UNSTATED_NCCL_VERSION` when the source does not state it (a
+    publication may name the minor only: parsed, not checked against NCCL's releases)."""
+    if f.data.get("nccl_version") is None:  # absent or null: not stated
+        return NcclVersion.parse(UNSTATED_NCCL_VERSION)
+    version = f.text("nccl_version")
+    try:
+        return NcclVersion.parse(version)
+    except LagomError as exc:
+        raise f.error(f"'nccl_version': {exc}") from None
+
+
+_PATHS = {"sm": None, "symmetric": CommPath.SYMMETRIC, "copy_engine": CommPath.COPY_ENGINE}
+_CONVENTIONS = ("algbw", "busbw", "unknown")
+
+
+def _alone_rate(f: _Fields, cluster: ClusterSpec) -> AloneRate:
+    name = f.raw("collective")
+    if name in ("p2p_copy", "local_copy"):
+        raise NotJudged(f"'{name}' is one copy, not a collective: the simulator has copies only as a "
+                        "collective's path")
+    try:
+        collective = CollectiveType.parse(name) if isinstance(name, str) else None
+    except ValueError:
+        collective = None
+    if collective not in (CollectiveType.ALLGATHER, CollectiveType.REDUCESCATTER, CollectiveType.ALLREDUCE):
+        raise f.error(f"'collective' {name!r} is not allgather, reducescatter, allreduce, p2p_copy or local_copy")
+    path_name = f.raw("path")
+    if path_name not in _PATHS:
+        raise f.error(f"'path' {path_name!r} is not one of {', '.join(_PATHS)}")
+    ranks = f.integer("ranks")
+    nodes = f.integer("nodes") if f.data.get("nodes") is not None else 1
+    if ranks % nodes or ranks // nodes > cluster.gpus_per_node:
+        raise f.error(f"{ranks} ranks on {nodes} node(s) do not fit {cluster.name}'s {cluster.gpus_per_node} "
+                      "GPUs per node evenly")
+    convention = f.raw("bw_convention")
+    if convention not in _CONVENTIONS:
+        raise f.error(f"'bw_convention' {convention!r} is not one of {', '.join(_CONVENTIONS)}")
+    bytes_are = f.data.get("bytes_are") or ("shard" if "per-rank shard" in f.note.lower() else "buffer")
+    if bytes_are not in ("shard", "buffer"):
+        raise f.error(f"'bytes_are' {bytes_are!r} is not shard or buffer")
+    raw_points = f.raw("points")
+    if not isinstance(raw_points, list) or not raw_points or not all(isinstance(p, dict) for p in raw_points):
+        raise f.error(f"'points' must be a non-empty list of {{\"bytes\", \"GBps\" or \"time_us\"}}, "
+                      f"got {raw_points!r}")
+    points = []
+    for i, p in enumerate(raw_points):
+        size = f.integer("bytes", p, f"points[{i}].")
+        key = "time_us" if p.get("time_us") is not None else "GBps"
+        value = f.number(key, p, f"points[{i}].")
+        if value <= 0:
+            raise f.error(f"'points[{i}].{key}' must be > 0")
+        points.append((size, key, value))
+
+    def signature_for(size: int) -> Signature:
+        message = size * ranks if bytes_are == "shard" else size
+        return Signature(_GROUP, collective, message, ranks, nodes)
+
+    return AloneRate(signature_for, _PATHS[path_name], tuple(points), convention, bytes_are,
+                     f.number("relative", f.mapping("tolerance"), "tolerance."), _nccl_version(f))
+
+
+def _change_set(f: _Fields, change: dict) -> tuple[frozenset[CollectiveType], CommPath]:
+    """The collectives a change moves and the path it moves them to: ``change.set``, or read from
+    ``change.what`` (symmetric memory: AllGather and ReduceScatter on symmetric kernels; a CTA
+    policy that minimises SM use: every collective on the copy engines, NCCL keeping on its
+    kernels the ones the copy engines do not run)."""
+    chosen = change.get("set")
+    if isinstance(chosen, dict):
+        path = _PATHS.get(str(chosen.get("path")))
+        names = chosen.get("collectives")
+        if path is None or not isinstance(names, list) or not names:
+            raise f.error("'change.set' must name 'collectives' (a list) and a 'path' (symmetric, copy_engine)")
+        try:
+            return frozenset(CollectiveType.parse(n) for n in names), path
+        except (ValueError, AttributeError):
+            raise f.error(f"'change.set.collectives' {names!r} names an unknown collective") from None
+    what = str(change.get("what") or "").lower()
+    if "symm" in what:
+        return frozenset({CollectiveType.ALLGATHER, CollectiveType.REDUCESCATTER}), CommPath.SYMMETRIC
+    if "cta policy" in what or "sm use" in what or "sm utilization" in what:
+        return frozenset(CollectiveType), CommPath.COPY_ENGINE
+    raise NotJudged(f"the change {change.get('what')!r} names no path the simulator has")
+
+
+def _path_gain(f: _Fields, cluster: ClusterSpec) -> PathGain:
+    change = f.mapping("change")
+    measured = f.number("throughput_change_pct", change, "change.", signed=True)
+    collectives, path = _change_set(f, change)
+    spec = f.data.get("workload")
+    stand_in = spec is None
+    if stand_in:
+        def count(key: str) -> int | None:
+            return f.integer(key) if f.data.get(key) is not None else None
+        spec = stand_in_spec(f.data.get("model"), f.data.get("parallelism"), count("gpus"), count("micro_batch"),
+                             count("seq"))
+    if not isinstance(spec, str):
+        raise f.error(f"'workload' must be a workload spec string, got {spec!r}")
+    try:
+        workload = generate_workload(spec)
+    except LagomError as exc:
+        raise f.error(f"workload {spec!r}: {exc}") from None
+    if workload.world_size > cluster.world_size:
+        raise f.error(f"workload {spec!r} needs {workload.world_size} GPUs; {cluster.name} has {cluster.world_size}")
+    tolerance = f.mapping("tolerance")
+    absolute = f.number("absolute_pct", tolerance, "tolerance.") if tolerance.get("absolute_pct") is not None else None
+    relative = f.number("relative", tolerance, "tolerance.") if tolerance.get("relative") is not None else None
+    if absolute is None and relative is None:
+        raise f.error("'tolerance' must give 'absolute_pct' or 'relative'")
+    return PathGain(spec, workload, stand_in, collectives, path, _nccl_version(f), measured, absolute, relative)
+
+
 _KINDS: dict[str, Callable[[_Fields, ClusterSpec], Quantity]] = {
     "collective_vs_channels": _channel_sweep,
     "busbw_ceiling": _busbw_ceiling,
     "gemm_beside_collective": _gemm_beside,
     "compute_slowdown_range": _slowdown_range,
     "overlap_vs_sequential": _overlap_vs_sequential,
+    "collective_alone_rate": _alone_rate,
+    "path_gain_end_to_end": _path_gain,
 }
 KINDS = tuple(_KINDS)
 
@@ -427,9 +642,23 @@ class FidelityRunner:
         return sim
 
     def run(self, case: Case) -> CaseResult:
+        result = self._run(case)
+        result.split = case.split
+        return result
+
+    def _run(self, case: Case) -> CaseResult:
         q = case.quantity
+        if q is None or case.cluster is None:
+            reason = case.not_judged or "not judged"
+            return CaseResult(case.id, case.kind, None, None, None, {"not_judged": reason},
+                              [Row(case.id, "not judged", "", "", None), Row(f"  {reason}", "", "", "", None)],
+                              not_judged=reason)
         if isinstance(q, OverlapVsSequential):
             return _run_overlap(case, self.simulator(replace(case.cluster, nccl_version=q.nccl_version)), q)
+        if isinstance(q, AloneRate):
+            return _run_rate(case, self.simulator(replace(case.cluster, nccl_version=q.nccl_version)), q)
+        if isinstance(q, PathGain):
+            return _run_gain(case, self.simulator(replace(case.cluster, nccl_version=q.nccl_version)), q)
         sim = self.simulator(case.cluster)
         if isinstance(q, ChannelSweep):
             return _run_sweep(case, sim, q)
@@ -437,12 +666,41 @@ class FidelityRunner:
             return _run_busbw(case, sim, q)
         if isinstance(q, GemmBeside):
             return _run_gemm(case, sim, q)
-        return _run_range(case, sim, q)
+        return _run_range(case, self, q)
 
 
 def run_cases(cases: list[Case]) -> list[CaseResult]:
     runner = FidelityRunner()
     return [runner.run(case) for case in cases]
+
+
+_WEAK_MARKERS = ("~", "single observation", "not a controlled", "approximate")
+
+
+def is_weak(case: dict) -> bool:
+    """A case its own note calls weak: a "~" figure, a single observation, not a controlled benchmark."""
+    note = str(case.get("note", "")).lower()
+    return any(marker in note for marker in _WEAK_MARKERS)
+
+
+def _stratum(case: dict) -> tuple[str, str]:
+    """(kind, GPU model) of a raw case: the GPU its preset has, or the first an ``other:`` cluster names."""
+    cluster = str(case.get("cluster", ""))
+    if cluster in preset_names():
+        gpu = device_model(load_cluster(cluster).gpu.name) or cluster
+    else:
+        first = cluster[len(OTHER_PREFIX):].split("|")[0] if cluster.startswith(OTHER_PREFIX) else cluster
+        gpu = (device_model(first.upper().lstrip("0123456789X").replace("-", " ")) or first).upper()
+    return str(case.get("kind", "")), gpu
+
+
+def assign_splits(cases: list[dict]) -> dict[str, str]:
+    """The fitting/checking split, decided from the cases alone (never from a verdict): cases in
+    order of (kind, GPU model, weak after strong, id), alternately ``fit`` and ``check`` from
+    ``fit``. Each kind-and-GPU stratum splits about in half, its strong cases first to the
+    fitting set; a stratum of one case goes where the alternation falls."""
+    ordered = sorted(cases, key=lambda c: (*_stratum(c), is_weak(c), str(c.get("id"))))
+    return {str(c.get("id")): SPLITS[i % 2] for i, c in enumerate(ordered)}
 
 
 def _run_sweep(case: Case, sim: Simulator, q: ChannelSweep) -> CaseResult:
@@ -462,7 +720,8 @@ def _run_sweep(case: Case, sim: Simulator, q: ChannelSweep) -> CaseResult:
         detail_points.append({"channels": channels, "model_us": round(model, 1), "measured_us": measured,
                               "limit_us": round(limit, 1), "holds": holds})
         rows.append(Row(f"  {channels} channel{'s' if channels > 1 else ''}", f"{model:,.0f} us",
-                        f"{measured:,.0f} us", f"±{limit:,.0f} us", holds))
+                        f"{measured:,.0f} us", f"±{limit:,.0f} us", holds,
+                        (model - measured) / max(abs(measured), 1e-9)))
     held = sum(bool(p["holds"]) for p in detail_points)
     holds = held == len(detail_points)
     head = Row(case.id, f"{held}/{len(rows)} points", f"{len(rows)} points",
@@ -481,7 +740,8 @@ def _run_busbw(case: Case, sim: Simulator, q: BusbwCeiling) -> CaseResult:
     model = bus_bandwidth_gb_per_s(q.signature, time_us)
     holds = abs(model - q.busbw_gb_per_s) <= q.relative * q.busbw_gb_per_s
     config = sim.collective_model(q.signature).config
-    row = Row(case.id, f"{model:.2f} GB/s", f"{q.busbw_gb_per_s:g} GB/s", f"±{q.relative:.0%}", holds)
+    row = Row(case.id, f"{model:.2f} GB/s", f"{q.busbw_gb_per_s:g} GB/s", f"±{q.relative:.0%}", holds,
+              model / q.busbw_gb_per_s - 1)
     return CaseResult(case.id, case.kind, holds, round(model, 3), q.busbw_gb_per_s,
                       {"time_us": round(time_us, 1), "config": config.to_dict(), "relative": q.relative}, [row])
 
@@ -511,6 +771,15 @@ def gemm_beside_us(sim: Simulator, op: ComputeOp, signature: Signature, config: 
         copies = math.ceil(copies * kernel.end_us / last_end) + 1
 
 
+def _outside(value: float, low: float, high: float) -> float:
+    """How far (relative) ``value`` lies outside [low, high]; 0 inside."""
+    if value < low:
+        return value / low - 1
+    if value > high:
+        return value / high - 1
+    return 0.0
+
+
 def _within(value: float, low: float, high: float) -> bool:
     """low <= value <= high, up to floating-point rounding (a kernel exactly as fast beside as alone
     may come out a few ulps below x1)."""
@@ -523,7 +792,8 @@ def _run_gemm(case: Case, sim: Simulator, q: GemmBeside) -> CaseResult:
     slowdown = beside / alone
     holds = _within(slowdown, q.slowdown_min, q.slowdown_max)
     resolved = sim.collective_model(q.signature, q.config).config
-    row = Row(case.id, f"x{slowdown:.3f}", f"x{q.slowdown_min:g}..x{q.slowdown_max:g}", "range", holds)
+    row = Row(case.id, f"x{slowdown:.3f}", f"x{q.slowdown_min:.3g}..x{q.slowdown_max:.3g}", "range", holds,
+              _outside(slowdown, q.slowdown_min, q.slowdown_max))
     return CaseResult(case.id, case.kind, holds, round(slowdown, 4), {"min": q.slowdown_min, "max": q.slowdown_max},
                       {"gemm_alone_us": round(alone, 2), "gemm_beside_us": round(beside, 2),
                        "collective_alone_us": round(sim.collective_time_us(q.signature, q.config), 2),
@@ -568,8 +838,10 @@ def overlap_slowdown(sim: Simulator, spec: str, workload: Workload) -> OverlapSl
     return OverlapSlowdown(spec, kernels, beside, alone, largest_name, largest)
 
 
-def _run_range(case: Case, sim: Simulator, q: SlowdownRange) -> CaseResult:
-    per = [overlap_slowdown(sim, spec, workload) for spec, workload in q.workloads]
+def _run_range(case: Case, runner: FidelityRunner, q: SlowdownRange) -> CaseResult:
+    several = len({c.name for _, _, c in q.workloads}) > 1
+    per = [overlap_slowdown(runner.simulator(cluster), f"{spec} on {cluster.name}" if several else spec, workload)
+           for spec, workload, cluster in q.workloads]
     alone = sum(p.alone_us for p in per)
     mean = sum(p.beside_us for p in per) / alone if alone > 0 else 1.0
     largest = max(p.slowdown for p in per)
@@ -577,8 +849,12 @@ def _run_range(case: Case, sim: Simulator, q: SlowdownRange) -> CaseResult:
     largest_holds = _within(largest, 0.0, q.largest_max)
     holds = mean_holds and largest_holds
     rows = [Row(case.id, "", "", "", holds),
-            Row("  duration-weighted mean", f"x{mean:.3f}", f"x{q.mean_min:g}..x{q.mean_max:g}", "range", mean_holds),
-            Row("  largest workload mean", f"x{largest:.3f}", f"<= x{q.largest_max:g}", "bound", largest_holds)]
+            Row("  duration-weighted mean", f"x{mean:.3f}", f"x{q.mean_min:.3g}..x{q.mean_max:.3g}", "range",
+                mean_holds, _outside(mean, q.mean_min, q.mean_max)),
+            Row("  largest workload mean", f"x{largest:.3f}", f"<= x{q.largest_max:.3g}", "bound", largest_holds,
+                _outside(largest, 0.0, q.largest_max))]
+    if q.stand_in:
+        rows.insert(1, Row("  (the project's stand-ins for the described jobs, below)", "", "", "", None))
     rows += [Row(f"    {p.spec}: {p.kernels} kernels, largest x{p.largest_kernel_slowdown:.2f}", f"x{p.slowdown:.3f}",
                  "", "", None) for p in per]
     workloads = [{"spec": p.spec, "kernels": p.kernels, "slowdown": round(p.slowdown, 4),
@@ -612,7 +888,8 @@ def _run_overlap(case: Case, sim: Simulator, q: OverlapVsSequential) -> CaseResu
         nonlocal holds_all
         holds = abs(model_ms - measured_ms) <= q.relative * measured_ms
         holds_all = holds_all and holds
-        rows.append(Row(f"  {label}", f"{model_ms:.3f} ms", f"{measured_ms:g} ms", f"±{q.relative:.0%}", holds))
+        rows.append(Row(f"  {label}", f"{model_ms:.3f} ms", f"{measured_ms:g} ms", f"±{q.relative:.0%}", holds,
+                        model_ms / measured_ms - 1))
 
     seq_ms = sim.evaluate(sequential_workload(q.gemm, q.signature), Plan()).iteration_us / 1e3
     model["sequential"] = round(seq_ms, 4)
@@ -637,5 +914,69 @@ def _run_overlap(case: Case, sim: Simulator, q: OverlapVsSequential) -> CaseResu
     return CaseResult(case.id, case.kind, holds_all, model, measured, detail, [head, *rows])
 
 
-__all__ = ["Case", "CaseResult", "FidelityRunner", "Row", "bus_bandwidth_gb_per_s", "gemm_beside_us",
-           "load_cases", "overlap_slowdown", "parse_cases", "run_cases", "sequential_workload"]
+def _run_rate(case: Case, sim: Simulator, q: AloneRate) -> CaseResult:
+    config = CommConfig(path=q.path)
+    rows: list[Row] = []
+    points: list[dict] = []
+    holds_all = True
+    mechanisms = set()
+    for size, key, measured in q.points:
+        signature = q.signature_for(size)
+        model = sim.collective_model(signature, config)
+        mechanisms.add(model.mechanism.value)
+        time_us = model.alone_us
+        label = f"  {size / (1 << 20):g} MiB{' per rank' if q.bytes_are == 'shard' else ''}"
+        if key == "time_us":
+            value, unit, convention = time_us, "us", "time"
+        else:
+            algbw = signature.message_bytes / time_us / 1e3
+            busbw = bus_bandwidth_gb_per_s(signature, time_us)
+            options = {"algbw": algbw, "busbw": busbw}
+            if q.convention == "unknown":  # either convention: the closer one, named
+                convention = min(options, key=lambda c: abs(options[c] / measured - 1))
+            else:
+                convention = q.convention
+            value, unit = options[convention], "GB/s"
+        error = value / measured - 1
+        holds = abs(error) <= q.relative
+        holds_all = holds_all and holds
+        rows.append(Row(label + (f" ({convention})" if key != "time_us" else ""), f"{value:,.1f} {unit}",
+                        f"{measured:g} {unit}", f"±{q.relative:.0%}", holds, error))
+        points.append({"bytes": size, key: round(value, 2), "convention": convention, "holds": holds})
+    held = sum(r.holds is True for r in rows)
+    head = Row(case.id, f"{held}/{len(rows)} points", f"{len(rows)} points", f"±{q.relative:.0%}", holds_all)
+    return CaseResult(case.id, case.kind, holds_all, points, [{"bytes": b, k: v} for b, k, v in q.points],
+                      {"nccl_version": str(q.nccl_version), "mechanism": sorted(mechanisms), "bytes_are": q.bytes_are},
+                      [head, *rows])
+
+
+def _run_gain(case: Case, sim: Simulator, q: PathGain) -> CaseResult:
+    gpn = sim.cluster.gpus_per_node
+    signatures = {q.workload.signature(c, gpn) for c in q.workload.collectives if c.on_gpu}
+    moved = {s: CommConfig(path=q.path) for s in signatures if s.collective in q.collectives}
+    before = sim.evaluate(q.workload, Plan()).iteration_us
+    after = sim.evaluate(q.workload, Plan(entries=moved)).iteration_us
+    sim.evaluations -= 2  # asked for a figure, not a search's evaluation
+    model = (before / after - 1) * 100
+    if q.absolute_pct is not None:
+        limit, tolerance = q.absolute_pct, f"±{q.absolute_pct:g} pt"
+    else:
+        limit, tolerance = abs(q.relative or 0.0) * abs(q.measured_pct), f"±{q.relative:.0%}"
+    holds = abs(model - q.measured_pct) <= limit + 1e-9
+    mechanisms = sorted({sim.collective_model(s, c).mechanism.value for s, c in moved.items()})
+    what = f"{', '.join(sorted(c.value for c in q.collectives if any(s.collective is c for s in moved)))} " \
+           f"on {q.path.value}"
+    rows = [Row(case.id, f"{model:+.2f}%", f"{q.measured_pct:+g}%", tolerance, holds,
+                (model - q.measured_pct) / max(abs(q.measured_pct), 1e-9)),
+            Row(f"  {'stand-in ' if q.stand_in else ''}workload {q.spec} on {sim.cluster.name}, NCCL "
+                f"{q.nccl_version}: {what} ({', '.join(mechanisms) or 'nothing moved'})", "", "", "", None)]
+    return CaseResult(case.id, case.kind, holds, round(model, 3), q.measured_pct,
+                      {"workload": q.spec, "stand_in": q.stand_in, "nccl_version": str(q.nccl_version),
+                       "iteration_us": {"before": round(before, 1), "after": round(after, 1)},
+                       "moved": sorted(s.describe() if hasattr(s, "describe") else str(s) for s in moved),
+                       "mechanisms": mechanisms},
+                      rows)
+
+
+__all__ = ["Case", "CaseResult", "FidelityRunner", "Row", "assign_splits", "bus_bandwidth_gb_per_s", "gemm_beside_us",
+           "is_weak", "load_cases", "overlap_slowdown", "parse_cases", "run_cases", "sequential_workload"]

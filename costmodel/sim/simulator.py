@@ -43,7 +43,7 @@ import numpy as np
 
 from costmodel.cluster import ClusterSpec
 from costmodel.evaluator import DurationScale, LazyOpValues, OpTiming, Timing, check_generated, check_plan
-from costmodel.nccl_defaults import resolve_config, symmetric_kernel
+from costmodel.nccl_defaults import nccl_graph, resolve_config, symmetric_kernel
 from costmodel.replay.anchor import check_scale
 from costmodel.sim.collective import CollectiveModel
 from costmodel.sim.compute import ComputeModel, gemm_tile_from_name
@@ -132,6 +132,7 @@ class Simulator:
         self._bw = cluster.gpu.mem_bw_gb_per_s * 1e3 * self.params.mem_efficiency
         self._version = cluster.nccl_version
         self._topology = cluster.path_topology()
+        self._compute_capability = nccl_graph(cluster).compute_capability  # NCCL's symmetric-kernel constants
 
     def reseed(self, seed: int | tuple[int, ...]) -> None:
         """Restart the noise stream (e.g. one per simulated rank and epoch), keeping the caches."""
@@ -149,7 +150,8 @@ class Simulator:
         if model is None:
             mechanism = collective_mechanism(requested.path, signature.collective, signature.nodes, self._version,
                                              self._topology)
-            kernel = symmetric_kernel(signature) if mechanism is Mechanism.SYMMETRIC_KERNEL else None
+            kernel = (symmetric_kernel(signature, compute_capability=self._compute_capability)
+                      if mechanism is Mechanism.SYMMETRIC_KERNEL else None)
             if mechanism is Mechanism.COPY_ENGINE:
                 model = CollectiveModel.copy_engine(signature, requested, self.cluster, self.params)
             elif kernel is not None:

@@ -52,9 +52,11 @@ MIN_SPEEDUP_VS_OPTUNA_ANY_CELL = 0.995  # at least Optuna TPE given the same num
 # path: low-bw x1.075 / x1.059, high-bw x1.121 / x1.067 over NCCL / AutoCCL) less about
 # 1%. They guard against regressions of the --quick set, and --check asserts them there.
 # h100-nvswitch (its FSDP and TP cells at NCCL 2.30.7 without the plugin, paths on offer): x1.046 / x1.130
-# measured 2026-12-01.
-QUICK_FLOOR_GEOMEAN_VS_NCCL = {"low-bw": 1.065, "high-bw": 1.11, "h100-nvswitch": 1.035}
-QUICK_FLOOR_GEOMEAN_VS_AUTOCCL = {"low-bw": 1.045, "high-bw": 1.055, "h100-nvswitch": 1.12}
+# measured 2026-12-01. Issue 23 (a channel's FIFO keeps one slice in L2, not a chunk: NCCL's default
+# costs the A40 GEMMs less, so there is less to win) moved the A40 ones to low-bw x1.029 / x1.067,
+# high-bw x1.096 / x1.061; the floors follow, less about 1%.
+QUICK_FLOOR_GEOMEAN_VS_NCCL = {"low-bw": 1.02, "high-bw": 1.085, "h100-nvswitch": 1.035}
+QUICK_FLOOR_GEOMEAN_VS_AUTOCCL = {"low-bw": 1.055, "high-bw": 1.05, "h100-nvswitch": 1.12}
 
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")  # formats matplotlib's Agg backend writes
 

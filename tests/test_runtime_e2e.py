@@ -146,7 +146,7 @@ def test_workers_see_the_plugin_the_table_and_the_knobs(runs):
         assert text == render_plugin_table(config)
         entries, rejected = parse_table(text)
         assert rejected == [] and entries == plugin_entries_from_config(config)
-        assert [(e.collective, e.channels) for e in entries] == [
+        assert [(e.collective, e.settings.channels) for e in entries] == [
             (CollectiveType.ALLREDUCE, 2), (CollectiveType.REDUCESCATTER, 4), (CollectiveType.ALLGATHER, 8)
         ]
         assert env["NCCL_BUFFSIZE"] == "2097152"

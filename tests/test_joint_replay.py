@@ -89,6 +89,31 @@ def test_the_shared_pair_of_128_ranks(tmp_path: Path) -> None:
             s.iteration_us for s in base.ranks[slowed].steps)
 
 
+@pytest.mark.parametrize("compute", [{2: 1.3}, {0: 0.6}], ids=["r2x1.3", "r0x0.6"])
+def test_send_recv_in_the_global_group_meet_their_peer(compute: dict[int, float], tmp_path: Path) -> None:
+    """The pipeline with its send/recv in the global group of four ranks: each is matched with
+    its peer's (Kineto's Src/Dst Rank, NCCL's order per pair), so a stage made slower or faster
+    moves its neighbours as the second run says. Without the peer, a send/recv of a four-rank
+    group is matched with nothing: its three other members are modelled from its measured
+    wait, which a what-if on a peer does not move."""
+    p = kr.PROGRAMS["pipeline_world"]
+    first, _, truth = kr.paired_ranks(p, tmp_path, compute=compute)
+    workloads = read_trace(first)
+    for w in workloads:
+        ends = {c.p2p for c in w.collectives}
+        assert None not in ends and {(e.src, e.dst) for e in ends if e is not None} == (
+            {(w.rank - 1, w.rank), (w.rank, w.rank - 1)} if w.rank > 0 else set()) | (
+            {(w.rank, w.rank + 1), (w.rank + 1, w.rank)} if w.rank + 1 < p.ranks else set())
+        assert {w.group_size(c.group) for c in w.collectives} == {4}
+    joint = replayed(workloads, {r: RankScale(compute=compute.get(r, 1.0)) for r in range(p.ranks)})
+    assert joint.modelled_members == 0 and joint.held == 0 and joint.matched > 10
+    for r, pair in enumerate(truth.ranks):
+        steps = {s.name: s for s in joint.ranks[r].steps}
+        judged = kw.verdict(pair, [steps[t.name].iteration_us for t in pair.second.steps])
+        assert judged.median_step_error <= kw.MAX_MEDIAN_STEP_ERROR, (r, judged)
+        assert judged.change_ok, (r, judged)
+
+
 def test_a_slower_stage_moves_its_peers(tmp_path: Path) -> None:
     """CUDA's and NCCL's rules: a pipeline stage whose compute is slower delays every stage's
     step (its neighbours wait on its sends); the rank-scoped what-if moves them all."""

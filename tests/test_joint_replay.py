@@ -16,6 +16,7 @@ from pathlib import Path
 import kineto_ranks as kr
 import kineto_world as kw
 import pytest
+import yaml
 from conftest import trace_path
 
 from costmodel.replay.joint import JointData, JointTiming, RankScale, joint_replay
@@ -186,6 +187,24 @@ def test_tune_judges_a_plan_on_the_jobs_step(tmp_path: Path, capsys) -> None:
     assert summary["baseline_us"] == pytest.approx(
         sum(max(v["steps"][i]["measured_iteration_us"] for v in out["ranks"].values())
             for i in range(len(out["steps"]))) / len(out["steps"]), rel=1e-6)
+
+
+def test_tune_searches_every_ranks_signatures(tmp_path: Path, capsys) -> None:
+    """The pipeline's rank 0 runs send/recv in group pp01 only; ranks 1-3 in pp12 and pp23 too:
+    the joint tune's space is the union of the ranks' signatures (pp01 shared: one entry), and
+    the tuned file sets each."""
+    p = kr.PROGRAMS["pipeline"]
+    folder = kr.write_ranks(p, kr.simulate(p), tmp_path / "p")
+    groups = {w.rank: {c.group for c in w.collectives} for w in read_trace(folder)}
+    assert groups[0] == {"pp01"} and groups[1] == {"pp01", "pp12"}
+    out = tmp_path / "t.yaml"
+    assert main(["tune", str(folder), "--json", "-o", str(out), "--no-autoccl", "--budget", "6",
+                 "--min-gain", "0"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["signatures"] == 3
+    tuned = yaml.safe_load(out.read_text())
+    assert sorted(e["match"]["group"] for e in tuned["collectives"]) == ["pp01", "pp12", "pp23"]
+    assert summary["baseline_us"] > summary["tuned_us"]  # judged on the job's step
 
 
 def test_matches_that_contradict_the_graphs_keep_their_measured_waits(tmp_path: Path) -> None:

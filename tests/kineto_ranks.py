@@ -51,6 +51,7 @@ class RankProgram:
     compute_us: float = 300.0  # one GEMM
     comm_us: float = 250.0  # one collective's transfer
     micro_batches: int = 4  # pipeline
+    p2p_world: bool = False  # pipeline: its send/recv in the global group of every rank, not one group per pair
     slow: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0)  # per rank: its compute kernels x this (a slow GPU, more tokens)
     offsets_us: tuple[float, ...] = (0.0, 310.0, -240.0, 470.0)  # per rank: its host clock's offset
     warmup_steps: int = 2
@@ -67,6 +68,7 @@ PROGRAMS: dict[str, RankProgram] = {p.name: p for p in (
     RankProgram("straggler", "straggler", slow=(1.0, 1.0, 1.45, 1.0)),
     RankProgram("pipeline", "pipeline", compute_us=250.0, comm_us=120.0),
     RankProgram("moe", "moe", slow=(1.0, 1.7, 0.8, 1.2), comm_us=200.0),
+    RankProgram("pipeline_world", "pipeline", compute_us=250.0, comm_us=120.0, p2p_world=True),
 )}
 
 
@@ -114,20 +116,27 @@ class _RankBuilder(kw._Builder):
                 self.comm("allreduce", "0", world, ALL_REDUCE, 4 << 20)
         elif p.kind == "pipeline":
             mb = p.micro_batches
-            prev = [r - 1, r] if r > 0 else None
-            nxt = [r, r + 1] if r + 1 < p.ranks else None
+
+            def p2p(kind: str, peer: int) -> None:
+                """A send/recv to ``peer``: Kineto's ``Src Rank`` / ``Dst Rank`` is the peer's rank
+                in the group (ProcessGroupNCCL's send/recv take group ranks)."""
+                ranks = world if p.p2p_world else sorted((r, peer))
+                group = "0" if p.p2p_world else f"pp{ranks[0]}{ranks[1]}"
+                field = "Dst Rank" if kind == "send" else "Src Rank"
+                self.comm(kind, group, ranks, SEND_RECV, 2 << 20, extra={field: ranks.index(peer)})
+
             for _k in range(mb):
-                if prev:
-                    self.comm("recv", f"pp{prev[0]}{prev[1]}", prev, SEND_RECV, 2 << 20, extra={"Src Rank": r - 1})
+                if r > 0:
+                    p2p("recv", r - 1)
                 self.gemm("aten::linear")
-                if nxt:
-                    self.comm("send", f"pp{nxt[0]}{nxt[1]}", nxt, SEND_RECV, 2 << 20, extra={"Dst Rank": r + 1})
+                if r + 1 < p.ranks:
+                    p2p("send", r + 1)
             for _k in range(mb):
-                if nxt:
-                    self.comm("recv", f"pp{nxt[0]}{nxt[1]}", nxt, SEND_RECV, 2 << 20, extra={"Src Rank": r + 1})
+                if r + 1 < p.ranks:
+                    p2p("recv", r + 1)
                 self.gemm("aten::mm", 2.0)
-                if prev:
-                    self.comm("send", f"pp{prev[0]}{prev[1]}", prev, SEND_RECV, 2 << 20, extra={"Dst Rank": r - 1})
+                if r > 0:
+                    p2p("send", r - 1)
         else:  # moe: attention, dispatch, experts (this rank's tokens), combine; forward then backward
             tokens = int((2 << 20) * p.slow[r])
             for _i in range(p.layers):
@@ -164,8 +173,9 @@ class _Pending:
     prev: kw.GpuOp | None
     deps: list[kw.GpuOp]
     dur_us: float  # compute: its time; collective: its transfer
-    key: tuple[str, int] | None  # a collective: (group, sequence)
+    key: tuple[str, int] | None  # a collective: what its members meet at ((group, sequence); a p2p pair's own)
     members: tuple[int, ...] = ()
+    label: tuple[str, int] | None = None  # a collective: its (group, sequence) in this rank's trace
 
 
 @dataclass
@@ -188,6 +198,15 @@ class RankRun:
     waits_us: dict[tuple[str, int], float]  # collective (group, seq) -> this rank's true wait for its last peer
 
 
+def _p2p_ends(args: dict, members: tuple[int, ...], rank: int) -> tuple[int, int] | None:
+    """A send/recv's (src, dst) global ranks from its metadata (None: not a send/recv)."""
+    if "Dst Rank" in args:
+        return rank, members[int(args["Dst Rank"])]
+    if "Src Rank" in args:
+        return members[int(args["Src Rank"])], rank
+    return None
+
+
 def _known(op: kw.GpuOp | None) -> bool:
     return op is None or not math.isnan(op.end_us)
 
@@ -197,6 +216,7 @@ def simulate(p: RankProgram, comm: float = 1.0, compute: dict[int, float] | None
     """Run every rank in one true clock: collectives' transfer x ``comm``, rank r's compute
     kernels x ``compute[r]``. One :class:`RankRun` per rank."""
     factors = {r: (compute or {}).get(r, 1.0) for r in range(p.ranks)}
+    pair_counts: list[dict[tuple[str, int, int], int]] = [{} for _ in range(p.ranks)]  # NCCL's p2p order per pair
     carrier = p.carrier()
     ranks = [_Rank(build(p, r, seed), kw.Schedule(carrier)) for r in range(p.ranks)]
     pending: list[_Pending] = []
@@ -240,17 +260,22 @@ def simulate(p: RankProgram, comm: float = 1.0, compute: dict[int, float] | None
                     assert a.work is not None
                     w = a.work
                     op = kw.GpuOp(st.corr, w, s, at, math.nan, math.nan, "launch")
-                    key = None
+                    key = label = None
                     members: tuple[int, ...] = ()
                     dur = w.dur_us
                     if w.comm_args is not None:
-                        key = (str(w.comm_args["Process Group Name"]), int(w.comm_args["Seq"]))
+                        key = label = (str(w.comm_args["Process Group Name"]), int(w.comm_args["Seq"]))
                         members = tuple(int(x) for x in w.comm_args["Process Group Ranks"].strip("[]").split(","))
+                        ends = _p2p_ends(w.comm_args, members, r)
+                        if ends is not None and len(members) > 2:  # a send/recv meets its peer alone
+                            pk = (key[0], *ends)
+                            n = pair_counts[r][pk] = pair_counts[r].get(pk, 0) + 1
+                            key, members = (f"{key[0]}:{ends[0]}>{ends[1]}", n), ends
                         dur *= comm
                     elif w.kernel is not None:
                         dur *= factors[r]
                     pending.append(_Pending(op, r, at + a.latency_us, st.tail.get(s), st.stream_deps.pop(s, []),
-                                            dur, key, members))
+                                            dur, key, members, label))
                     st.tail[s] = op
                     st.schedule.ops.append(op)
                     call.op = op
@@ -302,7 +327,7 @@ def simulate(p: RankProgram, comm: float = 1.0, compute: dict[int, float] | None
                 # one transfer for every member (the lowest member's draw)
                 last = max(arrived[m][0] for m in q.members)
                 op.end_us = last + arrived[min(q.members)][1]
-                true_waits[q.rank][q.key] = last - op.start_us
+                true_waits[q.rank][q.label or q.key] = last - op.start_us
                 moved = True
             else:
                 keep.append(q)

@@ -16,6 +16,7 @@ from pathlib import Path
 import kineto_ranks as kr
 import kineto_world as kw
 import pytest
+import yaml
 from conftest import trace_path
 
 from costmodel.replay.joint import JointData, JointTiming, RankScale, joint_replay
@@ -87,6 +88,31 @@ def test_the_shared_pair_of_128_ranks(tmp_path: Path) -> None:
             assert a.iteration_us >= b.iteration_us - 1e-6
         assert sum(s.iteration_us for s in slow.ranks[slowed].steps) > sum(
             s.iteration_us for s in base.ranks[slowed].steps)
+
+
+@pytest.mark.parametrize("compute", [{2: 1.3}, {0: 0.6}], ids=["r2x1.3", "r0x0.6"])
+def test_send_recv_in_the_global_group_meet_their_peer(compute: dict[int, float], tmp_path: Path) -> None:
+    """The pipeline with its send/recv in the global group of four ranks: each is matched with
+    its peer's (Kineto's Src/Dst Rank, NCCL's order per pair), so a stage made slower or faster
+    moves its neighbours as the second run says. Without the peer, a send/recv of a four-rank
+    group is matched with nothing: its three other members are modelled from its measured
+    wait, which a what-if on a peer does not move."""
+    p = kr.PROGRAMS["pipeline_world"]
+    first, _, truth = kr.paired_ranks(p, tmp_path, compute=compute)
+    workloads = read_trace(first)
+    for w in workloads:
+        ends = {c.p2p for c in w.collectives}
+        assert None not in ends and {(e.src, e.dst) for e in ends if e is not None} == (
+            {(w.rank - 1, w.rank), (w.rank, w.rank - 1)} if w.rank > 0 else set()) | (
+            {(w.rank, w.rank + 1), (w.rank + 1, w.rank)} if w.rank + 1 < p.ranks else set())
+        assert {w.group_size(c.group) for c in w.collectives} == {4}
+    joint = replayed(workloads, {r: RankScale(compute=compute.get(r, 1.0)) for r in range(p.ranks)})
+    assert joint.modelled_members == 0 and joint.held == 0 and joint.matched > 10
+    for r, pair in enumerate(truth.ranks):
+        steps = {s.name: s for s in joint.ranks[r].steps}
+        judged = kw.verdict(pair, [steps[t.name].iteration_us for t in pair.second.steps])
+        assert judged.median_step_error <= kw.MAX_MEDIAN_STEP_ERROR, (r, judged)
+        assert judged.change_ok, (r, judged)
 
 
 def test_a_slower_stage_moves_its_peers(tmp_path: Path) -> None:
@@ -161,6 +187,24 @@ def test_tune_judges_a_plan_on_the_jobs_step(tmp_path: Path, capsys) -> None:
     assert summary["baseline_us"] == pytest.approx(
         sum(max(v["steps"][i]["measured_iteration_us"] for v in out["ranks"].values())
             for i in range(len(out["steps"]))) / len(out["steps"]), rel=1e-6)
+
+
+def test_tune_searches_every_ranks_signatures(tmp_path: Path, capsys) -> None:
+    """The pipeline's rank 0 runs send/recv in group pp01 only; ranks 1-3 in pp12 and pp23 too:
+    the joint tune's space is the union of the ranks' signatures (pp01 shared: one entry), and
+    the tuned file sets each."""
+    p = kr.PROGRAMS["pipeline"]
+    folder = kr.write_ranks(p, kr.simulate(p), tmp_path / "p")
+    groups = {w.rank: {c.group for c in w.collectives} for w in read_trace(folder)}
+    assert groups[0] == {"pp01"} and groups[1] == {"pp01", "pp12"}
+    out = tmp_path / "t.yaml"
+    assert main(["tune", str(folder), "--json", "-o", str(out), "--no-autoccl", "--budget", "6",
+                 "--min-gain", "0"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["signatures"] == 3
+    tuned = yaml.safe_load(out.read_text())
+    assert sorted(e["match"]["group"] for e in tuned["collectives"]) == ["pp01", "pp12", "pp23"]
+    assert summary["baseline_us"] > summary["tuned_us"]  # judged on the job's step
 
 
 def test_matches_that_contradict_the_graphs_keep_their_measured_waits(tmp_path: Path) -> None:

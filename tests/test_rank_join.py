@@ -18,6 +18,7 @@ from lagom.cli import main
 from traces.comm_split import UNRECORDED, rank_comm
 from traces.kineto import read_trace
 from traces.rank_join import join_ranks
+from traces.workload_io import load_workload, save_workload
 
 
 def read_job(folder: Path):
@@ -102,3 +103,24 @@ def test_a_gloo_jobs_collectives_are_matched_by_order() -> None:
         sizes = {by_rank[r][op].message_bytes for r, op in m.members}
         assert len(sizes) == 1 and [op for _, op in m.members] == [k, k]
     assert joined.alignment.matched == 10
+
+
+def test_a_send_meets_the_recv_from_its_sender_in_a_group_of_four(tmp_path: Path) -> None:
+    """The pipeline's send/recv in the global group: the reader keeps each one's ends (Kineto's
+    Dst Rank on a send, Src Rank on a recv, ranks in the group) and its Seq, through the
+    workload file too; every match is one send and the recv of the same (src, dst) on the peer."""
+    p = kr.PROGRAMS["pipeline_world"]
+    workloads, joined = read_job(kr.write_ranks(p, kr.simulate(p), tmp_path / "p"))
+    by_op = {(w.rank, c.op_id): c for w in workloads for c in w.collectives}
+    for w in workloads:
+        path = tmp_path / f"w{w.rank}.json"
+        save_workload(w, path)
+        assert [c.p2p for c in load_workload(path).collectives] == [c.p2p for c in w.collectives]
+        assert all(c.p2p is not None and c.p2p.seq is not None for c in w.collectives)
+    pairs = [m for m in joined.matches if len(m.members) == 2]
+    assert len(pairs) > 20 and all(m.group_size == 2 and m.modelled == 0 for m in joined.matches)
+    for m in pairs:
+        (ra, a), (rb, b) = m.members
+        ends, other = by_op[(ra, a)].p2p, by_op[(rb, b)].p2p
+        assert ends is not None and other is not None
+        assert (ends.src, ends.dst) == (other.src, other.dst) and {ra, rb} == {ends.src, ends.dst}

@@ -35,6 +35,12 @@ MUTATIONS = {
     "cycle": (lambda x: x["dependencies"].append([_first_dep(x)[1], _first_dep(x)[0], "data"]), "form a cycle"),
     "flops text": (lambda x: x["compute_ops"][0].__setitem__("flops", "abc"), "flops must be a finite number"),
     "streams not objects": (lambda x: x.__setitem__("streams", [1, 2]), "not a valid Lagom workload"),
+    "p2p rank text": (lambda x: x["collectives"][0].__setitem__("p2p", {"src": 0, "dst": "one"}),
+                      "p2p src and dst must be ranks"),
+    "p2p negative rank": (lambda x: x["collectives"][0].__setitem__("p2p", {"src": -1, "dst": 1}),
+                          "p2p src and dst must be ranks"),
+    "p2p unknown key": (lambda x: x["collectives"][0].__setitem__("p2p", {"src": 0, "peer": 1}),
+                        "not a valid Lagom workload"),
 }
 
 

@@ -83,6 +83,7 @@ class RankComm:
     keys: dict[CommKey, KeyInstances]
     group_sizes: dict[str, int] = field(default_factory=dict)  # the size of each group of its collectives
     on_cpu: bool = False  # its collectives are CPU-side ones (a gloo job's; ``rank_comm(cpu_job=True)``)
+    p2p: dict[int, tuple[int, int]] = field(default_factory=dict)  # op id -> a send/recv's (src, dst) where known
 
 
 def rank_comm(workload: Workload, cpu_job: bool = False) -> RankComm:
@@ -90,6 +91,7 @@ def rank_comm(workload: Workload, cpu_job: bool = False) -> RankComm:
     CPU-side op per collective, at the backend's worker span), those instead: the joint replay
     matches them across ranks; the wait/transfer split reads NCCL's kernels only."""
     keys: dict[CommKey, KeyInstances] = {}
+    p2p: dict[int, tuple[int, int]] = {}
     on_cpu = cpu_job and not any(c.on_gpu for c in workload.collectives)
     for c in sorted((c for c in workload.collectives if c.on_gpu or on_cpu), key=lambda c: (c.start_us, c.op_id)):
         key = comm_key(c)
@@ -99,7 +101,9 @@ def rank_comm(workload: Workload, cpu_job: bool = False) -> RankComm:
         inst.op_ids.append(c.op_id)
         inst.start_us.append(c.start_us)
         inst.duration_us.append(c.duration_us)
-    return RankComm(workload.rank, keys, {g: workload.group_size(g) for g in {k[0] for k in keys}}, on_cpu)
+        if c.p2p is not None:
+            p2p[c.op_id] = (c.p2p.src, c.p2p.dst)
+    return RankComm(workload.rank, keys, {g: workload.group_size(g) for g in {k[0] for k in keys}}, on_cpu, p2p)
 
 
 def key_waits(ranks: list[RankComm]) -> dict[int, dict[CommKey, list[float]]]:

@@ -95,6 +95,7 @@ from traces.workload import (
     ComputeOp,
     Dependency,
     DependencyKind,
+    P2PLink,
     ProcessGroup,
     RecordedSteps,
     Stream,
@@ -469,10 +470,25 @@ class _WorkloadBuilder:
             duration_us=float(dur),
             group=group,
             dtype=info.dtype,
+            p2p=self._p2p(info, group) if info.collective is CollectiveType.SENDRECV else None,
             on_gpu=on_gpu,
             launch_us=launch_us,
             nccl_tunable=nccl_tunable,
         )
+
+    def _p2p(self, info: CommInfo, group: str) -> P2PLink | None:
+        """A send/recv's ends as global ranks: the peer's rank in its group mapped through the
+        group's ranks (where the trace lists none, positions: the same number); None where the
+        metadata names no peer or one the group does not have."""
+        found = info.p2p_peer()
+        if found is None:
+            return None
+        sends, peer = found
+        ranks = self.groups[group].ranks
+        if peer >= len(ranks):
+            return None
+        own = self.p.rank if self.p.rank is not None else 0
+        return P2PLink(own, ranks[peer], info.seq) if sends else P2PLink(ranks[peer], own, info.seq)
 
     def _group(self, info: CommInfo) -> str:
         """The op's process group name, registering the group if new."""

@@ -15,6 +15,8 @@ from nccl_env.knobs import CollectiveType
 from traces.comm_names import collective_from_call_name, dtype_bytes
 from traces.kineto_events import CommCall, to_int
 
+P2P_KINDS = ("send", "recv")  # PyTorch's "Collective name" of a point-to-point op (and nccl:send / nccl:recv)
+
 
 def parse_ranks(value: object) -> tuple[int, ...]:
     """Group ranks from a list or a "[0, 1]" string."""
@@ -34,6 +36,12 @@ class CommInfo:
     group: str | None = None
     group_ranks: tuple[int, ...] = ()
     group_size: int | None = None
+    # a send/recv's p2p metadata: "send" or "recv", and Kineto's "Src Rank" / "Dst Rank" (the
+    # peer's rank in the process group) and "Seq"; traces.kineto resolves them to a P2PLink
+    p2p_kind: str | None = None
+    src_rank: int | None = None
+    dst_rank: int | None = None
+    seq: int | None = None
 
     def absorb_metadata(self, args: dict) -> None:
         """Fill unset fields from PyTorch's comm metadata (kernel args or record_param_comms)."""
@@ -54,6 +62,23 @@ class CommInfo:
             self.group_ranks = parse_ranks(args.get("Process Group Ranks"))
         if self.group_size is None:
             self.group_size = to_int(args.get("Group size"))
+        name = args.get("Collective name")
+        if self.p2p_kind is None and name in P2P_KINDS:
+            self.p2p_kind = str(name)
+        if self.src_rank is None:
+            self.src_rank = to_int(args.get("Src Rank"))
+        if self.dst_rank is None:
+            self.dst_rank = to_int(args.get("Dst Rank"))
+        if self.seq is None:
+            self.seq = to_int(args.get("Seq"))
+
+    def p2p_peer(self) -> tuple[bool, int] | None:
+        """(whether it sends, the peer's rank in its group) where the metadata names the peer."""
+        kind = self.p2p_kind
+        if kind is None:  # the one rank field given says which end the peer is
+            kind = "send" if self.src_rank is None else "recv" if self.dst_rank is None else None
+        peer = self.dst_rank if kind == "send" else self.src_rank if kind == "recv" else None
+        return None if peer is None or peer < 0 else (kind == "send", peer)
 
     def absorb_call(self, call: CommCall) -> None:
         """Fill unset fields from a CPU comm call's name and tensor shapes."""
@@ -61,6 +86,9 @@ class CommInfo:
             self.absorb_metadata(call.args)
         elif self.collective is None:
             self.collective = collective_from_call_name(call.name)
+        if self.p2p_kind is None and call.name.startswith(BACKEND_CALL_PREFIXES):
+            kind = call.name.split(":", 1)[1]
+            self.p2p_kind = kind if kind in P2P_KINDS else None
         if self.message_bytes is None:
             nbytes = tensor_bytes(call.args)
             if nbytes:

@@ -10,8 +10,12 @@ hundreds of microseconds, as much as a collective's wait. This module joins the 
   dropped: a first offset per rank comes from the shift of each collective's sequence
   whose end differences agree best, and on that clock an instance joins the collective
   whose members end within half the sequence's shortest spacing of it. A send and its
-  recv are one collective of a two-rank group; a send/recv in a larger group names no
-  peer the trace keeps, so it is matched with nothing. A CPU-side collective (a gloo
+  recv are one collective of their two ranks: where the trace names the peer (Kineto's
+  ``Src Rank`` / ``Dst Rank``, kept as the op's :class:`~traces.workload.P2PLink`), the
+  k-th send from a to b in a group is the k-th recv on b from a (NCCL pairs them in order
+  per peer), in a group of any size, each side's sequence shifted (by at most
+  ``SHIFT_TRIES``) to where its ends agree best; where it does not, a send/recv of a
+  two-rank group is matched like any collective and one in a larger group with nothing. A CPU-side collective (a gloo
   job's, at the backend's worker span) ends when its thread returns, not when the data
   arrived, so its members' ends do not line up: those are matched by order alone, the
   k-th instance on each rank, each rank's sequence shifted (by at most ``SHIFT_TRIES``)
@@ -51,7 +55,8 @@ CLOCK_RESOLUTION_US = 0.001  # Kineto's timestamps are in ns: less than this apa
 SHIFT_TRIES = 3  # instances a rank's window may have cut off either end of a collective's sequence
 SPARSE_PENALTY_US = 1e6  # fewer than three instances in common: agreement there is weak evidence
 
-MatchKey = tuple[str, CollectiveType]  # (process group, collective type)
+Pair = tuple[int, int]  # a send/recv's (src, dst) ranks
+MatchKey = tuple[str, CollectiveType, Pair | None]  # (process group, collective type, a send/recv's ends)
 
 
 @dataclass(frozen=True)
@@ -111,8 +116,8 @@ class _Seq:
 def _sequences(comm: RankComm) -> dict[MatchKey, _Seq]:
     rows: dict[MatchKey, list[tuple[float, int, float, CommKey]]] = {}
     for key, inst in comm.keys.items():
-        out = rows.setdefault((key[0], key[1]), [])
-        out.extend(zip(inst.start_us, inst.op_ids, inst.duration_us, [key] * len(inst.op_ids)))
+        for s, op, d in zip(inst.start_us, inst.op_ids, inst.duration_us):
+            rows.setdefault((key[0], key[1], comm.p2p.get(op)), []).append((s, op, d, key))
     seqs = {}
     for mk, items in rows.items():
         items.sort(key=lambda x: (x[0], x[1]))
@@ -141,16 +146,24 @@ def join_ranks(ranks: list[RankComm], world_size: int | None = None) -> RankJoin
     coarse = _coarse_offsets(seqs, order)
     matches: list[Match] = []
     for mk, rs in holders.items():
-        size = sizes.get(mk[0], default_size)
+        pair = mk[2]
+        size = 2 if pair is not None else sizes.get(mk[0], default_size)
         pairable = mk[1] is not CollectiveType.SENDRECV or size == 2
-        rs = sorted(rs)
-        if not pairable or len(rs) == 1:
-            for r in rs:
+        stray = [r for r in rs if pair is not None and r not in pair]  # names a pair it is not an end of
+        rs = sorted(r for r in rs if r not in stray)
+        if not pairable or len(rs) <= 1:
+            for r in rs + stray:
                 matches.extend(Match(mk[0], mk[1], size, [(r, op)]) for op in seqs[r][mk].op_ids)
             continue
         by_order = all(r in cpu for r in rs)
-        for members in (_in_order if by_order else _clusters)([(r, seqs[r][mk]) for r in rs], coarse):
+        if pair is not None:  # NCCL's order per peer pair; kernels' ends agree, CPU-side ops' starts do
+            found = _in_order([(r, seqs[r][mk]) for r in rs], coarse, by_ends=not by_order)
+        else:
+            found = (_in_order if by_order else _clusters)([(r, seqs[r][mk]) for r in rs], coarse)
+        for members in found:
             matches.append(Match(mk[0], mk[1], max(size, len(members)), members))
+        for r in stray:
+            matches.extend(Match(mk[0], mk[1], size, [(r, op)]) for op in seqs[r][mk].op_ids)
     alignment = align_clocks(matches, where, order)
     out = RankJoin(alignment, matches)
     _split(out, where)
@@ -233,15 +246,20 @@ def _clusters(holders: list[tuple[int, _Seq]], coarse: dict[int, float]) -> list
     return out
 
 
-def _in_order(holders: list[tuple[int, _Seq]], coarse: dict[int, float]) -> list[list[tuple[int, int]]]:
+def _in_order(holders: list[tuple[int, _Seq]], coarse: dict[int, float],
+              by_ends: bool = False) -> list[list[tuple[int, int]]]:
     """One (group, collective)'s instances on several ranks grouped by their order: the k-th of
     each rank's sequence, shifted to agree best (least median start difference's deviation on
-    the roughly aligned clock) with the first holder's."""
+    the roughly aligned clock; ``by_ends``: the ends') with the first holder's."""
+
+    def times(seq: _Seq) -> np.ndarray:
+        return _ends(seq) if by_ends else np.asarray(seq.start_us, dtype=float)
+
     (r0, ref), rest = holders[0], holders[1:]
-    a = np.asarray(ref.start_us, dtype=float) + coarse.get(r0, 0.0)
+    a = times(ref) + coarse.get(r0, 0.0)
     out: dict[int, list[tuple[int, int]]] = {i: [(r0, op)] for i, op in enumerate(ref.op_ids)}
     for r, seq in rest:
-        b = np.asarray(seq.start_us, dtype=float) + coarse.get(r, 0.0)
+        b = times(seq) + coarse.get(r, 0.0)
         best = (math.inf, 0)
         for shift in range(-SHIFT_TRIES, SHIFT_TRIES + 1):
             x, y = a[max(0, shift):], b[max(0, -shift):]

@@ -86,6 +86,18 @@ class ComputeOp:
         return self.grid[0] * self.grid[1] * self.grid[2]
 
 
+@dataclass(frozen=True)
+class P2PLink:
+    """A send/recv's two ends, as global ranks: the data moves from ``src`` to ``dst``. From
+    Kineto's ``Dst Rank`` (on a send) or ``Src Rank`` (on a recv), the peer's rank in its
+    process group, mapped to the global rank through the group's ranks; the other end is the
+    trace's own rank. ``seq``: PyTorch's sequence number of the op (``Seq``), where recorded."""
+
+    src: int
+    dst: int
+    seq: int | None = None
+
+
 @dataclass
 class CollectiveOp:
     """A communication kernel (or, in CPU-only traces, a collective call) on a stream.
@@ -106,6 +118,7 @@ class CollectiveOp:
     duration_us: float
     group: str  # ProcessGroup.name
     dtype: str | None = None
+    p2p: P2PLink | None = None  # a send/recv's two ends where the trace names its peer (None: not said)
     recorded_algorithm: Algorithm | None = None  # as observed, when the trace says (kernel names are unreliable)
     recorded_protocol: Protocol | None = None
     on_gpu: bool = True  # False when only the CPU-side call was recorded (e.g. gloo)
@@ -349,6 +362,8 @@ def _collective_from_dict(data: dict) -> CollectiveOp:
     known = {f.name for f in fields(CollectiveOp)}
     kwargs = {k: v for k, v in data.items() if k in known}
     kwargs["collective"] = CollectiveType(kwargs["collective"])
+    if kwargs.get("p2p") is not None:
+        kwargs["p2p"] = P2PLink(**kwargs["p2p"])
     for key, kind in _RECORDED_KEYS.items():
         if data.get(key) is not None:
             kwargs[f"recorded_{key}"] = kind[data[key].upper()]

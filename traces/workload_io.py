@@ -99,6 +99,12 @@ def workload_problem(workload: Workload) -> str | None:
             return f"op {op.op_id}: message_bytes must be an integer >= 0 or null (not recorded), got {size!r}"
         if op.group not in workload.groups:
             return f"op {op.op_id}: process group {op.group!r} is not in 'groups'"
+        if op.p2p is not None and not all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_RANKS
+                                          for r in (op.p2p.src, op.p2p.dst)):
+            return f"op {op.op_id}: p2p src and dst must be ranks (integers in [0, {MAX_RANKS})), got {op.p2p}"
+        if op.p2p is not None and op.p2p.seq is not None and (not isinstance(op.p2p.seq, int)
+                                                               or isinstance(op.p2p.seq, bool)):
+            return f"op {op.op_id}: p2p seq must be an integer or null, got {op.p2p.seq!r}"
     for op in workload.compute_ops:
         for name in ("flops", "dram_bytes", "blocks_per_sm"):
             value = getattr(op, name)

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from costmodel.cluster import ClusterSpec
@@ -366,8 +366,13 @@ def build_space(
     nccl_version: NcclVersion | None = None,
     enabled_pairs: Callable[[ClusterSpec, Signature], Iterable[tuple[Algorithm, Protocol]]] | None = None,
     use_plugin: bool = True,
+    other_ranks: Sequence[Workload] = (),
 ) -> SearchSpace:
     """The space for ``workload`` on ``cluster`` (NCCL version: the cluster's unless given).
+
+    ``other_ranks``: the job's other ranks, replayed with it (``lagom tune DIR``): their
+    signatures join the space (one entry for a signature the ranks share); the op ids it
+    keeps per signature are ``workload``'s, so a signature only another rank has keeps none.
 
     ``defaults`` gives NCCL's own choice per signature (``costmodel.nccl_defaults``);
     it seeds AutoCCL and the tune table's "old" column. ``enabled_pairs`` gives the
@@ -379,12 +384,19 @@ def build_space(
     """
     version = nccl_version or cluster.nccl_version
     sig_ids = workload_signatures(workload, cluster.gpus_per_node)
+    ranges = signature_ranges(workload, sig_ids)
+    for other in other_ranks:
+        theirs = workload_signatures(other, cluster.gpus_per_node)
+        for sig, span in signature_ranges(other, theirs).items():
+            sig_ids.setdefault(sig, ())  # another rank's op ids are not this workload's
+            if sig not in ranges or span != (sig.message_bytes, sig.message_bytes):  # varies on some rank
+                ranges[sig] = span
+    sig_ids = dict(sorted(sig_ids.items()))
     if not sig_ids:
         untunable = sum(1 for op in workload.collectives if not op.tunable)
         why = f" ({untunable} without a recorded size or not NCCL kernels)" if untunable else ""
         raise LagomError(f"workload {workload.source or '<workload>'}: no collectives to tune{why}")
     signatures = tuple(sig_ids)
-    ranges = signature_ranges(workload, signatures)
     scopes = knob_scopes(version, use_plugin)
     max_nc = min(max_channels(version), max(1, cluster.gpu.sm_count // 2))
     axes = {k.field: Axis(k.field, tuple(v for v in k.ladder if k is not CHANNELS or v <= max_nc), scopes[k.field])

@@ -188,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
         outcome = tuning.tune(
             workload, cluster, evaluator, method=args.method, budget=args.budget,
             with_autoccl=not args.no_autoccl, progress=bar.update, seed=args.seed,
+            other_ranks=[w for w in workloads if w is not workload] if workloads is not None else (),
         )
     elapsed_s = time.perf_counter() - started
     config = tuning.tuned_config(outcome, cluster, choice.cluster_arg, args.workload, min_gain=args.min_gain)

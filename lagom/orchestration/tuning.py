@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -91,13 +91,19 @@ def _enabled_pairs(cluster: ClusterSpec, signature: Signature):
     return [e.pair for e in algo_estimates(cluster, signature)]
 
 
-def space_for(workload: Workload, cluster: ClusterSpec, use_plugin: bool = True) -> SearchSpace:
+def space_for(workload: Workload, cluster: ClusterSpec, use_plugin: bool = True,
+              other_ranks: Sequence[Workload] = ()) -> SearchSpace:
     """The search space; for a trace, NCCL's defaults are the settings the trace recorded
     (over the cluster model's choice for what the trace does not show). ``use_plugin=False``:
-    the doors without Lagom's tuner plugin (``tuner.space.build_space``)."""
+    the doors without Lagom's tuner plugin (``tuner.space.build_space``). ``other_ranks``:
+    the job's other ranks (a folder replayed jointly): their signatures join the space, each
+    one's recorded settings from the lowest rank that ran it."""
     defaults: Callable[[ClusterSpec, Signature], CommConfig] = nccl_default_config
     if workload.exec_graph is not None:
         recorded = recorded_configs(workload, cluster.gpus_per_node)
+        for other in sorted(other_ranks, key=lambda w: w.rank):
+            for sig, cfg in recorded_configs(other, cluster.gpus_per_node).items():
+                recorded.setdefault(sig, cfg)
 
         def recorded_over_model(cl: ClusterSpec, sig: Signature) -> CommConfig:
             base = nccl_default_config(cl, sig)
@@ -105,7 +111,8 @@ def space_for(workload: Workload, cluster: ClusterSpec, use_plugin: bool = True)
             return base if rec is None else rec.merged_over(base)
 
         defaults = recorded_over_model
-    return build_space(workload, cluster, defaults=defaults, enabled_pairs=_enabled_pairs, use_plugin=use_plugin)
+    return build_space(workload, cluster, defaults=defaults, enabled_pairs=_enabled_pairs, use_plugin=use_plugin,
+                       other_ranks=other_ranks)
 
 
 # ---- calibration cache ------------------------------------------------------------------
@@ -184,14 +191,16 @@ def tune(
     with_autoccl: bool = True,
     progress: Callable[[int], None] | None = None,
     seed: int = 0,
+    other_ranks: Sequence[Workload] = (),
 ) -> TuneOutcome:
     """Run ``method`` (seeded with ``seed`` where it draws at random); also evaluate NCCL's default
-    and (optionally) AutoCCL for comparison."""
+    and (optionally) AutoCCL for comparison. ``other_ranks``: the job's other ranks, whose
+    signatures join the search space (``evaluator`` judges the job: a joint replay)."""
     if method not in METHODS:
         raise LagomError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
     if budget is not None and budget < 1:
         raise LagomError(f"budget {budget}: must be at least 1 evaluation")
-    space = space_for(workload, cluster)
+    space = space_for(workload, cluster, other_ranks=other_ranks)
     shared = SharedEvaluations(evaluator)
     method_cls = METHODS[method]
     seeded = "seed" in inspect.signature(method_cls).parameters  # the methods that draw at random

@@ -41,7 +41,7 @@ from trace_scaling import DEFAULT_TRACE, repeated  # noqa: E402
 
 _EVALUATE = r'''
 import json, sys, time
-from traces.reader import read_trace
+from traces.kineto import read_trace  # the one name both the old tree and this one have
 from costmodel.analytic.evaluator import AnalyticEvaluator
 from costmodel.cluster import load_cluster
 from nccl_env.knobs import CommConfig

@@ -433,8 +433,8 @@ def group_paths(plan: Plan) -> dict[str, CommPath]:
     """Each process group's path in ``plan`` (groups without one are left out: NCCL's kernels);
     where a group's signatures disagree, the largest message's (as :func:`deliver` delivers)."""
     by_group: dict[str, list[tuple[Signature, CommPath]]] = defaultdict(list)
-    for sig, comm_path in PATH.set_in(sorted(plan.entries.items())):
-        by_group[sig.group].append((sig, comm_path))
+    for sig, group_path in PATH.set_in(sorted(plan.entries.items())):
+        by_group[sig.group].append((sig, group_path))
     return {group: largest_message(items)[1] for group, items in sorted(by_group.items())}
 
 
@@ -442,8 +442,8 @@ def _paths(items: list[tuple[Signature, CommConfig]], out: Delivery) -> None:
     """Per group, the CTA policy its path needs (ncclConfig_t.CTAPolicy; validate_config checked the
     version); a group asked for two paths gets the largest message's, and a compromise says so."""
     by_group: dict[str, list[tuple[Signature, CommPath]]] = defaultdict(list)
-    for sig, comm_path in PATH.set_in(items):
-        by_group[sig.group].append((sig, comm_path))
+    for sig, group_path in PATH.set_in(items):
+        by_group[sig.group].append((sig, group_path))
     chosen: set[CommPath] = set()
     for group, group_items in sorted(by_group.items()):
         _, path = _one_value(PATH.field, group_items, f"in process group {group!r}",

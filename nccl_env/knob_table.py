@@ -206,6 +206,16 @@ KERNEL_KNOBS: tuple[str, ...] = RESOURCE_AXES + tuple(k.field for k in CHOICE_KN
 assert set(BY_FIELD) == {f.name for f in fields(CommConfig)}, "every CommConfig field has a row"
 
 
+def config_from(values: Iterable[tuple[Knob[Any], object]]) -> CommConfig:
+    """A CommConfig with each given row's knob at its value (None: NCCL decides)."""
+    return CommConfig(**{knob.field: value for knob, value in values})  # type: ignore[arg-type]  # rows' types
+
+
+def sets_every_kernel_knob(config: CommConfig) -> bool:
+    """``config`` leaves NCCL nothing to decide for its SM kernels (every knob but the path set)."""
+    return all(BY_FIELD[field].get(config) is not None for field in KERNEL_KNOBS)
+
+
 def knob_scopes(version: NcclVersion, use_plugin: bool = True) -> dict[str, Scope]:
     """Each non-path knob's narrowest scope on this NCCL (the path is one value per group)."""
     return {k.field: k.scope(version, use_plugin) for k in KNOBS if k is not PATH}

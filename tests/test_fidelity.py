@@ -30,6 +30,7 @@ from costmodel.sim.simulator import Simulator
 from nccl_env import CollectiveType, CommConfig, Plan, Signature
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommPath
+from nccl_env.rules import NcclVersion
 from traces.gemm_names import GemmDtype
 from traces.generate import gemm_op, generate_workload
 
@@ -233,7 +234,7 @@ def test_gemm_beside_matches_the_kernel_under_the_collectives_sms():
     config = CommConfig(channels=30)
     beside, copies = gemm_beside_us(sim, op, signature, config)
     assert copies > 10
-    assert beside == pytest.approx(sim.compute_time_us(op, channels=30), rel=0.01)
+    assert beside == pytest.approx(sim.compute_time_us(op, ctas=30), rel=0.01)
 
 
 def test_gemm_case_that_misses_exits_1(tmp_path, capsys):
@@ -336,7 +337,7 @@ def test_fsdp_llama3_on_h100_sits_in_the_published_ranges():
     (+1.1% torchtitan #3105 to +7% openxla #33613)."""
     spec = "fsdp:llama3-8b:gpus=8,mb=2,seq=4096"
     cluster = load_cluster("h100-nvswitch")
-    sim = Simulator(cluster.__class__(**{**cluster.__dict__, "nccl_version": "2.30.7"}), noise=0.0)
+    sim = Simulator(cluster.__class__(**{**cluster.__dict__, "nccl_version": NcclVersion(2, 30, 7)}), noise=0.0)
     workload = generate_workload(spec)
     slowdown = overlap_slowdown(sim, spec, workload)
     assert 1.189 * 0.85 <= slowdown.slowdown <= 1.40

@@ -227,7 +227,7 @@ def test_nccls_symmetric_kernels_are_collectives_on_their_own_path(tmp_path, nam
     b.kernel(name, 20, 100, 50, grid=(9, 1, 1), block=(512, 1, 1))
     (w,) = read_trace(b.write(tmp_path / "t.json"))
     (c,) = w.collectives
-    assert (c.collective, c.comm_path, c.holds_sms) == (expected, CommPath.SYMMETRIC, True)
+    assert (c.collective, c.recorded_path, c.holds_sms) == (expected, CommPath.SYMMETRIC, True)
     assert is_symmetric_kernel(name) and not is_symmetric_kernel("ncclDevKernel_AllGather_RING_LL(x)")
 
 
@@ -245,14 +245,14 @@ def test_nccls_copy_engine_path_is_one_collective_of_memory_copies(tmp_path):
     b.kernel("Memcpy DtoD (Device -> Device)", 7, 200, 5, launch_ts=150, cat="gpu_memcpy")
     (w,) = read_trace(b.write(tmp_path / "ce.json"))
     (c,) = w.collectives
-    assert (c.collective, c.message_bytes, c.comm_path, c.holds_sms) == (
+    assert (c.collective, c.message_bytes, c.recorded_path, c.holds_sms) == (
         CollectiveType.ALLGATHER, 8192 * 2, CommPath.COPY_ENGINE, False)
     gemm = w.compute_ops[0]
     assert (c.start_us - gemm.start_us, c.duration_us) == (10.0, 47.0)  # first flag copy to the last one
     assert [o.is_memory_op for o in w.compute_ops] == [False, True]  # the gemm and the copy outside
     assert w.stream_kind(20) is StreamKind.COMMUNICATION
     again = Workload.from_dict(w.to_dict())
-    assert again.collectives[0].comm_path is CommPath.COPY_ENGINE
+    assert again.collectives[0].recorded_path is CommPath.COPY_ENGINE
 
 
 

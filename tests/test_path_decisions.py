@@ -83,9 +83,9 @@ def test_blackwell_symmetric_kernels_run_on_nccls_sm100_constants():
     assert blackwell.peak_bw_bytes_per_us == pytest.approx(600 * (1 << 30) / 1e6)
     assert 1.7 < hopper.time_us / blackwell.time_us < 2.0 and blackwell.ctas > hopper.ctas
     # the simulator on the b200-nvswitch preset uses them
-    sim = Simulator(replace(load_cluster("b200-nvswitch"), nccl_version="2.28.9"), noise=0.0)
+    sim = Simulator(replace(load_cluster("b200-nvswitch"), nccl_version=V("2.28.9")), noise=0.0)
     model = sim.collective_model(sig, CommConfig(path=CommPath.SYMMETRIC))
-    assert model.channels == blackwell.ctas
+    assert model.ctas == blackwell.ctas
 
 
 def test_delivery_sets_the_cta_policy_per_group_and_refuses_it_where_nccl_has_none():

@@ -344,7 +344,7 @@ def test_fsdp_llama3_on_h100_sits_in_the_published_ranges():
     gpn = cluster.gpus_per_node
     signatures = {workload.signature(c, gpn) for c in workload.collectives}
     before = sim.evaluate(workload, Plan()).iteration_us
-    after = sim.evaluate(workload, Plan(entries={s: CommConfig(path=CommPath.COPY_ENGINE) for s in signatures
+    after = sim.evaluate(workload, Plan(entries={s: CommConfig(comm_path=CommPath.COPY_ENGINE) for s in signatures
                                                  if s.collective is CollectiveType.ALLGATHER})).iteration_us
     assert 1.1 <= (before / after - 1) * 100 <= 7.0
 

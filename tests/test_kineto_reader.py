@@ -278,9 +278,9 @@ def test_a_trace_off_nccls_sm_kernels_anchors_at_its_own_path(tmp_path):
     b.kernel("gemm", 7, 320, 10, launch_ts=305)
     (w,) = read_trace(b.write(tmp_path / "sym.json"))
     (recorded,) = recorded_configs(w, 8).values()
-    assert recorded.path is CommPath.SYMMETRIC and recorded.channels is None and recorded.threads == 512
+    assert recorded.comm_path is CommPath.SYMMETRIC and recorded.channels is None and recorded.threads == 512
     evaluator = ReplayEvaluator(AnalyticEvaluator(load_cluster("a100-nvswitch")), 8)
     (c,) = w.collectives
     assert evaluator.evaluate(w, Plan()).ops[c.op_id].duration_us == pytest.approx(c.duration_us)
-    on_sm = evaluator.evaluate(w, Plan(default=CommConfig(path=CommPath.SM, channels=2)))
+    on_sm = evaluator.evaluate(w, Plan(default=CommConfig(comm_path=CommPath.SM, channels=2)))
     assert on_sm.ops[c.op_id].duration_us != pytest.approx(c.duration_us)

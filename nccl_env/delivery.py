@@ -10,7 +10,7 @@ the tuner plugin"):
 - process-wide env (read once per process): threads always (NCCL_NTHREADS,
   NCCL_LL128_NTHREADS), chunk size before 2.30 (NCCL_BUFFSIZE), algorithm/protocol
   when the plugin is not used (NCCL_ALGO/NCCL_PROTO, per-function syntax from 2.24);
-- per process group, the communication path (``CommConfig.path``): CTA policy ZERO for
+- per process group, the communication path (``CommConfig.comm_path``): CTA policy ZERO for
   copy engines and EFFICIENCY for NCCL's own NVLS re-selection, through
   ``ncclConfig_t.CTAPolicy`` (``ProcessGroupNCCL.Options().config.cta_policy``, from NCCL
   2.27/2.28), and ``NCCL_CTA_POLICY=2`` beside it only when every group off the SM kernels
@@ -433,8 +433,8 @@ def group_paths(plan: Plan) -> dict[str, CommPath]:
     """Each process group's path in ``plan`` (groups without one are left out: NCCL's kernels);
     where a group's signatures disagree, the largest message's (as :func:`deliver` delivers)."""
     by_group: dict[str, list[tuple[Signature, CommPath]]] = defaultdict(list)
-    for sig, comm_path in PATH.set_in(sorted(plan.entries.items())):
-        by_group[sig.group].append((sig, comm_path))
+    for sig, group_path in PATH.set_in(sorted(plan.entries.items())):
+        by_group[sig.group].append((sig, group_path))
     return {group: largest_message(items)[1] for group, items in sorted(by_group.items())}
 
 
@@ -442,11 +442,11 @@ def _paths(items: list[tuple[Signature, CommConfig]], out: Delivery) -> None:
     """Per group, the CTA policy its path needs (ncclConfig_t.CTAPolicy; validate_config checked the
     version); a group asked for two paths gets the largest message's, and a compromise says so."""
     by_group: dict[str, list[tuple[Signature, CommPath]]] = defaultdict(list)
-    for sig, comm_path in PATH.set_in(items):
-        by_group[sig.group].append((sig, comm_path))
+    for sig, group_path in PATH.set_in(items):
+        by_group[sig.group].append((sig, group_path))
     chosen: set[CommPath] = set()
     for group, group_items in sorted(by_group.items()):
-        _, path = _one_value(PATH.field, group_items, f"in process group {group!r}",
+        _, path = _one_value(PATH.key, group_items, f"in process group {group!r}",
                              "a communicator has one CTA policy and its collectives one buffer registration",
                              out.compromises, show=lambda p: p.value)
         if path.cta_policy is not CtaPolicy.DEFAULT:

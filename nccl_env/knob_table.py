@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Generic, TypeVar
 
 from nccl_env.errors import LagomError
-from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, CommPath, Protocol
+from nccl_env.knobs import FILE_KEYS, Algorithm, CollectiveType, CommConfig, CommPath, Protocol
 from nccl_env.rules import (
     ALGORITHM_SINCE,
     CHUNK_GRAIN_BYTES,
@@ -143,6 +143,11 @@ class Knob(Generic[V]):
     validator: Validator | None = None  # the values NCCL takes (None: any value of the field's type)
     choices: tuple[Any, ...] = ()  # a choice knob's values, each spelled by its nccl_name (empty: a number)
 
+    @property
+    def key(self) -> str:
+        """The knob as files (``CommConfig.to_dict``) and messages spell it (``path`` for ``comm_path``)."""
+        return FILE_KEYS.get(self.field, self.field)
+
     def get(self, config: CommConfig) -> V | None:
         """``config``'s value of this knob (None: NCCL decides)."""
         return getattr(config, self.field)
@@ -192,7 +197,7 @@ THREADS: Knob[int] = Knob(
     "threads", ("threads", "nt"), ("NCCL_NTHREADS", "NCCL_LL128_NTHREADS"), None, "nt", None,
     resource=True, ladder_fn=lambda: THREAD_LADDER, validator=_check_threads)
 PATH: Knob[CommPath] = Knob(
-    "path", ("path",), ("NCCL_CTA_POLICY",), None, "path", None, group_since=NcclVersion(2, 0),
+    "comm_path", ("path",), ("NCCL_CTA_POLICY",), None, "path", None, group_since=NcclVersion(2, 0),
     validator=_check_path, choices=tuple(CommPath))
 
 KNOBS: tuple[Knob[Any], ...] = (ALGORITHM, PROTOCOL, CHANNELS, CHUNK, THREADS, PATH)
@@ -204,6 +209,16 @@ REPORT_ORDER: tuple[Knob[int], ...] = (CHANNELS, THREADS, CHUNK)  # "ring/simple
 CHOICE_KNOBS: tuple[Knob[Any], ...] = (ALGORITHM, PROTOCOL)  # chosen together, as (algorithm, protocol) pairs
 KERNEL_KNOBS: tuple[str, ...] = RESOURCE_AXES + tuple(k.field for k in CHOICE_KNOBS)  # what NCCL's SM kernels run
 assert set(BY_FIELD) == {f.name for f in fields(CommConfig)}, "every CommConfig field has a row"
+
+
+def config_from(values: Iterable[tuple[Knob[Any], object]]) -> CommConfig:
+    """A CommConfig with each given row's knob at its value (None: NCCL decides)."""
+    return CommConfig(**{knob.field: value for knob, value in values})  # type: ignore[arg-type]  # rows' types
+
+
+def sets_every_kernel_knob(config: CommConfig) -> bool:
+    """``config`` leaves NCCL nothing to decide for its SM kernels (every knob but the path set)."""
+    return all(BY_FIELD[field].get(config) is not None for field in KERNEL_KNOBS)
 
 
 def knob_scopes(version: NcclVersion, use_plugin: bool = True) -> dict[str, Scope]:
@@ -237,5 +252,5 @@ def validate_config(config: CommConfig, version: NcclVersion, collective: Collec
             continue
         allowed = knob.validator(value, config, version, buffsize_bytes)
         if allowed is not None:
-            raise LagomError(f"{knob.field}={knob.shown(value)}{where} is not valid on NCCL {version}: "
+            raise LagomError(f"{knob.key}={knob.shown(value)}{where} is not valid on NCCL {version}: "
                              f"allowed {allowed}")

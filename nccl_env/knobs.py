@@ -167,19 +167,23 @@ _ALIASES = {
 }
 
 
+# A field's spelling in files (tuned configs, workload JSON) and --set, where it differs from the field.
+FILE_KEYS = {"comm_path": "path"}
+
+
 @dataclass(frozen=True)
 class CommConfig:
     """One collective's NCCL settings. ``None`` in a field means "NCCL decides".
 
-    ``path`` is its process group's :class:`CommPath` (one value per group; None: NCCL's
-    kernels, as ``SM``)."""
+    ``comm_path`` is its process group's :class:`CommPath` (one value per group; None: NCCL's
+    kernels, as ``SM``); files and ``--set`` spell it ``path``."""
 
     algorithm: Algorithm | None = None
     protocol: Protocol | None = None
     channels: int | None = None
     threads: int | None = None
     chunk_bytes: int | None = None
-    path: CommPath | None = None
+    comm_path: CommPath | None = None
 
     def merged_over(self, base: CommConfig) -> CommConfig:
         """This config with its ``None`` fields filled from ``base``."""
@@ -189,19 +193,20 @@ class CommConfig:
         )
 
     def to_dict(self) -> dict:
-        """Plain dict with NCCL names for enums; ``None`` fields are left out."""
+        """Plain dict with NCCL names for enums, keyed as files spell the fields; ``None`` fields are left out."""
         out: dict = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if value is None:
                 continue
-            out[f.name] = value.nccl_name if isinstance(value, (Algorithm, Protocol, CommPath)) else int(value)
+            shown = value.nccl_name if isinstance(value, (Algorithm, Protocol, CommPath)) else int(value)
+            out[FILE_KEYS.get(f.name, f.name)] = shown
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> CommConfig:
         """Inverse of :meth:`to_dict`; raises ValueError on unknown keys or names."""
-        unknown = set(data) - {f.name for f in fields(cls)}
+        unknown = set(data) - {FILE_KEYS.get(f.name, f.name) for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown CommConfig field(s): {', '.join(sorted(unknown))}")
         return cls(
@@ -210,7 +215,7 @@ class CommConfig:
             channels=_int_field("channels", data.get("channels")),
             threads=_int_field("threads", data.get("threads")),
             chunk_bytes=_int_field("chunk_bytes", data.get("chunk_bytes")),
-            path=_path_field(data.get("path")),
+            comm_path=_path_field(data.get("path")),
         )
 
 

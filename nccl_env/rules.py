@@ -136,9 +136,9 @@ def per_collective_knobs(version: NcclVersion) -> frozenset[str]:
 
 
 def process_wide_knobs(version: NcclVersion) -> frozenset[str]:
-    """CommConfig fields that can only be set once per process (or per communicator); ``path``
+    """CommConfig fields that can only be set once per process (or per communicator); ``comm_path``
     is neither: one per process group (ncclConfig_t.CTAPolicy and the buffers' registration)."""
-    return frozenset(f.name for f in fields(CommConfig)) - per_collective_knobs(version) - {"path"}
+    return frozenset(f.name for f in fields(CommConfig)) - per_collective_knobs(version) - {"comm_path"}
 
 
 def validate_config(config: CommConfig, version: NcclVersion, collective: CollectiveType | None = None,

@@ -211,7 +211,7 @@ class TestPaths:
         ev = make(nvswitch)
         alone = ev.evaluate(replace(w, collectives=[]), Plan()).ops[1].duration_us
         sm = ev.evaluate(w, Plan())
-        ce = ev.evaluate(w, Plan({sig: CommConfig(path=CommPath.COPY_ENGINE)}))
+        ce = ev.evaluate(w, Plan({sig: CommConfig(comm_path=CommPath.COPY_ENGINE)}))
         assert alone <= ce.ops[1].duration_us < sm.ops[1].duration_us
         assert ce.ops[1].duration_us < alone * 1.05  # a compute-bound GEMM: the DRAM share barely shows
         assert ce.ops[2].start_us == ce.ops[1].start_us
@@ -222,7 +222,7 @@ class TestPaths:
         w = _gemm_beside_allgather(256 * MIB)
         sig = w.signature(w.collectives[0])
         ev = make(nvswitch)
-        times = {path: ev.evaluate(w, Plan({sig: CommConfig(path=path)})).ops[1].duration_us
+        times = {path: ev.evaluate(w, Plan({sig: CommConfig(comm_path=path)})).ops[1].duration_us
                  for path in (None, CommPath.SYMMETRIC, CommPath.COPY_ENGINE)}
         assert times[CommPath.COPY_ENGINE] < times[CommPath.SYMMETRIC] < times[None]
 
@@ -234,7 +234,7 @@ class TestPaths:
         for where in (replace(nvswitch, nccl_version=V("2.27.3")), replace(cluster, nccl_version=V("2.30.7"))):
             ev = make(where)
             default = ev.evaluate(w, Plan())
-            ce = ev.evaluate(w, Plan({sig: CommConfig(path=CommPath.COPY_ENGINE)}))
+            ce = ev.evaluate(w, Plan({sig: CommConfig(comm_path=CommPath.COPY_ENGINE)}))
             assert ce.iteration_us == pytest.approx(default.iteration_us, rel=1e-12)
 
 
@@ -248,7 +248,7 @@ def test_both_evaluators_time_the_paths_alike(nvswitch):
                 if collective_mechanism(path, collective, 1, V("2.30.7"),
                                         nvswitch.path_topology()) is Mechanism.SM_KERNEL:
                     continue  # NCCL's kernels: the two evaluators' own forms (test_model_accuracy)
-                config = CommConfig(path=path)
+                config = CommConfig(comm_path=path)
                 assert model.collective_time_us(sig, config) == pytest.approx(sim.collective_time_us(sig, config),
                                                                               rel=1e-6)
 

@@ -234,7 +234,7 @@ def test_gemm_beside_matches_the_kernel_under_the_collectives_sms():
     config = CommConfig(channels=30)
     beside, copies = gemm_beside_us(sim, op, signature, config)
     assert copies > 10
-    assert beside == pytest.approx(sim.compute_time_us(op, channels=30), rel=0.01)
+    assert beside == pytest.approx(sim.compute_time_us(op, ctas=30), rel=0.01)
 
 
 def test_gemm_case_that_misses_exits_1(tmp_path, capsys):
@@ -344,7 +344,7 @@ def test_fsdp_llama3_on_h100_sits_in_the_published_ranges():
     gpn = cluster.gpus_per_node
     signatures = {workload.signature(c, gpn) for c in workload.collectives}
     before = sim.evaluate(workload, Plan()).iteration_us
-    after = sim.evaluate(workload, Plan(entries={s: CommConfig(path=CommPath.COPY_ENGINE) for s in signatures
+    after = sim.evaluate(workload, Plan(entries={s: CommConfig(comm_path=CommPath.COPY_ENGINE) for s in signatures
                                                  if s.collective is CollectiveType.ALLGATHER})).iteration_us
     assert 1.1 <= (before / after - 1) * 100 <= 7.0
 

@@ -227,7 +227,7 @@ def test_nccls_symmetric_kernels_are_collectives_on_their_own_path(tmp_path, nam
     b.kernel(name, 20, 100, 50, grid=(9, 1, 1), block=(512, 1, 1))
     (w,) = read_trace(b.write(tmp_path / "t.json"))
     (c,) = w.collectives
-    assert (c.collective, c.comm_path, c.holds_sms) == (expected, CommPath.SYMMETRIC, True)
+    assert (c.collective, c.recorded_path, c.holds_sms) == (expected, CommPath.SYMMETRIC, True)
     assert is_symmetric_kernel(name) and not is_symmetric_kernel("ncclDevKernel_AllGather_RING_LL(x)")
 
 
@@ -245,14 +245,14 @@ def test_nccls_copy_engine_path_is_one_collective_of_memory_copies(tmp_path):
     b.kernel("Memcpy DtoD (Device -> Device)", 7, 200, 5, launch_ts=150, cat="gpu_memcpy")
     (w,) = read_trace(b.write(tmp_path / "ce.json"))
     (c,) = w.collectives
-    assert (c.collective, c.message_bytes, c.comm_path, c.holds_sms) == (
+    assert (c.collective, c.message_bytes, c.recorded_path, c.holds_sms) == (
         CollectiveType.ALLGATHER, 8192 * 2, CommPath.COPY_ENGINE, False)
     gemm = w.compute_ops[0]
     assert (c.start_us - gemm.start_us, c.duration_us) == (10.0, 47.0)  # first flag copy to the last one
     assert [o.is_memory_op for o in w.compute_ops] == [False, True]  # the gemm and the copy outside
     assert w.stream_kind(20) is StreamKind.COMMUNICATION
     again = Workload.from_dict(w.to_dict())
-    assert again.collectives[0].comm_path is CommPath.COPY_ENGINE
+    assert again.collectives[0].recorded_path is CommPath.COPY_ENGINE
 
 
 
@@ -278,9 +278,9 @@ def test_a_trace_off_nccls_sm_kernels_anchors_at_its_own_path(tmp_path):
     b.kernel("gemm", 7, 320, 10, launch_ts=305)
     (w,) = read_trace(b.write(tmp_path / "sym.json"))
     (recorded,) = recorded_configs(w, 8).values()
-    assert recorded.path is CommPath.SYMMETRIC and recorded.channels is None and recorded.threads == 512
+    assert recorded.comm_path is CommPath.SYMMETRIC and recorded.channels is None and recorded.threads == 512
     evaluator = ReplayEvaluator(AnalyticEvaluator(load_cluster("a100-nvswitch")), 8)
     (c,) = w.collectives
     assert evaluator.evaluate(w, Plan()).ops[c.op_id].duration_us == pytest.approx(c.duration_us)
-    on_sm = evaluator.evaluate(w, Plan(default=CommConfig(path=CommPath.SM, channels=2)))
+    on_sm = evaluator.evaluate(w, Plan(default=CommConfig(comm_path=CommPath.SM, channels=2)))
     assert on_sm.ops[c.op_id].duration_us != pytest.approx(c.duration_us)

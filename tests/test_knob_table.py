@@ -28,30 +28,10 @@ PACKAGES = ("nccl_env", "traces", "costmodel", "tuner", "lagom")
 # of the five packages: its definition, the two collective models and one more (the knob table
 # spells the fields as strings, so it does not count). Everything else reads the table's rows.
 KNOB_HOMES = {"nccl_env/knobs.py", "costmodel/analytic/collective_model.py", "costmodel/sim/collective.py"}
-# Being rewritten on other branches (the replay layer, the simulator, the evaluators, the
-# reports); they are routed through the table after those branches merge, and this set emptied.
-PENDING_MERGE = {
-    "costmodel/sim/simulator.py", "costmodel/analytic/evaluator.py", "costmodel/sim/compute.py",
-    "costmodel/analytic/contention_model.py", "costmodel/sim/published_cases.py", "lagom/reports/tune_report.py",
-    *(f"costmodel/replay/{p.name}" for p in (REPO_ROOT / "costmodel/replay").glob("*.py")),
-    *(f"lagom/commands/{p.name}" for p in (REPO_ROOT / "lagom/commands").glob("*.py")),
-}
-# The one more file today is costmodel/nccl_defaults.py, NCCL's own choice of every knob
+# The one more file is costmodel/nccl_defaults.py, NCCL's own choice of every knob
 # (tuning.cc), a third model of NCCL beside the two collective models.
-# Files that still name a knob and are not yet routed through the table (a ceiling: entries may
-# only go). RecordedSettings (traces/exec_graph.py) keeps the knobs' names while
-# costmodel/replay/anchor.py, being rewritten, reads them; it becomes recorded_* after the merge.
-STILL_NAMING: dict[str, set[str]] = {
-    "algorithm": {"traces/exec_graph.py"},
-    "protocol": {"traces/exec_graph.py"},
-    "channels": {"traces/exec_graph.py"},
-    "chunk_bytes": set(),
-    "threads": {"traces/exec_graph.py"},
-    "path": set(),
-}
-# CommConfig.path becomes comm_path (the word names file paths in ~40 modules) once the pending
-# files, which build CommConfig(path=...) and read config.path, are merged and routed.
-FIELD_RENAME_PENDING = {"path"}
+# CommConfig.comm_path is "path" in files and --set (Knob.key); the field is not, as the word names
+# file paths in ~40 modules.
 
 
 def _sources() -> list[Path]:
@@ -87,26 +67,24 @@ def test_the_identifier_count_sees_code_not_text():
     assert not _identifiers(tree) & {"channels", "threads", "chunk_bytes"}
 
 
-@pytest.mark.parametrize("knob", [pytest.param(k, marks=pytest.mark.xfail(
-    k.field in FIELD_RENAME_PENDING, reason="the field's rename waits for the pending files", strict=True))
-    for k in KNOBS], ids=lambda k: k.field)
+@pytest.mark.parametrize("knob", KNOBS, ids=lambda k: k.field)
 def test_a_knobs_field_name_lives_in_at_most_four_files(knob):
-    naming = files_naming(knob.field) - PENDING_MERGE
-    others = naming - KNOB_HOMES - STILL_NAMING[knob.field]
+    naming = files_naming(knob.field)
+    others = naming - KNOB_HOMES
     assert len(others) <= 1, sorted(others)  # the one more
     assert "nccl_env/knobs.py" in naming  # the count would be vacuous if the field were not found
-    assert len(naming - STILL_NAMING[knob.field]) <= 4, sorted(naming)
-    gone = STILL_NAMING[knob.field] - naming
-    assert not gone, f"no longer naming {knob.field}: take {sorted(gone)} out of STILL_NAMING"
+    assert len(naming) <= 4, sorted(naming)
 
 
 def test_every_cli_spelling_sets_its_row_field():
     samples = {"algorithm": "ring", "protocol": "simple", "channels": "4", "threads": "256", "chunk_bytes": "1MiB",
-               "path": "symmetric"}
+               "comm_path": "symmetric"}
     for knob in KNOBS:
         for name in knob.cli_names:
             config = parse_set(f"{name}={samples[knob.field]}")
-            assert [f for f, v in config.to_dict().items()] == [knob.field], name
+            assert knob.get(config) is not None and [f for f, v in config.to_dict().items()] == [knob.key], name
+            assert CommConfig.from_dict(config.to_dict()) == config
+    assert PATH.key == "path" and PATH.cli_names == ("path",)  # files and --set keep the word
     with pytest.raises(LagomError, match="KNOB one of channels, threads, chunk, algorithm, protocol, path"):
         parse_set("chanels=4")
 

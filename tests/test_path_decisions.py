@@ -83,29 +83,29 @@ def test_blackwell_symmetric_kernels_run_on_nccls_sm100_constants():
     assert blackwell.peak_bw_bytes_per_us == pytest.approx(600 * (1 << 30) / 1e6)
     assert 1.7 < hopper.time_us / blackwell.time_us < 2.0 and blackwell.ctas > hopper.ctas
     # the simulator on the b200-nvswitch preset uses them
-    sim = Simulator(replace(load_cluster("b200-nvswitch"), nccl_version=NcclVersion(2, 28, 9)), noise=0.0)
-    model = sim.collective_model(sig, CommConfig(path=CommPath.SYMMETRIC))
-    assert model.channels == blackwell.ctas
+    sim = Simulator(replace(load_cluster("b200-nvswitch"), nccl_version=V("2.28.9")), noise=0.0)
+    model = sim.collective_model(sig, CommConfig(comm_path=CommPath.SYMMETRIC))
+    assert model.ctas == blackwell.ctas
 
 
 def test_delivery_sets_the_cta_policy_per_group_and_refuses_it_where_nccl_has_none():
     ag = Signature("fsdp", AG, 64 << 20, 8, 1)
     rs = Signature("fsdp", RS, 64 << 20, 8, 1)
     tp = Signature("tp", AR, 16 << 20, 8, 1)
-    plan = Plan({ag: CommConfig(path=CommPath.COPY_ENGINE), rs: CommConfig(path=CommPath.COPY_ENGINE),
-                 tp: CommConfig(path=CommPath.SYMMETRIC, channels=4)})
+    plan = Plan({ag: CommConfig(comm_path=CommPath.COPY_ENGINE), rs: CommConfig(comm_path=CommPath.COPY_ENGINE),
+                 tp: CommConfig(comm_path=CommPath.SYMMETRIC, channels=4)})
     out = deliver(plan, V("2.30.7"))
     assert out.group_configs["fsdp"] == {"cta_policy": "zero"}
     assert "cta_policy" not in out.group_configs.get("tp", {})  # symmetric kernels need no policy
     assert "NCCL_CTA_POLICY" not in out.env  # it would override the symmetric group's too
     # copy engines alone: the process-wide twin as well (ZERO moves only registered buffers,
     # which only the copy-engine groups have), for torch builds without the config binding
-    alone = deliver(Plan({ag: CommConfig(path=CommPath.COPY_ENGINE), tp: CommConfig(channels=4)}), V("2.28.3"))
+    alone = deliver(Plan({ag: CommConfig(comm_path=CommPath.COPY_ENGINE), tp: CommConfig(channels=4)}), V("2.28.3"))
     assert alone.env["NCCL_CTA_POLICY"] == "2" and alone.group_configs["fsdp"] == {"cta_policy": "zero"}
     with pytest.raises(LagomError, match="path=copy_engine .* from NCCL 2.28"):
         deliver(plan, V("2.27.7"))
     # a symmetric group's minCTAs is left alone: NCCL gives its symmetric kernels at least that many
-    fsdp_channels = Plan({ag: CommConfig(channels=24), tp: CommConfig(path=CommPath.SYMMETRIC),
+    fsdp_channels = Plan({ag: CommConfig(channels=24), tp: CommConfig(comm_path=CommPath.SYMMETRIC),
                           replace(tp, message_bytes=1 << 30): CommConfig(channels=24)})
     out = deliver(fsdp_channels, V("2.30.7"))
     assert out.group_configs["fsdp"] == {"min_ctas": 24}
@@ -129,11 +129,11 @@ def test_when_nothing_overlaps_the_search_keeps_nccls_kernels(h100):
     space = tuning.space_for(workload, h100)
     assert space.path_units  # the paths were on offer
     result = LagomSearch().tune(workload, AnalyticEvaluator(h100), space)
-    assert all(cfg.path is None for cfg in result.plan.entries.values())
+    assert all(cfg.comm_path is None for cfg in result.plan.entries.values())
     sim = Simulator(h100, noise=0.0)
     for sig in space.signatures:
         if sig.collective is AG:  # the copy engines move all-gathers only
-            assert sim.collective_time_us(sig, CommConfig(path=CommPath.COPY_ENGINE)) > sim.collective_time_us(sig)
+            assert sim.collective_time_us(sig, CommConfig(comm_path=CommPath.COPY_ENGINE)) > sim.collective_time_us(sig)
 
 
 def test_where_compute_is_short_of_sms_the_search_takes_the_copy_engines(h100):
@@ -142,7 +142,7 @@ def test_where_compute_is_short_of_sms_the_search_takes_the_copy_engines(h100):
     model = AnalyticEvaluator(h100)
     workload, space, result = _tune("fsdp:llama3-8b:gpus=8", h100, model)
     knobs = LagomSearch(probe_paths=False).tune(workload, model, space)
-    paths = {cfg.path for sig, cfg in result.plan.entries.items() if sig.collective is AG}
+    paths = {cfg.comm_path for sig, cfg in result.plan.entries.items() if sig.collective is AG}
     assert paths == {CommPath.COPY_ENGINE}
     sim = Simulator(h100, noise=0.0)
     assert sim.evaluate(workload, result.plan).iteration_us < sim.evaluate(workload, knobs.plan).iteration_us * 0.97

@@ -228,7 +228,7 @@ def test_tune_puts_a_group_on_the_copy_engines_and_says_what_to_turn_on(tmp_path
     config = load_tuned_config(out_file)
     assert config.process_groups["0"]["cta_policy"] == "zero"
     gathers = [e for e in config.collectives if e.match.collective is CollectiveType.ALLGATHER]
-    assert gathers and all(e.config.path is not None and e.config.channels is None for e in gathers)
+    assert gathers and all(e.config.comm_path is not None and e.config.channels is None for e in gathers)
     text = " ".join(config.requirements)
     assert "set_symm_mem_for_comm" in text and "NCCL >= 2.28.0" in text and "CUDA driver >= 12.5" in text
     flat = " ".join(out.split())  # the table wraps long cells

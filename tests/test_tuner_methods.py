@@ -95,10 +95,10 @@ class MethodConformance:
         assert [len(space.path_options[u.index]) for u in space.path_units] == [2]
         result = self.method.tune(workload, ToyEvaluator(nvswitch), space)
         for unit in space.path_units:
-            paths = {result.plan.config_for(s).path for s in unit.signatures}
+            paths = {result.plan.config_for(s).comm_path for s in unit.signatures}
             assert len(paths) == 1 and paths <= {None, *space.path_options[unit.index]}
         for sig, cfg in result.plan.entries.items():
-            if space.mechanism(sig, cfg.path) is not Mechanism.SM_KERNEL:
+            if space.mechanism(sig, cfg.comm_path) is not Mechanism.SM_KERNEL:
                 assert (cfg.channels, cfg.chunk_bytes, cfg.threads, cfg.algorithm) == (None,) * 4
         assert result.evaluations >= 1
 
@@ -159,8 +159,8 @@ def test_lagom_with_paths_is_within_two_percent_of_exhaustive_and_never_behind_i
     assert lagom.iteration_us <= knobs.iteration_us
     # the GEMMs here are SM-bound: the optimum leaves NCCL's kernels for a path, and so does Lagom
     sig = space.path_units[0].signatures[0]
-    assert truth.plan.config_for(sig).path is not None
-    assert lagom.plan.config_for(sig).path is truth.plan.config_for(sig).path
+    assert truth.plan.config_for(sig).comm_path is not None
+    assert lagom.plan.config_for(sig).comm_path is truth.plan.config_for(sig).comm_path
     # linear: the paths cost a few evaluations per path unit, not a product
     assert lagom.evaluations <= knobs.evaluations + 10 * len(space.path_units) + 40
 

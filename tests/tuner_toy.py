@@ -33,7 +33,7 @@ class ToyEvaluator:
 
     def mechanism(self, workload: Workload, op: CollectiveOp, cfg: CommConfig) -> Mechanism:
         sig = workload.signature(op, self.cluster.gpus_per_node)
-        return collective_mechanism(cfg.path, sig.collective, sig.nodes, self.cluster.nccl_version,
+        return collective_mechanism(cfg.comm_path, sig.collective, sig.nodes, self.cluster.nccl_version,
                                     self.cluster.path_topology())
 
     def collective_us(self, workload: Workload, op: CollectiveOp, cfg: CommConfig) -> float:

@@ -3,7 +3,7 @@
 A collective whose size the trace did not record has ``message_bytes`` None (shown as
 "unknown"); communication kernels that are not NCCL's get rows of their own
 (``nccl_tunable`` False), and so do collectives NCCL moved off its ring/tree kernels
-(``comm_path``: symmetric kernels, or the copy engines, which hold no SM).
+(``recorded_path``: symmetric kernels, or the copy engines, which hold no SM).
 
 Exposed time is the part of a collective's duration during which no compute kernel
 (memcpy/memset excluded) runs on the rank: the communication the iteration waits for.
@@ -30,7 +30,7 @@ class CollectiveRow:
     exposed_us: float
     on_gpu: bool
     nccl_tunable: bool = True  # False: not an NCCL kernel, NCCL's knobs do not reach it
-    comm_path: CommPath | None = None  # NCCL's symmetric kernels or copy engines; None: its kernels
+    recorded_path: CommPath | None = None  # NCCL's symmetric kernels or copy engines; None: its kernels
 
     @property
     def exposed_pct(self) -> float:
@@ -49,11 +49,11 @@ def exposed_us(workload: Workload) -> dict[int, float]:
 
 
 def collectives_table(workload: Workload) -> list[CollectiveRow]:
-    """One row per (type, group size, message bytes, on_gpu, nccl_tunable, comm_path), largest total time first."""
+    """One row per (type, group size, message bytes, on_gpu, nccl_tunable, recorded_path), largest total time first."""
     exposed = exposed_us(workload)
     rows: dict[tuple, list] = {}
     for c in workload.collectives:
-        key = (c.collective, workload.group_size(c.group), c.message_bytes, c.on_gpu, c.nccl_tunable, c.comm_path)
+        key = (c.collective, workload.group_size(c.group), c.message_bytes, c.on_gpu, c.nccl_tunable, c.recorded_path)
         acc = rows.setdefault(key, [0, 0.0, 0.0])
         acc[0] += 1
         acc[1] += c.duration_us

@@ -98,12 +98,13 @@ class StepSpan:
 
 @dataclass(frozen=True, slots=True)
 class RecordedSettings:
-    """What an NCCL kernel ran with, as the trace shows it."""
+    """What an NCCL kernel ran with, as the trace shows it (a record, not Lagom's knobs:
+    ``costmodel.replay.anchor.recorded_configs`` turns it into a CommConfig through the knob table)."""
 
-    channels: int | None  # the kernel's grid (one CTA per channel)
-    threads: int | None  # its block
-    algorithm: Algorithm | None = None  # from the kernel name, only where the name is reliable
-    protocol: Protocol | None = None
+    recorded_channels: int | None  # the kernel's grid (one CTA per channel)
+    recorded_threads: int | None  # its block
+    recorded_algorithm: Algorithm | None = None  # from the kernel name, only where the name is reliable
+    recorded_protocol: Protocol | None = None
 
 
 @dataclass
@@ -143,8 +144,9 @@ class ExecGraph:
             "comm_wait_us": [[op, w] for op, w in self.comm_wait_us.items()],
             "wait_basis": self.wait_basis,
             "recorded": [
-                [op, r.channels, r.threads, r.algorithm.nccl_name if r.algorithm else None,
-                 r.protocol.nccl_name if r.protocol else None]
+                [op, r.recorded_channels, r.recorded_threads,
+                 r.recorded_algorithm.nccl_name if r.recorded_algorithm else None,
+                 r.recorded_protocol.nccl_name if r.recorded_protocol else None]
                 for op, r in self.recorded.items()
             ],
         }

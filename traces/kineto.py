@@ -10,12 +10,12 @@ What becomes what:
 
 - ``kernel`` events (legacy ``Kernel``) whose name is an NCCL/RCCL kernel become
   :class:`CollectiveOp` s (NCCL's symmetric kernels, ``ncclSymkDevKernel_*``, with
-  ``comm_path`` SYMMETRIC); other kernels become :class:`ComputeOp` s with their launch
+  ``recorded_path`` SYMMETRIC); other kernels become :class:`ComputeOp` s with their launch
   shape (grid, block, blocks per SM, registers, shared memory, occupancy);
   ``gpu_memcpy`` / ``gpu_memset`` (legacy ``Memcpy`` / ``Memset``) become ComputeOps with
   ``is_memory_op=True``, except the copies launched inside a collective's CPU call: that is
   NCCL's copy-engine path (CTA policy ZERO), and the copies of one call on one stream become
-  one CollectiveOp (``comm_path`` COPY_ENGINE: no SM). ``gpu_user_annotation`` spans are not
+  one CollectiveOp (``recorded_path`` COPY_ENGINE: no SM). ``gpu_user_annotation`` spans are not
   kernels.
 - A collective's type, message size, dtype and process group come from, in order:
   the kernel's own args (recent PyTorch copies ``Collective name``, ``In/Out msg
@@ -337,7 +337,7 @@ class _WorkloadBuilder:
                 nccl = is_nccl_kernel(g.name)
                 colls.append(self._collective(info, g.name, g.stream, g.ts - o, g.dur, True, launch_us, nccl))
                 if is_symmetric_kernel(g.name):
-                    colls[-1].comm_path = CommPath.SYMMETRIC
+                    colls[-1].recorded_path = CommPath.SYMMETRIC
                 op_corr.append((colls[-1], g.correlation))
                 made.append((colls[-1], g))
                 _note_kind(stream_kind, g.stream, 3 if nccl else 1, StreamKind.COMMUNICATION)
@@ -375,7 +375,7 @@ class _WorkloadBuilder:
             info = self._comm_info(first)
             colls.append(self._collective(info, first.name, first.stream, first.ts - o, span.dur, True,
                                           None if launch is None else launch - o))
-            colls[-1].comm_path = CommPath.COPY_ENGINE
+            colls[-1].recorded_path = CommPath.COPY_ENGINE
             op_corr.append((colls[-1], first.correlation))
             made.append((colls[-1], span))
             _note_kind(stream_kind, first.stream, 3, StreamKind.COMMUNICATION)

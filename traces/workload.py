@@ -126,7 +126,7 @@ class CollectiveOp:
     nccl_tunable: bool = True  # False: a communication kernel that is not NCCL's (see the class doc)
     # how NCCL moved it, when the trace shows a path off its ring/tree kernels: SYMMETRIC (an
     # ncclSymkDevKernel_*, a few CTAs) or COPY_ENGINE (memory copies, no SM); None: NCCL's kernels
-    comm_path: CommPath | None = None
+    recorded_path: CommPath | None = None  # the file's key: comm_path
 
     @property
     def end_us(self) -> float:
@@ -135,7 +135,7 @@ class CollectiveOp:
     @property
     def holds_sms(self) -> bool:
         """False for a copy-engine collective: its copies take no SM (but DRAM and the link)."""
-        return self.comm_path is not CommPath.COPY_ENGINE
+        return self.recorded_path is not CommPath.COPY_ENGINE
 
     @property
     def tunable(self) -> bool:
@@ -350,9 +350,10 @@ _RECORDED_KEYS: dict[str, type[Algorithm] | type[Protocol]] = {"algorithm": Algo
 def _collective_to_dict(op: CollectiveOp) -> dict:
     out = asdict(op)
     out["collective"] = op.collective.value
+    del out["recorded_path"]  # written as comm_path, last
     out = {k.removeprefix("recorded_"): (v.nccl_name if k.startswith("recorded_") and v is not None else v)
            for k, v in out.items()}  # the file's keys are the settings' names, in the same place
-    out["comm_path"] = None if op.comm_path is None else op.comm_path.value
+    out["comm_path"] = None if op.recorded_path is None else op.recorded_path.value
     out = {k: v for k, v in out.items() if v is not None and not (k == "nccl_tunable" and v)}
     out["message_bytes"] = op.message_bytes  # null when the trace recorded no size
     return out
@@ -367,6 +368,6 @@ def _collective_from_dict(data: dict) -> CollectiveOp:
     for key, kind in _RECORDED_KEYS.items():
         if data.get(key) is not None:
             kwargs[f"recorded_{key}"] = kind[data[key].upper()]
-    if kwargs.get("comm_path") is not None:
-        kwargs["comm_path"] = CommPath(kwargs["comm_path"])
+    if data.get("comm_path") is not None:
+        kwargs["recorded_path"] = CommPath(data["comm_path"])
     return CollectiveOp(**kwargs)

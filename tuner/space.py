@@ -505,8 +505,8 @@ def online_space(space: SearchSpace, seed: Callable[[Signature], CommConfig]) ->
         knobs = (CHUNK.field,) if sig.collective in P2P_COLLECTIVES else fixed_knobs
         values = {k: getattr(config, k) for k in knobs}
         pinned[sig] = {k: v for k, v in values.items() if v is not None}
-        if (comm_path := PATH.get(config)) is not None:
-            pinned[sig][PATH.field] = comm_path  # the CTA policy and the buffers are set up at start
+        if (group_path := PATH.get(config)) is not None:
+            pinned[sig][PATH.field] = group_path  # the CTA policy and the buffers are set up at start
     subspaces = space.subspace_units if space.scopes[ALGORITHM.field] is Scope.COLLECTIVE else []
     notes = [f"online: {', '.join(fixed_knobs)} fixed at the seed's values (read when a communicator is created)"]
     return dataclasses.replace(space, resource_units=kept, subspace_units=subspaces, notes=notes, pinned=pinned,

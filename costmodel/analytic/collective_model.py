@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from nccl_env.knobs import Algorithm, CollectiveType, Protocol
+from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 
 _GB = 1e9 / 1e6  # bytes per microsecond in one GB/s
 
@@ -52,7 +52,7 @@ class CollectiveEstimate:
     steps_us: float  # N x step: the chunk pipeline's own pace
     wire_bytes: float  # payload bytes one rank sends (W)
     rate_cap: float  # min(NC x r, link x payload), payload bytes/us
-    channels: int
+    ctas: int  # SMs it holds (one CTA per channel)
     footprint_bytes: float  # L2 it keeps busy
     dram_base: float  # DRAM bytes per payload byte
     dram_fifo: float  # extra DRAM bytes per payload byte when the footprint spills
@@ -190,10 +190,22 @@ def collective_estimate(
     # and what a channel keeps in flight is the chunk it really uses (in buffer bytes)
     est = CollectiveEstimate(
         time_us=0.0, fixed_us=fixed, steps_us=steps_per_loop * (share / r + loops * sync), wire_bytes=bus * size,
-        rate_cap=rate_cap, channels=nc, footprint_bytes=p["fifo_chunks"] * nc * c / payload,
+        rate_cap=rate_cap, ctas=nc, footprint_bytes=p["fifo_chunks"] * nc * c / payload,
         dram_base=p["coll_dram_per_byte"], dram_fifo=p["fifo_dram_per_byte"], crosses_net=nodes > 1,
     )
     return _with_time(est, est.time_under(l2_bytes, mem_bw))
+
+
+def resolved_estimate(p: dict, collective: CollectiveType, message_bytes: float, ranks: int, nodes: int,
+                      gpus_per_node: int, config: CommConfig, max_ctas: int, l2_bytes: float,
+                      mem_bw: float) -> CollectiveEstimate:
+    """:func:`collective_estimate` under ``config``, which sets every knob of NCCL's kernels
+    (``costmodel.nccl_defaults.resolve_config``'s output); a channel is a CTA: at most ``max_ctas``."""
+    assert (config.algorithm is not None and config.protocol is not None and config.channels is not None
+            and config.threads is not None and config.chunk_bytes is not None)  # resolve_config sets every knob
+    return collective_estimate(p, collective, message_bytes, ranks, nodes, gpus_per_node, config.algorithm,
+                               config.protocol, min(config.channels, max_ctas), config.threads, config.chunk_bytes,
+                               l2_bytes, mem_bw)
 
 
 def _with_time(est: CollectiveEstimate, time_us: float) -> CollectiveEstimate:
@@ -218,7 +230,7 @@ def copy_engine_estimate(p: dict, collective: CollectiveType, message_bytes: flo
         link = min(link, p["net_bw_gb_per_s"] * _GB * min(1.0, per_node / max(1, gpus_per_node)))
         fixed += 2 * p["net_hop_us"]
     est = CollectiveEstimate(time_us=0.0, fixed_us=fixed, steps_us=0.0, wire_bytes=bus * float(max(1, message_bytes)),
-                             rate_cap=link, channels=0, footprint_bytes=0.0, dram_base=p["direct_dram_per_byte"],
+                             rate_cap=link, ctas=0, footprint_bytes=0.0, dram_base=p["direct_dram_per_byte"],
                              dram_fifo=0.0, crosses_net=nodes > 1, copy_engine=True)
     return _with_time(est, est.time_under(l2_bytes, mem_bw))
 
@@ -232,6 +244,6 @@ def symmetric_estimate(p: dict, collective: CollectiveType, message_bytes: float
     wire = bus * float(max(1, message_bytes))
     rate = min(ctas * cta_bw, peak_bw, p["intra_bw_gb_per_s"] * _GB)
     est = CollectiveEstimate(time_us=0.0, fixed_us=base_latency_us, steps_us=0.0, wire_bytes=bus_bytes, rate_cap=rate,
-                             channels=ctas, footprint_bytes=0.0,
+                             ctas=ctas, footprint_bytes=0.0,
                              dram_base=p["direct_dram_per_byte"] * wire / max(1.0, bus_bytes), dram_fifo=0.0)
     return _with_time(est, est.time_under(l2_bytes, mem_bw))

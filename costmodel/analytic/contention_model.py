@@ -76,8 +76,8 @@ def gpu_numbers(sm_count: int, l2_bytes: float, mem_bw_gb_per_s: float, peak_tfl
 def compute_shape(p: dict, gpu: GpuNumbers, name: str, duration_us: float, blocks: int | None,
                   threads_per_block: int | None, blocks_per_sm: float | None, flops: float | None,
                   dram_bytes: float | None, smem_bytes: int | None, memory_op: bool) -> ComputeShape:
-    threads = max(1, threads_per_block or 256)
-    limit = max(1, min(gpu.max_blocks_per_sm, gpu.max_threads_per_sm // threads))
+    block_threads = max(1, threads_per_block or 256)
+    limit = max(1, min(gpu.max_blocks_per_sm, gpu.max_threads_per_sm // block_threads))
     tb = max(1, min(limit, int(blocks_per_sm or 1)))
     mu = int(blocks or 0)
     overhead = p["kernel_overhead_us"]
@@ -168,10 +168,10 @@ def running_set_times(p: dict, gpu: GpuNumbers, shapes: list[ComputeShape],
                       ests: list[CollectiveEstimate]) -> list[float]:
     """Durations of the running kernels, then the running collectives, were the set fixed.
     Collectives on the same class of link (network, or inside the node) share it evenly."""
-    channels = sum(e.channels for e in ests)
+    ctas = sum(e.ctas for e in ests)
     footprint = sum(e.footprint_bytes for e in ests)
     l2 = gpu.l2_bytes
-    free = max(1, gpu.sm_count - channels)
+    free = max(1, gpu.sm_count - ctas)
     on_sms = sum(1 for s in shapes if not s.memory_op)  # memcpy/memset hold no SM
     per_kernel = max(1, free // on_sms) if on_sms else free
     l2_compute = l2 - footprint if footprint < l2 else 0.0
@@ -191,7 +191,7 @@ def running_set_times(p: dict, gpu: GpuNumbers, shapes: list[ComputeShape],
 
 def pair_times(p: dict, gpu: GpuNumbers, shape: ComputeShape, e: CollectiveEstimate) -> tuple[float, float]:
     """:func:`running_set_times` for one kernel beside one collective (the hot case)."""
-    free = max(1, gpu.sm_count - e.channels)
+    free = max(1, gpu.sm_count - e.ctas)
     l2 = gpu.l2_bytes
     fp = e.footprint_bytes
     l2_compute = l2 - fp if fp < l2 else 0.0
@@ -251,7 +251,7 @@ def pair_times_many(p: dict, gpu: GpuNumbers, s: ShapeArrays, e: CollectiveEstim
                                                                                               np.ndarray]:
     """:func:`pair_times` for many kernel shapes beside one collective: (kernel times,
     collective times, the collective's CTA wait beside each kernel)."""
-    free = float(max(1, gpu.sm_count - e.channels))
+    free = float(max(1, gpu.sm_count - e.ctas))
     l2 = gpu.l2_bytes
     fp = e.footprint_bytes
     l2_compute = l2 - fp if fp < l2 else 0.0

@@ -38,8 +38,8 @@ from dataclasses import dataclass, replace
 
 from costmodel.analytic.collective_model import (
     CollectiveEstimate,
-    collective_estimate,
     copy_engine_estimate,
+    resolved_estimate,
     symmetric_estimate,
 )
 from costmodel.analytic.contention_model import (
@@ -61,6 +61,7 @@ from costmodel.nccl_defaults import nccl_graph, symmetric_kernel
 from costmodel.replay.anchor import check_scale
 from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
+from nccl_env.knob_table import PATH, sets_every_kernel_knob
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
 from nccl_env.rules import P2P_COLLECTIVES, Mechanism, collective_mechanism
@@ -188,14 +189,11 @@ class AnalyticEvaluator:
         if est is None:
             est = self._path_estimate(signature, config)
         if est is None:
-            full = self.resolve(signature, config)
-            assert (full.algorithm is not None and full.protocol is not None and full.channels is not None
-                    and full.threads is not None and full.chunk_bytes is not None)  # resolve() sets every field
-            est = collective_estimate(
+            est = resolved_estimate(
                 self.params, signature.collective, signature.message_bytes, signature.ranks, signature.nodes,
-                self.cluster.gpus_per_node, full.algorithm, full.protocol,
-                min(full.channels, self.gpu.sm_count - 1), full.threads,  # a channel is a CTA: one SM each
-                full.chunk_bytes, self.gpu.l2_bytes, self.gpu.mem_bw,
+                self.cluster.gpus_per_node, self.resolve(signature, config),
+                self.gpu.sm_count - 1,  # a channel is a CTA: one SM each
+                self.gpu.l2_bytes, self.gpu.mem_bw,
             )
             if len(self._est_cache) > 200_000:
                 self._est_cache.clear()
@@ -207,7 +205,7 @@ class AnalyticEvaluator:
 
     def _path_estimate(self, signature: Signature, config: CommConfig) -> CollectiveEstimate | None:
         """The estimate when the collective's path takes it off NCCL's SM kernels (cached), else None."""
-        mechanism = collective_mechanism(config.path, signature.collective, signature.nodes, self._version,
+        mechanism = collective_mechanism(PATH.get(config), signature.collective, signature.nodes, self._version,
                                          self._topology)
         if mechanism is Mechanism.SM_KERNEL:
             return None
@@ -231,14 +229,14 @@ class AnalyticEvaluator:
         key = ("host", id(est))
         hit = self._host_cache.get(key)
         if hit is None or hit[0] is not est:
-            hit = (est, replace(est, channels=0, footprint_bytes=0.0, dram_base=0.0, dram_fifo=0.0))
+            hit = (est, replace(est, ctas=0, footprint_bytes=0.0, dram_base=0.0, dram_fifo=0.0))
             self._host_cache[key] = hit
         return hit[1]
 
     def resolve(self, signature: Signature, config: CommConfig) -> CommConfig:
         """``config`` with every None field filled by NCCL's modelled default."""
-        complete = None not in (config.algorithm, config.protocol, config.channels, config.threads, config.chunk_bytes)
-        if complete and signature.collective not in P2P_COLLECTIVES:  # p2p: NCCL overrides threads and the rest
+        # p2p: NCCL overrides threads and the rest
+        if sets_every_kernel_knob(config) and signature.collective not in P2P_COLLECTIVES:
             return config
         from costmodel.nccl_defaults import resolve_config
 
@@ -249,8 +247,8 @@ class AnalyticEvaluator:
         return self.estimate(signature, config).time_us
 
     def compute_shape(self, op: ComputeOp) -> ComputeShape:
-        threads = op.block[0] * op.block[1] * op.block[2] if op.block else None
-        return compute_shape(self.params, self.gpu, op.name, op.duration_us, op.thread_blocks, threads,
+        block_threads = op.block[0] * op.block[1] * op.block[2] if op.block else None
+        return compute_shape(self.params, self.gpu, op.name, op.duration_us, op.thread_blocks, block_threads,
                              op.blocks_per_sm, op.flops, op.dram_bytes, op.shared_memory_bytes, op.is_memory_op)
 
     def compute_time_us(self, op: ComputeOp) -> float:

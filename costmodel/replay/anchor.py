@@ -51,6 +51,7 @@ from costmodel.replay.mechanism import ReplayMechanism
 from costmodel.replay.ratio_cache import LruCache
 from costmodel.replay.schedule import ReplayStatic
 from nccl_env.errors import LagomError
+from nccl_env.knob_table import ALGORITHM, CHANNELS, PATH, PROTOCOL, THREADS, config_from
 from nccl_env.knobs import CommConfig, CommPath
 from nccl_env.plan import Plan, Signature
 from traces.contention import measured_slowdowns
@@ -79,15 +80,15 @@ def recorded_configs(workload: Workload, gpus_per_node: int | None) -> dict[Sign
             sig = workload.signature(c, gpus_per_node)
             # off NCCL's SM kernels the trace ran another path: its grid is not Lagom's channels knob
             # (a symmetric kernel's CTAs are NCCL's pick; a copy-engine collective has none)
-            path = c.comm_path if c.comm_path in (CommPath.SYMMETRIC, CommPath.COPY_ENGINE) else None
-            channels = r.channels if path is None else None
-            threads = r.threads if path is not CommPath.COPY_ENGINE else None
-            seen.setdefault(sig, Counter())[(r.algorithm, r.protocol, channels, threads, path)] += 1
-    out = {}
-    for sig, counts in seen.items():
-        algo, proto, channels, threads, path = counts.most_common(1)[0][0]
-        out[sig] = CommConfig(algorithm=algo, protocol=proto, channels=channels, threads=threads, path=path)
-    return out
+            cta_path = c.recorded_path if c.recorded_path in (CommPath.SYMMETRIC, CommPath.COPY_ENGINE) else None
+            grid = r.recorded_channels if cta_path is None else None
+            block = r.recorded_threads if cta_path is not CommPath.COPY_ENGINE else None
+            seen.setdefault(sig, Counter())[(r.recorded_algorithm, r.recorded_protocol, grid, block, cta_path)] += 1
+    return {sig: config_from(zip(_RECORDED_KNOBS, counts.most_common(1)[0][0])) for sig, counts in seen.items()}
+
+
+# The knobs a trace records, in the order recorded_configs counts them.
+_RECORDED_KNOBS = (ALGORITHM, PROTOCOL, CHANNELS, THREADS, PATH)
 
 
 @dataclass

@@ -153,8 +153,8 @@ def _csr(rows: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
 
 def _arrays(st: ReplayStatic) -> _Arrays:
     i64, f64 = np.int64, np.float64
-    threads = max(st.thread_anchor, default=-1) + 1
-    anchor = np.full(max(threads, 0), np.nan)
+    thread_count = max(st.thread_anchor, default=-1) + 1
+    anchor = np.full(max(thread_count, 0), np.nan)
     for thread, t in st.thread_anchor.items():
         if thread >= 0:
             anchor[thread] = t

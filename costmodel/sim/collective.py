@@ -114,14 +114,14 @@ class CollectiveModel:
 
     Built by :meth:`chunk_pipeline`; the constructor only stores the figures."""
 
-    __slots__ = ("channels", "footprint_bytes", "fixed_us", "steps_us", "wire_bytes", "rate_cap", "dram_base",
+    __slots__ = ("ctas", "footprint_bytes", "fixed_us", "steps_us", "wire_bytes", "rate_cap", "dram_base",
                  "dram_fifo", "link_class", "config", "alone_us", "mechanism", "_memo", "_host")
 
-    def __init__(self, *, config: CommConfig, channels: int, link_class: str, wire_bytes: float, rate_cap: float,
+    def __init__(self, *, config: CommConfig, ctas: int, link_class: str, wire_bytes: float, rate_cap: float,
                  fixed_us: float, steps_us: float, footprint_bytes: float, dram_base: float, dram_fifo: float,
                  alone_us: float = 0.0, mechanism: Mechanism = Mechanism.SM_KERNEL):
         self.config = config
-        self.channels = channels  # SMs held (one CTA per channel)
+        self.ctas = ctas  # SMs held (one CTA per channel)
         self.link_class = link_class  # "net" or "intra": collectives on one class share its link
         self.wire_bytes = wire_bytes  # payload one rank puts on the wire
         self.rate_cap = rate_cap  # payload bytes/us: min(channels x copy rate, link x payload fraction)
@@ -167,7 +167,7 @@ class CollectiveModel:
             latency, fill = 0.0, 0.0
         model = cls(
             config=config,
-            channels=nc,
+            ctas=nc,
             link_class="net" if nodes > 1 else "intra",
             wire_bytes=wire_factor * size,
             rate_cap=min(nc * r_ch, link * payload),
@@ -213,7 +213,7 @@ class CollectiveModel:
                          * min(1.0, ppn / cluster.gpus_per_node))
             link = min(link, nic_share)
             fixed += 2 * cluster.inter_node.latency_us
-        model = cls(config=config, channels=0, link_class="net" if nodes > 1 else "intra",
+        model = cls(config=config, ctas=0, link_class="net" if nodes > 1 else "intra",
                     wire_bytes=wire_factor * size, rate_cap=link, fixed_us=fixed, steps_us=0.0, footprint_bytes=0.0,
                     dram_base=params.direct_dram_bytes_per_payload_byte, dram_fifo=0.0,
                     mechanism=Mechanism.COPY_ENGINE)
@@ -233,7 +233,7 @@ class CollectiveModel:
         wire = wire_factor * float(max(1, signature.message_bytes))
         link = cluster.intra_node.bw_gb_per_s * 1e3
         rate = min(kernel.ctas * kernel.cta_bw_bytes_per_us, kernel.peak_bw_bytes_per_us, link)
-        model = cls(config=config, channels=min(kernel.ctas, cluster.gpu.sm_count - 1), link_class="intra",
+        model = cls(config=config, ctas=min(kernel.ctas, cluster.gpu.sm_count - 1), link_class="intra",
                     wire_bytes=kernel.bus_bytes, rate_cap=rate, fixed_us=kernel.base_latency_us, steps_us=0.0,
                     footprint_bytes=0.0,
                     # DRAM follows the data really moved, not the LL kernels' padded bus bytes
@@ -247,13 +247,18 @@ class CollectiveModel:
         """The same collective run by the host (e.g. gloo in a CPU-only trace): same pace, but it
         holds no SMs, no L2 and no GPU DRAM bandwidth."""
         if self._host is None:
-            host = CollectiveModel(config=self.config, channels=0, link_class=self.link_class,
+            host = CollectiveModel(config=self.config, ctas=0, link_class=self.link_class,
                                    wire_bytes=self.wire_bytes, rate_cap=self.rate_cap, fixed_us=self.fixed_us,
                                    steps_us=self.steps_us, footprint_bytes=0.0, dram_base=0.0, dram_fifo=0.0,
                                    alone_us=self.alone_us)
             host._host = host
             self._host = host
         return self._host
+
+    def l2_held_beside(self, params: SimParams) -> float:
+        """The L2 a kernel beside it loses in replay's slowdown ratio: ``fifo_resident_chunks`` x its
+        CTAs x its configured chunk (not shrunk to a small message's share as :attr:`footprint_bytes` is)."""
+        return params.fifo_resident_chunks * self.ctas * (self.config.chunk_bytes or 0)
 
     def dram_per_byte(self, l2_for_comm: float) -> float:
         if self.footprint_bytes <= 0:

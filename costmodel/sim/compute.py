@@ -46,8 +46,8 @@ class ComputeModel:
         self.overhead = params.kernel_overhead_us
         self.short_reuse = params.gemm_short_reuse
         self.bw_full = gpu.mem_bw_gb_per_s * 1e3 * params.mem_efficiency  # bytes/us
-        threads = op.block[0] * op.block[1] * op.block[2] if op.block else 256
-        limit = max(1, min(gpu.max_blocks_per_sm, gpu.max_threads_per_sm // max(1, threads)))
+        block_threads = op.block[0] * op.block[1] * op.block[2] if op.block else 256
+        limit = max(1, min(gpu.max_blocks_per_sm, gpu.max_threads_per_sm // max(1, block_threads)))
         self.tb = max(1, min(limit, int(op.blocks_per_sm or 1)))
         self.blocks = op.thread_blocks or 0
         self.from_trace = op.flops is None

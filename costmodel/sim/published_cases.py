@@ -55,6 +55,7 @@ from costmodel.sim.case_stand_ins import OTHER_PREFIX, NotJudged, presets_for_ot
 from costmodel.sim.simulator import Simulator, tiny_overlap_workload
 from nccl_env.errors import LagomError
 from nccl_env.files import read_text
+from nccl_env.knob_table import ALGORITHM, CHANNELS, PATH, PROTOCOL, config_from
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, CommPath, Protocol
 from nccl_env.plan import Plan, Signature
 from nccl_env.rules import NcclVersion
@@ -117,8 +118,7 @@ class CaseResult:
 @dataclass(frozen=True)
 class ChannelSweep:
     signature: Signature
-    algorithm: Algorithm
-    protocol: Protocol
+    pair: CommConfig  # the case's algorithm and protocol; the sweep sets the channels
     plateau_channels: tuple[int, ...]
     points: tuple[tuple[int, float], ...]  # (channels, measured delta_us)
     relative: float
@@ -386,8 +386,8 @@ def _channel_sweep(f: _Fields, cluster: ClusterSpec) -> ChannelSweep:
     tolerance = f.mapping("tolerance")
     return ChannelSweep(
         signature=_signature(f, cluster),
-        algorithm=_enum(f, "algorithm", Algorithm, MODELLED_ALGORITHMS),
-        protocol=_enum(f, "protocol", Protocol, tuple(Protocol)),
+        pair=config_from([(ALGORITHM, _enum(f, "algorithm", Algorithm, MODELLED_ALGORITHMS)),
+                          (PROTOCOL, _enum(f, "protocol", Protocol, tuple(Protocol)))]),
         plateau_channels=tuple(_channels(f, cluster, "channels", {"channels": c}, f"plateau_channels[{i}].")
                                for i, c in enumerate(plateau)),
         points=tuple((_channels(f, cluster, "channels", p, f"points[{i}]."),
@@ -426,10 +426,10 @@ def _gemm_beside(f: _Fields, cluster: ClusterSpec) -> GemmBeside:
     f.integer("grid_blocks", gemm, "gemm.")  # required here: the measured launch's blocks
     coll = f.mapping("collective")
     signature = _signature(f, cluster, coll, "collective.")
-    channels = _channels(f, cluster, "channels", coll, "collective.") if coll.get("channels") is not None else None
+    count = _channels(f, cluster, "channels", coll, "collective.") if coll.get("channels") is not None else None
     low, high = f.bounds("slowdown", "min", "max")
     relative = _relative(f)
-    return GemmBeside(op, signature, CommConfig(channels=channels), low * (1 - relative), high * (1 + relative))
+    return GemmBeside(op, signature, CHANNELS.set(CommConfig(), count), low * (1 - relative), high * (1 + relative))
 
 
 def _relative(f: _Fields) -> float:
@@ -704,29 +704,28 @@ def assign_splits(cases: list[dict]) -> dict[str, str]:
 
 
 def _run_sweep(case: Case, sim: Simulator, q: ChannelSweep) -> CaseResult:
-    def alone_us(channels: int) -> float:
-        config = CommConfig(algorithm=q.algorithm, protocol=q.protocol, channels=channels)
-        return sim.collective_time_us(q.signature, config)
+    def alone_us(count: int) -> float:
+        return sim.collective_time_us(q.signature, CHANNELS.set(q.pair, count))
 
     plateau_us = sum(alone_us(c) for c in q.plateau_channels) / len(q.plateau_channels)
     rows: list[Row] = []
     model_points: list[dict] = []
     detail_points: list[dict] = []
-    for channels, measured in q.points:
-        model = alone_us(channels) - plateau_us
+    for count, measured in q.points:
+        model = alone_us(count) - plateau_us
         limit = max(q.relative * abs(measured), q.absolute_us)
         holds = abs(model - measured) <= limit
-        model_points.append({"channels": channels, "delta_us": round(model, 1)})
-        detail_points.append({"channels": channels, "model_us": round(model, 1), "measured_us": measured,
+        model_points.append({"channels": count, "delta_us": round(model, 1)})
+        detail_points.append({"channels": count, "model_us": round(model, 1), "measured_us": measured,
                               "limit_us": round(limit, 1), "holds": holds})
-        rows.append(Row(f"  {channels} channel{'s' if channels > 1 else ''}", f"{model:,.0f} us",
+        rows.append(Row(f"  {count} channel{'s' if count > 1 else ''}", f"{model:,.0f} us",
                         f"{measured:,.0f} us", f"±{limit:,.0f} us", holds,
                         (model - measured) / max(abs(measured), 1e-9)))
     held = sum(bool(p["holds"]) for p in detail_points)
     holds = held == len(detail_points)
     head = Row(case.id, f"{held}/{len(rows)} points", f"{len(rows)} points",
                f"max({q.relative:.0%}, {q.absolute_us:,.0f} us)", holds)
-    resolved = sim.collective_model(q.signature, CommConfig(algorithm=q.algorithm, protocol=q.protocol)).config
+    resolved = sim.collective_model(q.signature, q.pair).config
     return CaseResult(case.id, case.kind, holds, model_points,
                       [{"channels": c, "delta_us": d} for c, d in q.points],
                       {"points": detail_points, "plateau_us": round(plateau_us, 1),
@@ -897,7 +896,7 @@ def _run_overlap(case: Case, sim: Simulator, q: OverlapVsSequential) -> CaseResu
     together = tiny_overlap_workload(q.gemm, q.signature)
     for policy, measured_ms in q.overlap_ms:
         path = POLICY_PATHS[policy]
-        config = CommConfig(path=path)
+        config = PATH.set(CommConfig(), path)
         timing = sim.evaluate(together, Plan(entries={q.signature: config}))
         ms = timing.iteration_us / 1e3
         model["overlap"][policy] = round(ms, 4)
@@ -915,7 +914,7 @@ def _run_overlap(case: Case, sim: Simulator, q: OverlapVsSequential) -> CaseResu
 
 
 def _run_rate(case: Case, sim: Simulator, q: AloneRate) -> CaseResult:
-    config = CommConfig(path=q.path)
+    config = PATH.set(CommConfig(), q.path)
     rows: list[Row] = []
     points: list[dict] = []
     holds_all = True
@@ -953,7 +952,7 @@ def _run_rate(case: Case, sim: Simulator, q: AloneRate) -> CaseResult:
 def _run_gain(case: Case, sim: Simulator, q: PathGain) -> CaseResult:
     gpn = sim.cluster.gpus_per_node
     signatures = {q.workload.signature(c, gpn) for c in q.workload.collectives if c.on_gpu}
-    moved = {s: CommConfig(path=q.path) for s in signatures if s.collective in q.collectives}
+    moved = {s: PATH.set(CommConfig(), q.path) for s in signatures if s.collective in q.collectives}
     before = sim.evaluate(q.workload, Plan()).iteration_us
     after = sim.evaluate(q.workload, Plan(entries=moved)).iteration_us
     sim.evaluations -= 2  # asked for a figure, not a search's evaluation

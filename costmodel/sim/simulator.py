@@ -50,6 +50,7 @@ from costmodel.sim.compute import ComputeModel, gemm_tile_from_name
 from costmodel.sim.params import sim_params
 from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
+from nccl_env.knob_table import PATH
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
 from nccl_env.rules import Mechanism, collective_mechanism
@@ -148,7 +149,7 @@ class Simulator:
         key = (signature, requested)
         model = self._collective_models.get(key)
         if model is None:
-            mechanism = collective_mechanism(requested.path, signature.collective, signature.nodes, self._version,
+            mechanism = collective_mechanism(PATH.get(requested), signature.collective, signature.nodes, self._version,
                                              self._topology)
             kernel = (symmetric_kernel(signature, compute_capability=self._compute_capability)
                       if mechanism is Mechanism.SYMMETRIC_KERNEL else None)
@@ -169,20 +170,19 @@ class Simulator:
         """One collective alone on an idle GPU (no noise, not counted as an evaluation)."""
         return self.collective_model(signature, config).alone_us
 
-    def compute_time_us(self, op: ComputeOp, channels: int = 0, chunk_bytes: int = 0,
+    def compute_time_us(self, op: ComputeOp, ctas: int = 0, l2_held_bytes: float = 0.0,
                         comm_dram_bytes_per_us: float = 0.0) -> float:
-        """One kernel while ``channels`` CTAs with ``chunk_bytes`` chunks hold SMs and L2 and a
-        collective pulls ``comm_dram_bytes_per_us`` of DRAM (no noise, not counted)."""
+        """One kernel while a collective's ``ctas`` hold SMs and its ``l2_held_bytes`` of FIFO data
+        hold L2, and it pulls ``comm_dram_bytes_per_us`` of DRAM (no noise, not counted)."""
         model = ComputeModel(op, self.cluster.gpu, self.params)
-        footprint = self.params.fifo_resident_chunks * channels * chunk_bytes
-        return model.time_us(self._sm - channels, max(0.0, self._l2 - footprint),
+        return model.time_us(self._sm - ctas, max(0.0, self._l2 - l2_held_bytes),
                              max(1e-6, self._bw - comm_dram_bytes_per_us))
 
     def slowdown_beside(self, op: ComputeOp, signature: Signature, config: CommConfig | None = None) -> float:
         """The kernel's time beside the collective's CTAs and chunks over its time alone (replay's ratio)."""
         model = self.collective_model(signature, config)
         alone = self.compute_time_us(op)
-        return self.compute_time_us(op, model.channels, model.config.chunk_bytes or 0) / alone if alone > 0 else 1.0
+        return self.compute_time_us(op, model.ctas, model.l2_held_beside(self.params)) / alone if alone > 0 else 1.0
 
     def overlap_us(self, op: ComputeOp, signature: Signature, config: CommConfig | None = None) -> tuple[float, float]:
         """(compute_us, collective_us) when the kernel and the collective start together (no noise)."""
@@ -314,18 +314,18 @@ class Simulator:
         """Duration of each running op (kernels first, then collectives) if this set of ops ran
         together for the op's whole life: the resources each leaves the others."""
         sm, l2, bw = self._sm, self._l2, self._bw
-        channels = 0
+        ctas = 0
         footprint = 0.0
         net = intra = 0
         for m in collectives:
-            channels += m.channels
+            ctas += m.ctas
             footprint += m.footprint_bytes
             if m.link_class == "net":
                 net += 1
             else:
                 intra += 1
         n_c = len(kernels)
-        free_sms = max(1, sm - channels)
+        free_sms = max(1, sm - ctas)
         on_sms = sum(1 for cm in kernels if not cm.copy_engine)  # memcpy/memset hold no SM
         per_op_sms = max(1, free_sms // on_sms) if on_sms else free_sms
         # the collectives' in-flight FIFO data holds its footprint of L2; kernels get the rest

@@ -52,11 +52,11 @@ def parse_set(text: str) -> CommConfig:
         value = value.strip()
         field = knob.field
         if field in values:
-            raise LagomError(f"--set: {field} is given twice ({item!r}); give each knob once")
+            raise LagomError(f"--set: {knob.key} is given twice ({item!r}); give each knob once")
         if knob.choices:
             by_name = {c.nccl_name: c for c in knob.choices}
             if value.lower() not in by_name:
-                raise LagomError(f"--set: {field} {value!r} is not one of {', '.join(by_name)}")
+                raise LagomError(f"--set: {knob.key} {value!r} is not one of {', '.join(by_name)}")
             values[field] = by_name[value.lower()]
         elif knob.in_bytes:
             values[field] = parse_size(value)

@@ -92,7 +92,7 @@ from lagom.reports.replay_report import fidelity_line, fidelity_warning, steps_t
 from lagom.reports.tune_report import tune_report
 from lagom.reports.workload_fit import fit_warnings, untunable_warnings
 from nccl_env.errors import LagomError
-from nccl_env.knob_table import REPORT_ORDER, value_of
+from nccl_env.knob_table import ALGORITHM, PROTOCOL, REPORT_ORDER, value_of
 from nccl_env.knobs import CommConfig
 from nccl_env.rules import Mechanism
 from tuner import METHODS
@@ -303,8 +303,9 @@ def _parts(cfg: CommConfig) -> list[tuple[str, str]]:
     """(prefix, value) per knob set: algorithm/protocol, then each resource knob by its row's prefix
     (nc channels, nt threads, c chunk: nccl_env.knob_table)."""
     parts = []
-    if cfg.algorithm is not None:
-        parts.append(("", f"{cfg.algorithm.nccl_name}/{cfg.protocol.nccl_name if cfg.protocol is not None else '?'}"))
+    algo, proto = ALGORITHM.get(cfg), PROTOCOL.get(cfg)
+    if algo is not None:
+        parts.append(("", f"{algo.nccl_name}/{proto.nccl_name if proto is not None else '?'}"))
     for knob in REPORT_ORDER:
         value = value_of(cfg, knob)
         if isinstance(value, int):

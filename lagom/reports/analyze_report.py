@@ -35,7 +35,7 @@ def rank_report(workload: Workload, top_windows: int = 5, trimmed: bool = False)
             "exposed_us": round(row.exposed_us, 3),
             "on_gpu": row.on_gpu,
             "nccl_tunable": row.nccl_tunable,
-            **({"path": row.comm_path.value} if row.comm_path is not None else {}),
+            **({"path": row.recorded_path.value} if row.recorded_path is not None else {}),
         }
         for row in collectives_table(workload)
     ]

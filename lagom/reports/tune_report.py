@@ -30,6 +30,7 @@ import enum
 from dataclasses import dataclass
 
 from costmodel.evaluator import Timing
+from nccl_env.knob_table import PATH
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Signature
 from nccl_env.rules import Mechanism
@@ -223,7 +224,7 @@ def _rows(outcome: TuneOutcome, workload: Workload, kept: bool) -> list[Signatur
             measured_share=None if measured is None else _measured_share(workload, outcome.baseline, ids, measured),
             order=(result.order.index(key) + 1) if key in result.order else None,
             priority=last_h.get(key) if key else None,
-            mechanism=space.mechanism(sig, result.plan.config_for(sig).path)))
+            mechanism=space.mechanism(sig, PATH.get(result.plan.config_for(sig)))))
     return rows
 
 

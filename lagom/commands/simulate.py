@@ -133,7 +133,6 @@ def _file_nccl_version(path: str) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from lagom.args.knob_args import parse_set
     from lagom.orchestration.trace_context import resolve_cluster
-    from lagom.orchestration.workload_arg import read_workload_arg
 
     if args.noise is not None:
         check_noise(args.noise)
@@ -141,14 +140,10 @@ def run(args: argparse.Namespace) -> int:
     evaluator_name = args.evaluator or DEFAULT_EVALUATOR
     export = (check_export_path(args.export_trace, [("WORKLOAD", args.workload), ("--config", args.config)],
                                 force=args.force) if args.export_trace else None)
-    from lagom.orchestration.joint_run import read_folder_ranks
+    from lagom.orchestration.joint_run import read_workload_or_ranks
 
-    folder = None if args.unprofiled_cpu else read_folder_ranks(args.workload, args.rank, reading_from_args(args))
-    workloads = folder[1] if folder is not None else None  # every rank, replayed jointly
-    if folder is not None:
-        workload, from_trace = folder[0], True
-    else:
-        workload, from_trace = read_workload_arg(args.workload, reading_from_args(args))
+    workload, from_trace, workloads = read_workload_or_ranks(  # workloads: every rank, replayed jointly
+        args.workload, args.rank, reading_from_args(args), joint=not args.unprofiled_cpu)
     if export is not None and not from_trace:
         raise LagomError("--export-trace: applies to a trace (WORKLOAD is not a trace)")
     if args.unprofiled_cpu:

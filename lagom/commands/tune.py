@@ -79,7 +79,6 @@ from lagom.files.output_paths import OutputFormat, check_output
 from lagom.files.trace_export import check_export_path, export_trace
 from lagom.orchestration import tuning
 from lagom.orchestration.trace_context import refuse_to_tune, resolve_cluster
-from lagom.orchestration.workload_arg import read_workload_arg
 from lagom.reports.console import StageProgress, mib, stdout_console
 from lagom.reports.record_overhead import (
     check_recorded_steps,
@@ -142,14 +141,10 @@ def run(args: argparse.Namespace) -> int:
                                 force=args.force) if args.export_trace else None)
     if export is not None and export.resolve() == Path(args.output).resolve():
         raise LagomError(f"--export-trace {args.export_trace}: is also -o's file; give them two names")
-    from lagom.orchestration.joint_run import JointEvaluator, joint_line, read_folder_ranks
+    from lagom.orchestration.joint_run import JointEvaluator, joint_line, read_workload_or_ranks
 
-    folder = None if args.unprofiled_cpu else read_folder_ranks(args.workload, args.rank, reading_from_args(args))
-    workloads = folder[1] if folder is not None else None  # every rank, replayed jointly
-    if folder is not None:
-        workload, from_trace = folder[0], True
-    else:
-        workload, from_trace = read_workload_arg(args.workload, reading_from_args(args))
+    workload, from_trace, workloads = read_workload_or_ranks(  # workloads: every rank, replayed jointly
+        args.workload, args.rank, reading_from_args(args), joint=not args.unprofiled_cpu)
     if export is not None and not from_trace:
         raise LagomError("--export-trace: applies to a trace (WORKLOAD is not a trace)")
     if args.unprofiled_cpu:

@@ -103,6 +103,20 @@ def _ranges(ranks: list[int]) -> str:
     return f"{min(ranks)}-{max(ranks)}" if ranks == list(range(min(ranks), max(ranks) + 1)) else str(sorted(ranks))
 
 
+def read_workload_or_ranks(text: str, rank: int | None, reading: RankReading,
+                           joint: bool = True) -> tuple[Workload, bool, list[Workload] | None]:
+    """``simulate``'s and ``tune``'s WORKLOAD: (the workload replayed or reported, whether it is a
+    trace, every rank of a folder when they are replayed jointly, else None). ``joint`` False
+    (``--unprofiled-cpu``) reads a folder as one rank, as before."""
+    folder = read_folder_ranks(text, rank, reading) if joint else None
+    if folder is not None:
+        return folder[0], True, folder[1]
+    from lagom.orchestration.workload_arg import read_workload_arg
+
+    workload, from_trace = read_workload_arg(text, reading)
+    return workload, from_trace, None
+
+
 def read_folder_ranks(text: str, rank: int | None,
                       reading: RankReading | None = None) -> tuple[Workload, list[Workload] | None] | None:
     """A trace folder of two ranks or more: (the rank replayed or reported first, every rank when

@@ -9,9 +9,6 @@ torchrun --standalone --nproc_per_node 2 tests/ddp_job.py`` wrote the committed 
 from __future__ import annotations
 
 import argparse
-import atexit
-import os
-import sys
 
 
 def main() -> None:
@@ -21,6 +18,7 @@ def main() -> None:
 
     import torch
     import torch.distributed as dist
+    from gloo_exit import leave_gloo_job
     from torch.nn.parallel import DistributedDataParallel
 
     dist.init_process_group("gloo")
@@ -38,13 +36,7 @@ def main() -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    dist.barrier()
-    dist.destroy_process_group()
-    # torch's CPU build aborts at exit now and then after a gloo job (tests/online_job.py)
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_gloo_job()
 
 
 if __name__ == "__main__":

@@ -11,10 +11,8 @@ abruptly after that many steps (the test that a lost rank ends the job, not hang
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import os
-import sys
 from pathlib import Path
 
 
@@ -27,6 +25,7 @@ def main() -> None:
 
     import torch
     import torch.distributed as dist
+    from gloo_exit import leave_gloo_job
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -55,16 +54,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "TORCH_NCCL_", "LAGOM_"))}
     (out / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "losses": losses, "env": env}))
-    dist.barrier()
-    dist.destroy_process_group()
-    # torch 2.13's CPU build aborts at interpreter exit now and then after a gloo job
-    # ("terminate called without an active exception": 3-4 of 8 runs of this job, with
-    # or without Lagom, results already written). Run the exit handlers (Lagom's audit
-    # and summary among them), then leave without the C++ teardown.
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_gloo_job()
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ Linear in ranks x collectives (the offsets: a few dozen passes over the matched 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -198,19 +199,25 @@ def _coarse_offsets(seqs: dict[int, dict[MatchKey, _Seq]], order: list[int]) -> 
     return out
 
 
+def _shifted_differences(a: np.ndarray, b: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """For each shift of ``b``'s instances against ``a``'s (up to :data:`SHIFT_TRIES` either way:
+    a profiling window may cut a few off either end), the shift and the time differences of the
+    instances it pairs (a minus b); shifts that pair none are skipped."""
+    for shift in range(-SHIFT_TRIES, SHIFT_TRIES + 1):
+        x, y = a[max(0, shift):], b[max(0, -shift):]
+        n = min(x.size, y.size)
+        if n:
+            yield shift, x[:n] - y[:n]
+
+
 def _best_shift(ref: dict[MatchKey, _Seq], other: dict[MatchKey, _Seq]) -> tuple[float, float] | None:
     """(deviation, offset) of ``other``'s clock to ``ref``'s from their best-agreeing shared collective."""
     best: tuple[float, float] | None = None
     for mk, seq in other.items():
         if mk not in ref:
             continue
-        a, b = _ends(ref[mk]), _ends(seq)
-        for shift in range(-SHIFT_TRIES, SHIFT_TRIES + 1):
-            x, y = a[max(0, shift):], b[max(0, -shift):]
-            n = min(x.size, y.size)
-            if n == 0:
-                continue
-            d = x[:n] - y[:n]
+        for _, d in _shifted_differences(_ends(ref[mk]), _ends(seq)):
+            n = d.size
             med = float(np.median(d))
             dev = float(np.median(np.abs(d - med))) + (0.0 if n >= 3 else SPARSE_PENALTY_US)
             if best is None or dev < best[0]:
@@ -261,12 +268,7 @@ def _in_order(holders: list[tuple[int, _Seq]], coarse: dict[int, float],
     for r, seq in rest:
         b = times(seq) + coarse.get(r, 0.0)
         best = (math.inf, 0)
-        for shift in range(-SHIFT_TRIES, SHIFT_TRIES + 1):
-            x, y = a[max(0, shift):], b[max(0, -shift):]
-            n = min(x.size, y.size)
-            if n == 0:
-                continue
-            d = x[:n] - y[:n]
+        for shift, d in _shifted_differences(a, b):
             best = min(best, (float(np.median(np.abs(d - np.median(d)))) + abs(shift) * CLOCK_RESOLUTION_US, shift))
         shift = best[1]
         for j, op in enumerate(seq.op_ids):

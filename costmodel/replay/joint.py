@@ -52,7 +52,7 @@ import numpy as np
 
 from costmodel.evaluator import StepTiming, Timing
 from costmodel.replay.data import ReplayData
-from costmodel.replay.schedule import ReplayStatic, replay
+from costmodel.replay.schedule import ReplayStatic, graph_edges, replay
 from nccl_env.errors import LagomError
 from traces.comm_split import rank_comm
 from traces.gc_pause import no_cyclic_gc
@@ -162,27 +162,8 @@ class JointData:
 
 
 def _succ(st: ReplayStatic) -> tuple[list[list[int]], list[int]]:
-    n, m = len(st.op_ids), len(st.wait_end)
-    succ: list[list[int]] = [[] for _ in range(n + m)]
-    indeg = [0] * (n + m)
-
-    def edge(a: int, b: int) -> None:
-        succ[a].append(b)
-        indeg[b] += 1
-
-    for k in range(n):
-        for p in st.preds[k]:
-            edge(p, k)
-        if st.launch_wait[k] >= 0:
-            edge(n + st.launch_wait[k], k)
-    for j in range(m):
-        for a in st.wait_awaited[j]:
-            edge(a, n + j)
-        if st.wait_prev[j] >= 0:
-            edge(n + st.wait_prev[j], n + j)
-        if st.wait_cause[j] >= 0:
-            edge(n + st.wait_cause[j], n + j)
-    return succ, indeg
+    return graph_edges(len(st.op_ids), len(st.wait_end), st.preds, st.launch_wait, st.wait_awaited,
+                       st.wait_prev, st.wait_cause)
 
 
 def joint_replay(data: JointData, durations: Mapping[int, Sequence[float] | np.ndarray],

@@ -334,11 +334,11 @@ def _unexplained(st: ReplayStatic, g: ExecGraph, ops: list[Op]) -> dict[int, flo
     return out
 
 
-def _topological(ops: list[Op], waits: list[_Wait], preds, launch_wait, wait_prev, awaited,
-                 wait_cause) -> list[int]:
-    """Kahn's order over ops (node k) and waits (node n + j), ties broken by measured time
-    (ops at their start, waits at their end)."""
-    n, m = len(ops), len(waits)
+def graph_edges(n: int, m: int, preds, launch_wait, awaited, wait_prev,
+                wait_cause) -> tuple[list[list[int]], list[int]]:
+    """The replay graph's successors and in-degrees over ops (node k < ``n``) and waits (node
+    n + j): an op after its predecessors and its launch's wait, a wait after what it awaited, the
+    thread's previous wait and its cause. The schedule's order and the joint replay both walk it."""
     succ: list[list[int]] = [[] for _ in range(n + m)]
     indeg = [0] * (n + m)
 
@@ -358,6 +358,15 @@ def _topological(ops: list[Op], waits: list[_Wait], preds, launch_wait, wait_pre
             edge(n + wait_prev[j], n + j)
         if wait_cause[j] >= 0:
             edge(n + wait_cause[j], n + j)
+    return succ, indeg
+
+
+def _topological(ops: list[Op], waits: list[_Wait], preds, launch_wait, wait_prev, awaited,
+                 wait_cause) -> list[int]:
+    """Kahn's order over ops (node k) and waits (node n + j), ties broken by measured time
+    (ops at their start, waits at their end)."""
+    n, m = len(ops), len(waits)
+    succ, indeg = graph_edges(n, m, preds, launch_wait, awaited, wait_prev, wait_cause)
     keys = [ops[v].start_us for v in range(n)] + [waits[j].end_us for j in range(m)]
     heap = [(keys[v], v) for v in range(n + m) if indeg[v] == 0]
     heapq.heapify(heap)

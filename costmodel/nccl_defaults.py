@@ -510,3 +510,15 @@ def _restricted_cached(key: str, signature: Signature, algo: Algorithm | None, p
                          _first(channels, over.channels))
     keep = CommConfig(threads=over.threads, chunk_bytes=over.chunk_bytes)
     return keep.merged_over(base)
+
+
+def protocol_hop_factors(cluster: ClusterSpec, algorithm: Algorithm, protocol: Protocol) -> tuple[float, float]:
+    """(intra-node, network) hop latency of ``protocol`` over LL's on the same hop: NCCL's own
+    per-protocol hardware latencies (tuning.cc hwLat, :data:`HW_LAT_US`) relative to LL's. A
+    preset's ``latency_us`` is the LL figure; an LL128 step waits for whole 128-byte lines and a
+    Simple step fences and posts a flag after its data: NVLink ring x3.2 (LL128) and x5.7 (Simple),
+    network x1.5 and x5.2."""
+    intra_hw = "nvlink" if nccl_graph(cluster).type_intra == "nvl" else "pci"
+    table_algo = algorithm if algorithm in HW_LAT_US[intra_hw] else Algorithm.RING
+    intra, net = HW_LAT_US[intra_hw][table_algo], HW_LAT_US["net"][table_algo]
+    return intra[protocol] / intra[Protocol.LL], net[protocol] / net[Protocol.LL]

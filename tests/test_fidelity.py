@@ -21,6 +21,7 @@ from costmodel.cluster import load_cluster
 from costmodel.sim.published_cases import (
     assign_splits,
     gemm_beside_us,
+    harness_floor,
     load_cases,
     overlap_slowdown,
     parse_cases,
@@ -273,6 +274,8 @@ NOT_JUDGED = {
     "cuda13.2-32MiB-sm-local-nccl2177": "names no GPU model",
     "v100x2-allgather-256MiB-alone-and-beside-d2h-nccl2218": "no preset models a V100",
     "v100x4-allgather-256MiB-alone-and-beside-d2h-nccl2218": "no preset models a V100",
+    # pytorch #182850's symm_mem variants: each one's time is flat across its sizes (a per-call floor)
+    **{f"h100x8-allgather-bf16-v{v}-alone-pr182850": "per-call floor" for v in range(1, 6)},
 }
 # The judged cases that hold today (docs/simulator.md, "Fitting and checking"); every other judged case
 # is a recorded miss.
@@ -284,6 +287,11 @@ CONTENTION_HOLDS = {
     "gb200x4-llama3-8b-fsdp-symm-mem-compile-on-torchtitan3105",
     "gb200x4-qwen3-32b-fsdp-symm-mem-compile-on-torchtitan3105",
     "gb200x4-qwen3-32b-fsdp-symm-mem-compile-off-torchtitan3105",
+    # its 1-16 MiB points are bounds (the source's per-call floor), its 64 MiB point a rate
+    "h100x8-allgather-bf16-nccl-alone-pr182850",
+    # the symmetric kernel's fixed cost is a launch and a hop, not NCCL's picker's base latency
+    "h100x8-allgather-bf16-symk-alone-megatron5596",
+    "h100x8-reducescatter-bf16-symk-alone-megatron5596",
 }
 
 
@@ -308,6 +316,29 @@ def test_every_contention_case_is_judged_or_says_why():
     assert "copy engine" in xla.detail["mechanisms"]
 
 
+def test_points_on_a_per_call_floor_are_found_from_their_own_times_and_judged_as_bounds():
+    data = {c["id"]: c for c in json.loads(CONTENTION.read_text())["cases"]}
+
+    def points(case_id: str) -> list[tuple[int, str, float]]:
+        return [(p["bytes"], "time_us" if p.get("time_us") is not None else "GBps",
+                 p["time_us"] if p.get("time_us") is not None else p["GBps"]) for p in data[case_id]["points"]]
+
+    # NCCL's AllGather in pytorch #182850: flat from 1 to 16 MiB per rank, then x2.4 time for x4 bytes
+    assert harness_floor(points("h100x8-allgather-bf16-nccl-alone-pr182850")) == (True, True, True, False)
+    # Megatron-LM #5596's kernel device times grow with the bytes: no floor
+    assert not any(harness_floor(points("h100x8-allgather-bf16-ring-alone-megatron5596")))
+    assert not any(harness_floor(points("h100x8-allgather-bf16-symk-alone-megatron5596")))
+    # a floor point is a bound the model's device time must stay under: a floor below it is a miss
+    case = {**data["h100x8-allgather-bf16-nccl-alone-pr182850"], "id": "floor"}
+    case.pop("split")
+    (held,) = run_cases(parse_cases(_file(case), "t"))
+    assert held.holds and [p["convention"] for p in held.model] == ["floor", "floor", "floor", "algbw"]
+    fast = {**case, "points": [{"bytes": p["bytes"], "GBps": p["GBps"] * 40} for p in case["points"][:3]]
+            + case["points"][3:]}
+    (missed,) = run_cases(parse_cases(_file(fast), "t"))
+    assert missed.holds is False and not missed.model[0]["holds"]
+
+
 def test_the_split_is_the_rule_applied_to_the_cases():
     data = json.loads(CONTENTION.read_text())
     cases = data["cases"]
@@ -328,7 +359,7 @@ def test_cli_reports_both_sets_and_the_fitting_sets_worst_miss():
     if SHARED_CONTENTION.is_file():  # the shared file has no split: one line, every case run
         shared = subprocess.run([sys.executable, str(CLI), str(SHARED_CONTENTION)], capture_output=True, text=True,
                                 timeout=300)
-        assert shared.returncode == 1 and "judged cases hold" in shared.stdout and "9 not judged" in shared.stdout
+        assert shared.returncode == 1 and "judged cases hold" in shared.stdout and "14 not judged" in shared.stdout
 
 
 def test_fsdp_llama3_on_h100_sits_in_the_published_ranges():

@@ -36,9 +36,13 @@ bandwidth and L2 compute leaves it (:meth:`CollectiveEstimate.time_under`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
+
+# (algorithm, protocol) -> (intra-node, network) hop latency over LL's (nccl_defaults.protocol_hop_factors)
+HopFactors = Callable[[Algorithm, Protocol], tuple[float, float]]
 
 _GB = 1e9 / 1e6  # bytes per microsecond in one GB/s
 
@@ -162,9 +166,12 @@ def collective_estimate(
     chunk_bytes: int,
     l2_bytes: float,
     mem_bw: float,
+    hop_factors: tuple[float, float] = (1.0, 1.0),
 ) -> CollectiveEstimate:
     """The collective under a fully resolved setting; ``time_us`` alone on a GPU with
-    ``l2_bytes`` of L2 and ``mem_bw`` bytes/us of DRAM bandwidth."""
+    ``l2_bytes`` of L2 and ``mem_bw`` bytes/us of DRAM bandwidth. ``hop_factors``: the protocol's
+    (intra-node, network) hop latency over LL's (costmodel.nccl_defaults.protocol_hop_factors),
+    as the simulator charges it."""
     nc = max(1, int(channels))
     n = max(1, int(ranks))
     nodes = max(1, int(nodes))
@@ -183,7 +190,7 @@ def collective_estimate(
     loops = max(1, math.ceil(share / c - 1e-9))
     step = c / r + sync
     intra_hops, net_hops = hops(collective, algorithm, n, nodes)
-    latency = intra_hops * p["intra_hop_us"] + net_hops * p["net_hop_us"]
+    latency = intra_hops * p["intra_hop_us"] * hop_factors[0] + net_hops * p["net_hop_us"] * hop_factors[1]
     fill = step * (n - 2 if rooted else 1)
     fixed = p["launch_us"] + latency + fill
     # NCCL's last loop runs a smaller chunk (realChunkSize): only the synchronisations are quantised,
@@ -198,14 +205,15 @@ def collective_estimate(
 
 def resolved_estimate(p: dict, collective: CollectiveType, message_bytes: float, ranks: int, nodes: int,
                       gpus_per_node: int, config: CommConfig, max_ctas: int, l2_bytes: float,
-                      mem_bw: float) -> CollectiveEstimate:
+                      mem_bw: float, hop_factors: HopFactors | None = None) -> CollectiveEstimate:
     """:func:`collective_estimate` under ``config``, which sets every knob of NCCL's kernels
     (``costmodel.nccl_defaults.resolve_config``'s output); a channel is a CTA: at most ``max_ctas``."""
     assert (config.algorithm is not None and config.protocol is not None and config.channels is not None
             and config.threads is not None and config.chunk_bytes is not None)  # resolve_config sets every knob
     return collective_estimate(p, collective, message_bytes, ranks, nodes, gpus_per_node, config.algorithm,
                                config.protocol, min(config.channels, max_ctas), config.threads, config.chunk_bytes,
-                               l2_bytes, mem_bw)
+                               l2_bytes, mem_bw,
+                               hop_factors(config.algorithm, config.protocol) if hop_factors else (1.0, 1.0))
 
 
 def _with_time(est: CollectiveEstimate, time_us: float) -> CollectiveEstimate:
@@ -236,14 +244,16 @@ def copy_engine_estimate(p: dict, collective: CollectiveType, message_bytes: flo
 
 
 def symmetric_estimate(p: dict, collective: CollectiveType, message_bytes: float, ranks: int, ctas: int,
-                       bus_bytes: float, base_latency_us: float, cta_bw: float, peak_bw: float, l2_bytes: float,
+                       bus_bytes: float, cta_bw: float, peak_bw: float, l2_bytes: float,
                        mem_bw: float) -> CollectiveEstimate:
-    """NCCL's symmetric kernel (its pick: ``ctas``, its model's bus bytes, base latency, per-CTA
-    and peak bandwidth, bytes/us): holds its CTAs, no FIFO, no chunk steps."""
+    """NCCL's symmetric kernel (its pick: ``ctas``, its model's bus bytes, per-CTA and peak
+    bandwidth, bytes/us): holds its CTAs, no FIFO, no chunk steps; a launch and one hop before
+    its data (NCCL's base latency is its picker's figure, not the kernel's time)."""
     bus, _ = ring_shape(collective, max(1, int(ranks)))
     wire = bus * float(max(1, message_bytes))
     rate = min(ctas * cta_bw, peak_bw, p["intra_bw_gb_per_s"] * _GB)
-    est = CollectiveEstimate(time_us=0.0, fixed_us=base_latency_us, steps_us=0.0, wire_bytes=bus_bytes, rate_cap=rate,
+    est = CollectiveEstimate(time_us=0.0, fixed_us=p["launch_us"] + p["intra_hop_us"], steps_us=0.0,
+                             wire_bytes=bus_bytes, rate_cap=rate,
                              ctas=ctas, footprint_bytes=0.0,
                              dram_base=p["direct_dram_per_byte"] * wire / max(1.0, bus_bytes), dram_fifo=0.0)
     return _with_time(est, est.time_under(l2_bytes, mem_bw))

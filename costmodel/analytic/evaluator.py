@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 
 from costmodel.analytic.collective_model import (
     CollectiveEstimate,
@@ -57,7 +58,7 @@ from costmodel.analytic.jump import JumpStatic, build_jump_static, jump_timeline
 from costmodel.analytic.params import params_for
 from costmodel.cluster import ClusterSpec
 from costmodel.evaluator import DurationScale, LazyOpValues, OpTiming, Timing, check_generated, check_plan
-from costmodel.nccl_defaults import nccl_graph, symmetric_kernel
+from costmodel.nccl_defaults import nccl_graph, protocol_hop_factors, symmetric_kernel
 from costmodel.replay.anchor import check_scale
 from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
@@ -193,7 +194,7 @@ class AnalyticEvaluator:
                 self.params, signature.collective, signature.message_bytes, signature.ranks, signature.nodes,
                 self.cluster.gpus_per_node, self.resolve(signature, config),
                 self.gpu.sm_count - 1,  # a channel is a CTA: one SM each
-                self.gpu.l2_bytes, self.gpu.mem_bw,
+                self.gpu.l2_bytes, self.gpu.mem_bw, partial(protocol_hop_factors, self.cluster),
             )
             if len(self._est_cache) > 200_000:
                 self._est_cache.clear()
@@ -219,7 +220,7 @@ class AnalyticEvaluator:
             if kernel is None:
                 return None
             est = symmetric_estimate(p, signature.collective, signature.message_bytes, signature.ranks,
-                                     min(kernel.ctas, g.sm_count - 1), kernel.bus_bytes, kernel.base_latency_us,
+                                     min(kernel.ctas, g.sm_count - 1), kernel.bus_bytes,
                                      kernel.cta_bw_bytes_per_us, kernel.peak_bw_bytes_per_us, g.l2_bytes, g.mem_bw)
         self._est_cache[(signature, config)] = est
         return est

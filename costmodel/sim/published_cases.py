@@ -159,6 +159,7 @@ class AloneRate:
     bytes_are: str  # "shard" (per rank) or "buffer" (nccl-tests' size)
     relative: float
     nccl_version: NcclVersion
+    at_floor: tuple[bool, ...] = ()  # per point: the source's time does not grow with the bytes (harness_floor)
 
 
 @dataclass(frozen=True)
@@ -541,13 +542,46 @@ def _alone_rate(f: _Fields, cluster: ClusterSpec) -> AloneRate:
         if value <= 0:
             raise f.error(f"'points[{i}].{key}' must be > 0")
         points.append((size, key, value))
+    at_floor = harness_floor(points)
+    if len(points) > 1 and all(at_floor):
+        sizes = sorted(size for size, _, _ in points)
+        raise NotJudged(f"every point is at the source's per-call floor: its time is flat from "
+                        f"{sizes[0] / (1 << 20):g} to {sizes[-1] / (1 << 20):g} MiB, so it measured the "
+                        "harness's per-call cost, not the collective")
 
     def signature_for(size: int) -> Signature:
         message = size * ranks if bytes_are == "shard" else size
         return Signature(_GROUP, collective, message, ranks, nodes)
 
     return AloneRate(signature_for, _PATHS[path_name], tuple(points), convention, bytes_are,
-                     f.number("relative", f.mapping("tolerance"), "tolerance."), _nccl_version(f))
+                     f.number("relative", f.mapping("tolerance"), "tolerance."), _nccl_version(f), at_floor)
+
+
+# A collective's time grows with its bytes once past its latency: a point whose time grows by less
+# than this share of its bytes' growth to the next size (x4 bytes, under x1.75 time) is on a floor.
+# A device floor of one collective is its latency, ~10-20 us on NVLink (NCCL tuning.cc baseLat +
+# hwLat); the published floors of pytorch #182850 are flat from 1 to 16 MiB per rank, far above that.
+FLOOR_TIME_GROWTH_SHARE = 0.25
+
+
+def harness_floor(points: list[tuple[int, str, float]] | tuple[tuple[int, str, float], ...]) -> tuple[bool, ...]:
+    """Per point (in the given order): whether its time is on a floor that does not grow with its
+    bytes, judged against its neighbour in size (a rate's time is bytes / rate, in any convention,
+    since a convention is a constant factor per case). Such a point bounds the collective's time from
+    above (the floor is a harness's per-call cost, or the collective's latency), nothing more."""
+    def time_of(size: int, key: str, value: float) -> float:
+        return value if key == "time_us" else size / value
+
+    order = sorted(range(len(points)), key=lambda i: points[i][0])
+    flags = [False] * len(points)
+    for a, b in zip(order, order[1:]):
+        (size_a, key_a, value_a), (size_b, key_b, value_b) = points[a], points[b]
+        if size_b <= size_a:
+            continue
+        growth = time_of(size_b, key_b, value_b) / time_of(size_a, key_a, value_a) - 1.0
+        if growth < FLOOR_TIME_GROWTH_SHARE * (size_b / size_a - 1.0):
+            flags[a] = flags[b] = True
+    return tuple(flags)
 
 
 def _change_set(f: _Fields, change: dict) -> tuple[frozenset[CollectiveType], CommPath]:
@@ -919,12 +953,23 @@ def _run_rate(case: Case, sim: Simulator, q: AloneRate) -> CaseResult:
     points: list[dict] = []
     holds_all = True
     mechanisms = set()
-    for size, key, measured in q.points:
+    floors = q.at_floor or (False,) * len(q.points)
+    for (size, key, measured), at_floor in zip(q.points, floors):
         signature = q.signature_for(size)
         model = sim.collective_model(signature, config)
         mechanisms.add(model.mechanism.value)
         time_us = model.alone_us
         label = f"  {size / (1 << 20):g} MiB{' per rank' if q.bytes_are == 'shard' else ''}"
+        if at_floor:  # the source's time is a floor above the collective's: the model's must not exceed it
+            floor_us = _measured_time_us(signature, key, measured, q.convention)
+            holds = time_us <= floor_us * (1.0 + q.relative)
+            holds_all = holds_all and holds
+            rows.append(Row(label + " (at the source's floor: a bound)", f"{time_us:,.1f} us",
+                            f"<= {floor_us:,.1f} us", f"+{q.relative:.0%}", holds,
+                            max(0.0, time_us / floor_us - 1)))
+            points.append({"bytes": size, "time_us": round(time_us, 2), "floor_us": round(floor_us, 2),
+                           "convention": "floor", "holds": holds})
+            continue
         if key == "time_us":
             value, unit, convention = time_us, "us", "time"
         else:
@@ -947,6 +992,16 @@ def _run_rate(case: Case, sim: Simulator, q: AloneRate) -> CaseResult:
     return CaseResult(case.id, case.kind, holds_all, points, [{"bytes": b, k: v} for b, k, v in q.points],
                       {"nccl_version": str(q.nccl_version), "mechanism": sorted(mechanisms), "bytes_are": q.bytes_are},
                       [head, *rows])
+
+
+def _measured_time_us(signature: Signature, key: str, value: float, convention: str) -> float:
+    """A point's published time: itself, or the message over its rate (``unknown``: the shorter of
+    algbw's and busbw's readings, the stricter bound)."""
+    if key == "time_us":
+        return value
+    algbw_us = signature.message_bytes / value / 1e3
+    busbw_us = bus_bandwidth_gb_per_s(signature, 1.0) / value  # the factor x message over the rate
+    return {"algbw": algbw_us, "busbw": busbw_us}.get(convention, min(algbw_us, busbw_us))
 
 
 def _run_gain(case: Case, sim: Simulator, q: PathGain) -> CaseResult:

@@ -267,6 +267,22 @@ def _direction(miss: Miss) -> str:
     return "model high" if miss.error > 0 else "model low"
 
 
+def _coordinate(s: Sweep, case_id: str) -> dict[str, dict[str, float]]:
+    """Per constant of the coordinate sweep: the case's signed miss at each level (0: holds; the
+    default point at the constant's centre), to show which constant moves it and which way."""
+    out: dict[str, dict[str, float]] = {}
+    at_default = s.default.misses[case_id]
+    for c in CONSTANTS:
+        levels = {f"{c.default:g}": round(math.copysign(at_default.distance, at_default.error), 4)}
+        for p in s.points:
+            if p.point.origin == "coordinate" and p.point.values[0][0] == c.name:
+                m = p.misses[case_id]
+                levels[f"{p.point.values[0][1]:g}"] = round(math.copysign(m.distance, m.error), 4)
+        if len(levels) > 1:
+            out[c.name] = dict(sorted(levels.items(), key=lambda kv: float(kv[0])))
+    return out
+
+
 def report(s: Sweep) -> dict:
     admissible = s.admissible
     cases = []
@@ -284,9 +300,11 @@ def report(s: Sweep) -> dict:
                               "distance": round(m.distance, 4), "figure": m.label, "model": m.model,
                               "measured": m.measured, "error": round(m.error, 4),
                               "direction": "" if m.holds else _direction(m), "point": where.point.to_json()}
+        entry["coordinate"] = _coordinate(s, case_id)
         cases.append(entry)
     best = s.best()
     union = [c for c in s.check_ids if any(p.misses[c].holds for p in admissible)]
+    unbound = max(s.points, key=lambda p: (p.check_held, p.fit_held))  # no anchor, no fitting floor
     need = math.ceil(TARGET_SHARE * len(s.check_ids))
     return {
         "constants": [{"name": c.name, "levels": list(c.levels), "default": c.default,
@@ -301,13 +319,18 @@ def report(s: Sweep) -> dict:
                                                            "holding": [c for c in s.check_ids
                                                                        if best.misses[c].holds]},
                   "held_anywhere": union,
+                  "best_point_unconstrained": {"held": unbound.check_held, "fit_held": unbound.fit_held,
+                                               "anchors_hold": unbound.anchors_hold,
+                                               "constants": unbound.point.to_json()},
+                  "held_anywhere_unconstrained": [c for c in s.check_ids if any(p.misses[c].holds for p in s.points)],
                   "target_reached": best is not None and best.check_held >= need},
         "cases": cases,
         "never_hold": [c["id"] for c in cases if c["holds_at"] == 0],
         "not_judged": s.not_judged,
         "default_verdicts": s.default_verdicts,
         "grid": [{"origin": p.point.origin, "constants": p.point.to_json(), "admissible": p.admissible,
-                  "anchors_hold": p.anchors_hold, "fit_held": p.fit_held, "check_held": p.check_held}
+                  "anchors_hold": p.anchors_hold, "fit_held": p.fit_held, "check_held": p.check_held,
+                  "check_holding": [c for c in s.check_ids if p.misses[c].holds]}
                  for p in s.points],
     }
 
@@ -350,11 +373,20 @@ def table(out: dict) -> str:
                      f"{out['fit']['judged']}: {_fmt_point(best['constants'])}")
     lines.append(f"held at some admissible point (not necessarily the same): {len(check['held_anywhere'])} of "
                  f"{check['judged']}")
+    free = check["best_point_unconstrained"]
+    lines.append(f"without the anchors and the fitting floor: best point {free['held']} of {check['judged']} "
+                 f"(fitting set {free['fit_held']}); held at some point: "
+                 f"{len(check['held_anywhere_unconstrained'])} of {check['judged']}")
     lines.append(f"issue 23's target ({check['target']} of {check['judged']}, 80%): "
                  f"{'reached' if check['target_reached'] else 'not reached by any point of the grid'}")
     if out["never_hold"]:
-        lines.append(f"never holding at an admissible point: {len(out['never_hold'])} "
-                     f"(closest above, direction of the miss)")
+        lines.append(f"never holding at an admissible point: {len(out['never_hold'])} (closest above); the "
+                     f"constant that moves each most in the coordinate sweep, its worst figure's miss per level:")
+    for c in out["cases"]:
+        if c["id"] in out["never_hold"] and c["coordinate"]:
+            name, levels = max(c["coordinate"].items(), key=lambda kv: max(kv[1].values()) - min(kv[1].values()))
+            spread = " ".join(f"{level}:{miss:+.0%}" for level, miss in levels.items())
+            lines.append(f"  {c['id']}: {name} {spread}")
     for c in out["cases"]:
         if c["blocked_by"]:
             what = ", ".join(f"{k} ({v})" for k, v in list(c["blocked_by"].items())[:3])

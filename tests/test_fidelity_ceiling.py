@@ -67,6 +67,10 @@ def test_a_three_point_sweep_reports_every_checking_case_and_reproduces_the_runn
         if not near["holds"]:  # a miss says by how much and which way
             assert near["direction"] == ("model high" if near["error"] > 0 else "model low")
             assert abs(near["error"]) == pytest.approx(near["distance"], abs=1e-4)
+    free = out["check"]["best_point_unconstrained"]
+    assert free["held"] == max(p["check_held"] for p in out["grid"]) >= out["check"]["held_default"]
+    assert set(out["check"]["held_anywhere"]) <= set(out["check"]["held_anywhere_unconstrained"])
+    assert out["grid"][0]["check_holding"] == [c for c in checking if out["default_verdicts"][c]]
     assert set(out["never_hold"]) == {c["id"] for c in out["cases"] if c["holds_at"] == 0}
     assert ceiling.table(out).count("\n") >= len(checking) + 6  # the table renders the same object
 

@@ -206,10 +206,10 @@ class Sweep:
 
     def best(self) -> PointResult | None:
         """The admissible point with the most checking cases held (then fitting cases, then checking
-        figures held, then the checking set's summed distance)."""
+        figures held, then the fewest constants moved, then the checking set's summed distance)."""
         return max(self.admissible, default=None,
                    key=lambda p: (p.check_held, p.fit_held, sum(p.misses[c].figures_held for c in self.check_ids),
-                                  -sum(p.misses[c].distance for c in self.check_ids)))
+                                  -len(p.point.values), -sum(p.misses[c].distance for c in self.check_ids)))
 
     def blocked_by(self, case_id: str) -> dict[str, int]:
         """At the points where the case holds but which are not admissible: what failed, and how often

@@ -663,16 +663,21 @@ def bus_bandwidth_gb_per_s(signature: Signature, time_us: float) -> float:
 
 
 class FidelityRunner:
-    """Runs cases on one noise-free simulator per preset."""
+    """Runs cases on one noise-free simulator per preset.
 
-    def __init__(self) -> None:
+    ``cluster_for``, when given, rewrites every preset before its simulator is built (one change of
+    the mechanism's constants for every case: ``bench/fidelity_ceiling.py`` sweeps them)."""
+
+    def __init__(self, cluster_for: Callable[[ClusterSpec], ClusterSpec] | None = None) -> None:
         self._sims: dict[str, Simulator] = {}
+        self._cluster_for = cluster_for
 
     def simulator(self, cluster: ClusterSpec) -> Simulator:
         key = f"{cluster.name}@{cluster.nccl_version}"
         sim = self._sims.get(key)
         if sim is None:
-            sim = self._sims[key] = Simulator(cluster, noise=0.0)
+            built = self._cluster_for(cluster) if self._cluster_for is not None else cluster
+            sim = self._sims[key] = Simulator(built, noise=0.0)
         return sim
 
     def run(self, case: Case) -> CaseResult:

@@ -26,7 +26,9 @@ otherwise); :func:`run_case` asks the simulator, noise off, for the case's quant
   preset models); each figure holds within ``relative``;
 * ``collective_alone_rate``: the collective alone on its path (``sm``: NCCL's defaults,
   ``symmetric``, ``copy_engine``) at each size, as a time or a rate in the stated
-  convention (``unknown``: holds if algbw or busbw does, and says which);
+  convention (``unknown``: holds if algbw or busbw does, and says which); a point whose
+  time does not grow with its bytes (:func:`harness_floor`) is on the source's per-call
+  floor and bounds the model's time from above; a case all on the floor is not judged;
 * ``path_gain_end_to_end``: one iteration of the case's ``workload`` (or the job the project
   chooses to stand for it, :mod:`costmodel.sim.case_stand_ins`, printed) under NCCL's
   defaults and with the change (the named collectives on the named path); the throughput

@@ -161,3 +161,16 @@ def test_rccl_trace_is_analysed_and_simulated_but_not_tuned(tmp_path, capsys):
         code, _, err = run_cli(capsys, "tune", str(MI250), *extra, "-o", str(tmp_path / "x.yaml"))
         assert code == 2 and err.count("\n") == 1, err
         assert "an AMD GPU, whose collectives are RCCL's: Lagom's knobs and tuner plugin are NCCL's" in err
+
+
+def test_a_config_files_nccl_version_is_named_as_the_files_when_it_differs_from_the_trace(tmp_path, capsys):
+    trace = _trace(tmp_path, "NVIDIA H100 80GB HBM3", nccl_version="2.27.3")
+    tuned = tmp_path / "x.yaml"
+    code, _, err = run_cli(capsys, "tune", str(trace), "--nccl-version", "2.18.3", "-o", str(tuned))
+    assert code == 0, err
+    assert "but --nccl-version is 2.18.3: tuning for 2.18.3" in err
+    code, _, err = run_cli(capsys, "simulate", str(trace), "--config", str(tuned), "--json")
+    assert code == 0, err
+    (warning,) = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert warning == (f"warning: the trace ran NCCL 2.27.3 but {tuned}'s nccl_version is 2.18.3: modelling "
+                       "2.18.3, whose knobs and defaults may differ")

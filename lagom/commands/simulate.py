@@ -151,9 +151,11 @@ def run(args: argparse.Namespace) -> int:
     if from_trace and args.noise:
         raise LagomError("--noise: a trace is replayed from its measured times, which no noise changes; drop --noise")
     nccl_version = parse_nccl_version_arg(args.nccl_version)
+    version_from = "--nccl-version"
     if nccl_version is None and args.config:  # the NCCL the file was tuned for, unless the flag says otherwise
         nccl_version = parse_nccl_version_arg(_file_nccl_version(args.config), f"{args.config}: nccl_version")
-    choice = resolve_cluster(workload, from_trace, args.cluster, nccl_version)
+        version_from = f"{args.config}'s nccl_version"
+    choice = resolve_cluster(workload, from_trace, args.cluster, nccl_version, version_from, "modelling")
     cluster = choice.cluster
     # the settings a file or --set gives reach NCCL's collectives of known size only (CollectiveOp.tunable)
     signatures = sorted({w.signature(c, cluster.gpus_per_node) for w in workloads or [workload]

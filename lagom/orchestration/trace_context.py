@@ -19,7 +19,8 @@ A trace records what its job ran on: the GPU (``deviceProperties``), the NCCL ve
   name it. One note line says which, and from what;
 - the NCCL version: ``--nccl-version`` when given, else the trace's, else the cluster's;
 - one warning line naming both sides where a given ``--cluster`` models another GPU
-  than the trace's, or a given ``--nccl-version`` is not the one the trace ran.
+  than the trace's, or a given ``--nccl-version`` (or a ``--config`` file's ``nccl_version``, for
+  simulate) is not the one the trace ran; the warning names which.
 
 A trace that records no GPU at all (no ``deviceProperties``, no GPU kernels: a CPU-only
 trace), or a GPU that neither a preset nor the table knows, is a LagomError asking for
@@ -81,8 +82,11 @@ def presets_for_gpu(device_name: str | None) -> list[str]:
 
 
 def resolve_cluster(workload: Workload, from_trace: bool, cluster_arg: str | None,
-                    nccl_version_arg: NcclVersion | None = None) -> ClusterChoice:
-    """The cluster (and NCCL version) to model ``workload`` on; see the module doc."""
+                    nccl_version_arg: NcclVersion | None = None, version_from: str = "--nccl-version",
+                    purpose: str = "tuning for") -> ClusterChoice:
+    """The cluster (and NCCL version) to model ``workload`` on; see the module doc.
+    ``version_from`` names where ``nccl_version_arg`` came from (the flag, or a ``--config``
+    file's ``nccl_version``) and ``purpose`` what the command does with it, for the warning."""
     if not from_trace:
         if cluster_arg is None:
             raise LagomError("--cluster is required for a generator spec or a workload file "
@@ -99,8 +103,8 @@ def resolve_cluster(workload: Workload, from_trace: bool, cluster_arg: str | Non
     if nccl_version_arg is not None:
         version = nccl_version_arg
         if traced is not None and version != traced:
-            choice.warnings.append(f"the trace ran NCCL {traced} but --nccl-version is {version}: "
-                                   f"tuning for {version}, whose knobs and defaults may differ")
+            choice.warnings.append(f"the trace ran NCCL {traced} but {version_from} is {version}: "
+                                   f"{purpose} {version}, whose knobs and defaults may differ")
     elif traced is not None:
         version = traced
         if choice.derived:

@@ -194,7 +194,7 @@ def test_evaluator_help_says_why_its_default_differs():
 @pytest.mark.parametrize("argv, command", [
     (["analyze", "x.json", "-o", "out"], "lagom analyze"),
     (["doctor", "--budget", "3"], "lagom doctor"),
-    (["plugin", "check", "t.csv", "--json"], "lagom plugin check"),
+    (["plugin", "table", "t.yaml", "--json"], "lagom plugin table"),
 ])
 def test_an_option_a_command_lacks_names_that_commands_help(argv, command, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -42,6 +42,7 @@ def test_plugin_build_prints_path_last_and_caches(tmp_path):
     mtime = so.stat().st_mtime_ns
     again = lagom("plugin", "build", env=env)
     assert Path(again.stdout.strip().splitlines()[-1]) == so and so.stat().st_mtime_ns == mtime
+    assert json.loads(lagom("plugin", "build", "--json", env=env).stdout) == {"plugin": str(so)}
 
 
 def test_missing_or_broken_compiler_is_one_line_not_a_crash(tmp_path, monkeypatch):
@@ -120,6 +121,13 @@ def test_plugin_table_from_tuned_config(tmp_path):
     bad.write_text("allreduce,0,-1,ring,simple,4,-1,-1\nallreduce,0,-1,warp,simple,4,-1,-1\n")
     check = lagom("plugin", "check", str(bad))
     assert check.returncode == 1 and "line 2: unknown algorithm 'warp'" in check.stdout
+    as_json = lagom("plugin", "check", str(bad), "--json")
+    assert as_json.returncode == 1, as_json.stderr
+    report = json.loads(as_json.stdout)
+    assert report["table"] == str(bad) and report["entries"] == 1 and len(report["rejected"]) == 1
+    assert report["rejected"][0].startswith("line 2: unknown algorithm 'warp'")
+    assert json.loads(lagom("plugin", "check", str(out), "--json").stdout) == {"table": str(out), "entries": 2,
+                                                                               "rejected": []}
     missing = lagom("plugin", "table", str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2 and "nope.yaml: no such file" in missing.stderr
 

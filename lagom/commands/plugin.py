@@ -1,12 +1,13 @@
 """`lagom plugin`: build Lagom's NCCL tuner plugin, make its table from a tuned config, check a table.
 
-  lagom plugin build [--force] [--cc CC]
+  lagom plugin build [--force] [--cc CC] [--json]
       compile (cached); the last line is the absolute .so path
   lagom plugin table lagom.yaml [-o FILE]
       the plugin's CSV table for a tuned config (stdout without -o)
-  lagom plugin check TABLE.csv
+  lagom plugin check TABLE.csv [--json]
       parse a table as the plugin does; one line per rejected line
       (exit status 1 when any line is rejected, 0 when none)
+  --json on build and check: one JSON object instead of lines
 
 Use the plugin with NCCL (docs/plugin.md has the table format and matching rules):
 
@@ -16,9 +17,11 @@ Use the plugin with NCCL (docs/plugin.md has the table format and matching rules
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
+from lagom.args.common_args import add_json
 from nccl_env.errors import LagomError
 
 BUILD_DOC = """Compile Lagom's NCCL tuner plugin (nccl_env/plugin/lagom_tuner.c) with the system C
@@ -46,6 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                description=BUILD_DOC)
     build.add_argument("--force", action="store_true", help="rebuild even if a cached build exists")
     build.add_argument("--cc", help="C compiler (default: $CC, else cc/gcc/clang on PATH)")
+    add_json(build)
     table = actions.add_parser("table", help="the plugin table (CSV) for a tuned config", description=TABLE_DOC)
     table.add_argument("config", metavar="CONFIG", help="tuned config file (lagom.yaml)")
     table.add_argument("-o", "--output", metavar="FILE", help="write the table here instead of stdout")
@@ -53,6 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     check = actions.add_parser("check", help="parse a plugin table; list rejected lines (exit 1 if any)",
                                description=CHECK_DOC)
     check.add_argument("table", metavar="TABLE", help="plugin table file (CSV)")
+    add_json(check)
     parser.set_defaults(func=run, _parser=parser)
 
 
@@ -60,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "build":
         from nccl_env.plugin_build import build_plugin
 
-        print(build_plugin(force=args.force, cc=args.cc))
+        so_path = build_plugin(force=args.force, cc=args.cc)
+        print(json.dumps({"plugin": str(so_path)}) if args.json else so_path)
         return 0
     if args.action == "table":
         from lagom.files.output_paths import OutputFormat, check_output, write_output
@@ -89,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
             raise LagomError(f"{path}: is gzip-compressed data (a trace?), expected a plugin table (CSV)")
         text = raw.decode("utf-8", errors="replace")  # the C parser reads bytes too
         entries, warnings = parse_table(text)
+        if args.json:
+            print(json.dumps({"table": str(path), "entries": len(entries), "rejected": warnings}))
+            return 1 if warnings else 0
         for w in warnings:
             print(f"{path}: {w}")
         print(f"{path}: {len(entries)} entries, {len(warnings)} rejected lines")

@@ -513,12 +513,14 @@ def _restricted_cached(key: str, signature: Signature, algo: Algorithm | None, p
 
 
 def protocol_hop_factors(cluster: ClusterSpec, algorithm: Algorithm, protocol: Protocol) -> tuple[float, float]:
-    """(intra-node, network) hop latency of ``protocol`` over LL's on the same hop: NCCL's own
-    per-protocol hardware latencies (tuning.cc hwLat, :data:`HW_LAT_US`) relative to LL's. A
-    preset's ``latency_us`` is the LL figure; an LL128 step waits for whole 128-byte lines and a
-    Simple step fences and posts a flag after its data: NVLink ring x3.2 (LL128) and x5.7 (Simple),
-    network x1.5 and x5.2."""
+    """(intra-node, network) hop latency of ``algorithm`` and ``protocol`` over the ring's LL hop:
+    NCCL's own hardware latencies (tuning.cc hwLat, :data:`HW_LAT_US`) relative to Ring/LL's, the
+    figure a preset's ``latency_us`` is. An LL128 step waits for whole 128-byte lines and a Simple
+    step fences and posts a flag after its data: NVLink ring x3.2 (LL128) and x5.7 (Simple),
+    network ring x1.5 and x5.2; a tree's network hop x1.9 / x3.1 / x5.2 (5.0 / 8.5 / 14.0 us)."""
     intra_hw = "nvlink" if nccl_graph(cluster).type_intra == "nvl" else "pci"
     table_algo = algorithm if algorithm in HW_LAT_US[intra_hw] else Algorithm.RING
-    intra, net = HW_LAT_US[intra_hw][table_algo], HW_LAT_US["net"][table_algo]
-    return intra[protocol] / intra[Protocol.LL], net[protocol] / net[Protocol.LL]
+    intra, net = HW_LAT_US[intra_hw], HW_LAT_US["net"]
+    base = Protocol.LL
+    return (intra[table_algo][protocol] / intra[Algorithm.RING][base],
+            net[table_algo][protocol] / net[Algorithm.RING][base])

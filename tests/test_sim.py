@@ -136,3 +136,26 @@ def test_alltoall_follows_nccls_p2p_path_in_both_evaluators():
     ag = Signature("0", CollectiveType.ALLGATHER, 64 << 20, 8, 1)
     sim = Simulator(cluster)
     assert sim.collective_time_us(ag, CommConfig(threads=64)) > sim.collective_time_us(ag, CommConfig(threads=512))
+
+
+def test_a_hop_costs_nccls_latency_for_its_algorithm_and_protocol_over_the_presets_ring_ll_figure():
+    """A preset's latency_us is NCCL's Ring/LL hwLat; a step of another protocol or algorithm costs NCCL's own
+    ratio to it (tuning.cc hwLat: NVLink ring LL128 1.9 / 0.6, Simple 3.4 / 0.6; a network tree hop 5.0 / 2.7)."""
+    from costmodel.nccl_defaults import protocol_hop_factors
+    from nccl_env.knobs import Algorithm, Protocol
+
+    h100, low = load_cluster("h100-nvswitch"), load_cluster("low-bw")
+    assert protocol_hop_factors(h100, Algorithm.RING, Protocol.LL) == (1.0, 1.0)
+    assert protocol_hop_factors(h100, Algorithm.RING, Protocol.LL128) == pytest.approx((1.9 / 0.6, 4.0 / 2.7))
+    assert protocol_hop_factors(h100, Algorithm.RING, Protocol.SIMPLE) == pytest.approx((3.4 / 0.6, 14.0 / 2.7))
+    assert protocol_hop_factors(h100, Algorithm.TREE, Protocol.LL) == pytest.approx((1.0, 5.0 / 2.7))
+    assert protocol_hop_factors(low, Algorithm.RING, Protocol.SIMPLE) == pytest.approx((5.7 / 1.0, 14.0 / 2.7))
+    # the simulator charges it: the same 8 MiB ring AllGather on LL128 pays 7 hops x (1.9 - 0.6) us more than the
+    # hop latency of LL would give, whatever else its pipeline costs
+    sim = Simulator(h100, noise=0.0)
+    sig = Signature("g", CollectiveType.ALLGATHER, 8 << 20, 8, 1)
+    config = CommConfig(algorithm=Algorithm.RING, protocol=Protocol.LL128, channels=16, threads=640,
+                        chunk_bytes=1 << 17)
+    model = sim.collective_model(sig, config)
+    share_bytes = (8 << 20) // (8 * 16)  # a channel's share: under the chunk, so one step moves it (LL128 at 36.7 GB/s)
+    assert model.fixed_us == pytest.approx(5.0 + 7 * 1.9 + share_bytes / 36.7e3 + 0.4, rel=1e-9)

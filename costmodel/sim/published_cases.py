@@ -53,6 +53,7 @@ from typing import Any
 from costmodel.cluster import ClusterSpec, load_cluster, preset_names
 from costmodel.evaluator import MODELLED_ALGORITHMS
 from costmodel.gpu_specs import device_model
+from costmodel.nccl_defaults import algo_estimates
 from costmodel.sim.case_stand_ins import OTHER_PREFIX, NotJudged, presets_for_other, stand_in_spec, stand_in_specs
 from costmodel.sim.simulator import Simulator, tiny_overlap_workload
 from nccl_env.errors import LagomError
@@ -544,46 +545,48 @@ def _alone_rate(f: _Fields, cluster: ClusterSpec) -> AloneRate:
         if value <= 0:
             raise f.error(f"'points[{i}].{key}' must be > 0")
         points.append((size, key, value))
-    at_floor = harness_floor(points)
-    if len(points) > 1 and all(at_floor):
-        sizes = sorted(size for size, _, _ in points)
-        raise NotJudged(f"every point is at the source's per-call floor: its time is flat from "
-                        f"{sizes[0] / (1 << 20):g} to {sizes[-1] / (1 << 20):g} MiB, so it measured the "
-                        "harness's per-call cost, not the collective")
+    relative = f.number("relative", f.mapping("tolerance"), "tolerance.")
+    nccl_version = _nccl_version(f)
 
     def signature_for(size: int) -> Signature:
         message = size * ranks if bytes_are == "shard" else size
         return Signature(_GROUP, collective, message, ranks, nodes)
 
-    return AloneRate(signature_for, _PATHS[path_name], tuple(points), convention, bytes_are,
-                     f.number("relative", f.mapping("tolerance"), "tolerance."), _nccl_version(f), at_floor)
+    times = [(size, _measured_time_us(signature_for(size), key, value, convention)) for size, key, value in points]
+    return AloneRate(signature_for, _PATHS[path_name], tuple(points), convention, bytes_are, relative, nccl_version,
+                     harness_floor(times))
 
 
 # A collective's time grows with its bytes once past its latency: a point whose time grows by less
 # than this share of its bytes' growth to the next size (x4 bytes, under x1.75 time) is on a floor.
-# A device floor of one collective is its latency, ~10-20 us on NVLink (NCCL tuning.cc baseLat +
-# hwLat); the published floors of pytorch #182850 are flat from 1 to 16 MiB per rank, far above that.
 FLOOR_TIME_GROWTH_SHARE = 0.25
+# A floor this many times NCCL's own latency for the collective (its model's smallest, tuning.cc
+# baseLat + hwLat per hop: ~11 us for a ring AllGather on 8 NVLink GPUs) is not the collective's
+# latency but the harness's per-call cost: such a point only bounds the collective's time. A flat
+# series at the latency's scale (nccl-tests' small sizes) is judged as it stands.
+HARNESS_OVER_NCCL_LATENCY = 3.0
 
 
-def harness_floor(points: list[tuple[int, str, float]] | tuple[tuple[int, str, float], ...]) -> tuple[bool, ...]:
-    """Per point (in the given order): whether its time is on a floor that does not grow with its
-    bytes, judged against its neighbour in size (a rate's time is bytes / rate, in any convention,
-    since a convention is a constant factor per case). Such a point bounds the collective's time from
-    above (the floor is a harness's per-call cost, or the collective's latency), nothing more."""
-    def time_of(size: int, key: str, value: float) -> float:
-        return value if key == "time_us" else size / value
+def harness_floor(times: list[tuple[int, float]] | tuple[tuple[int, float], ...]) -> tuple[bool, ...]:
+    """Per point (bytes, time in us; in the given order): whether its time is on a floor that does
+    not grow with its bytes, judged against every point of the next larger size (points of one size
+    share their verdict). Such a point bounds the collective's time from above (the floor is a
+    harness's per-call cost, or the collective's latency: :func:`_run_rate` tells them apart)."""
+    sizes = sorted({size for size, _ in times})
+    flat: set[int] = set()
+    for small, large in zip(sizes, sizes[1:]):
+        for size_a, time_a in times:
+            for size_b, time_b in times:
+                if size_a == small and size_b == large and \
+                        time_b / time_a - 1.0 < FLOOR_TIME_GROWTH_SHARE * (large / small - 1.0):
+                    flat.update((small, large))
+    return tuple(size in flat for size, _ in times)
 
-    order = sorted(range(len(points)), key=lambda i: points[i][0])
-    flags = [False] * len(points)
-    for a, b in zip(order, order[1:]):
-        (size_a, key_a, value_a), (size_b, key_b, value_b) = points[a], points[b]
-        if size_b <= size_a:
-            continue
-        growth = time_of(size_b, key_b, value_b) / time_of(size_a, key_a, value_a) - 1.0
-        if growth < FLOOR_TIME_GROWTH_SHARE * (size_b / size_a - 1.0):
-            flags[a] = flags[b] = True
-    return tuple(flags)
+
+def nccl_latency_us(cluster: ClusterSpec, signature: Signature) -> float:
+    """NCCL's own latency for the collective: its model's smallest over the algorithms and protocols."""
+    estimates = algo_estimates(cluster, signature)
+    return min((e.latency_us for e in estimates), default=0.0)
 
 
 def _change_set(f: _Fields, change: dict) -> tuple[frozenset[CollectiveType], CommPath]:
@@ -961,7 +964,18 @@ def _run_rate(case: Case, sim: Simulator, q: AloneRate) -> CaseResult:
     holds_all = True
     mechanisms = set()
     floors = q.at_floor or (False,) * len(q.points)
-    for (size, key, measured), at_floor in zip(q.points, floors):
+    harness = [at_floor and _measured_time_us(q.signature_for(size), key, measured, q.convention)
+               > HARNESS_OVER_NCCL_LATENCY * nccl_latency_us(sim.cluster, q.signature_for(size))
+               for (size, key, measured), at_floor in zip(q.points, floors)]
+    if len(harness) > 1 and all(harness):
+        sizes = sorted(size for size, _, _ in q.points)
+        reason = (f"every point is at the source's per-call floor: its time is flat from {sizes[0] / (1 << 20):g} to "
+                  f"{sizes[-1] / (1 << 20):g} MiB and over {HARNESS_OVER_NCCL_LATENCY:g}x NCCL's own latency, so it "
+                  "measured the harness's per-call cost, not the collective")
+        return CaseResult(case.id, case.kind, None, None, None, {"not_judged": reason},
+                          [Row(case.id, "not judged", "", "", None), Row(f"  {reason}", "", "", "", None)],
+                          not_judged=reason)
+    for (size, key, measured), at_floor in zip(q.points, harness):
         signature = q.signature_for(size)
         model = sim.collective_model(signature, config)
         mechanisms.add(model.mechanism.value)

@@ -205,15 +205,14 @@ def collective_estimate(
 
 def resolved_estimate(p: dict, collective: CollectiveType, message_bytes: float, ranks: int, nodes: int,
                       gpus_per_node: int, config: CommConfig, max_ctas: int, l2_bytes: float,
-                      mem_bw: float, hop_factors: HopFactors | None = None) -> CollectiveEstimate:
+                      mem_bw: float, hop_factors: HopFactors) -> CollectiveEstimate:
     """:func:`collective_estimate` under ``config``, which sets every knob of NCCL's kernels
     (``costmodel.nccl_defaults.resolve_config``'s output); a channel is a CTA: at most ``max_ctas``."""
     assert (config.algorithm is not None and config.protocol is not None and config.channels is not None
             and config.threads is not None and config.chunk_bytes is not None)  # resolve_config sets every knob
     return collective_estimate(p, collective, message_bytes, ranks, nodes, gpus_per_node, config.algorithm,
                                config.protocol, min(config.channels, max_ctas), config.threads, config.chunk_bytes,
-                               l2_bytes, mem_bw,
-                               hop_factors(config.algorithm, config.protocol) if hop_factors else (1.0, 1.0))
+                               l2_bytes, mem_bw, hop_factors(config.algorithm, config.protocol))
 
 
 def _with_time(est: CollectiveEstimate, time_us: float) -> CollectiveEstimate:

@@ -90,8 +90,7 @@ def _link_bytes_per_us(signature: Signature, algorithm: Algorithm, cluster: Clus
     return link
 
 
-def _hop_latency_us(signature: Signature, algorithm: Algorithm, cluster: ClusterSpec,
-                    protocol: Protocol = Protocol.LL) -> float:
+def _hop_latency_us(signature: Signature, algorithm: Algorithm, cluster: ClusterSpec, protocol: Protocol) -> float:
     """Latency of the hops one loop crosses (intra-node and network hops at their own latency, for
     the protocol: costmodel.nccl_defaults.protocol_hop_factors; with LL's latency on every step the
     ring alone on 8 x H100 came out 31 us for an 8 MiB ReduceScatter against Megatron-LM #5596's

@@ -162,7 +162,8 @@ class AloneRate:
     bytes_are: str  # "shard" (per rank) or "buffer" (nccl-tests' size)
     relative: float
     nccl_version: NcclVersion
-    at_floor: tuple[bool, ...] = ()  # per point: the source's time does not grow with the bytes (harness_floor)
+    measured_us: tuple[float, ...]  # per point: its published time (a rate read in the convention)
+    at_floor: tuple[bool, ...]  # per point: the source's time does not grow with the bytes (harness_floor)
 
 
 @dataclass(frozen=True)
@@ -552,9 +553,9 @@ def _alone_rate(f: _Fields, cluster: ClusterSpec) -> AloneRate:
         message = size * ranks if bytes_are == "shard" else size
         return Signature(_GROUP, collective, message, ranks, nodes)
 
-    times = [(size, _measured_time_us(signature_for(size), key, value, convention)) for size, key, value in points]
+    measured_us = tuple(_measured_time_us(signature_for(size), key, value, convention) for size, key, value in points)
     return AloneRate(signature_for, _PATHS[path_name], tuple(points), convention, bytes_are, relative, nccl_version,
-                     harness_floor(times))
+                     measured_us, harness_floor([(size, t) for (size, _, _), t in zip(points, measured_us)]))
 
 
 # A collective's time grows with its bytes once past its latency: a point whose time grows by less
@@ -572,14 +573,15 @@ def harness_floor(times: list[tuple[int, float]] | tuple[tuple[int, float], ...]
     not grow with its bytes, judged against every point of the next larger size (points of one size
     share their verdict). Such a point bounds the collective's time from above (the floor is a
     harness's per-call cost, or the collective's latency: :func:`_run_rate` tells them apart)."""
-    sizes = sorted({size for size, _ in times})
+    by_size: dict[int, list[float]] = {}
+    for size, time_us in times:
+        by_size.setdefault(size, []).append(time_us)
+    sizes = sorted(by_size)
     flat: set[int] = set()
     for small, large in zip(sizes, sizes[1:]):
-        for size_a, time_a in times:
-            for size_b, time_b in times:
-                if size_a == small and size_b == large and \
-                        time_b / time_a - 1.0 < FLOOR_TIME_GROWTH_SHARE * (large / small - 1.0):
-                    flat.update((small, large))
+        if any(t_large / t_small - 1.0 < FLOOR_TIME_GROWTH_SHARE * (large / small - 1.0)
+               for t_small in by_size[small] for t_large in by_size[large]):
+            flat.update((small, large))
     return tuple(size in flat for size, _ in times)
 
 
@@ -963,10 +965,8 @@ def _run_rate(case: Case, sim: Simulator, q: AloneRate) -> CaseResult:
     points: list[dict] = []
     holds_all = True
     mechanisms = set()
-    floors = q.at_floor or (False,) * len(q.points)
-    harness = [at_floor and _measured_time_us(q.signature_for(size), key, measured, q.convention)
-               > HARNESS_OVER_NCCL_LATENCY * nccl_latency_us(sim.cluster, q.signature_for(size))
-               for (size, key, measured), at_floor in zip(q.points, floors)]
+    harness = [at_floor and floor_us > HARNESS_OVER_NCCL_LATENCY * nccl_latency_us(sim.cluster, q.signature_for(size))
+               for (size, _, _), floor_us, at_floor in zip(q.points, q.measured_us, q.at_floor)]
     if len(harness) > 1 and all(harness):
         sizes = sorted(size for size, _, _ in q.points)
         reason = (f"every point is at the source's per-call floor: its time is flat from {sizes[0] / (1 << 20):g} to "
@@ -975,14 +975,13 @@ def _run_rate(case: Case, sim: Simulator, q: AloneRate) -> CaseResult:
         return CaseResult(case.id, case.kind, None, None, None, {"not_judged": reason},
                           [Row(case.id, "not judged", "", "", None), Row(f"  {reason}", "", "", "", None)],
                           not_judged=reason)
-    for (size, key, measured), at_floor in zip(q.points, harness):
+    for (size, key, measured), floor_us, at_floor in zip(q.points, q.measured_us, harness):
         signature = q.signature_for(size)
         model = sim.collective_model(signature, config)
         mechanisms.add(model.mechanism.value)
         time_us = model.alone_us
         label = f"  {size / (1 << 20):g} MiB{' per rank' if q.bytes_are == 'shard' else ''}"
         if at_floor:  # the source's time is a floor above the collective's: the model's must not exceed it
-            floor_us = _measured_time_us(signature, key, measured, q.convention)
             holds = time_us <= floor_us * (1.0 + q.relative)
             holds_all = holds_all and holds
             rows.append(Row(label + " (at the source's floor: a bound)", f"{time_us:,.1f} us",

@@ -21,10 +21,12 @@ file written by ``lagom calibrate``. Schema (units in the key names)::
       bw_gb_per_s: 25.0             # per GPU, per direction, achievable
       latency_us: 1.0               # per hop
       copy_engine_bw_gb_per_s: 376  # optional: what the copy engines reach over the link (default: bw_gb_per_s)
+      nvls: false                   # optional: the NVLink domain's switches reduce (NVLink SHARP, NVSwitch 3+)
     inter_node:
       nics_per_node: 1
       nic_bw_gb_per_s: 12.5         # per NIC, per direction
       latency_us: 5.0
+      collnet: false                # optional: the network reduces in-switch (SHARP/CollNet plugin)
     nccl_graph:                     # optional: what NCCL's topology search finds (costmodel.nccl_defaults)
       type_intra: pci               # pci | nvl: the ring's intra-node path class
       ring_channels: 1              # rings found by the search, before init doubles them
@@ -75,6 +77,7 @@ class IntraNodeSpec:
     bw_gb_per_s: float  # per GPU, per direction
     latency_us: float
     copy_engine_bw_gb_per_s: float | None = None  # per GPU, per direction, copy engines (None: bw_gb_per_s)
+    nvls: bool = False  # the NVLink switches reduce in-switch (NVLink SHARP): NCCL may pick NVLS / NVLSTree
 
     @property
     def copy_engine_bw(self) -> float:
@@ -87,6 +90,7 @@ class InterNodeSpec:
     nics_per_node: int
     nic_bw_gb_per_s: float  # per NIC, per direction
     latency_us: float
+    collnet: bool = False  # the network reduces in-switch (CollNet): NCCL may pick CollNetDirect / CollNetChain
 
 
 @dataclass
@@ -110,8 +114,8 @@ class ClusterSpec:
 
     def path_topology(self) -> Topology:
         """What the path rules (``nccl_env.rules.collective_mechanism``) need: every GPU pair of
-        a node on NVLink (an NVSwitch node); NVLS is not modelled (no preset has it)."""
-        return Topology(all_nvlink=self.intra_node.kind == "nvswitch", nvls=False)
+        a node on NVLink (an NVSwitch node), and whether its switches reduce (NVLS)."""
+        return Topology(all_nvlink=self.intra_node.kind == "nvswitch", nvls=self.intra_node.nvls)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -188,6 +192,16 @@ def parse_cluster(data: object, origin: str) -> ClusterSpec:
     kind = str(intra.get("kind", ""))
     if kind not in INTRA_KINDS:
         raise bad(f"'intra_node.kind' must be one of {', '.join(INTRA_KINDS)}, got {kind!r}")
+
+    def flag(sec: dict, sec_name: str, key: str) -> bool:
+        raw = sec.get(key, False)
+        if not isinstance(raw, bool):
+            raise bad(f"'{sec_name}.{key}' must be true or false, got {raw!r}")
+        return raw
+
+    nvls = flag(intra, "intra_node", "nvls")
+    if nvls and kind != "nvswitch":
+        raise bad(f"'intra_node.nvls' needs NVSwitch ('intra_node.kind: nvswitch'), got {kind!r}")
     try:
         version = released_version(data.get("nccl_version", "2.18.3"), "'nccl_version'")
     except LagomError as exc:
@@ -220,11 +234,13 @@ def parse_cluster(data: object, origin: str) -> ClusterSpec:
             latency_us=number(intra, "intra_node", "latency_us", float, -1e-12),
             copy_engine_bw_gb_per_s=(number(intra, "intra_node", "copy_engine_bw_gb_per_s", float)
                                      if intra.get("copy_engine_bw_gb_per_s") is not None else None),
+            nvls=nvls,
         ),
         inter_node=InterNodeSpec(
             nics_per_node=int(number(inter, "inter_node", "nics_per_node", int)),
             nic_bw_gb_per_s=number(inter, "inter_node", "nic_bw_gb_per_s", float),
             latency_us=number(inter, "inter_node", "latency_us", float, -1e-12),
+            collnet=flag(inter, "inter_node", "collnet"),
         ),
         nccl_defaults=dict(data.get("nccl_defaults") or {}),
         nccl_graph=dict(data.get("nccl_graph") or {}),

@@ -1,7 +1,8 @@
 """`lagom doctor`: what this machine's NCCL and compiler let Lagom do.
 
 Checks that nccl_env, traces, costmodel and tuner are Lagom's own packages (naming
-a file that shadows one), and says where parsed traces are kept and how large. Reports the NCCL library found (torch's, else the nvidia-nccl-cu12 wheel's, else the
+a file that shadows one), and says where parsed traces are kept and how large.
+Reports the NCCL library found (torch's, else the nvidia-nccl-cu12 wheel's, else the
 system's; $LAGOM_LIBNCCL overrides) and its version from ncclGetVersion; which tuner
 plugin symbols that version loads and which knobs it takes per collective; whether
 each env variable Lagom may set is known to that library (its strings); the C

@@ -49,6 +49,10 @@ SOURCES: dict[str, Source] = {
                                  "the simulator against the first published measurements"),
     "fidelity_contention": Source(("python3", "bench/fidelity.py", "tests/data/fidelity/contention.json", "--json"),
                                   "contention against published GPU measurements"),
+    "bench_a40": Source(("python3", "-m", "lagom", "bench", "--json"),
+                        "the tuner's matrix on the paper's A40 clusters (32 cells)"),
+    "bench_nvlink": Source(("python3", "-m", "lagom", "bench", "--cluster", "h100-nvswitch", "--cluster",
+                            "a100-nvswitch", "--json"), "the tuner's matrix on the NVLink presets (12 cells)"),
 }
 
 
@@ -112,7 +116,33 @@ def _pr172714_error() -> str:
     return f"pytorch #172714 within {worst * 100:.1f}%"
 
 
+def _bench_clusters(name: str) -> dict:
+    return output(name)["summary"]["clusters"]  # type: ignore[index]
+
+
+def _behind(name: str) -> str:
+    cells = output(name)["cells"]  # type: ignore[index]
+    behind = sum(1 for c in cells if c["speedup_vs_nccl"] < 1.0)
+    return "never behind NCCL" if not behind else f"behind NCCL in {behind} of {len(cells)} cells"
+
+
+def _bench_a40() -> str:
+    c = _bench_clusters("bench_a40")
+    hi, lo = c["high-bw"], c["low-bw"]
+    return (f"geomean over NCCL x{hi['geomean_speedup_vs_nccl']:.3f} high-bw / x{lo['geomean_speedup_vs_nccl']:.3f} "
+            f"low-bw, over AutoCCL x{hi['geomean_speedup_vs_autoccl']:.3f} / x{lo['geomean_speedup_vs_autoccl']:.3f}; "
+            + _behind("bench_a40"))
+
+
+def _bench_nvlink() -> str:
+    c = _bench_clusters("bench_nvlink")
+    return (f"geomean over NCCL x{c['h100-nvswitch']['geomean_speedup_vs_nccl']:.3f} on H100 / "
+            f"x{c['a100-nvswitch']['geomean_speedup_vs_nccl']:.3f} on A100")
+
+
 FIGURES: dict[str, Callable[[], str]] = {
+    "bench.a40": _bench_a40,
+    "bench.nvlink": _bench_nvlink,
     "whatif.summary": _whatif_summary,
     "joint.summary": _joint_summary,
     "fidelity.published": _published_summary,

@@ -121,16 +121,22 @@ def _key(where: Path) -> bytes | None:
     else:
         with os.fdopen(fd, "wb") as f:
             f.write(secrets.token_bytes(32))
+    key = _read_private(path, 0o077)
+    return key if key is not None and len(key) == 32 else None
+
+
+def _read_private(path: Path, mode_mask: int) -> bytes | None:
+    """A regular file's bytes, where it is not a link and this user alone owns it and may write it
+    (``mode_mask``: the mode bits no one else may have); None otherwise."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or not _owned_private(st, 0o077):
+        if not stat.S_ISREG(st.st_mode) or not _owned_private(st, mode_mask):
             return None
-        key = f.read(64)
-    return key if len(key) == 32 else None
+        return f.read()
 
 
 def _content_digest(path: Path) -> str:
@@ -148,15 +154,9 @@ def _entry_name(path: Path, st: os.stat_result, digest: str) -> str:
 
 
 def _load(entry: Path, key: bytes) -> object | None:
-    try:
-        fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or not _owned_private(st, 0o022):
-            return None  # not a file this user alone wrote: never unpickled
-        data = f.read()
+    data = _read_private(entry, 0o022)
+    if data is None:
+        return None  # not a file this user alone wrote: never unpickled
     head = len(_MAGIC) + _DIGEST_BYTES
     if len(data) < head or not data.startswith(_MAGIC):
         return None

@@ -33,7 +33,7 @@ class Effect(enum.Enum):
 
     CAPS = "caps"  # an upper bound: larger tuned values are cut to it
     RAISES = "raises"  # a lower bound: smaller tuned values are raised to it
-    LIMITS = "limits"  # a list of choices: a tuned choice outside it is not taken
+    LIMITS = "rules out"  # a list of choices: a tuned choice outside it is not taken
     OVERRIDES = "overrides"  # one value for every collective
 
 

@@ -146,7 +146,7 @@ def _conflict(effect: EnvEffect, value: str, config: TunedConfig) -> str:
 
 def _values(knob, values: list[object]) -> str:
     """``8-12`` for numbers, ``ring, tree`` for choices."""
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+    if all(type(v) is int for v in values):  # not an enum's member (Algorithm is an IntEnum)
         numbers = sorted(int(v) for v in values)  # type: ignore[call-overload]
         return str(numbers[0]) if numbers[0] == numbers[-1] else f"{numbers[0]}-{numbers[-1]}"
     return ", ".join(sorted({knob.shown(v) for v in values}))

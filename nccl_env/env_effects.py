@@ -84,10 +84,12 @@ class EnvEffect:
     applies: Callable[[CommConfig | None], bool] = lambda config: True
 
     def touches(self, user_value: str, tuned: object, config: CommConfig | None = None,
-                collective: CollectiveType | None = None) -> bool:
+                collective: CollectiveType | None = None, plugin_carried: bool = False) -> bool:
         """Whether the user's value changes ``tuned`` (the knob's value in ``config`` for ``collective``;
-        ``config`` None: a process group's or the file env's value). An unreadable user value: False."""
-        if not self.applies(config):
+        ``config`` None: a process group's or the file env's value). ``plugin_carried``: the tuner plugin
+        sets this value per call, which a floor does not raise (NCCL bounds a plugin's channel count by the
+        communicator's from above only, enqueue.cc). An unreadable user value: False."""
+        if not self.applies(config) or (plugin_carried and self.effect is Effect.RAISES):
             return False
         if self.knob is PATH:
             mine, theirs = _policy(user_value), _policy(tuned)

@@ -158,9 +158,10 @@ def test_an_online_gloo_job_started_from_another_folder_runs(tmp_path):
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"rank-0.json", "rank-1.json"}
 
 
-def _lines(tmp_path: Path, env: dict[str, str], name: str = "c.yaml", **changes) -> list[str]:
+def _lines(tmp_path: Path, env: dict[str, str], name: str = "c.yaml", use_plugin: bool = False,
+           **changes) -> list[str]:
     setup = launcher.prepare(_write(tmp_path / name, **changes), tmp_path / f"wd-{name}", base_env=env,
-                             use_plugin=False)
+                             use_plugin=use_plugin)
     return [m for m in setup.messages if m.startswith("lagom run: your NCCL_")]
 
 
@@ -175,6 +176,9 @@ def test_a_users_nccl_variable_that_caps_or_overrides_a_tuned_value_gets_one_lin
         "lagom run: your NCCL_ALGO=Tree rules out the tuned ring algorithm of 1 collective entry"]
     assert _lines(tmp_path, {"NCCL_MIN_NCHANNELS": "10", "NCCL_ALGO": "^tree"}) == [
         "lagom run: your NCCL_MIN_NCHANNELS=10 raises the tuned 8 channels of 1 collective entry"]
+    # through the plugin a collective's channels are capped by the communicator's, never raised by them
+    assert _lines(tmp_path, {"NCCL_MIN_NCHANNELS": "10", "NCCL_MAX_NCHANNELS": "10"}, "p.yaml", use_plugin=True) == [
+        "lagom run: your NCCL_MAX_NCHANNELS=10 caps the tuned 12 channels of 1 collective entry"]
     # values that change no tuned setting, and a variable of the file's own env (merge_env says that one)
     quiet = {"NCCL_MAX_NCHANNELS": "32", "NCCL_ALGO": "ring,tree", "NCCL_NTHREADS": "512", "NCCL_PROTO": "LL"}
     assert _lines(tmp_path, quiet) == []

@@ -38,7 +38,7 @@ from costmodel.cluster import load_cluster
 from lagom.args.knob_args import check_noise
 from lagom.files.output_paths import RUN_FOLDER_MARKER, OutputFormat, check_output, write_output
 from lagom.files.plugin_export import plugin_entries_from_config, write_plugin_table
-from lagom.files.tuned_config import TunedConfig, load_tuned_config
+from lagom.files.tuned_config import NEWEST_RULES, TunedConfig, load_tuned_config
 from lagom.online import DEFAULT_BUDGET_STEPS, DEFAULT_TIMEOUT_S, MAX_BUDGET_STEPS
 from lagom.orchestration.workload_arg import read_workload_arg
 from lagom.runtime import audit, nccl_paths
@@ -95,7 +95,9 @@ def prepare(
     config = load_tuned_config(config_path, nccl_version)
     config_path = Path(config_path)
     env = dict(os.environ if base_env is None else base_env)
-    checked = preflight(config, config_path, env, ranks_read_stored)
+    in_force = nccl_version or config.nccl_version or NEWEST_RULES
+    checked = preflight(config, config_path, env, ranks_read_stored,
+                        per_collective_knobs(in_force) if use_plugin else frozenset())
     run_dir = run_folder(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix=TEMP_RUN_PREFIX)).resolve()
     try:
         return _lay_out(checked, config_path, run_dir, env, use_plugin, nccl_version)

@@ -44,9 +44,10 @@ class Preflight:
 
 
 def preflight(config: TunedConfig, config_path: str | os.PathLike, env: Mapping[str, str],
-              ranks_read_stored: bool = False) -> Preflight:
+              ranks_read_stored: bool = False, plugin_knobs: frozenset[str] = frozenset()) -> Preflight:
     """Check what the job will need (see the module doc); LagomError when the ranks would fail.
-    ``ranks_read_stored``: the ranks load the file's workload and cluster (online tuning from a seed)."""
+    ``ranks_read_stored``: the ranks load the file's workload and cluster (online tuning from a seed);
+    ``plugin_knobs``: the knobs the tuner plugin carries per collective in this run."""
     resolved: dict[str, str] = {}
     messages: list[str] = []
     for kind in ("workload", "cluster"):
@@ -72,7 +73,7 @@ def preflight(config: TunedConfig, config_path: str | os.PathLike, env: Mapping[
             _check_loads(out, config_path, ("cluster",))
         except LagomError as exc:
             messages.append(f"lagom run: note: {exc} (a plain run does not read it)")
-    messages += conflict_lines(out, env)
+    messages += conflict_lines(out, env, plugin_knobs)
     return Preflight(out, out != config, messages)
 
 
@@ -100,26 +101,28 @@ def _check_loads(config: TunedConfig, config_path: str | os.PathLike, kinds: tup
             raise LagomError(f"{config_path}: {kind}: {exc}") from None
 
 
-def conflict_lines(config: TunedConfig, env: Mapping[str, str]) -> list[str]:
-    """One line per user variable in ``env`` that caps or overrides one of ``config``'s tuned values."""
+def conflict_lines(config: TunedConfig, env: Mapping[str, str],
+                   plugin_knobs: frozenset[str] = frozenset()) -> list[str]:
+    """One line per user variable in ``env`` that caps or overrides one of ``config``'s tuned values
+    (``plugin_knobs``: those the tuner plugin carries per collective in this run)."""
     lines = []
     for effect in EFFECTS:
         value = env.get(effect.name)
         if value is None:
             continue
-        line = _conflict(effect, value, config)
+        line = _conflict(effect, value, config, effect.knob.field in plugin_knobs)
         if line:
             lines.append(f"lagom run: your {effect.name}={value} {line}")
     return lines
 
 
-def _conflict(effect: EnvEffect, value: str, config: TunedConfig) -> str:
+def _conflict(effect: EnvEffect, value: str, config: TunedConfig, plugin_carried: bool) -> str:
     knob = effect.knob
     shown: list[object] = []
     entries = 0
     for entry in config.collectives:
         tuned = knob.get(entry.config)
-        if tuned is not None and effect.touches(value, tuned, entry.config, entry.match.collective):
+        if tuned is not None and effect.touches(value, tuned, entry.config, entry.match.collective, plugin_carried):
             shown.append(tuned)
             entries += 1
     groups = []

@@ -8,7 +8,8 @@
 - when the ranks need them (``lagom run --online`` with a seed and no ``--simulate``): the
   cluster loads (a preset Lagom has, a valid cluster file) and the workload reads (the
   trace or workload file, or the spec); a problem is one line and exit 2, and no job runs.
-  A plain run does not read them: a path that does not resolve is one note;
+  A run that does not read them (a plain run, ``--simulate``): one that does not resolve or
+  load is one note;
 - the user's own NCCL variables that cap or override a tuned value
   (:mod:`nccl_env.env_effects`): one line each, naming the variable, its value and what it
   changes (a variable of the very same name as one of the file's env is said by
@@ -59,7 +60,7 @@ def preflight(config: TunedConfig, config_path: str | os.PathLike, env: Mapping[
         except LagomError as exc:
             if ranks_read_stored:
                 raise
-            messages.append(f"lagom run: note: {exc} (a plain run does not read it)")
+            messages.append(f"lagom run: note: {exc} (this run does not read it)")
             continue
         if note:
             messages.append(f"lagom run: note: {note}")
@@ -68,11 +69,11 @@ def preflight(config: TunedConfig, config_path: str | os.PathLike, env: Mapping[
                   cluster=resolved.get("cluster", config.cluster))
     if ranks_read_stored:
         _check_loads(out, config_path, ("cluster", "workload"))
-    elif out.cluster:
+    elif "cluster" in resolved and out.cluster:  # one that did not resolve has its note
         try:
             _check_loads(out, config_path, ("cluster",))
         except LagomError as exc:
-            messages.append(f"lagom run: note: {exc} (a plain run does not read it)")
+            messages.append(f"lagom run: note: {exc} (this run does not read it)")
     messages += conflict_lines(out, env, plugin_knobs)
     return Preflight(out, out != config, messages)
 

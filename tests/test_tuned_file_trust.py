@@ -26,8 +26,10 @@ from lagom.files.tuned_config import load_tuned_config, resolve_stored, stored_p
 from lagom.runtime import launcher
 from lagom.runtime.preflight import preflight
 from nccl_env.delivery import ENV_NAMES, TUNED_ENV_NAMES
+from nccl_env.env_effects import EFFECTS
 from nccl_env.env_values import RULED_NAMES, validate_env
 from nccl_env.errors import LagomError
+from nccl_env.knob_table import KNOBS
 from nccl_env.rules import NcclVersion
 from traces.generate import generate_workload
 from traces.workload_io import save_workload
@@ -182,6 +184,11 @@ def test_a_users_nccl_variable_that_caps_or_overrides_a_tuned_value_gets_one_lin
     # values that change no tuned setting, and a variable of the file's own env (merge_env says that one)
     quiet = {"NCCL_MAX_NCHANNELS": "32", "NCCL_ALGO": "ring,tree", "NCCL_NTHREADS": "512", "NCCL_PROTO": "LL"}
     assert _lines(tmp_path, quiet) == []
+
+
+def test_every_variable_of_the_knob_table_has_one_effect_row():
+    assert [e.name for e in EFFECTS] == list(dict.fromkeys(e.name for e in EFFECTS))
+    assert {e.name for e in EFFECTS} == {name for knob in KNOBS for name in knob.env}
 
 
 def test_lagom_run_names_the_cap_before_the_job(tmp_path, capfd, monkeypatch):

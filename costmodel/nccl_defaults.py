@@ -52,6 +52,8 @@ from nccl_env.knob_table import PATH
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Signature
 from nccl_env.rules import DEFAULT_BUFFSIZE_BYTES, NCCL_STEPS, P2P_COLLECTIVES, max_channels
+from traces.comm_names import algorithm_protocol_from_kernel_name
+from traces.workload import Workload
 
 # ---- NCCL constants (NCCL 2.18.3, src/include/devcomm.h, comm.h, collectives.h) -----------------
 SIMPLE_MAX_NTHREADS = 512  # devcomm.h NCCL_SIMPLE_MAX_NTHREADS
@@ -768,3 +770,69 @@ def protocol_hop_factors(cluster: ClusterSpec, algorithm: Algorithm, protocol: P
     base = Protocol.LL
     return (intra[table_algo][protocol] / intra[Algorithm.RING][base],
             net[table_algo][protocol] / net[Algorithm.RING][base])
+
+
+# ---- NCCL's pick against what a trace says NCCL ran ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PickDisagreement:
+    """A collective whose recorded algorithm/protocol (its kernel's name) is not the model's pick."""
+
+    signature: Signature
+    recorded: tuple[Algorithm, Protocol]
+    model: tuple[Algorithm, Protocol]
+    instances: int
+
+    def describe(self) -> str:
+        def name(pair: tuple[Algorithm, Protocol]) -> str:
+            return f"{pair[0].nccl_name}/{pair[1].name.lower()}"
+
+        return (f"{self.signature.label()}: the trace ran {name(self.recorded)} ({self.instances}x), "
+                f"NCCL's model picks {name(self.model)}")
+
+
+def pick_disagreement(cluster: ClusterSpec, signature: Signature, algorithm: Algorithm,
+                      protocol: Protocol) -> tuple[Algorithm, Protocol] | None:
+    """The model's (algorithm, protocol) for the collective where it is not what NCCL ran, else None
+    (p2p and unmodelled collectives: None; the model has no pick to compare)."""
+    if signature.collective not in _FUNC_NSTEPS_KIND or signature.ranks <= 1:
+        return None
+    config = nccl_default_config(cluster, signature)
+    model = (_first(config.algorithm, Algorithm.RING), _first(config.protocol, Protocol.SIMPLE))
+    return None if model == (algorithm, protocol) else model
+
+
+def recorded_pick_disagreements(cluster: ClusterSpec, workload: Workload) -> list[PickDisagreement]:
+    """Every collective signature of a trace whose kernels say NCCL ran another algorithm or protocol
+    than the model of the cluster's release picks (kernel names ``..._RING_LL128``, ``_NVLS_``,
+    ``_PAT_``, or the op's ``recorded_*`` fields), one entry per (signature, what ran)."""
+    seen: dict[tuple[Signature, tuple[Algorithm, Protocol]], int] = {}
+    for op in workload.collectives:
+        if not op.on_gpu or not op.nccl_tunable or op.message_bytes is None:
+            continue
+        if op.recorded_algorithm is not None and op.recorded_protocol is not None:
+            ran: tuple[Algorithm, Protocol] | None = (op.recorded_algorithm, op.recorded_protocol)
+        else:
+            ran = algorithm_protocol_from_kernel_name(op.name)
+        if ran is None:
+            continue
+        key = (workload.signature(op, cluster.gpus_per_node), ran)
+        seen[key] = seen.get(key, 0) + 1
+    out = []
+    for (signature, ran), count in sorted(seen.items(), key=lambda kv: kv[0][0]):
+        model = pick_disagreement(cluster, signature, *ran)
+        if model is not None:
+            out.append(PickDisagreement(signature, ran, model, count))
+    return out
+
+
+def disagreement_line(cluster: ClusterSpec, found: list[PickDisagreement]) -> str | None:
+    """One line for ``tune``/``simulate``: where the trace's kernels say NCCL ran another pick than the
+    model of the cluster's release (None: none, or the trace names none)."""
+    if not found:
+        return None
+    first = found[0]
+    more = f" (and {len(found) - 1} more signature{'s' if len(found) > 2 else ''})" if len(found) > 1 else ""
+    return (f"NCCL {cluster.nccl_version}'s tuning model disagrees with the trace's kernels: "
+            f"{first.describe()}{more}; the baseline is the model's pick")

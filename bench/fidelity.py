@@ -43,8 +43,9 @@ def table(results: list[CaseResult]) -> str:
     lines = [_HEADER]
     for result in results:
         tag = f" [{result.split}]" if result.split else ""
+        where = f" on {result.cluster}" if result.cluster else ""
         lines += [(_VERDICT[r.holds] if result.not_judged is None else "-", r.model, r.measured, r.tolerance,
-                   f"{r.label} ({result.kind}){tag} on {result.cluster}" if i == 0 else r.label) for i, r in enumerate(result.rows)]
+                   f"{r.label} ({result.kind}){tag}{where}" if i == 0 else r.label) for i, r in enumerate(result.rows)]
     widths = [max(len(line[c]) for line in lines) for c in range(len(_HEADER) - 1)]
     out = ["  ".join(cell.ljust(w) for cell, w in zip(line[:-1], widths)) + "  " + line[-1] for line in lines]
     out += summary(results)

@@ -52,7 +52,7 @@ from nccl_env.knob_table import PATH
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Signature
 from nccl_env.rules import DEFAULT_BUFFSIZE_BYTES, NCCL_STEPS, P2P_COLLECTIVES, max_channels
-from traces.comm_names import algorithm_protocol_from_kernel_name
+from traces.reader import algorithm_protocol_from_kernel_name
 from traces.workload import Workload
 
 # ---- NCCL constants (NCCL 2.18.3, src/include/devcomm.h, comm.h, collectives.h) -----------------

@@ -49,9 +49,17 @@ from costmodel.nccl_tuning_tables import (
 )
 from nccl_env.errors import LagomError
 from nccl_env.knob_table import PATH
-from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
+from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, CommPath, Protocol
 from nccl_env.plan import Signature
-from nccl_env.rules import DEFAULT_BUFFSIZE_BYTES, NCCL_STEPS, P2P_COLLECTIVES, max_channels
+from nccl_env.rules import (
+    DEFAULT_BUFFSIZE_BYTES,
+    NCCL_STEPS,
+    P2P_COLLECTIVES,
+    Mechanism,
+    NcclVersion,
+    collective_mechanism,
+    max_channels,
+)
 from traces.reader import algorithm_protocol_from_kernel_name
 from traces.workload import Workload
 
@@ -836,3 +844,34 @@ def disagreement_line(cluster: ClusterSpec, found: list[PickDisagreement]) -> st
     more = f" (and {len(found) - 1} more signature{'s' if len(found) > 2 else ''})" if len(found) > 1 else ""
     return (f"NCCL {cluster.nccl_version}'s tuning model disagrees with the trace's kernels: "
             f"{first.describe()}{more}; the baseline is the model's pick")
+
+
+# ---- the path NCCL takes by itself (no CTA policy, no tuner plugin) --------------------------------------
+
+SYM_CE_THRESHOLD_ELEMENTS = 8 * 1024 * 1024  # NCCL_SYM_CE_THRESHOLD default (v2.29.2-1 enqueue.cc), compared
+# with the per-rank element count (info->count), not bytes
+SYM_CE_SINCE = NcclVersion(2, 29, 0)  # v2.29.2-1 enqueue.cc: AllGather on symmetric windows, Blackwell, all-NVLink
+
+
+def nccl_own_path(cluster: ClusterSpec, signature: Signature, symmetric_windows: bool = False,
+                  element_bytes: int = 2) -> CommPath:
+    """The path NCCL takes for a collective by itself at the cluster's release, CTA policy DEFAULT:
+
+    * buffers outside NCCL's symmetric windows: its SM kernels (ring/tree/NVLS/PAT, :func:`nccl_default_config`);
+    * in symmetric windows (NCCL >= 2.27, every rank on NVLink): from 2.29 on Blackwell an AllGather of more
+      than NCCL_SYM_CE_THRESHOLD elements per rank (8 Mi; ``element_bytes`` turns the signature's bytes into
+      elements, bf16 by default) runs on the copy engines, no SM at all; else AllGather, AllReduce and
+      ReduceScatter run NCCL's symmetric kernels (``symmetric_kernel`` gives which and its CTAs), the rest
+      its SM kernels (rules.collective_mechanism)."""
+    if not symmetric_windows:
+        return CommPath.SM
+    version = cluster.nccl_version
+    topology = cluster.path_topology()
+    per_rank_elements = signature.message_bytes // max(1, signature.ranks) // max(1, element_bytes)
+    if (version >= SYM_CE_SINCE and signature.collective is CollectiveType.ALLGATHER and topology.all_nvlink
+            and nccl_graph(cluster).compute_capability >= 100 and per_rank_elements > SYM_CE_THRESHOLD_ELEMENTS
+            and collective_mechanism(CommPath.COPY_ENGINE, signature.collective, signature.nodes, version,
+                                     topology) is Mechanism.COPY_ENGINE):
+        return CommPath.COPY_ENGINE
+    mechanism = collective_mechanism(CommPath.SYMMETRIC, signature.collective, signature.nodes, version, topology)
+    return CommPath.SYMMETRIC if mechanism is Mechanism.SYMMETRIC_KERNEL else CommPath.SM

@@ -15,12 +15,13 @@ from costmodel.nccl_defaults import (
     algo_estimates,
     disagreement_line,
     nccl_default_config,
+    nccl_own_path,
     recorded_pick_disagreements,
     tuning_cells,
 )
 from costmodel.nccl_tuning_tables import FAMILIES, TABLE_2_18, TABLE_2_30, tuning_table
 from costmodel.sim.published_cases import load_cases, parse_cases, run_cases
-from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
+from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, CommPath, Protocol
 from nccl_env.plan import Signature
 from nccl_env.rules import NcclVersion
 from traces.reader import algorithm_protocol_from_kernel_name, read_trace
@@ -192,3 +193,24 @@ def test_other_case_is_built_from_its_statement():
     assert "network" in (cases["a100-sockets"].not_judged or "")
     result = run_cases([cases["a100x4-ring"]])[0]
     assert result.holds is not None and result.cluster == "stated-A100-SXM4-80GB 1x4, NCCL 2.21.5"
+
+
+def test_path_nccl_takes_by_itself():
+    """Buffers in symmetric windows: NCCL 2.29 on Blackwell moves an AllGather above NCCL_SYM_CE_THRESHOLD
+    (8 Mi elements per rank) on the copy engines, no SM; below it, and before 2.29, its symmetric
+    kernels; on Hopper never the copy engines; outside the windows its SM kernels."""
+    b200 = load_cluster("b200-nvswitch")
+
+    def path(version: str, collective: CollectiveType, size: int, cluster: ClusterSpec = b200,
+             windows: bool = True) -> CommPath:
+        at = replace(cluster, nccl_version=NcclVersion.parse(version))
+        return nccl_own_path(at, Signature("g", collective, size, 8, 1), windows)
+
+    big = 256 * MiB  # 32 MiB per rank: 16 Mi bf16 elements
+    assert path("2.29.2", CollectiveType.ALLGATHER, big) is CommPath.COPY_ENGINE
+    assert path("2.29.2", CollectiveType.ALLGATHER, 64 * MiB) is CommPath.SYMMETRIC  # 4 Mi elements per rank
+    assert path("2.28.9", CollectiveType.ALLGATHER, big) is CommPath.SYMMETRIC
+    assert path("2.29.2", CollectiveType.REDUCESCATTER, big) is CommPath.SYMMETRIC
+    assert path("2.29.2", CollectiveType.ALLGATHER, big, h100("2.29.2")) is CommPath.SYMMETRIC
+    assert path("2.26.2", CollectiveType.ALLGATHER, big) is CommPath.SM
+    assert path("2.29.2", CollectiveType.ALLGATHER, big, windows=False) is CommPath.SM

@@ -290,6 +290,10 @@ class TableCell:
     latency_us: float
     bw_gb_per_s: float  # algorithm bandwidth; 0: disabled there
 
+    @property
+    def key(self) -> tuple[CollectiveType, Algorithm, Protocol]:
+        return self.collective, self.algorithm, self.protocol
+
 
 TABLE_COLLECTIVES = (CollectiveType.BROADCAST, CollectiveType.REDUCE, CollectiveType.ALLGATHER,
                      CollectiveType.REDUCESCATTER, CollectiveType.ALLREDUCE)  # NCCL's function order

@@ -52,7 +52,7 @@ class NvswitchSearch:
 class TuningTable:
     """NCCL's tuning model for one release family (module docstring)."""
 
-    first: str  # the family's first release (as tagged)
+    first: NcclVersion  # the family's first release
     source: str  # the tag whose src/graph/tuning.cc the figures were read from
     base_latency_us: dict[Algorithm, Triple]
     hw_latency_us: dict[str, dict[Algorithm, Triple]]  # "nvlink", "pci", "net"
@@ -98,7 +98,7 @@ def _algos(tree: Triple, ring: Triple, cdirect: Triple, cchain: Triple, nvls: Tr
 
 # ---- 2.18 (2.18.1-2.18.6): v2.18.3-1 src/graph/tuning.cc ------------------------------------------------
 TABLE_2_18 = TuningTable(
-    first="2.18.1", source="v2.18.3-1",
+    first=NcclVersion(2, 18, 1), source="v2.18.3-1",
     # baseLat: NVLS/NVLSTree 23 us Simple; CollNet 6.8/14.0 LL/LL128
     base_latency_us=_algos((6.8, 14.0, 0.0), (6.6, 14.0, 8.4), (6.8, 14.0, 0.0), (6.8, 14.0, 0.0),
                            (0.0, 0.0, 23.0), (0.0, 0.0, 23.0)),
@@ -129,7 +129,7 @@ TABLE_2_18 = TuningTable(
 
 # ---- 2.19-2.20: v2.19.3-1 (same in v2.20.3-1 but for MNNVL) ------------------------------------------------
 TABLE_2_19 = replace(
-    TABLE_2_18, first="2.19.1", source="v2.19.3-1",
+    TABLE_2_18, first=NcclVersion(2, 19, 1), source="v2.19.3-1",
     base_latency_us=_algos((6.8, 14.0, 0.0), (6.6, 14.0, 8.4), (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0)),
     hw_latency_us={  # Tree/Simple 28 us on every fabric; NVLS 23 us on NVLink; CollNet 3.7/2.8 and 31/30 on the net
         "nvlink": _algos((0.6, 1.25, 28.0), (0.6, 1.9, 3.4), (0.0, 0.0, 3.7), (0.0, 0.0, 2.8), (0.0, 0.0, 23.0),
@@ -148,7 +148,7 @@ TABLE_2_19 = replace(
 
 # ---- 2.21-2.22: v2.21.5-1 (v2.22.3-1 changes no figure) ------------------------------------------------------
 TABLE_2_21 = replace(
-    TABLE_2_19, first="2.21.1", source="v2.21.5-1",
+    TABLE_2_19, first=NcclVersion(2, 21, 1), source="v2.21.5-1",
     hw_latency_us={**TABLE_2_19.hw_latency_us,
                    "nvlink": {**TABLE_2_19.hw_latency_us["nvlink"], NV: (0.0, 0.0, 25.0), NT: (0.0, 0.0, 25.0)}},
     ll_max_bws=_arch((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (141.0, 45.0, 35.0)),  # Hopper 141/45/35
@@ -162,7 +162,7 @@ _HW_2_23 = {  # Tree/Simple back to 4.0 (NVLink, PCI) and 14 (net); base 8.4
     "net": {**TABLE_2_21.hw_latency_us["net"], T: (5.0, 8.5, 14.0)},
 }
 TABLE_2_23 = replace(
-    TABLE_2_21, first="2.23.1", source="v2.23.4-1",
+    TABLE_2_21, first=NcclVersion(2, 23, 1), source="v2.23.4-1",
     base_latency_us={**TABLE_2_21.base_latency_us, T: (6.8, 14.0, 8.4)},
     hw_latency_us=_HW_2_23,
     ring_ll128_one_ppn_factor=0.92,  # the ppn < 2 discount (0.7) is gone
@@ -172,11 +172,11 @@ TABLE_2_23 = replace(
 )
 
 # ---- 2.24: v2.24.3-1 -------------------------------------------------------------------------------------------
-TABLE_2_24 = replace(TABLE_2_23, first="2.24.1", source="v2.24.3-1", pat_bus_factor=0.75)
+TABLE_2_24 = replace(TABLE_2_23, first=NcclVersion(2, 24, 1), source="v2.24.3-1", pat_bus_factor=0.75)
 
 # ---- 2.25-2.26: v2.25.1-1 (v2.26.2-1 .. v2.26.6-1 identical): Blackwell rows, twice Hopper's -------------------
 TABLE_2_25 = replace(
-    TABLE_2_24, first="2.25.1", source="v2.25.1-1",
+    TABLE_2_24, first=NcclVersion(2, 25, 1), source="v2.25.1-1",
     ll_max_bws=_arch((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (141.0, 45.0, 35.0), (282.0, 90.0, 70.0)),
     per_ch_max_ring_ll128_bws=_arch((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 36.7), (73.4, 73.4, 73.4)),
     per_ch_max_tree_ll128_bws=_arch((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 29.0), (73.4, 73.4, 58.0)),
@@ -190,7 +190,7 @@ TABLE_2_25 = replace(
 
 # ---- 2.27: v2.27.3-1 (v2.27.7-1: LL128 over C2C rule only) -----------------------------------------------------
 TABLE_2_27 = replace(
-    TABLE_2_25, first="2.27.1", source="v2.27.3-1",
+    TABLE_2_25, first=NcclVersion(2, 27, 1), source="v2.27.3-1",
     nvls_bw_rule=NVLS_BW_2_27,
     ll128_compute_caps=None,  # every sm >= 7.0 (minCompCap < 70 disables)
     nvls_channels_sm100=(24, 32),  # NVLS_NCHANNELS_SM100_NVL 24 on one node, SM100 32 across nodes
@@ -198,7 +198,7 @@ TABLE_2_27 = replace(
 
 # ---- 2.28.3: v2.28.3-1 (ncclTunerConstants_t, nvlsEfficiency, perChMaxNVLSTreeBws) -----------------------------
 TABLE_2_28 = replace(
-    TABLE_2_27, first="2.28.1", source="v2.28.3-1",
+    TABLE_2_27, first=NcclVersion(2, 28, 1), source="v2.28.3-1",
     base_latency_us={**TABLE_2_27.base_latency_us, PAT: (8.0, 8.0, 8.0)},
     hw_latency_us={
         "nvlink": {**_HW_2_23["nvlink"], PAT: (0.0, 0.0, 4.0)},
@@ -215,13 +215,13 @@ TABLE_2_28 = replace(
 
 # ---- 2.28.7: v2.28.7-1 ------------------------------------------------------------------------------------------
 TABLE_2_28_7 = replace(
-    TABLE_2_28, first="2.28.7", source="v2.28.7-1",
+    TABLE_2_28, first=NcclVersion(2, 28, 7), source="v2.28.7-1",
     per_ch_max_ring_ll128_bws=_arch((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 36.7), (73.4, 34.6, 73.4)),
 )
 
 # ---- 2.28.9: v2.28.9-1 ------------------------------------------------------------------------------------------
 TABLE_2_28_9 = replace(
-    TABLE_2_28_7, first="2.28.9", source="v2.28.9-1",
+    TABLE_2_28_7, first=NcclVersion(2, 28, 9), source="v2.28.9-1",
     hw_latency_us={**TABLE_2_28.hw_latency_us,
                    "net": {**TABLE_2_28.hw_latency_us["net"], NT: (0.0, 0.0, 20.9)}},  # NVLSTree net 14 -> 20.9
     per_ch_max_nvls_tree_bws=_arch((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (0.0, 57.7, 45.5), (0.0, 96.0, 43.8)),
@@ -229,20 +229,20 @@ TABLE_2_28_9 = replace(
 
 # ---- 2.29.2-2.29.3: v2.29.2-1 -----------------------------------------------------------------------------------
 TABLE_2_29 = replace(
-    TABLE_2_28_9, first="2.29.1", source="v2.29.2-1",
+    TABLE_2_28_9, first=NcclVersion(2, 29, 1), source="v2.29.2-1",
     per_ch_max_ring_ll128_bws=_arch((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 36.7), (34.5, 34.6, 34.5)),
     nvls_tree_correction_blackwell=True,  # ncclTopoGetAlgoTime: NVLSTree AllReduce on sm_100 x86
 )
 
 # ---- 2.29.7: v2.29.7-1 ------------------------------------------------------------------------------------------
 TABLE_2_29_7 = replace(
-    TABLE_2_29, first="2.29.7", source="v2.29.7-1",
+    TABLE_2_29, first=NcclVersion(2, 29, 7), source="v2.29.7-1",
     per_ch_max_ring_ll128_bws=_arch((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 36.7), (40.0, 40.0, 40.0)),
 )
 
 # ---- 2.30 and newer: v2.30.3-1 (v2.30.7-1 reformats only) --------------------------------------------------------
 TABLE_2_30 = replace(
-    TABLE_2_29_7, first="2.30.1", source="v2.30.3-1",
+    TABLE_2_29_7, first=NcclVersion(2, 30, 1), source="v2.30.3-1",
     per_ch_max_nvls_tree_bws=_arch((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (0.0, 57.7, 45.5), (0.0, 96.0, 80.0)),
 )
 
@@ -272,7 +272,7 @@ def tuning_table(version: NcclVersion) -> TuningTable:
     (a release older than 2.18 reads the 2.18 table; a newer one than 2.30 the 2.30 table)."""
     chosen = FAMILIES[0]
     for table in FAMILIES:
-        if NcclVersion.parse(table.first) <= version:
+        if table.first <= version:
             chosen = table
     return chosen
 

@@ -206,8 +206,8 @@ class TableCellCase:
     """One cell of NCCL's printed table: (collective, algorithm, protocol, latency us, algbw GB/s)."""
 
     collective: CollectiveType
-    algorithm: Algorithm
-    protocol: Protocol
+    algo: Algorithm
+    proto: Protocol
     latency_us: float
     algbw_gb_per_s: float
 
@@ -225,9 +225,9 @@ class TuningTableQuantity:
 class ChoicePoint:
     signature: Signature
     stated_bytes: bool  # False: the source gives no size (a statement about large messages, judged at 1 GiB)
-    algorithm: str  # NCCL's name (Ring, NVLSTree, ...) or a symmetric kernel's (ReduceScatter_LD)
-    protocol: Protocol | None
-    channels: int | None
+    algo: str  # NCCL's name (Ring, NVLSTree, ...) or a symmetric kernel's (ReduceScatter_LD)
+    proto: Protocol | None
+    ctas: int | None  # channels (NCCL's CTAs)
     symmetric: bool
 
 
@@ -302,6 +302,13 @@ class _Fields:
         value = self.raw(key, data, prefix)
         if not isinstance(value, dict):
             raise self.error(f"'{prefix}{key}' must be an object, got {value!r}")
+        return value
+
+    def records(self, key: str, shape: str) -> list[dict]:
+        """A non-empty list of objects (``shape`` names their fields in the error)."""
+        value = self.raw(key)
+        if not isinstance(value, list) or not value or not all(isinstance(v, dict) for v in value):
+            raise self.error(f"'{key}' must be a non-empty list of {{{shape}}}")
         return value
 
     def text(self, key: str) -> str:
@@ -720,7 +727,7 @@ def _stated_version(f: _Fields) -> NcclVersion:
     statement with none (``null``) is read with the newest modelled release family's rules."""
     text = f.data.get("nccl_version")
     if text is None:
-        return NcclVersion.parse(tuning_table(NcclVersion(2, 99, 0)).first)
+        return tuning_table(NcclVersion(2, 99, 0)).first
     found = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", str(text))
     if not found:
         raise f.error(f"'nccl_version' {text!r} names no NCCL release")
@@ -782,10 +789,7 @@ def _check_fit(f: _Fields, cluster: ClusterSpec, ranks: int, nodes: int) -> None
 
 
 def _tuning_table_case(f: _Fields, cluster: ClusterSpec) -> TuningTableQuantity:
-    rows = f.raw("rows")
-    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
-        raise f.error("'rows' must be a non-empty list of {\"collective\", \"algorithm\", \"protocol\", "
-                      "\"latency_us\", \"algbw_GBps\"}")
+    rows = f.records("rows", '"collective", "algorithm", "protocol", "latency_us", "algbw_GBps"')
     cells = []
     for i, r in enumerate(rows):
         where = f"rows[{i}]."
@@ -809,10 +813,7 @@ def _collective(f: _Fields, data: dict, where: str) -> CollectiveType:
 
 
 def _nccl_choice(f: _Fields, cluster: ClusterSpec) -> NcclChoice:
-    raw = f.raw("points")
-    if not isinstance(raw, list) or not raw or not all(isinstance(p, dict) for p in raw):
-        raise f.error("'points' must be a non-empty list of {\"collective\", \"bytes\", \"algorithm\", "
-                      "\"protocol\", \"channels\"}")
+    raw = f.records("points", '"collective", "bytes", "algorithm", "protocol", "channels"')
     points = []
     for i, p in enumerate(raw):
         where = f"points[{i}]."
@@ -823,15 +824,15 @@ def _nccl_choice(f: _Fields, cluster: ClusterSpec) -> NcclChoice:
         size = f.integer("bytes", p, where) if stated else LARGE_MESSAGE_BYTES
         name = str(f.raw("algorithm", p, where))
         symmetric = "symmetric" in name.lower()
-        algorithm = name.split(" (")[0].strip()
-        if not symmetric and algorithm.lower() not in _ALGO_NAMES:
+        algo = name.split(" (")[0].strip()
+        if not symmetric and algo.lower() not in _ALGO_NAMES:
             raise f.error(f"'{where}algorithm' {name!r} is not NCCL's")
         proto = p.get("protocol")
         if proto is not None and str(proto).upper() not in Protocol.__members__:
             raise f.error(f"'{where}protocol' {proto!r} is not NCCL's")
-        channels = f.integer("channels", p, where) if p.get("channels") is not None else None
-        points.append(ChoicePoint(Signature(_GROUP, _collective(f, p, where), size, ranks, nodes), stated, algorithm,
-                                  Protocol[str(proto).upper()] if proto is not None else None, channels, symmetric))
+        ctas = f.integer("channels", p, where) if p.get("channels") is not None else None
+        points.append(ChoicePoint(Signature(_GROUP, _collective(f, p, where), size, ranks, nodes), stated, algo,
+                                  Protocol[str(proto).upper()] if proto is not None else None, ctas, symmetric))
     return NcclChoice(cluster, tuple(points))
 
 
@@ -843,14 +844,12 @@ def _busbw_curve(f: _Fields, cluster: ClusterSpec) -> BusbwCurve:
         found = re.fullmatch(r"\s*NCCL_(ALGO|PROTO)=(\w+)\s*", str(forced_text))
         name = found.group(2).lower() if found else ""
         if found and found.group(1) == "ALGO" and name in _ALGO_NAMES:
-            forced = CommConfig(algorithm=_ALGO_NAMES[name])
+            forced = ALGORITHM.set(CommConfig(), _ALGO_NAMES[name])
         elif found and found.group(1) == "PROTO" and name.upper() in Protocol.__members__:
-            forced = CommConfig(protocol=Protocol[name.upper()])
+            forced = PROTOCOL.set(CommConfig(), Protocol[name.upper()])
         else:
             raise NotJudged(f"forced by {forced_text!r}: not an NCCL_ALGO or NCCL_PROTO setting the model reads")
-    raw = f.raw("points")
-    if not isinstance(raw, list) or not raw or not all(isinstance(p, dict) for p in raw):
-        raise f.error("'points' must be a non-empty list of {\"bytes\", \"time_us\", \"busbw_GBps\"}")
+    raw = f.records("points", '"bytes", "time_us", "busbw_GBps"')
     points = tuple((f.integer("bytes", p, f"points[{i}]."), f.number("busbw_GBps", p, f"points[{i}]."))
                    for i, p in enumerate(raw))
     ranks = cluster.nodes * cluster.gpus_per_node
@@ -970,13 +969,13 @@ PRINTED_ROUNDING = 0.05
 
 
 def _run_table(case: Case, q: TuningTableQuantity) -> CaseResult:
-    model = {(c.collective, c.algorithm, c.protocol): c for c in tuning_cells(q.cluster, q.ranks, q.nodes)}
+    model = {c.key: c for c in tuning_cells(q.cluster, q.ranks, q.nodes)}
     rows: list[Row] = []
     held = 0
     worst = 0.0
     for cell in q.cells:
-        m = model.get((cell.collective, cell.algorithm, cell.protocol))
-        label = f"  {cell.collective.value} {_ALGO_PRINTED[cell.algorithm]}/{_PROTO_PRINTED[cell.protocol]}"
+        m = model.get((cell.collective, cell.algo, cell.proto))
+        label = f"  {cell.collective.value} {_ALGO_PRINTED[cell.algo]}/{_PROTO_PRINTED[cell.proto]}"
         measured = f"{cell.latency_us:g}/{cell.algbw_gb_per_s:g}"
         if m is None:
             rows.append(Row(label + " (the model has no such cell)", "-", measured, f"±{q.relative:.0%}", False, 1.0))
@@ -1015,14 +1014,13 @@ def _run_choice(case: Case, q: NcclChoice) -> CaseResult:
             got = (kernel.name, None, kernel.ctas) if kernel is not None else ("none", None, None)
         else:
             config = nccl_default_config(q.cluster, p.signature)
-            algo = config.algorithm if config.algorithm is not None else Algorithm.RING
-            got = (_ALGO_PRINTED[algo], config.protocol, config.channels)
-        holds = (got[0].lower() == p.algorithm.lower() and (p.protocol is None or got[1] is p.protocol)
-                 and (p.channels is None or got[2] == p.channels))
+            got = (_ALGO_PRINTED[ALGORITHM.get(config) or Algorithm.RING], PROTOCOL.get(config), CHANNELS.get(config))
+        holds = (got[0].lower() == p.algo.lower() and (p.proto is None or got[1] is p.proto)
+                 and (p.ctas is None or got[2] == p.ctas))
         shown = "/".join(str(x) for x in (got[0], _PROTO_PRINTED.get(got[1]) if got[1] is not None else None,
                                            f"{got[2]} ch" if got[2] is not None else None) if x)
-        want = "/".join(str(x) for x in (p.algorithm, _PROTO_PRINTED[p.protocol] if p.protocol is not None else None,
-                                          f"{p.channels} ch" if p.channels is not None else None) if x)
+        want = "/".join(str(x) for x in (p.algo, _PROTO_PRINTED[p.proto] if p.proto is not None else None,
+                                          f"{p.ctas} ch" if p.ctas is not None else None) if x)
         rows.append(Row(label, shown, want, "same", holds, 0.0 if holds else 1.0))
         points.append({"bytes": p.signature.message_bytes, "model": shown, "nccl": want, "holds": holds})
     held = sum(r.holds is True for r in rows)
@@ -1047,8 +1045,9 @@ def _run_curve(case: Case, sim: Simulator, q: BusbwCurve) -> CaseResult:
             continue
         busbw = bus_bandwidth_gb_per_s(signature, model.alone_us)
         config = model.config
-        pick = f"{_ALGO_PRINTED.get(config.algorithm, '?') if config.algorithm is not None else '?'}/" \
-               f"{_PROTO_PRINTED.get(config.protocol, '?') if config.protocol is not None else '?'}"
+        algo, proto = ALGORITHM.get(config), PROTOCOL.get(config)
+        pick = (f"{_ALGO_PRINTED[algo] if algo is not None else '?'}/"
+                f"{_PROTO_PRINTED[proto] if proto is not None else '?'}")
         error = busbw / measured - 1
         holds = abs(error) <= q.relative
         rows.append(Row(f"{label} ({pick})", f"{busbw:,.1f} GB/s", f"{measured:g} GB/s", f"±{q.relative:.0%}", holds,

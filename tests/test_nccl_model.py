@@ -8,7 +8,7 @@ import json
 from dataclasses import replace
 
 import pytest
-from conftest import EXAMPLES, REPO_ROOT
+from conftest import EXAMPLES, REPO_ROOT, run_cli
 
 from costmodel.cluster import ClusterSpec, load_cluster
 from costmodel.nccl_defaults import (
@@ -214,3 +214,26 @@ def test_path_nccl_takes_by_itself():
     assert path("2.29.2", CollectiveType.ALLGATHER, big, h100("2.29.2")) is CommPath.SYMMETRIC
     assert path("2.26.2", CollectiveType.ALLGATHER, big) is CommPath.SM
     assert path("2.29.2", CollectiveType.ALLGATHER, big, windows=False) is CommPath.SM
+
+
+def _pick_note(capsys, *command: str) -> str:
+    code, _, err = run_cli(capsys, *command)
+    notes = [line for line in err.splitlines() if "tuning model disagrees with the trace's kernels" in line]
+    assert code == 0 and len(notes) == 1, (command, err)
+    return notes[0]
+
+
+@pytest.mark.slow
+def test_simulate_says_where_the_trace_ran_another_pick(capsys):
+    """One note line: the bundled trace's kernels ran ring/LL where NCCL's model of the trace's release
+    (2.17.1, read with the 2.18 table) picks ring/Simple."""
+    note = _pick_note(capsys, "simulate", str(EXAMPLES / "a100_w2_allreduce_broadcast.json.gz"),
+                      "--cluster", "a100-nvswitch", "--json")
+    assert "NCCL 2.17.1" in note and "ring/ll (3x)" in note
+
+
+@pytest.mark.slow
+def test_tune_says_where_the_trace_ran_another_pick(capsys):
+    note = _pick_note(capsys, "tune", str(EXAMPLES / "a100_w2_allreduce_broadcast.json.gz"),
+                      "--cluster", "a100-nvswitch", "--json", "--budget", "1")
+    assert "NCCL 2.17.1" in note and "ring/ll (3x)" in note

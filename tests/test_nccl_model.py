@@ -167,6 +167,8 @@ def test_runner_judges_the_three_nccl_kinds():
     curve = results["h100x8_nccl2.26.2_allreduce_default_k8s_together"]  # NVLS unusable there: the ring
     assert curve.holds is not None and curve.cluster.startswith("h100-nvswitch 1x8")
     assert sum(p["holds"] for p in curve.model) >= 7
+    # 3 x 8 H100 at 2.22.3: Tree/LL, then Tree/LL128 at 256 KiB, as NCCL's log (NVLSTree from 512 KiB needs NVLS)
+    assert [p["holds"] for p in results["h100_3x8_nccl2.22.3_allreduce_choice_issue1453"].model][:4] == [True] * 4
     rtx = results["rtx5090_2rank_socket_nccl2.29.7_tuning_table"]
     assert rtx.holds is None and "names no GPU" in (rtx.not_judged or "")
     assert results["gb200x4_nccl2.25.1_allreduce_forced_ring_azure"].cluster.startswith("stated-GB200 1x4")

@@ -1014,7 +1014,8 @@ def _run_choice(case: Case, q: NcclChoice) -> CaseResult:
             got = (kernel.name, None, kernel.ctas) if kernel is not None else ("none", None, None)
         else:
             config = nccl_default_config(q.cluster, p.signature)
-            got = (_ALGO_PRINTED[ALGORITHM.get(config) or Algorithm.RING], PROTOCOL.get(config), CHANNELS.get(config))
+            algo = ALGORITHM.get(config)  # an IntEnum: TREE is 0, so no ``or``
+            got = (_ALGO_PRINTED[Algorithm.RING if algo is None else algo], PROTOCOL.get(config), CHANNELS.get(config))
         holds = (got[0].lower() == p.algo.lower() and (p.proto is None or got[1] is p.proto)
                  and (p.ctas is None or got[2] == p.ctas))
         shown = "/".join(str(x) for x in (got[0], _PROTO_PRINTED.get(got[1]) if got[1] is not None else None,

@@ -1051,7 +1051,7 @@ def _run_curve(case: Case, sim: Simulator, q: BusbwCurve) -> CaseResult:
                 f"{_PROTO_PRINTED[proto] if proto is not None else '?'}")
         # NCCL's own estimate for its pick (latency + bytes / bandwidth): where it is as far from the measurement
         # as the simulator, the gap is outside NCCL's model too (nccl-tests' per-call cost at small sizes)
-        own = [e.time_us for e in algo_estimates(q.cluster, signature) if (e.algorithm, e.protocol) == (algo, proto)]
+        own = [e.time_us for e in algo_estimates(q.cluster, signature) if e.pair == (algo, proto)]
         own_busbw = bus_bandwidth_gb_per_s(signature, own[0]) if own else None
         error = busbw / measured - 1
         holds = abs(error) <= q.relative

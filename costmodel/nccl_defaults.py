@@ -1,28 +1,34 @@
 """NCCL's default choices for a collective on a cluster: algorithm, protocol, channels, threads, chunk.
 
-A re-statement in Python of NCCL 2.18's own tuning model (not a copy of its code):
+A re-statement in Python of NCCL's own tuning model **of the cluster's release** (not a copy of
+its code); the figures and rules per release family are data in :mod:`costmodel.nccl_tuning_tables`
+(2.18 to 2.30; a newer release reads the newest):
 
-* ``src/graph/tuning.cc`` (``ncclTopoTuneModel``): for every (algorithm, protocol) a
-  latency ``baseLat + steps x hwLat`` and a bandwidth ``nChannels x bw x refinements``
-  (LL carries 1/4 of the bus bandwidth on rings, LL128 0.92 capped per channel, Tree
-  0.92 capped per channel, ...), turned into algorithm bandwidth with ``nRanks / nsteps``;
-* ``ncclTopoGetAlgoTime``: ``time = latency + nBytes / (1000 x bw)`` with the tree
-  correction factors and the multi-node ring "plateau" latency factor; the fastest
-  enabled pair wins (``src/enqueue.cc`` ``getAlgoInfo``);
-* channel/thread tuning (``getAlgoInfo``): start from the communicator's channels and
-  the protocol's maximum threads and shed channels, then threads, while
-  ``nBytes < nChannels x nThreads x threadThreshold``;
-* chunk (``computeColl``): ``BUFFSIZE / NCCL_STEPS x chunkSteps`` (Simple ring: 4 MiB / 8 x 4
-  = 2 MiB), with the tree's depth-driven halving.
+* ``src/graph/tuning.cc`` (``ncclTopoTuneModel``): for every (collective, algorithm, protocol) a
+  latency ``baseLat + steps x hwLat`` and a bandwidth ``nChannels x bw x refinements`` (Ring/LL's
+  share of the bus, LL128 0.92 capped per channel, Tree 0.92 capped, NVLS's efficiency, PAT's
+  share, ...), turned into algorithm bandwidth: :func:`tuning_cells`, NCCL's printed
+  Latency/AlgBw table;
+* ``ncclTopoGetAlgoTime``: ``time = latency + nBytes / (1000 x bw)`` with the tree correction
+  factors and the multi-node ring "plateau" latency factor; the fastest enabled pair wins
+  (``src/enqueue.cc`` ``topoGetAlgoInfo``);
+* channel/thread tuning (``topoGetAlgoInfo``): start from the communicator's channels and the
+  protocol's maximum threads and shed channels, then threads, while ``nBytes < nChannels x
+  nThreads x threadThreshold``; NVLS runs ``nvlsChannels`` (:func:`nvls_channels`);
+* chunk (``calcCollChunking``): ``BUFFSIZE / NCCL_STEPS x chunkSteps`` (Simple ring: 4 MiB / 8 x 4
+  = 2 MiB), with the tree's depth-driven halving, NVLS's and PAT's own rules.
 
 Simplifications (said out loud): the topology search is not re-run; its result is the
-cluster's ``nccl_graph`` section (or derived from the link kind); the tree graph is
-taken equal to the ring graph; CollNet and NVLS are disabled (the simulator has no
-in-network or in-switch reduction); the CPU is taken as Intel (net overhead 1 us);
-AllToAll/SendRecv use NCCL's p2p path (Simple, ``p2pnChannelsPerPeer`` = 2 channels
+cluster's ``nccl_graph`` section (or derived from the link kind), replaced where the release's
+table knows an NVSwitch node's search (:func:`algo_graphs`); NVLS needs ``intra_node.nvls``;
+CollNet cells carry their latency and stay disabled; the CPU is taken as Intel (net overhead
+1 us); AllToAll/SendRecv use NCCL's p2p path (Simple, ``p2pnChannelsPerPeer`` = 2 channels
 per peer, NCCL_MAX_NTHREADS threads whatever NCCL_NTHREADS says, a 128 KiB step across
 nodes or over PCIe and 512 KiB inside an NVSwitch node: init.cc computeBuffSizes; an
 ``nvlink`` preset, such as A40 bridges between pairs, is not all-NVLink for NCCL).
+:func:`nccl_own_path` is the path (SM kernels, symmetric kernels, copy engines) NCCL takes by
+itself; :func:`recorded_pick_disagreements` compares the model's pick with what a trace's
+kernels say NCCL ran.
 
 ``nccl_default_config`` fills EVERY field of a CommConfig. ``cluster.nccl_defaults``
 (keys ``algorithm``, ``protocol``, ``channels``, ``threads``, ``chunk_bytes``, plus
@@ -160,7 +166,7 @@ def comm_channels(cluster: ClusterSpec, nodes: int = 1) -> int:
 
 
 def nccl_nbytes(signature: Signature) -> int:
-    """NCCL 2.18's ``info->nBytes``: the whole buffer. For AllGather/ReduceScatter
+    """NCCL's ``info->nBytes``: the whole buffer. For AllGather/ReduceScatter
     ``ncclInfoSetDerived`` (src/include/info.h) multiplies the per-rank count by nRanks, which
     is Signature.message_bytes (the larger of the rank's input and output buffers)."""
     return signature.message_bytes

@@ -160,6 +160,12 @@ def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     for note in choice.notes:
         err.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+    if from_trace:
+        from costmodel.nccl_defaults import disagreement_line, recorded_pick_disagreements
+
+        picked = disagreement_line(choice.cluster, recorded_pick_disagreements(choice.cluster, workload))
+        if picked:
+            err.print(f"note: {picked}", highlight=False, markup=False, soft_wrap=True)
     if cpu_only:
         choice.warnings.append(f"{workload.source}: its collectives ran on the CPU (no NCCL kernels: a gloo job): "
                                f"the replay keeps their measured times, and the tuned figures are the model's for "

@@ -40,8 +40,9 @@ class NcclVersion:
 
     @classmethod
     def parse(cls, text: str) -> NcclVersion:
-        """``"2.18.3"``, ``"2.18"``, ``"2.18.3-1"``, ``"v2.18.3"``; LagomError otherwise."""
-        m = re.fullmatch(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?(?:[-+][\w.]*)?\s*", str(text))
+        """``"2.18.3"``, ``"2.18"``, ``"2.18.3-1"``, ``"v2.18.3"``, and as distributions write it
+        (``"2.21.5-1+cuda12.4"``, ``"2.21.5+cuda12.4"``: a package revision, a build tag); LagomError otherwise."""
+        m = re.fullmatch(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?(?:-[\w.~]*)?(?:\+[\w.~]*)?\s*", str(text))
         if not m:
             raise LagomError(f"NCCL version {text!r} is not of the form MAJOR.MINOR[.PATCH] (e.g. 2.18.3)")
         version = cls(int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))

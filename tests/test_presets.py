@@ -100,7 +100,7 @@ def test_overrides_and_resolve():
     ("mem_bw_gb_per_s: 696 ", "mem_bw_gb_per_s: .nan ", "'gpu.mem_bw_gb_per_s' must be finite"),
     ("nic_bw_gb_per_s: 12.0 ", "nic_bw_gb_per_s: .inf ", "'inter_node.nic_bw_gb_per_s' must be finite"),
     ('nccl_version: "2.18.3"', 'nccl_version: "banana"', "'nccl_version': NCCL version 'banana' is not of the form"),
-    ('nccl_version: "2.18.3"', 'nccl_version: "2.99.1"', "'nccl_version' '2.99.1': NCCL never released 2.99.1"),
+    ('nccl_version: "2.18.3"', 'nccl_version: "2.30.1"', "'nccl_version' '2.30.1': NCCL never released 2.30.1"),
     ('nccl_version: "2.18.3"', "nccl_version: 2.20", "'nccl_version' must be a quoted string"),
     ("  gemm_efficiency: 0.70 ", "  gemm_efficiency: 7 ", "'sim.gemm_efficiency' is a fraction"),
     ("  gemm_efficiency: 0.70 ", "  gemm_efficiency: 0 ", "'sim.gemm_efficiency' is a fraction"),

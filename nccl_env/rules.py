@@ -98,6 +98,9 @@ TUNER_SYMBOL_SINCE: dict[str, NcclVersion] = {
     "ncclTunerPlugin_v4": _v("2.24"),
     "ncclTunerPlugin_v5": _v("2.28"),
     "ncclTunerPlugin_v6": _v("2.30"),
+    # v7: 2.32.6 (NCCL's release list, issue 30); 2.32.3's libnccl.so.2 (PyPI nvidia-nccl-cu12) names
+    # only "TUNER/Plugin: Using %s (v2)" .. "(v6)", so v7 came after it.
+    "ncclTunerPlugin_v7": _v("2.32.6"),
 }
 
 MAXCHANNELS_64_SINCE = _v("2.25")  # MAXCHANNELS 32 -> 64 (docs/reference.md §3)

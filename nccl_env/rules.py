@@ -107,6 +107,7 @@ MAXCHANNELS_64_SINCE = _v("2.25")  # MAXCHANNELS 32 -> 64 (docs/reference.md §3
 PER_FUNCTION_ALGO_SINCE = _v("2.24")  # NCCL_ALGO/NCCL_PROTO "func:list;..." syntax (env.rst)
 CTAS_ENV_SINCE = _v("2.17")  # NCCL_MIN_CTAS / NCCL_MAX_CTAS and ncclConfig_t min/maxCTAs (env.rst)
 CHUNK_PLUGIN_SINCE = TUNER_SYMBOL_SINCE["ncclTunerPlugin_v6"]  # getChunkSize
+COLL_CONFIG_SINCE = _v("2.31")  # ncclCollConfig_t and the nccl*Config entry points (nccl.h; the struct is _v23100)
 
 
 def max_channels(version: NcclVersion) -> int:

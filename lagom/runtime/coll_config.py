@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nccl_env.delivery import ENV_ALGO_NAME
+from nccl_env.knob_table import ALGORITHM, CHANNELS
 from nccl_env.knobs import CommConfig
 from nccl_env.rules import COLL_CONFIG_SINCE, NcclVersion
 
@@ -78,9 +79,10 @@ def per_call_config(door: CollConfigDoor, config: CommConfig) -> Any | None:
     algorithm as the selection (NCCL falls back to its own choice where it cannot run it);
     None where the entry sets neither (NCCL's choice, as without the door)."""
     fields: dict[str, Any] = {}
-    if config.channels is not None:
-        fields["min_ctas"] = fields["max_ctas"] = config.channels
-    if config.algorithm is not None:
-        fields["alg_selection"] = ENV_ALGO_NAME[config.algorithm]  # NCCL_ALGO's spelling, as algSelection's
+    ctas, algo = CHANNELS.get(config), ALGORITHM.get(config)  # the knob table's rows (issue 25)
+    if ctas is not None:
+        fields["min_ctas"] = fields["max_ctas"] = ctas
+    if algo is not None:
+        fields["alg_selection"] = ENV_ALGO_NAME[algo]  # NCCL_ALGO's spelling, as algSelection's
         fields["force_alg_selection"] = False  # unsatisfiable: NCCL's own choice, never an error
     return door.make(**fields) if fields else None

@@ -99,7 +99,7 @@ def build_scene(d: Path) -> None:
     _config(d / "algo_bogus.yaml", env={"NCCL_ALGO": "ring,warp"})
     _config(d / "threads_big.yaml", collectives=[{"match": {"collective": "allgather"}, "set": {"threads": 100000}}])
     _config(d / "ctas_big.yaml", process_groups={"0": {"min_ctas": 999}})
-    _config(d / "version_never.yaml", nccl_version="2.99.1")
+    _config(d / "version_never.yaml", nccl_version="2.29.1")
     (d / "version_float.yaml").write_text(yaml.safe_dump(CONFIG).replace("nccl_version: 2.18.3", "nccl_version: 2.20"))
     cluster = load_cluster("high-bw").to_dict()
     (d / "cluster.yaml").write_text(yaml.safe_dump(cluster))
@@ -264,10 +264,10 @@ ROWS = [
     ("run --config nccl_version: 2.20 (a float)", ["run", "--config", "{d}/version_float.yaml", "--", "touch",
                                                    "{d}/ran"], 2,
      r"^lagom run: error: \S+version_float.yaml: nccl_version must be a quoted string"),
-    ("run --config nccl_version: 2.99.1 (never released)", ["run", "--config", "{d}/version_never.yaml", "--",
+    ("run --config nccl_version: 2.29.1 (never released)", ["run", "--config", "{d}/version_never.yaml", "--",
                                                             "touch", "{d}/ran"], 2,
-     r"^lagom run: error: \S+version_never.yaml: nccl_version '2.99.1': NCCL never released 2.99.1 "
-     r"\(releases from 2.14.3 to 2.32.3; closest: 2.30.7, 2.31.2, 2.32.3\)$"),
+     r"^lagom run: error: \S+version_never.yaml: nccl_version '2.29.1': NCCL never released 2.29.1 "
+     r"\(releases from 2.14.3 to 2.32.6; closest: 2.29.2, 2.29.3, 2.29.7\)$"),
     ("tune --nccl-version 2.18 (no such release)", ["tune", "tp:phi2:tp=8", "--cluster", "low-bw", "--nccl-version",
                                                      "2.18", "-o", "{d}/t.yaml"], 2,
      r"^lagom tune: error: --nccl-version '2.18': NCCL never released 2.18.0 \(.*closest: 2.18.1, 2.18.3, "

@@ -134,7 +134,7 @@ def test_plugin_table_from_tuned_config(tmp_path):
 
 @pytest.mark.parametrize("match, knobs, message", [
     ("{collective: allreduce}", "{channels: 999}",
-     "lagom.yaml: collectives[0]: channels=999 is not valid on NCCL 2.30.0: allowed 1-64"),
+     "lagom.yaml: collectives[0]: channels=999 is not valid on NCCL 2.32.6: allowed 1-64"),
     ("{collective: allreduce, min_bytes: 100, max_bytes: 10}", "{channels: 2}",
      "lagom.yaml: cannot make a plugin table"),
     ("{collective: allreduce}", "{channels: true}", "collectives[0]: channels must be an integer, got True"),

@@ -1,5 +1,5 @@
 import sys
 
-from lagom.cli import main
+from lagom import console_main
 
-sys.exit(main())
+sys.exit(console_main())

@@ -115,6 +115,16 @@ def _deepest(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpa
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; a Ctrl-C at any moment, imports and argument parsing included, is one line and
+    exit 130 (never a traceback)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("lagom: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     problems = shadowed()  # before importing any of them: a stray nccl_env.py would break that import
     if problems:
         print(f"lagom: error: {problems[0]}", file=sys.stderr)

@@ -1,5 +1,5 @@
 import sys
 
-from lagom import console_main
+import lagom
 
-sys.exit(console_main())
+sys.exit(lagom.console_main())

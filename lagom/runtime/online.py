@@ -297,7 +297,7 @@ class Session:
         config.dump(self.settings.result_path)
         changed = controller.changed_signatures(controller.final) if kept else []
         measured = controller.calls_measured
-        outcome_path(self.settings.result_path).write_text(json.dumps({
+        decided = json.dumps({
             "result": controller.result,
             "reason": controller.reason,
             "seeded": self.settings.seed_config is not None,
@@ -306,7 +306,11 @@ class Session:
             "changed": len(changed),
             "changed_calls": None if measured is None else sum(measured[i] for i in changed),
             "tuned_calls": None if measured is None else sum(measured),
-        }))
+        })
+        try:
+            outcome_path(self.settings.result_path).write_text(decided)
+        except OSError as exc:  # the plan is written: the launcher's line then says less, the rank goes on
+            self.emit(f"lagom: warning: online tuning's outcome not written ({exc.strerror or exc})")
 
     def fail(self, exc: BaseException) -> None:
         self.finished = True

@@ -88,6 +88,7 @@ from traces.kineto_events import (
 )
 from traces.kineto_json import read_events
 from traces.limits import TRACE_MEMORY_PER_JSON_BYTE, check_fits_memory
+from traces.time_units import time_evidence, time_scale
 from traces.trace_job import MAX_RANKS, JobLayout, TraceHeader, attach_comm_waits, job_layout, recorded_steps_of
 from traces.workload import (
     RECORD_METADATA_KEY,
@@ -213,6 +214,10 @@ class _ParsedTrace:
 
 def _parse_file(path: Path) -> _ParsedTrace:
     meta, events = read_events(path, EventReader)
+    scale, unit_warnings = time_scale(meta.get("displayTimeUnit"), time_evidence(events.gpu_ops, events.comm_by_ext),
+                                      str(path))
+    if scale != 1.0:  # its times are nanoseconds (traces.time_units): read again, scaled
+        meta, events = read_events(path, lambda: EventReader(scale))
     parsed = _read_metadata(path, meta)
     parsed.gpu_ops = events.gpu_ops
     parsed.launch_ts, parsed.launch_thread = events.launches()
@@ -228,7 +233,7 @@ def _parse_file(path: Path) -> _ParsedTrace:
     parsed.sync_events = events.sync_events
     parsed.step_marks = events.step_marks
     parsed.thread_events = events.thread_events()
-    parsed.warnings = _dropped_events(path, events.bad_events, events.timed_events(), events.first_bad)
+    parsed.warnings = unit_warnings + _dropped_events(path, events.bad_events, events.timed_events(), events.first_bad)
     if not parsed.gpu_ops and not any(collective_from_call(c) for c in parsed.comm_calls):
         raise LagomError(f"{path}: trace has neither GPU kernels nor collectives (nothing to analyse)")
     return parsed

@@ -409,6 +409,10 @@ class _WorkloadBuilder:
         elif cpu_threads:  # a gloo job: its collectives are the CPU's own blocking calls
             graph = build_cpu_graph([(c, *cpu_threads[id(c)]) for c in colls if id(c) in cpu_threads],
                                     p.step_marks, p.thread_events, o)
+        repeated = sorted({s.name.split(" (repeat ")[0] for s in graph.steps if " (repeat " in s.name}) if graph else []
+        step_warnings = [f"{p.path}: step name{'s' if len(repeated) > 1 else ''} {', '.join(repeated)} "
+                         f"annotate{'' if len(repeated) > 1 else 's'} more than one step: each kept apart, the "
+                         "later ones named '... (repeat N)'"] if repeated else []
         return Workload(
             rank=p.rank if p.rank is not None else 0,
             world_size=self.world_size,
@@ -428,7 +432,7 @@ class _WorkloadBuilder:
             world_size_known=self.world_size_known,
             exec_graph=graph,
             recorded_steps=p.recorded_steps,
-            input_warnings=list(p.warnings) + self._peer_warnings(),
+            input_warnings=list(p.warnings) + self._peer_warnings() + step_warnings,
         )
 
     def _comm_info(self, g: GpuOp) -> CommInfo:

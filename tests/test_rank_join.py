@@ -154,6 +154,18 @@ def test_a_peer_that_cannot_be_is_one_warning_naming_it(change, named: str, tmp_
     assert named in capsys.readouterr().err
 
 
+@pytest.mark.slow
+def test_simulate_a_folder_names_a_peer_outside_the_world(tmp_path: Path, capsys) -> None:
+    """The joint replay of a folder whose rank 1 names a peer outside the world: the warning of
+    that rank's file is printed too (not only the lowest rank's)."""
+    p = kr.PROGRAMS["pipeline_1f1b"]
+    folder = kr.write_ranks(p, kr.simulate(p), tmp_path / "p")
+    _rewrite(folder / "pipeline_1f1b_rank1.json.gz", lambda a: a.update({"Dst Rank": 9}) if "Dst Rank" in a else None)
+    assert main(["simulate", str(folder), "--json"]) == 0
+    err = capsys.readouterr().err
+    assert "pipeline_1f1b_rank1.json.gz: 48 send/recv name peer Dst Rank 9: outside the world of 4 ranks" in err
+
+
 GLOO_DDP = Path(__file__).parent / "data" / "gloo_ddp_w2"
 
 

@@ -109,6 +109,9 @@ def peer_metadata(kind: str, group_ranks: list[int], own: int, peer: int) -> dic
 # the generator's own keys in a collective's metadata (its members and peer as stage indices, the
 # group's global ranks): what the simulation meets at, stripped from the traces it writes
 _HIDDEN = ("_members", "_peer", "_group_ranks")
+# what Kineto does not copy from record_param_comms onto the kernel (libkineto output_json.cpp
+# appendCollectiveArgs): a kernel's peer without Dst/Src Rank is read through its External id
+_NOT_ON_KERNELS = ("Rank", "Global rank start", "Global rank stride")
 
 
 class _RankBuilder(kw._Builder):
@@ -430,7 +433,7 @@ def trace_doc(p: RankProgram, s: kw.Schedule, rank: int) -> dict:
     for e in doc["traceEvents"]:
         if "ts" in e:
             e["ts"] = round(e["ts"] + off, 3)
-        for key in _HIDDEN:
+        for key in _HIDDEN + (_NOT_ON_KERNELS if e.get("cat") == "kernel" else ()):
             e.get("args", {}).pop(key, None)
     groups = {"0": list(range(p.world_size))}
     for op in s.ops:

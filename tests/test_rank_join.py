@@ -125,6 +125,15 @@ def test_send_recv_peers_as_pytorch_writes_them(stage_ranks, world, listed, tmp_
     assert joined.modelled_members == 0 and all(len(m.members) == 2 for m in joined.matches)
 
 
+def test_a_group_list_cut_short_is_no_list() -> None:
+    """PyTorch writes a group of more than 30 ranks as its first 30 and "..." (util.cpp
+    format_list): not the group's members (a 30-rank group), so the reader takes pg_config's."""
+    from traces.kineto_comm import parse_ranks
+
+    cut = "[" + ", ".join(str(8 * i) for i in range(30)) + ", ...]"
+    assert parse_ranks(cut) == () and parse_ranks("[]") == () and parse_ranks("[0, 8, 16, 24]") == (0, 8, 16, 24)
+
+
 def _rewrite(path: Path, change) -> None:
     doc = json.loads(gzip.decompress(path.read_bytes()))
     for e in doc["traceEvents"]:

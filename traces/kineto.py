@@ -513,7 +513,7 @@ class _WorkloadBuilder:
                 why = f"not a rank of its {len(ranks)}-rank group"
             else:
                 peer = ranks[peer]
-        if why is None and not 0 <= peer < self.world_size:
+        if why is None and (peer < 0 or (self.world_size_known and peer >= self.world_size)):
             why = f"outside the world of {self.world_size} ranks"
         elif why is None and (peer == own or (listed and (peer not in ranks or own not in ranks))):
             why = f"not a peer of rank {own} in its group"

@@ -13,9 +13,11 @@ times are implausible in the unit read gets a warning naming the figure.
 
 Plausible (judgments with a wide margin, not measured bounds):
 
-- the median GPU compute kernel lasts under :data:`MAX_MEDIAN_KERNEL_US` (a training
-  step's median kernel is tens of microseconds; a GEMM of 8192^3 in bf16 on an A100
-  is 3.5 ms, at 312 TFLOP/s: NVIDIA A100 datasheet);
+- the median GPU compute kernel lasts under :data:`MAX_MEDIAN_KERNEL_US` where the trace
+  says "ns" (a training step's median kernel is tens of microseconds; a GEMM of 8192^3 in
+  bf16 on an A100 is 3.5 ms, at 312 TFLOP/s: NVIDIA A100 datasheet), and under
+  :data:`WARN_MEDIAN_KERNEL_US` for a warning where it does not (a small synthetic trace of
+  a few long kernels is not wrong);
 - the fastest collective of :data:`RATE_MIN_BYTES` or more moves its bytes at between
   :data:`MIN_RATE_MB_S` (below 1 Gb Ethernet's 125 MB/s for an all-reduce's algorithm
   bandwidth, about half its bus bandwidth) and :data:`MAX_RATE_MB_S` (ten times
@@ -31,7 +33,8 @@ from traces.kineto_comm import CommInfo
 from traces.kineto_events import CommCall, GpuOp, to_int
 
 NS_PER_US = 1e3
-MAX_MEDIAN_KERNEL_US = 1e3  # a median kernel over a millisecond: implausible (above)
+MAX_MEDIAN_KERNEL_US = 1e3  # a median kernel over a millisecond: implausible under "ns" (above)
+WARN_MEDIAN_KERNEL_US = 1e5  # over 100 ms: implausible in any trace (above)
 RATE_MIN_BYTES = 1 << 20  # collectives this large or larger are rated (smaller ones are latency)
 MIN_RATE_MB_S = 10.0  # bytes per microsecond = MB/s; slower than any fabric a GPU job runs on
 MAX_RATE_MB_S = 18e6  # 18 TB/s: ten times NVLink 5's 1.8 TB/s per GPU
@@ -50,9 +53,9 @@ class TimeEvidence:
         return TimeEvidence(None if self.median_kernel_us is None else self.median_kernel_us * factor,
                             None if self.fastest_rate_mb_s is None else self.fastest_rate_mb_s / factor, self.rated)
 
-    def implausible(self) -> str | None:
+    def implausible(self, max_median_kernel_us: float = WARN_MEDIAN_KERNEL_US) -> str | None:
         """What is implausible about these times, or None."""
-        if self.median_kernel_us is not None and self.median_kernel_us > MAX_MEDIAN_KERNEL_US:
+        if self.median_kernel_us is not None and self.median_kernel_us > max_median_kernel_us:
             return f"the median GPU kernel lasts {self.median_kernel_us / 1e3:,.1f} ms"
         rate = self.fastest_rate_mb_s
         if rate is not None and rate < MIN_RATE_MB_S:
@@ -87,10 +90,11 @@ def time_evidence(gpu_ops: list[GpuOp], comm_by_ext: dict[int, CommCall]) -> Tim
 
 def time_scale(display_unit: object, evidence: TimeEvidence, path: str) -> tuple[float, list[str]]:
     """(what to multiply the trace's times by to have microseconds, the warning lines)."""
-    seen = evidence.implausible()
-    if display_unit == "ns" and seen is not None and evidence.scaled(1 / NS_PER_US).implausible() is None:
-        return 1 / NS_PER_US, [f"{path}: displayTimeUnit is \"ns\" and, read as microseconds, {seen}: its times "
+    hinted = evidence.implausible(MAX_MEDIAN_KERNEL_US) if display_unit == "ns" else None
+    if hinted is not None and evidence.scaled(1 / NS_PER_US).implausible(MAX_MEDIAN_KERNEL_US) is None:
+        return 1 / NS_PER_US, [f"{path}: displayTimeUnit is \"ns\" and, read as microseconds, {hinted}: its times "
                                "are read as nanoseconds"]
+    seen = evidence.implausible()
     if seen is not None:
         return 1.0, [f"{path}: read as microseconds (the Chrome trace format's unit; displayTimeUnit "
                      f"{display_unit!r}), {seen}: are its times in another unit? The figures rest on them"]

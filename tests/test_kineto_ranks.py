@@ -22,8 +22,8 @@ EPS_US = 0.002  # the trace's times are rounded to the nanosecond
 def kernels(folder: Path, program: kr.RankProgram) -> dict[tuple[str, int], dict[int, tuple[float, float]]]:
     """(group, seq) -> rank -> (true start, true end) of its collective kernel; a send/recv in a
     group of more than two ranks: (group:src>dst, its order in the pair's), NCCL's pairing. The
-    peer as PyTorch writes it: ``Dst Rank`` / ``Src Rank`` its global rank, else ``Rank`` its rank
-    in the group, whose members pg_config lists."""
+    peer as PyTorch writes it: ``Dst Rank`` / ``Src Rank``, its global rank (the programs' groups
+    are evenly spaced; a list of "[]": pg_config's)."""
     out: dict[tuple[str, int], dict[int, tuple[float, float]]] = {}
     stage = {program.global_rank(i): i for i in range(program.ranks)}
     for path in sorted(folder.glob("*.json.gz")):
@@ -38,7 +38,7 @@ def kernels(folder: Path, program: kr.RankProgram) -> dict[tuple[str, int], dict
                 key = (args["Process Group Name"], args["Seq"])
                 members = ast.literal_eval(args["Process Group Ranks"]) or listed[key[0]]
                 if len(members) > 2 and args["Collective name"] in ("send", "recv"):
-                    peer = args.get("Dst Rank", args.get("Src Rank", members[args["Rank"]]))
+                    peer = args["Dst Rank"] if "Dst Rank" in args else args["Src Rank"]
                     src, dst = (rank, peer) if args["Collective name"] == "send" else (peer, rank)
                     pair = f"{key[0]}:{src}>{dst}"
                     key = (pair, pairs.setdefault(pair, 0))

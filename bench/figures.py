@@ -49,6 +49,8 @@ SOURCES: dict[str, Source] = {
                                  "the simulator against the first published measurements"),
     "fidelity_contention": Source(("python3", "bench/fidelity.py", "tests/data/fidelity/contention.json", "--json"),
                                   "contention against published GPU measurements"),
+    "replay_accuracy": Source(("python3", "bench/replay_accuracy.py", "--json"),
+                              "the shared traces replayed under their own settings"),
     "bench_a40": Source(("python3", "-m", "lagom", "bench", "--json"),
                         "the tuner's matrix on the paper's A40 clusters (32 cells)"),
     "bench_nvlink": Source(("python3", "-m", "lagom", "bench", "--cluster", "h100-nvswitch", "--cluster",
@@ -116,6 +118,15 @@ def _pr172714_error() -> str:
     return f"pytorch #172714 within {worst * 100:.1f}%"
 
 
+def _replay_summary() -> str:
+    rows = output("replay_accuracy")
+    assert isinstance(rows, list)
+    worst = max(max(r["max_step_error_pct"], r["comm_error_pct"], r["exposed_error_pct"]) for r in rows)
+    alone = max(r["explained_median_step_error_pct"] for r in rows)
+    return (f"every step, collective time and exposed communication of {len(rows)} traces within {worst:.2f}%; "
+            f"from the graph's dependencies alone within {alone:.2f}%")
+
+
 def _bench_clusters(name: str) -> dict:
     return output(name)["summary"]["clusters"]  # type: ignore[index]
 
@@ -141,6 +152,7 @@ def _bench_nvlink() -> str:
 
 
 FIGURES: dict[str, Callable[[], str]] = {
+    "replay.summary": _replay_summary,
     "bench.a40": _bench_a40,
     "bench.nvlink": _bench_nvlink,
     "whatif.summary": _whatif_summary,

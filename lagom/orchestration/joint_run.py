@@ -141,7 +141,11 @@ def read_folder_ranks(text: str, rank: int | None,
         if not chosen:
             raise LagomError(f"--rank {rank}: {path} holds ranks {_ranges([w.rank for w in workloads])}")
         return chosen[0], None
-    return min(workloads, key=lambda w: w.rank), workloads
+    lowest = min(workloads, key=lambda w: w.rank)
+    for w in workloads:  # what the reader said of every rank (each line names its file), printed with the lowest's
+        if w is not lowest:
+            lowest.input_warnings.extend(w.input_warnings)
+    return lowest, workloads
 
 
 class JointEvaluator:

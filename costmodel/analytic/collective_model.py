@@ -39,6 +39,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from costmodel.nccl_algorithms import NVLS_SWITCH_LATENCY_FACTOR, NVLS_TREE_NET_LATENCY_FACTOR, log2_steps
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 
 # (algorithm, protocol) -> (intra-node, network) hop latency over LL's (nccl_defaults.protocol_hop_factors)
@@ -114,6 +115,8 @@ def hops(collective: CollectiveType, algorithm: Algorithm, ranks: int, nodes: in
     if algorithm is Algorithm.TREE and collective is CollectiveType.ALLREDUCE:
         net = 2 * int(math.log2(nodes)) if nodes > 1 else 0
         return 2 * (per_node - 1), net
+    if algorithm is Algorithm.PAT:  # one GPU per node: ceil(log2 n) rounds, each a network hop
+        return 0, log2_steps(n)
     if collective is CollectiveType.ALLREDUCE:
         net = 2 * nodes if nodes > 1 else 0
         return 2 * (n - 1) - net, net
@@ -196,7 +199,10 @@ def collective_estimate(
     # NCCL's last loop runs a smaller chunk (realChunkSize): only the synchronisations are quantised,
     # and what a channel keeps in flight is the chunk it really uses (in buffer bytes)
     est = CollectiveEstimate(
-        time_us=0.0, fixed_us=fixed, steps_us=steps_per_loop * (share / r + loops * sync), wire_bytes=bus * size,
+        time_us=0.0, fixed_us=fixed, wire_bytes=bus * size,
+        # PAT aggregates a loop's n-1 sends into ceil(log2 n) synchronised steps
+        steps_us=steps_per_loop * share / r + (log2_steps(n) if algorithm is Algorithm.PAT else steps_per_loop)
+        * loops * sync,
         rate_cap=rate_cap, ctas=nc, footprint_bytes=p["fifo_chunks"] * nc * c / payload,
         dram_base=p["coll_dram_per_byte"], dram_fifo=p["fifo_dram_per_byte"], crosses_net=nodes > 1,
     )
@@ -255,4 +261,36 @@ def symmetric_estimate(p: dict, collective: CollectiveType, message_bytes: float
                              wire_bytes=bus_bytes, rate_cap=rate,
                              ctas=ctas, footprint_bytes=0.0,
                              dram_base=p["direct_dram_per_byte"] * wire / max(1.0, bus_bytes), dram_fifo=0.0)
+    return _with_time(est, est.time_under(l2_bytes, mem_bw))
+
+
+def nvls_estimate(p: dict, collective: CollectiveType, message_bytes: float, ranks: int, nodes: int, channels: int,
+                  chunk_bytes: int, l2_bytes: float, mem_bw: float) -> CollectiveEstimate:
+    """NVLS (one node) or NVLSTree (AllReduce across nodes): the switch reduces and multicasts
+    (the simulator's ``CollectiveModel.nvls``). Per GPU the NVLink carries ``S (n+1)/n`` for an
+    AllReduce (``S`` for AllGather / ReduceScatter), its ``channels`` CTAs at ``nvls_channel_bw``
+    each; across nodes the node's ``S`` goes up and down a tree over its NICs. No reduction math on
+    the SMs; two NVLS buffers' slices per channel in L2; DRAM: input read, result written once."""
+    n = max(1, int(ranks))
+    nodes = max(1, int(nodes))
+    local = max(1, n // nodes)
+    size = float(max(1, message_bytes))
+    nc = max(1, int(channels))
+    r = p["nvls_channel_bw_gb_per_s"] * _GB
+    allreduce = collective is CollectiveType.ALLREDUCE
+    wire_per_byte = (local + 1) / local if allreduce else 1.0
+    rate = min(nc * r, p["intra_bw_gb_per_s"] * _GB) / wire_per_byte
+    latency = p["intra_hop_us"] * NVLS_SWITCH_LATENCY_FACTOR
+    if nodes > 1:
+        latency += 2 * log2_steps(nodes) * p["net_hop_us"] * NVLS_TREE_NET_LATENCY_FACTOR
+        rate = min(rate, p["net_bw_gb_per_s"] * _GB * p["tree_bw_factor"])  # the node's S over all its NICs
+    c = max(1.0, min(float(max(1, chunk_bytes)), size / (local * nc)))
+    loops = max(1, math.ceil(size / (local * nc * c) - 1e-9))
+    sync = p["sync_simple_us"]
+    est = CollectiveEstimate(
+        time_us=0.0, fixed_us=p["launch_us"] + latency + c / r + sync,
+        steps_us=wire_per_byte * size / (nc * r) + (2 if allreduce else 1) * loops * sync,
+        wire_bytes=size, rate_cap=rate, ctas=nc, footprint_bytes=2 * p["fifo_chunks"] * nc * c if n > 1 else 0.0,
+        dram_base=2.0 if allreduce else (local + 1) / local, dram_fifo=p["fifo_dram_per_byte"] * wire_per_byte,
+        crosses_net=nodes > 1)
     return _with_time(est, est.time_under(l2_bytes, mem_bw))

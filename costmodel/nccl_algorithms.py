@@ -148,6 +148,18 @@ def algorithm_refusal(cluster: ClusterSpec | None, algo: Algorithm, collective: 
     return None
 
 
+def admitted(cluster: ClusterSpec, signature: Signature, config: CommConfig) -> CommConfig:
+    """``config`` as NCCL runs it for ``signature``: an NVLS, NVLSTree or PAT it would not run there
+    (a plan's default reaches every collective; ``algorithm_refusal``) is dropped with its protocol,
+    NCCL's own choice standing, as the plugin's cost table leaves an unsupported algorithm out."""
+    algo = ALGORITHM.get(config)
+    if algo is None or algo in (Algorithm.RING, Algorithm.TREE):
+        return config
+    if algorithm_refusal(cluster, algo, signature.collective, signature.ranks, signature.nodes) is None:
+        return config
+    return PROTOCOL.set(ALGORITHM.set(config, None), None)
+
+
 def algorithm_settings(cluster: ClusterSpec, signature: Signature, requested: CommConfig,
                        resolved: CommConfig) -> CommConfig:
     """``resolved`` (``costmodel.nccl_defaults.resolve_config``'s answer to ``requested``) with what

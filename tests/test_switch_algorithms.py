@@ -153,6 +153,15 @@ class TestPlans:
             with pytest.raises(LagomError, match=why):
                 check_plan(Plan({sig: CommConfig(algo)}), cluster)
 
+    def test_a_default_nvls_leaves_to_nccl_what_it_would_not_run_on_nvls(self, make, h100_nvls):
+        """FSDP on two nodes: NCCL runs no NVLS for AllGather / ReduceScatter across nodes, so a
+        plan's default NVLS changes nothing there (NCCL's own choice stands, as with the plugin)."""
+        w = generate_workload("fsdp:hidden=1024,layers=2,ffn=4096,heads=16,vocab=8000:gpus=16")
+        ev = make(h100_nvls)
+        assert all(w.signature(op, 8).nodes == 2 for op in w.collectives)
+        default_nvls = ev.evaluate(w, Plan(default=CommConfig(Algorithm.NVLS)))
+        assert default_nvls.iteration_us == pytest.approx(ev.evaluate(w, Plan()).iteration_us, rel=1e-12)
+
     def test_the_space_offers_them_where_nccl_runs_them(self, h100_nvls, h100):
         w = generate_workload("fsdp:hidden=1024,layers=2,ffn=4096,heads=16,vocab=8000:gpus=8")
         with_nvls = build_space(w, h100_nvls)

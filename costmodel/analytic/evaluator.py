@@ -59,7 +59,7 @@ from costmodel.analytic.jump import JumpStatic, build_jump_static, jump_timeline
 from costmodel.analytic.params import params_for
 from costmodel.cluster import ClusterSpec
 from costmodel.evaluator import DurationScale, LazyOpValues, OpTiming, Timing, check_generated, check_plan
-from costmodel.nccl_algorithms import NVLS_FAMILY, algorithm_settings
+from costmodel.nccl_algorithms import NVLS_FAMILY, admitted, algorithm_settings
 from costmodel.nccl_defaults import nccl_graph, protocol_hop_factors, symmetric_kernel
 from costmodel.replay.anchor import check_scale
 from costmodel.workload_cache import WorkloadCache
@@ -189,10 +189,10 @@ class AnalyticEvaluator:
         """The collective under ``config`` (None fields resolved to NCCL's choices)."""
         key = (signature, config)
         est = self._est_cache.get(key)
-        if est is None:
-            est = self._path_estimate(signature, config)
-        if est is None:
-            est = self._algorithm_estimate(signature, config)
+        if est is not None:
+            return est
+        config = admitted(self.cluster, signature, config)
+        est = self._path_estimate(signature, config) or self._algorithm_estimate(signature, config)
         if est is None:
             est = resolved_estimate(
                 self.params, signature.collective, signature.message_bytes, signature.ranks, signature.nodes,
@@ -200,6 +200,7 @@ class AnalyticEvaluator:
                 self.gpu.sm_count - 1,  # a channel is a CTA: one SM each
                 self.gpu.l2_bytes, self.gpu.mem_bw, partial(protocol_hop_factors, self.cluster),
             )
+        if key not in self._est_cache:
             if len(self._est_cache) > 200_000:
                 self._est_cache.clear()
                 self._host_cache.clear()

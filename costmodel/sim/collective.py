@@ -38,6 +38,7 @@ import math
 from costmodel.cluster import ClusterSpec
 from costmodel.nccl_algorithms import (
     NVLS_CHUNK_BYTES,
+    NVLS_FAMILY,
     NVLS_SWITCH_LATENCY_FACTOR,
     NVLS_TREE_NET_LATENCY_FACTOR,
     log2_steps,
@@ -45,6 +46,7 @@ from costmodel.nccl_algorithms import (
 )
 from costmodel.nccl_defaults import SymmetricKernel, nccl_graph, protocol_hop_factors
 from costmodel.sim.params import SimParams
+from nccl_env.knob_table import ALGORITHM
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Signature
 from nccl_env.rules import Mechanism
@@ -333,7 +335,8 @@ class CollectiveModel:
     def l2_held_beside(self, params: SimParams) -> float:
         """The L2 a kernel beside it loses in replay's slowdown ratio: ``fifo_resident_chunks`` x its
         CTAs x its configured chunk (not shrunk to a small message's share as :attr:`footprint_bytes` is)."""
-        return params.fifo_resident_chunks * self.ctas * (self.config.chunk_bytes or 0)
+        buffers = 2 if ALGORITHM.get(self.config) in NVLS_FAMILY else 1  # NVLS: scatter and multicast buffers
+        return buffers * params.fifo_resident_chunks * self.ctas * (self.config.chunk_bytes or 0)
 
     def dram_per_byte(self, l2_for_comm: float) -> float:
         if self.footprint_bytes <= 0:

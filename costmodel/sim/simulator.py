@@ -43,7 +43,7 @@ import numpy as np
 
 from costmodel.cluster import ClusterSpec
 from costmodel.evaluator import DurationScale, LazyOpValues, OpTiming, Timing, check_generated, check_plan
-from costmodel.nccl_algorithms import NVLS_FAMILY, algorithm_settings
+from costmodel.nccl_algorithms import NVLS_FAMILY, admitted, algorithm_settings
 from costmodel.nccl_defaults import nccl_graph, resolve_config, symmetric_kernel
 from costmodel.replay.anchor import check_scale
 from costmodel.sim.collective import CollectiveModel
@@ -150,6 +150,7 @@ class Simulator:
         key = (signature, requested)
         model = self._collective_models.get(key)
         if model is None:
+            requested = admitted(self.cluster, signature, requested)
             mechanism = collective_mechanism(PATH.get(requested), signature.collective, signature.nodes, self._version,
                                              self._topology)
             kernel = (symmetric_kernel(signature, compute_capability=self._compute_capability)

@@ -468,7 +468,7 @@ def build_space(
 
 
 # Paths the search offers, in probe order. EFFICIENCY is left out: its only effect is NCCL's
-# NVLS re-selection, which no modelled cluster has (nccl_env.rules).
+# NVLS re-selection on registered buffers, which the evaluators do not model (nccl_env.rules).
 SEARCHED_PATHS = (CommPath.SYMMETRIC, CommPath.COPY_ENGINE)
 
 

@@ -24,6 +24,9 @@ its model's bus bytes at ``min(CTAs x CTA rate, NCCL's peak, link)``; copy-engin
 copy per local peer, and move the wire bytes at the copy engines' rate. Both copy between
 registered buffers: ``direct_dram_per_byte`` DRAM bytes per wire byte.
 
+NVLS and NVLSTree (:func:`nvls_estimate`) and PAT (ceil(log2 n) network rounds in
+:func:`collective_estimate`) state the simulator's mechanisms for them in closed form.
+
 So the time falls with the chunk (fewer synchronisations) until the pipeline fill
 and the per-step cost of big chunks take over (unimodal), and saturates in channels
 once the link is the limit. While it runs the collective holds ``NC`` SMs, keeps

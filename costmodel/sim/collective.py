@@ -24,6 +24,10 @@ copy-engine collectives (:meth:`CollectiveModel.copy_engine`) hold no SM and do 
 one, and move their wire bytes at the copy engines' rate over the link. Both copy straight
 between registered buffers: ``direct_dram_bytes_per_payload_byte`` per wire byte.
 
+NVLS and NVLSTree (:meth:`CollectiveModel.nvls`) let the switch reduce and multicast: each GPU's
+NVLink carries about its buffer once, NCCL's NVLS channels hold the SMs, two NVLS buffers' slices
+sit in L2. PAT is the chunk pipeline with ceil(log2 n) network rounds per loop instead of n-1.
+
 The chunk pipeline makes time fall with C (fewer syncs) until the fill step dominates
 (unimodal), and saturate in NC once the link is the limit. The FIFO data in flight,
 ``fifo_resident_chunks x NC x C`` bytes, sits in L2; what does not fit spills to DRAM and

@@ -48,7 +48,7 @@ NVLS_EFFICIENCY_SM100 = 0.74
 # 25 us on NVLink; an NVLSTree network hop 20.9 us
 NVLS_SWITCH_LATENCY_FACTOR = 25.0 / 0.6
 NVLS_TREE_NET_LATENCY_FACTOR = 20.9 / 2.7
-PAT_CHUNK_BYTES = 512 * 1024  # one Simple step, BUFFSIZE 4 MiB / NCCL_STEPS 8 (PAT moves one step per chunk)
+PAT_CHUNK_BYTES = 512 * 1024  # one Simple step, 4 MiB / NCCL_STEPS: chunkSteps is 1 off the ring (enqueue.cc l.2223)
 PAT_MIN_CHUNK_BYTES = 64 * 1024  # enqueue.cc computeColl (v2.30.7-1 l.2295): PAT halves its chunk down to 64 KiB
 
 

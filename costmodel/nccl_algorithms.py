@@ -164,8 +164,9 @@ def algorithm_settings(cluster: ClusterSpec, signature: Signature, requested: Co
                        resolved: CommConfig) -> CommConfig:
     """``resolved`` (``costmodel.nccl_defaults.resolve_config``'s answer to ``requested``) with what
     NCCL itself gives an NVLS, NVLSTree or PAT collective where ``requested`` leaves it open: NVLS
-    channels (``comm->nvlsChannels``: a plan's channels through the plugin, at most that many, the
-    NVLS buffers being allocated for them: nvls.cc ncclNvlsBufferSetup), the algorithm's own chunk,
+    channels (``comm->nvlsChannels``: a plan's channels through the plugin, at most that many: the
+    scheduler clamps an NVLS task to them, enqueue.cc v2.30.7-1 l.583-599, and the NVLS buffers are
+    allocated for them, nvls.cc ncclNvlsBufferSetup), the algorithm's own chunk,
     Simple (the only protocol NCCL has for them, tuning.cc l.301-303); threads stay as resolved
     (NCCL runs them with NCCL_MAX_NTHREADS, enqueue.cc l.2113: the copy rate is saturated)."""
     algo = ALGORITHM.get(resolved)

@@ -7,7 +7,8 @@ what the evaluators do with them is :mod:`costmodel.sim.collective` and
 collective on one of these algorithms holds.
 
 * NVLS (NVLink SHARP): AllReduce, AllGather and ReduceScatter on NVLink-SHARP switches
-  (``intra_node.nvls``), NCCL >= 2.17, one node (across nodes NCCL runs NVLS only with
+  (``intra_node.nvls``), NCCL >= 2.17 (AllGather / ReduceScatter from 2.19: tuning.cc v2.19.3-1
+  l.168-169 admits NVLS for them, v2.18.3-1 only the ring), one node (across nodes NCCL runs NVLS only with
   CollNet, enqueue.cc topoGetAlgoTime v2.30.7-1 l.2008); AllGather / ReduceScatter on at most
   ``NCCL_MAX_NVLS_ARITY`` = 32 local ranks (device.h); Simple protocol only (tuning.cc l.301).
 * NVLSTree: AllReduce across nodes (NVLS inside, a tree between nodes), NCCL >= 2.18; NCCL
@@ -37,6 +38,7 @@ NVLS_TREE_MAX_CHUNK_4_NODES_BYTES = 64 * 1024  # nvls.cc ncclNvlsTuning (v2.30.7
 NVLS_CHANNELS_SM90 = 16  # nvls.cc NVLS_NCHANNELS default (v2.18.3-1 ..), NVLS_NCHANNELS_SM90 (v2.25.1-1 .. v2.30.7-1)
 NVLS_CHANNELS_SM100 = 32  # nvls.cc NVLS_NCHANNELS_SM100 (v2.25.1-1 .. v2.30.7-1): Blackwell across nodes
 NVLS_CHANNELS_SM100_NVL = 24  # nvls.cc NVLS_NCHANNELS_SM100_NVL (v2.27.3-1 .. v2.30.7-1): Blackwell, one node
+NVLS_GATHER_SINCE = NcclVersion(2, 19, 0)  # tuning.cc v2.19.3-1 l.168: NVLS for AllGather / ReduceScatter
 _SM100_CHANNELS_SINCE = NcclVersion(2, 25, 0)  # nvls.cc: per-architecture NVLS channels from v2.25.1-1
 _SM100_NVL_SINCE = NcclVersion(2, 27, 0)  # nvls.cc: the single-node Blackwell figure from v2.27.3-1
 # tuning.cc nvlsEfficiency (v2.30.7-1 l.139): the share of a channel's copy rate an NVLS channel's
@@ -131,6 +133,8 @@ def algorithm_refusal(cluster: ClusterSpec | None, algo: Algorithm, collective: 
     if algo is Algorithm.NVLS:
         if collective not in NVLS_COLLECTIVES:
             return f"NCCL runs NVLS only for allreduce, allgather and reducescatter, not {collective.value}"
+        if collective is not CollectiveType.ALLREDUCE and version < NVLS_GATHER_SINCE:
+            return f"NCCL {version} runs NVLS only for allreduce ({collective.value} from {NVLS_GATHER_SINCE})"
         if nodes > 1:
             return "NCCL runs NVLS across nodes only with CollNet (not modelled); nvls_tree is the multi-node form"
         if collective is not CollectiveType.ALLREDUCE and n > NCCL_MAX_NVLS_ARITY:

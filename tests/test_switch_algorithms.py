@@ -143,6 +143,7 @@ class TestPlans:
             (h100_nvls, Signature("g", CollectiveType.ALLREDUCE, MIB, 16, 2), Algorithm.NVLS, "CollNet"),
             (h100_nvls, Signature("g", CollectiveType.ALLREDUCE, MIB, 8, 1), Algorithm.NVLS_TREE, "one node"),
             (h100_nvls, Signature("g", CollectiveType.ALLTOALL, MIB, 8, 1), Algorithm.NVLS, "alltoall"),
+            (_nvls(h100, "2.18.3"), Signature("g", CollectiveType.ALLGATHER, MIB, 8, 1), Algorithm.NVLS, "from 2.19"),
             (replace(h100, nccl_version=V("2.23.4")), Signature("g", CollectiveType.ALLGATHER, MIB, 16, 2),
              Algorithm.PAT, "one GPU per node"),
             (replace(h100, nccl_version=V("2.22.3")), Signature("g", CollectiveType.ALLGATHER, MIB, 4, 4),

@@ -44,6 +44,7 @@ _SM100_NVL_SINCE = NcclVersion(2, 27, 0)  # nvls.cc: the single-node Blackwell f
 # tuning.cc nvlsEfficiency (v2.30.7-1 l.139): the share of a channel's copy rate an NVLS channel's
 # multimem loads and stores reach, Hopper 0.85, Blackwell 0.74
 NVLS_EFFICIENCY_SM90 = 0.85
+NVLS_MIN_COMPUTE_CAPABILITY = 90  # nvlsEfficiency is 0.0 for Volta and Ampere: no NVLS before Hopper
 NVLS_EFFICIENCY_SM100 = 0.74
 # tuning.cc hwLatencies (v2.30.7-1 l.161, l.173), over the Ring/LL figures a preset's latency_us holds
 # (NVLink 0.6 us, network 2.7 us): an NVLS operation's path through the switch (reduce, then multicast)
@@ -127,6 +128,8 @@ def algorithm_refusal(cluster: ClusterSpec | None, algo: Algorithm, collective: 
         return f"NCCL {version} has no {algo.nccl_name} (from {ALGORITHM_SINCE[algo]})"
     if algo in NVLS_FAMILY and not cluster.intra_node.nvls:
         return f"cluster {cluster.name} has no NVLink SHARP (intra_node.nvls is false)"
+    if algo in NVLS_FAMILY and nccl_graph(cluster).compute_capability < NVLS_MIN_COMPUTE_CAPABILITY:
+        return "NCCL runs NVLS from compute capability 9.0 (tuning.cc nvlsEfficiency is 0 before Hopper)"
     if collective is None:
         return None
     n, nodes = max(1, ranks or 1), max(1, nodes or 1)

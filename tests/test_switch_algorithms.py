@@ -149,6 +149,8 @@ class TestPlans:
             (replace(h100, nccl_version=V("2.22.3")), Signature("g", CollectiveType.ALLGATHER, MIB, 4, 4),
              Algorithm.PAT, "from 2.23"),
             (h100_nvls, Signature("g", CollectiveType.ALLREDUCE, MIB, 8, 1), Algorithm.COLLNET_DIRECT, "CollNet"),
+            (_nvls(load_cluster("a100-nvswitch")), Signature("g", CollectiveType.ALLREDUCE, MIB, 8, 1), Algorithm.NVLS,
+             "compute capability 9.0"),
         ]
         for cluster, sig, algo, why in refused:
             with pytest.raises(LagomError, match=why):

@@ -15,7 +15,9 @@ collective on one of these algorithms holds.
   disables it on one node (tuning.cc l.502).
 * PAT: AllGather and ReduceScatter with one GPU per node (tuning.cc ncclPatEnable l.220:
   ``nNodes != nRanks`` disables it), NCCL >= 2.23, Simple only.
-* CollNet: not modelled (no in-network reduction in either evaluator), refused.
+* CollNetDirect: AllReduce across nodes where the network reduces (``inter_node.collnet``), at
+  most 8 GPUs per node (enqueue.cc l.2001); CollNetChain and CollNet AllGather / ReduceScatter are
+  not modelled, refused.
 """
 
 from __future__ import annotations
@@ -51,6 +53,14 @@ NVLS_EFFICIENCY_SM100 = 0.74
 # 25 us on NVLink; an NVLSTree network hop 20.9 us
 NVLS_SWITCH_LATENCY_FACTOR = 25.0 / 0.6
 NVLS_TREE_NET_LATENCY_FACTOR = 20.9 / 2.7
+NCCL_MAX_DIRECT_ARITY = 7  # device.h (v2.30.7-1): CollNetDirect takes at most 8 local ranks (enqueue.cc l.2001)
+COLLNET_STEP_BYTES = 512 * 1024  # one Simple step, chunkSteps 1 off the ring (enqueue.cc l.2223)
+COLLNET_DEPTH = 2  # connect.cc (v2.30.7-1 l.238): a CollNetDirect channel with local peers has depth 2
+# tuning.cc hwLatencies (v2.30.7-1): CollNetDirect/Simple 3.7 us on NVLink, 31 us on the network, plus
+# 0.4 us per local peer ("arity serialization"); over the ring's LL figures as above
+COLLNET_INTRA_LATENCY_FACTOR = 3.7 / 0.6
+COLLNET_NET_LATENCY_FACTOR = 31.0 / 2.7
+COLLNET_ARITY_US = 0.4
 PAT_CHUNK_BYTES = 512 * 1024  # one Simple step, 4 MiB / NCCL_STEPS: chunkSteps is 1 off the ring (enqueue.cc l.2223)
 PAT_MIN_CHUNK_BYTES = 64 * 1024  # enqueue.cc computeColl (v2.30.7-1 l.2295): PAT halves its chunk down to 64 KiB
 
@@ -96,6 +106,17 @@ def pat_chunk_bytes(collective: CollectiveType, message_bytes: int, nc: int) -> 
     return chunk
 
 
+def collnet_chunk_bytes(message_bytes: int, nc: int, heads: int) -> int:
+    """CollNetDirect's chunk: one Simple step, halved while a channel's share per head is below 64,
+    then 8 chunks of the tree's depth, down to 128 / 32 KiB (enqueue.cc computeColl v2.30.7-1 l.2231)."""
+    chunk = COLLNET_STEP_BYTES
+    per = max(1, nc) * max(1, heads)
+    for steps, floor in ((64, 131072), (8, 65536), (8, 32768)):
+        while message_bytes / (per * chunk) < COLLNET_DEPTH * steps and chunk > floor:
+            chunk //= 2
+    return chunk
+
+
 def log2_steps(count: int) -> int:
     """ceil(log2(count)): the rounds of a recursive-doubling / tree schedule over ``count`` peers."""
     return max(0, math.ceil(math.log2(max(1, count))))
@@ -107,6 +128,8 @@ def offered_algorithms(cluster: ClusterSpec) -> tuple[Algorithm, ...]:
     out = [Algorithm.TREE, Algorithm.RING]
     if cluster.intra_node.nvls:
         out += [a for a in NVLS_FAMILY if version >= ALGORITHM_SINCE[a]]
+    if cluster.inter_node.collnet and version >= ALGORITHM_SINCE[Algorithm.COLLNET_DIRECT]:
+        out.append(Algorithm.COLLNET_DIRECT)
     if version >= ALGORITHM_SINCE[Algorithm.PAT]:
         out.append(Algorithm.PAT)
     return tuple(out)
@@ -119,13 +142,15 @@ def algorithm_refusal(cluster: ClusterSpec | None, algo: Algorithm, collective: 
     over ``nodes`` nodes. The reason is NCCL's own rule (module docstring)."""
     if algo in (Algorithm.RING, Algorithm.TREE):
         return None
-    if algo in (Algorithm.COLLNET_DIRECT, Algorithm.COLLNET_CHAIN):
-        return "CollNet (in-network reduction) is not modelled"
+    if algo is Algorithm.COLLNET_CHAIN:
+        return "CollNetChain is not modelled (collnet_direct is, where inter_node.collnet is declared)"
     if cluster is None:
         return "no cluster says whether its switches reduce (NVLS) or its NCCL has PAT"
     version = cluster.nccl_version
     if version < ALGORITHM_SINCE[algo]:
         return f"NCCL {version} has no {algo.nccl_name} (from {ALGORITHM_SINCE[algo]})"
+    if algo is Algorithm.COLLNET_DIRECT and not cluster.inter_node.collnet:
+        return f"cluster {cluster.name} has no in-network reduction (CollNet: inter_node.collnet is false)"
     if algo in NVLS_FAMILY and not cluster.intra_node.nvls:
         return f"cluster {cluster.name} has no NVLink SHARP (intra_node.nvls is false)"
     if algo in NVLS_FAMILY and nccl_graph(cluster).compute_capability < NVLS_MIN_COMPUTE_CAPABILITY:
@@ -147,6 +172,13 @@ def algorithm_refusal(cluster: ClusterSpec | None, algo: Algorithm, collective: 
             return f"NCCL runs NVLSTree only for allreduce, not {collective.value}"
         if nodes <= 1:
             return "NCCL disables NVLSTree on one node (nvls is the one-node form)"
+    elif algo is Algorithm.COLLNET_DIRECT:
+        if collective is not CollectiveType.ALLREDUCE:
+            return f"only CollNetDirect allreduce is modelled, not {collective.value}"
+        if nodes <= 1:
+            return "NCCL runs CollNet across nodes only"
+        if n // nodes > NCCL_MAX_DIRECT_ARITY + 1:
+            return f"NCCL's CollNetDirect takes at most {NCCL_MAX_DIRECT_ARITY + 1} GPUs per node"
     elif algo is Algorithm.PAT:
         if collective not in PAT_COLLECTIVES:
             return f"NCCL runs PAT only for allgather and reducescatter, not {collective.value}"
@@ -187,6 +219,11 @@ def algorithm_settings(cluster: ClusterSpec, signature: Signature, requested: Co
                                                 nodes)
         return config_from([(ALGORITHM, algo), (PROTOCOL, Protocol.SIMPLE), (CHANNELS, nc),
                             (THREADS, THREADS.get(resolved)), (CHUNK, chunk)])
+    if algo is Algorithm.COLLNET_DIRECT:
+        nc = int(CHANNELS.get(resolved) or 1)
+        heads = max(1, signature.ranks // max(1, signature.nodes))
+        chunk = chunk_asked or collnet_chunk_bytes(signature.message_bytes, nc, heads)
+        return CHUNK.set(PROTOCOL.set(resolved, Protocol.SIMPLE), chunk)
     if algo is Algorithm.PAT:
         nc = int(CHANNELS.get(resolved) or 1)
         chunk = chunk_asked or pat_chunk_bytes(signature.collective, signature.message_bytes, nc)

@@ -122,6 +122,22 @@ def test_pat_latency_grows_with_log_steps_and_the_ring_linearly(make, h100):
     assert pat[64] < ring[64] / 3
 
 
+def test_collnet_direct_crosses_the_network_once_where_the_network_reduces(make, h100):
+    """Where a cluster declares in-network reduction, CollNetDirect's AllReduce puts the node's
+    buffer on its NICs once: with one GPU per node (4 nodes) 1 GiB takes about 2/3 of the Simple
+    ring's time (which crosses them 2(n-1)/n = 1.5 times); refused where it is not declared."""
+    cluster = replace(h100, inter_node=replace(h100.inter_node, collnet=True))
+    ev = make(cluster)
+    sig = Signature("g", CollectiveType.ALLREDUCE, GIB, 4, 4)
+    collnet = ev.collective_time_us(sig, CommConfig(Algorithm.COLLNET_DIRECT))
+    ring = ev.collective_time_us(sig, CommConfig(Algorithm.RING, Protocol.SIMPLE))
+    assert collnet == pytest.approx(ring / 1.5, rel=0.1)
+    with pytest.raises(LagomError, match="inter_node.collnet"):
+        check_plan(Plan({sig: CommConfig(Algorithm.COLLNET_DIRECT)}), h100)
+    with pytest.raises(LagomError, match="CollNetChain is not modelled"):
+        check_plan(Plan({sig: CommConfig(Algorithm.COLLNET_CHAIN)}), cluster)
+
+
 class TestPlans:
     def test_nvls_is_refused_in_one_line_on_a_cluster_without_nvls(self, make, h100):
         sig = Signature("g", CollectiveType.ALLREDUCE, 64 * MIB, 8, 1)

@@ -81,8 +81,8 @@ from nccl_env.rules import (
 from traces.size_ranges import signature_ranges
 from traces.workload import Workload
 
-# the algorithms switch_pairs offers where NCCL's rules allow them (NVLS, NVLSTree, PAT)
-SWITCH_ALGORITHMS = (Algorithm.NVLS, Algorithm.NVLS_TREE, Algorithm.PAT)
+# the algorithms switch_pairs offers where NCCL's rules allow them (NVLS, NVLSTree, CollNetDirect, PAT)
+SWITCH_ALGORITHMS = (Algorithm.NVLS, Algorithm.NVLS_TREE, Algorithm.COLLNET_DIRECT, Algorithm.PAT)
 
 
 def scope_key(scope: Scope, signature: Signature, byte_range: tuple[int, int] | None = None) -> str:
@@ -127,9 +127,10 @@ def pairs_for(signature: Signature, version: NcclVersion, intra_kind: str) -> tu
 
 def switch_pairs(signature: Signature, cluster: ClusterSpec, version: NcclVersion,
                  ) -> tuple[tuple[Algorithm, Protocol], ...]:
-    """NVLS, NVLSTree and PAT subspaces (Simple: their only protocol) where NCCL would run them for
-    the signature on this cluster and NCCL (``costmodel.nccl_algorithms.algorithm_refusal``: NVLS on
-    one NVLink-SHARP node, NVLSTree across such nodes, PAT with one GPU per node from 2.23); the
+    """NVLS, NVLSTree, CollNetDirect and PAT subspaces (Simple: their only protocol) where NCCL would
+    run them for the signature on this cluster and NCCL (``costmodel.nccl_algorithms.algorithm_refusal``:
+    NVLS on one NVLink-SHARP node, NVLSTree across such nodes, CollNetDirect AllReduce across nodes
+    whose network reduces, PAT with one GPU per node from 2.23); the
     evaluators model each. A plan reaches NCCL with them through the same door as Ring and Tree
     (the plugin's cost table per collective, NCCL_ALGO per function or process)."""
     if signature.collective in P2P_COLLECTIVES:

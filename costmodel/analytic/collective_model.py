@@ -42,7 +42,14 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from costmodel.nccl_algorithms import NVLS_SWITCH_LATENCY_FACTOR, NVLS_TREE_NET_LATENCY_FACTOR, log2_steps
+from costmodel.nccl_algorithms import (
+    COLLNET_ARITY_US,
+    COLLNET_INTRA_LATENCY_FACTOR,
+    COLLNET_NET_LATENCY_FACTOR,
+    NVLS_SWITCH_LATENCY_FACTOR,
+    NVLS_TREE_NET_LATENCY_FACTOR,
+    log2_steps,
+)
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 
 # (algorithm, protocol) -> (intra-node, network) hop latency over LL's (nccl_defaults.protocol_hop_factors)
@@ -296,4 +303,33 @@ def nvls_estimate(p: dict, collective: CollectiveType, message_bytes: float, ran
         wire_bytes=size, rate_cap=rate, ctas=nc, footprint_bytes=2 * p["fifo_chunks"] * nc * c if n > 1 else 0.0,
         dram_base=2.0 if allreduce else (local + 1) / local, dram_fifo=p["fifo_dram_per_byte"] * wire_per_byte,
         crosses_net=nodes > 1)
+    return _with_time(est, est.time_under(l2_bytes, mem_bw))
+
+
+def collnet_estimate(p: dict, message_bytes: float, ranks: int, nodes: int, gpus_per_node: int, channels: int,
+                     threads: int, chunk_bytes: int, l2_bytes: float, mem_bw: float) -> CollectiveEstimate:
+    """CollNetDirect AllReduce (the simulator's ``CollectiveModel.collnet_direct``): the network
+    reduces; inside the node ``2(p-1)/p S`` per GPU over NVLink, across it the node's ``S`` once over
+    its NICs; a ring-like FIFO; DRAM as NVLS."""
+    n = max(1, int(ranks))
+    nodes = max(1, int(nodes))
+    local = max(1, n // nodes)
+    size = float(max(1, message_bytes))
+    nc = max(1, int(channels))
+    r = p["channel_bw_simple_gb_per_s"] * _GB * min(1.0, max(1, threads) / p["saturation_threads"])
+    intra_wire = 2.0 * (local - 1) / local
+    rate = p["net_bw_gb_per_s"] * _GB * min(1.0, local / max(1, gpus_per_node))  # the group's share of the NICs
+    if intra_wire > 0:
+        rate = min(rate, min(nc * r, p["intra_bw_gb_per_s"] * _GB) / intra_wire)
+    latency = (2 * (min(1, local - 1) * p["intra_hop_us"] * COLLNET_INTRA_LATENCY_FACTOR
+                    + (local - 1) * COLLNET_ARITY_US) + p["net_hop_us"] * COLLNET_NET_LATENCY_FACTOR)
+    c = max(1.0, min(float(max(1, chunk_bytes)), size / (local * nc)))
+    loops = max(1, math.ceil(size / (local * nc * c) - 1e-9))
+    sync = p["sync_simple_us"]
+    per_byte = max(intra_wire, 1.0 / local)
+    est = CollectiveEstimate(
+        time_us=0.0, fixed_us=p["launch_us"] + latency + c / r + sync,
+        steps_us=per_byte * size / (nc * r) + 2 * loops * sync, wire_bytes=size, rate_cap=rate, ctas=nc,
+        footprint_bytes=p["fifo_chunks"] * nc * c, dram_base=2.0, dram_fifo=p["fifo_dram_per_byte"] * per_byte,
+        crosses_net=True)
     return _with_time(est, est.time_under(l2_bytes, mem_bw))

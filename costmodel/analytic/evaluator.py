@@ -39,6 +39,7 @@ from functools import partial
 
 from costmodel.analytic.collective_model import (
     CollectiveEstimate,
+    collnet_estimate,
     copy_engine_estimate,
     nvls_estimate,
     resolved_estimate,
@@ -64,7 +65,7 @@ from costmodel.nccl_defaults import nccl_graph, protocol_hop_factors, symmetric_
 from costmodel.replay.anchor import check_scale
 from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
-from nccl_env.knob_table import ALGORITHM, CHANNELS, CHUNK, PATH, sets_every_kernel_knob
+from nccl_env.knob_table import ALGORITHM, CHANNELS, CHUNK, PATH, THREADS, sets_every_kernel_knob
 from nccl_env.knobs import Algorithm, CommConfig
 from nccl_env.plan import Plan, Signature
 from nccl_env.rules import P2P_COLLECTIVES, Mechanism, collective_mechanism
@@ -231,7 +232,7 @@ class AnalyticEvaluator:
         return est
 
     def _algorithm_estimate(self, signature: Signature, config: CommConfig) -> CollectiveEstimate | None:
-        """The estimate when NCCL's kernels run NVLS, NVLSTree or PAT (NCCL's settings for them:
+        """The estimate when NCCL's kernels run NVLS, NVLSTree, CollNetDirect or PAT (NCCL's settings for them:
         costmodel.nccl_algorithms.algorithm_settings), else None (ring and tree: resolved_estimate)."""
         resolved = self.resolve(signature, config)
         algo = ALGORITHM.get(resolved)
@@ -241,11 +242,15 @@ class AnalyticEvaluator:
                 self.params, signature.collective, signature.message_bytes, signature.ranks, signature.nodes,
                 self.cluster.gpus_per_node, resolved, self.gpu.sm_count - 1, self.gpu.l2_bytes, self.gpu.mem_bw,
                 partial(protocol_hop_factors, self.cluster))
-        if algo not in NVLS_FAMILY:
+        if algo not in NVLS_FAMILY and algo is not Algorithm.COLLNET_DIRECT:
             return None
         resolved = algorithm_settings(self.cluster, signature, config, resolved)
         nc, chunk = CHANNELS.get(resolved), CHUNK.get(resolved)
         assert nc is not None and chunk is not None  # algorithm_settings sets them
+        if algo is Algorithm.COLLNET_DIRECT:
+            return collnet_estimate(self.params, signature.message_bytes, signature.ranks, signature.nodes,
+                                    self.cluster.gpus_per_node, min(nc, self.gpu.sm_count - 1),
+                                    THREADS.get(resolved) or 512, chunk, self.gpu.l2_bytes, self.gpu.mem_bw)
         return nvls_estimate(self.params, signature.collective, signature.message_bytes, signature.ranks,
                              signature.nodes, min(nc, self.gpu.sm_count - 1), chunk, self.gpu.l2_bytes,
                              self.gpu.mem_bw)

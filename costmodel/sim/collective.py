@@ -26,7 +26,9 @@ between registered buffers: ``direct_dram_bytes_per_payload_byte`` per wire byte
 
 NVLS and NVLSTree (:meth:`CollectiveModel.nvls`) let the switch reduce and multicast: each GPU's
 NVLink carries about its buffer once, NCCL's NVLS channels hold the SMs, two NVLS buffers' slices
-sit in L2. PAT is the chunk pipeline with ceil(log2 n) network rounds per loop instead of n-1.
+sit in L2. CollNetDirect (:meth:`CollectiveModel.collnet_direct`) lets the network's switches
+reduce: the node's NICs carry its buffer once. PAT is the chunk pipeline with ceil(log2 n)
+network rounds per loop instead of n-1.
 
 The chunk pipeline makes time fall with C (fewer syncs) until the fill step dominates
 (unimodal), and saturate in NC once the link is the limit. The FIFO data in flight,
@@ -41,6 +43,9 @@ import math
 
 from costmodel.cluster import ClusterSpec
 from costmodel.nccl_algorithms import (
+    COLLNET_ARITY_US,
+    COLLNET_INTRA_LATENCY_FACTOR,
+    COLLNET_NET_LATENCY_FACTOR,
     NVLS_CHUNK_BYTES,
     NVLS_FAMILY,
     NVLS_SWITCH_LATENCY_FACTOR,
@@ -255,6 +260,49 @@ class CollectiveModel:
             steps_us=wire_per_byte * size / (nc * r_ch) + phases * loops * sync,
             footprint_bytes=2 * params.fifo_resident_chunks * nc * c_eff if n > 1 else 0.0,
             dram_base=io_bytes, dram_fifo=params.fifo_dram_bytes_per_payload_byte * wire_per_byte,
+        )
+        model.alone_us = model.time_us(float(cluster.gpu.l2_bytes),
+                                       cluster.gpu.mem_bw_gb_per_s * 1e3 * params.mem_efficiency, 1.0)
+        return model
+
+    @classmethod
+    def collnet_direct(cls, signature: Signature, config: CommConfig, cluster: ClusterSpec,
+                       params: SimParams) -> CollectiveModel:
+        """CollNetDirect AllReduce (``config`` settled by costmodel.nccl_algorithms.algorithm_settings):
+        the network's switches reduce (SHARP). Inside the node each GPU scatters its buffer's shares to
+        the node's heads over NVLink and gathers the results back (``2 (p-1)/p S`` per GPU and
+        direction, p GPUs per node, at its channels' copy rate); each head sends its share up to the
+        network and gets the reduced share back, so the node's NICs carry ``S`` per direction, once,
+        where a ring crosses them ``2(n-1)/n`` times per rank. Holds its channels' CTAs and a
+        ring-like FIFO; DRAM as NVLS (input read and result written once). Fixed cost: a launch, two
+        NVLink hops and a network round at NCCL's CollNetDirect latencies (tuning.cc: 3.7 us NVLink,
+        31 us network, 0.4 us per local peer), one chunk step."""
+        n = max(1, signature.ranks)
+        nodes = max(1, signature.nodes)
+        local = max(1, n // nodes)
+        size = float(max(1, signature.message_bytes))
+        nc = max(1, min(int(config.channels or 1), cluster.gpu.sm_count - 1))
+        threads = int(config.threads or 512)
+        r_ch = (params.simple_bw_per_channel_gb_per_s * 1e3
+                * min(1.0, threads / max(1, params.channel_saturation_threads)))
+        intra_wire = 2.0 * (local - 1) / local  # NVLink bytes per buffer byte, each direction
+        node_net = cluster.inter_node.nics_per_node * cluster.inter_node.nic_bw_gb_per_s * 1e3
+        rate = node_net * min(1.0, local / cluster.gpus_per_node)  # the group's share of the node's NICs
+        if intra_wire > 0:
+            rate = min(rate, min(nc * r_ch, cluster.intra_node.bw_gb_per_s * 1e3) / intra_wire)
+        latency = (2 * (min(1, local - 1) * cluster.intra_node.latency_us * COLLNET_INTRA_LATENCY_FACTOR
+                        + (local - 1) * COLLNET_ARITY_US)
+                   + cluster.inter_node.latency_us * COLLNET_NET_LATENCY_FACTOR)
+        chunk = float(config.chunk_bytes or (1 << 19))
+        c_eff = max(1.0, min(chunk, size / (local * nc)))
+        loops = max(1, math.ceil(size / (local * nc * c_eff) - 1e-9))
+        sync = params.step_sync_us_simple
+        model = cls(
+            config=config, ctas=nc, link_class="net", wire_bytes=size, rate_cap=rate,
+            fixed_us=params.launch_us + latency + c_eff / r_ch + sync,
+            steps_us=max(intra_wire, 1.0 / local) * size / (nc * r_ch) + 2 * loops * sync,
+            footprint_bytes=params.fifo_resident_chunks * nc * c_eff,
+            dram_base=2.0, dram_fifo=params.fifo_dram_bytes_per_payload_byte * max(intra_wire, 1.0 / local),
         )
         model.alone_us = model.time_us(float(cluster.gpu.l2_bytes),
                                        cluster.gpu.mem_bw_gb_per_s * 1e3 * params.mem_efficiency, 1.0)

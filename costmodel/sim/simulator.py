@@ -52,7 +52,7 @@ from costmodel.sim.params import sim_params
 from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
 from nccl_env.knob_table import ALGORITHM, PATH
-from nccl_env.knobs import CommConfig
+from nccl_env.knobs import Algorithm, CommConfig
 from nccl_env.plan import Plan, Signature
 from nccl_env.rules import Mechanism, collective_mechanism
 from traces.intervals import intersection, union
@@ -164,6 +164,8 @@ class Simulator:
                                               resolve_config(self.cluster, signature, requested))
                 if ALGORITHM.get(resolved) in NVLS_FAMILY:
                     model = CollectiveModel.nvls(signature, resolved, self.cluster, self.params)
+                elif ALGORITHM.get(resolved) is Algorithm.COLLNET_DIRECT:
+                    model = CollectiveModel.collnet_direct(signature, resolved, self.cluster, self.params)
                 else:  # ring, tree and PAT: a chunk pipeline over channels
                     model = CollectiveModel.chunk_pipeline(signature, resolved, self.cluster, self.params)
             if len(self._collective_models) > 20_000:

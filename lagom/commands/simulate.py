@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
             validate_config(config, version)
         except LagomError as exc:
             raise LagomError(f"{origin}: {exc}") from None
-        check_config(config, origin)
+        check_config(config, origin, cluster)
 
     plan = Plan()
     if args.config:
@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
 
         tuned = load_tuned_config(args.config, version)  # NCCL's rules for the cluster's version
         for i, entry in enumerate(tuned.collectives):
-            check_config(entry.config, f"{args.config}: collectives[{i}]")  # and what the evaluators model
+            check_config(entry.config, f"{args.config}: collectives[{i}]", cluster)  # and what the evaluators model
         plan = tuned.to_plan(signatures)
         unmatched = unmatched_config_warning(args.config, len(tuned.collectives), signatures, plan)
         if unmatched:

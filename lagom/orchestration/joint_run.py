@@ -173,7 +173,7 @@ class JointEvaluator:
     def durations(self, plan: Plan) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
         """Per rank, its ops' durations under ``plan`` and the same with no collective beside them
         (one evaluation of each rank's ops counted on ``inner``)."""
-        check_plan(plan)
+        check_plan(plan, getattr(self.inner.mechanism, "cluster", None))
         inner = self.inner
         durations, uncontended = {}, {}
         for r, d in self.data.data.items():

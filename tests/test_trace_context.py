@@ -171,6 +171,7 @@ def test_a_config_files_nccl_version_is_named_as_the_files_when_it_differs_from_
     assert "but --nccl-version is 2.18.3: tuning for 2.18.3" in err
     code, _, err = run_cli(capsys, "simulate", str(trace), "--config", str(tuned), "--json")
     assert code == 0, err
-    (warning,) = [line for line in err.splitlines() if line.startswith("warning:")]
+    # the tuned file may also keep NCCL's defaults everywhere (NVLS on this preset): a warning of its own
+    (warning,) = [line for line in err.splitlines() if line.startswith("warning:") and "nccl_version" in line]
     assert warning == (f"warning: the trace ran NCCL 2.27.3 but {tuned}'s nccl_version is 2.18.3: modelling "
                        "2.18.3, whose knobs and defaults may differ")

@@ -68,6 +68,24 @@ def test_nvls_allreduce_reaches_the_published_bus_bandwidth(make, h100_nvls):
     assert nvls > ring * 1.15  # the switch reduces: each GPU's link carries its buffer ~once
 
 
+def test_the_presets_default_allreduce_is_nvls_on_8_gpus_and_the_ring_on_2_and_4(make):
+    """Issue 30's done-when on the h100-nvswitch preset as shipped (NVLS, a current release): NCCL's
+    default AllReduce at 1 GiB runs at 467-479 GB/s (+-15%) on 8 GPUs, the switch's; on 2 and 4 GPUs
+    of the node at the ring's bandwidth (NCCL 2.29.2's tables: NVLS 102 / 160 against the ring's 360 / 240)."""
+    preset = load_cluster("h100-nvswitch")
+    assert preset.intra_node.nvls and preset.nccl_version >= V("2.29.2")
+    busbw = {}
+    for gpus in (2, 4, 8):
+        ev = make(replace(preset, gpus_per_node=gpus))
+        sig = Signature("g", CollectiveType.ALLREDUCE, GIB, gpus, 1)
+        ring = ev.collective_time_us(sig, CommConfig(Algorithm.RING, Protocol.SIMPLE))
+        default = ev.collective_time_us(sig, CommConfig())
+        busbw[gpus] = _busbw_gb_per_s(sig.collective, GIB, gpus, default)
+        assert (default == ring) is (gpus != 8), gpus
+    assert 467 * 0.85 <= busbw[8] <= 479 * 1.15
+    assert busbw[8] > 1.15 * max(busbw[2], busbw[4])
+
+
 def test_nvls_holds_fewer_sms_and_costs_compute_less_than_a_ring_of_its_channels(make, h100_nvls):
     """NVLS holds NCCL's 16 NVLS channels (the ring's default on H100 is 32) and, with no FIFO of
     2 MiB chunks, costs a large GEMM beside it less than a Simple ring of the same 16 channels."""

@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 
 from costmodel.cluster import ClusterSpec
-from costmodel.nccl_defaults import nccl_graph
+from costmodel.nccl_defaults import NVLS_CHUNK_BYTES, nccl_graph  # NCCL_NVLS_CHUNKSIZE default 128 KiB
+from costmodel.nccl_tuning_tables import FAMILIES, NVLS_MAX_ARITY, tuning_table
 from nccl_env.knob_table import ALGORITHM, CHANNELS, CHUNK, PROTOCOL, THREADS, config_from
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Signature
@@ -34,49 +35,46 @@ from nccl_env.rules import ALGORITHM_SINCE, NcclVersion
 NVLS_COLLECTIVES = frozenset({CollectiveType.ALLREDUCE, CollectiveType.ALLGATHER, CollectiveType.REDUCESCATTER})
 PAT_COLLECTIVES = frozenset({CollectiveType.ALLGATHER, CollectiveType.REDUCESCATTER})
 NVLS_FAMILY = (Algorithm.NVLS, Algorithm.NVLS_TREE)
-NCCL_MAX_NVLS_ARITY = 32  # device.h (v2.30.7-1): AllGather/ReduceScatter on NVLS up to 32 local ranks
-NVLS_CHUNK_BYTES = 128 * 1024  # nvls.cc NCCL_NVLS_CHUNKSIZE default 128 KiB (v2.21.5-1 .. v2.30.7-1)
+NCCL_MAX_NVLS_ARITY = NVLS_MAX_ARITY  # device.h: AllGather/ReduceScatter on NVLS up to 32 local ranks
 NVLS_TREE_MAX_CHUNK_4_NODES_BYTES = 64 * 1024  # nvls.cc ncclNvlsTuning (v2.30.7-1): 64 KiB from 4 nodes
-NVLS_CHANNELS_SM90 = 16  # nvls.cc NVLS_NCHANNELS default (v2.18.3-1 ..), NVLS_NCHANNELS_SM90 (v2.25.1-1 .. v2.30.7-1)
-NVLS_CHANNELS_SM100 = 32  # nvls.cc NVLS_NCHANNELS_SM100 (v2.25.1-1 .. v2.30.7-1): Blackwell across nodes
-NVLS_CHANNELS_SM100_NVL = 24  # nvls.cc NVLS_NCHANNELS_SM100_NVL (v2.27.3-1 .. v2.30.7-1): Blackwell, one node
 NVLS_GATHER_SINCE = NcclVersion(2, 19, 0)  # tuning.cc v2.19.3-1 l.168: NVLS for AllGather / ReduceScatter
-_SM100_CHANNELS_SINCE = NcclVersion(2, 25, 0)  # nvls.cc: per-architecture NVLS channels from v2.25.1-1
-_SM100_NVL_SINCE = NcclVersion(2, 27, 0)  # nvls.cc: the single-node Blackwell figure from v2.27.3-1
-# tuning.cc nvlsEfficiency (v2.30.7-1 l.139): the share of a channel's copy rate an NVLS channel's
-# multimem loads and stores reach, Hopper 0.85, Blackwell 0.74
-NVLS_EFFICIENCY_SM90 = 0.85
 NVLS_MIN_COMPUTE_CAPABILITY = 90  # nvlsEfficiency is 0.0 for Volta and Ampere: no NVLS before Hopper
-NVLS_EFFICIENCY_SM100 = 0.74
-# tuning.cc hwLatencies (v2.30.7-1 l.161, l.173), over the Ring/LL figures a preset's latency_us holds
-# (NVLink 0.6 us, network 2.7 us): an NVLS operation's path through the switch (reduce, then multicast)
-# 25 us on NVLink; an NVLSTree network hop 20.9 us
-NVLS_SWITCH_LATENCY_FACTOR = 25.0 / 0.6
-NVLS_TREE_NET_LATENCY_FACTOR = 20.9 / 2.7
+# The figures below are the newest release family's (costmodel.nccl_tuning_tables, each with its source line).
+_NEWEST = FAMILIES[-1]
+_NVLINK_LAT, _NET_LAT = _NEWEST.hw_latency_us["nvlink"], _NEWEST.hw_latency_us["net"]
+_RING_LL = 0  # the Ring/LL hop a preset's latency_us holds (NVLink 0.6 us, network 2.7 us)
+_SIMPLE = 2
+# an NVLS operation's path through the switch (reduce, then multicast; NVLS/Simple on NVLink) and an NVLSTree
+# network hop (NVLSTree/Simple on the net), over the Ring/LL figures
+NVLS_SWITCH_LATENCY_FACTOR = _NVLINK_LAT[Algorithm.NVLS][_SIMPLE] / _NVLINK_LAT[Algorithm.RING][_RING_LL]
+NVLS_TREE_NET_LATENCY_FACTOR = _NET_LAT[Algorithm.NVLS_TREE][_SIMPLE] / _NET_LAT[Algorithm.RING][_RING_LL]
 NCCL_MAX_DIRECT_ARITY = 7  # device.h (v2.30.7-1): CollNetDirect takes at most 8 local ranks (enqueue.cc l.2001)
 COLLNET_STEP_BYTES = 512 * 1024  # one Simple step, chunkSteps 1 off the ring (enqueue.cc l.2223)
 COLLNET_DEPTH = 2  # connect.cc (v2.30.7-1 l.238): a CollNetDirect channel with local peers has depth 2
-# tuning.cc hwLatencies (v2.30.7-1): CollNetDirect/Simple 3.7 us on NVLink, 31 us on the network, plus
-# 0.4 us per local peer ("arity serialization"); over the ring's LL figures as above
-COLLNET_INTRA_LATENCY_FACTOR = 3.7 / 0.6
-COLLNET_NET_LATENCY_FACTOR = 31.0 / 2.7
+# CollNetDirect/Simple's hops on NVLink and the network (the newest table's hwLatencies), plus 0.4 us per
+# local peer (tuning.cc v2.30.7-1, "arity serialization"); over the ring's LL figures as above
+COLLNET_INTRA_LATENCY_FACTOR = _NVLINK_LAT[Algorithm.COLLNET_DIRECT][_SIMPLE] / _NVLINK_LAT[Algorithm.RING][_RING_LL]
+COLLNET_NET_LATENCY_FACTOR = _NET_LAT[Algorithm.COLLNET_DIRECT][_SIMPLE] / _NET_LAT[Algorithm.RING][_RING_LL]
 COLLNET_ARITY_US = 0.4
 PAT_CHUNK_BYTES = 512 * 1024  # one Simple step, 4 MiB / NCCL_STEPS: chunkSteps is 1 off the ring (enqueue.cc l.2223)
 PAT_MIN_CHUNK_BYTES = 64 * 1024  # enqueue.cc computeColl (v2.30.7-1 l.2295): PAT halves its chunk down to 64 KiB
 
 
 def nvls_channels(compute_capability: int, nodes: int, version: NcclVersion) -> int:
-    """NCCL's default NVLS channel count (``comm->nvlsChannels``, NCCL_NVLS_NCHANNELS unset)."""
-    if compute_capability >= 100 and version >= _SM100_CHANNELS_SINCE:
-        if nodes <= 1 and version >= _SM100_NVL_SINCE:
-            return NVLS_CHANNELS_SM100_NVL
-        return NVLS_CHANNELS_SM100
-    return NVLS_CHANNELS_SM90
+    """NCCL's default NVLS channel count (``comm->nvlsChannels``, NCCL_NVLS_NCHANNELS unset): the
+    release family's table (nvls.cc per architecture; Blackwell's one-node figure from 2.27)."""
+    table = tuning_table(version)
+    if compute_capability >= 100:
+        one_node, several = table.nvls_channels_sm100
+        return one_node if nodes <= 1 else several
+    return table.nvls_channels_sm90
 
 
 def nvls_efficiency(compute_capability: int) -> float:
-    """NCCL's NVLS efficiency factor for the GPU (tuning.cc nvlsEfficiency)."""
-    return NVLS_EFFICIENCY_SM100 if compute_capability >= 100 else NVLS_EFFICIENCY_SM90
+    """NCCL's NVLS efficiency factor for the GPU (tuning.cc nvlsEfficiency, the newest table's row:
+    the share of a channel's copy rate an NVLS channel's multimem loads and stores reach)."""
+    assert _NEWEST.nvls_efficiency is not None
+    return _NEWEST.nvls_efficiency[_NEWEST.arch_index(compute_capability)]
 
 
 def nvls_chunk_bytes(algo: Algorithm, message_bytes: int, nc: int, local_ranks: int, nodes: int) -> int:

@@ -2,9 +2,9 @@
 footprint, allowed in a plan where NCCL would run it, offered by the tuner space there.
 
 The clusters are built here from the h100-nvswitch preset: ``h100`` without NVLS on NCCL 2.18.3,
-``h100_nvls`` with ``intra_node.nvls`` on 2.26.2 (the preset's own flag and release may move); published figures: nccl-tests #212 (a maintainer: ~480 GB/s bus
-bandwidth on 8 x H100) and NCCL 2.26.2's nccl-tests curve in ../shared/fidelity/nccl_model.json
-(466.96 GB/s at 1 GiB, 476.45 at 4 GiB)."""
+``h100_nvls`` with ``intra_node.nvls`` on 2.26.2 (the preset's own flag and release may move); published
+figures: nccl-tests #212 (a maintainer: ~480 GB/s bus bandwidth on 8 x H100) and NCCL 2.26.2's
+nccl-tests curve in ../shared/fidelity/nccl_model.json (466.96 GB/s at 1 GiB, 476.45 at 4 GiB)."""
 
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ from nccl_env.knobs import FILE_KEYS, Algorithm, CollectiveType, CommConfig, Com
 from nccl_env.rules import (
     ALGORITHM_SINCE,
     CHUNK_GRAIN_BYTES,
+    CHUNK_MAX_BYTES,
     CHUNK_PLUGIN_SINCE,
     CTAS_ENV_SINCE,
     LL128_THREADS_MAX,
@@ -45,7 +46,6 @@ from nccl_env.rules import (
     max_chunk_bytes,
     paths_available,
 )
-from nccl_env.rules import CHUNK_MAX_BYTES as CHUNK_CAP_BYTES
 
 
 class Scope(enum.Enum):
@@ -63,14 +63,14 @@ THREAD_LADDER = (64, 128, 192, 256, 384, 512)
 CHANNEL_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 # Chunk bytes: x sqrt(2) rungs from 128 KiB to 4 MiB (NCCL's Simple ring default is 2 MiB,
 # BUFFSIZE 4 MiB / 8 steps x 4; docs/tuner.md), rounded to 4 KiB.
-CHUNK_MIN_BYTES = 128 * 1024
-CHUNK_MAX_BYTES = 4 * 1024 * 1024
+CHUNK_LADDER_MIN_BYTES = 128 * 1024
+CHUNK_LADDER_MAX_BYTES = 4 * 1024 * 1024
 
 
 def chunk_ladder() -> tuple[int, ...]:
     values = []
-    value = float(CHUNK_MIN_BYTES)
-    while value <= CHUNK_MAX_BYTES * 1.0001:
+    value = float(CHUNK_LADDER_MIN_BYTES)
+    while value <= CHUNK_LADDER_MAX_BYTES * 1.0001:
         values.append(int(round(value / 4096)) * 4096)
         value *= math.sqrt(2.0)
     return tuple(values)
@@ -112,8 +112,8 @@ def _check_path(value: object, config: CommConfig, version: NcclVersion, buffsiz
 
 def _check_chunk(value: object, config: CommConfig, version: NcclVersion, buffsize: int | None) -> str | None:
     size = int(value)  # type: ignore[call-overload]
-    if not CHUNK_GRAIN_BYTES <= size <= CHUNK_CAP_BYTES or size % CHUNK_GRAIN_BYTES:
-        return f"a multiple of {CHUNK_GRAIN_BYTES} in {CHUNK_GRAIN_BYTES}-{CHUNK_CAP_BYTES}"
+    if not CHUNK_GRAIN_BYTES <= size <= CHUNK_MAX_BYTES or size % CHUNK_GRAIN_BYTES:
+        return f"a multiple of {CHUNK_GRAIN_BYTES} in {CHUNK_GRAIN_BYTES}-{CHUNK_MAX_BYTES}"
     if buffsize is not None:
         ceiling = max_chunk_bytes(buffsize, ALGORITHM.get(config))
         if size > ceiling:

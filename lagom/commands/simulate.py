@@ -74,7 +74,7 @@ from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan
 
-DEFAULT_EVALUATOR = "sim"  # one run asked for: the simulator's answer, not the model fitted to it
+SIMULATE_EVALUATOR = "sim"  # one run asked for: the simulator's answer, not the model fitted to it
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -86,7 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("workload", metavar="WORKLOAD", help="trace, workload JSON, or spec string")
     add_cluster(parser, "for a trace, default: the preset for its GPU")
     add_nccl_version(parser, "default: the --config file's, else the trace's, else the cluster's")
-    add_evaluator(parser, DEFAULT_EVALUATOR, "one run: the simulator itself, not the model fitted to it")
+    add_evaluator(parser, SIMULATE_EVALUATOR, "one run: the simulator itself, not the model fitted to it")
     parser.add_argument("--set", dest="set_config", metavar="KNOB=VALUE,...",
                         help="one CommConfig for every collective, e.g. channels=16,chunk=2MiB")
     parser.add_argument("--config", metavar="lagom.yaml", help="apply a tuned-config file")
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     if args.noise is not None:
         check_noise(args.noise)
     check_seed(args.seed)
-    evaluator_name = args.evaluator or DEFAULT_EVALUATOR
+    evaluator_name = args.evaluator or SIMULATE_EVALUATOR
     export = (check_export_path(args.export_trace, [("WORKLOAD", args.workload), ("--config", args.config)],
                                 force=args.force) if args.export_trace else None)
     from lagom.orchestration.joint_run import read_workload_or_ranks

@@ -60,7 +60,7 @@ from nccl_env.rules import (
     max_channels,
 )
 
-FORMAT = "lagom.tuned-config"
+TUNED_CONFIG_FORMAT = "lagom.tuned-config"
 VERSION = 1
 
 TOP_KEYS = ("format", "version", "cluster", "nccl_version", "workload", "method", "env", "process_groups",
@@ -155,7 +155,7 @@ class TunedConfig:
 
     def to_dict(self) -> dict:
         return {
-            "format": FORMAT,
+            "format": TUNED_CONFIG_FORMAT,
             "version": VERSION,
             "cluster": self.cluster,
             "nccl_version": str(self.nccl_version or ""),
@@ -202,8 +202,8 @@ def parse_tuned_config(data: object, origin: str = "<config>", nccl_version: Ncc
 
     if not isinstance(data, dict):
         raise bad("not a Lagom tuned config (expected a YAML mapping)")
-    if data.get("format") != FORMAT:
-        raise bad(f"not a Lagom tuned config (expected 'format: {FORMAT}')")
+    if data.get("format") != TUNED_CONFIG_FORMAT:
+        raise bad(f"not a Lagom tuned config (expected 'format: {TUNED_CONFIG_FORMAT}')")
     check_keys(data, TOP_KEYS, origin)
     try:
         version = int(data.get("version", 0))

@@ -152,7 +152,7 @@ def run_folder(workdir: str | os.PathLike) -> Path:
 
 def _lay_out(checked: Preflight, config_path: Path, run_dir: Path, env: dict[str, str], use_plugin: bool,
              nccl_version: NcclVersion | None) -> RunSetup:
-    stale = run_dir / audit.PART_DIR
+    stale = run_dir / audit.AUDIT_PART_DIR
     if stale.is_dir():
         shutil.rmtree(stale)  # parts of an earlier run in the same --workdir
     config = checked.config
@@ -523,7 +523,7 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
     communicators' ceilings raised (:func:`nccl_env.delivery.online_ceilings`) and
     ``LAGOM_ONLINE`` naming the settings every rank reads."""
     from lagom.runtime.online import OnlineSettingsFile
-    from nccl_env.knob_table import CHUNK_MAX_BYTES
+    from nccl_env.knob_table import CHUNK_LADDER_MAX_BYTES
 
     forced = _online_version(request, None) if request.nccl_version else None  # the seed is checked against it
     seed = load_tuned_config(config_path, forced) if config_path is not None else None
@@ -575,7 +575,7 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
         setup.table_path = setup.run_dir / "tuner_table.csv"
         setup.table_path.write_text("")
         setup.env.update(plugin_env(str(setup.plugin_path), str(setup.table_path)))
-    ceilings = merge_env(online_ceilings(version, CHUNK_MAX_BYTES, dict(seed.env) if seed else {}), setup.env)
+    ceilings = merge_env(online_ceilings(version, CHUNK_LADDER_MAX_BYTES, dict(seed.env) if seed else {}), setup.env)
     if ceilings.kept:
         setup.messages.append(f"lagom run: {ceilings.kept_line()} (online plans may ask for more; NCCL clamps them)")
     if request.collective_timing:  # opt-in: the collectives' Work handles carry their durations, at a cost

@@ -25,12 +25,22 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Generic, TypeVar
 
 from nccl_env.errors import LagomError
-from nccl_env.knobs import FILE_KEYS, Algorithm, CollectiveType, CommConfig, CommPath, Protocol
+from nccl_env.knobs import (
+    FILE_KEYS,
+    Algorithm,
+    CollectiveType,
+    CommConfig,
+    CommPath,
+    CtaPolicy,
+    Protocol,
+    cta_policy_value,
+)
 from nccl_env.rules import (
     ALGORITHM_SINCE,
     CHUNK_GRAIN_BYTES,
     CHUNK_MAX_BYTES,
     CHUNK_PLUGIN_SINCE,
+    CTA_POLICY_SINCE,
     CTAS_ENV_SINCE,
     LL128_THREADS_MAX,
     LL128_THREADS_MIN,
@@ -212,6 +222,42 @@ REPORT_ORDER: tuple[Knob[int], ...] = (CHANNELS, THREADS, CHUNK)  # "ring/simple
 CHOICE_KNOBS: tuple[Knob[Any], ...] = (ALGORITHM, PROTOCOL)  # chosen together, as (algorithm, protocol) pairs
 KERNEL_KNOBS: tuple[str, ...] = RESOURCE_AXES + tuple(k.field for k in CHOICE_KNOBS)  # what NCCL's SM kernels run
 assert set(BY_FIELD) == {f.name for f in fields(CommConfig)}, "every CommConfig field has a row"
+
+
+@dataclass(frozen=True, eq=False)
+class GroupKnob:
+    """One per-communicator setting (``ncclConfig_t``), a row like the per-collective ones: how a tuned
+    file's ``process_groups`` entry spells it (``key``, which is also ``ProcessGroupNCCL.Options().config``'s
+    attribute, pytorch PR #164309 for the policy), NCCL's field, its process-wide env twin, the release
+    that has it, and the per-collective knob it bounds (channels) or carries (the path)."""
+
+    key: str
+    nccl_field: str  # ncclConfig_t's field (nccl.h)
+    env: str  # the process-wide twin (a user's value of it overrides every communicator's)
+    since: NcclVersion
+    carries: Knob[Any]
+    policy: bool = False  # a CTA policy (names or flags, nccl_env.knobs.cta_policy_value), else a CTA count
+
+    def value(self, raw: object) -> int:
+        """The number NCCL takes for ``raw`` (a file's value); ValueError naming the key otherwise."""
+        if self.policy:
+            if isinstance(raw, bool) or not isinstance(raw, int | str):
+                raise ValueError(f"{self.key}: {raw!r} is not a CTA policy")
+            return cta_policy_value(raw)
+        if isinstance(raw, bool) or not isinstance(raw, int | str):
+            raise ValueError(f"{self.key} must be an integer, got {raw!r}")
+        number = int(raw)
+        if number < 0:
+            raise ValueError(f"{self.key} must be >= 0, got {number}")
+        return number
+
+
+MIN_CTAS = GroupKnob("min_ctas", "minCTAs", "NCCL_MIN_CTAS", CTAS_ENV_SINCE, CHANNELS)
+MAX_CTAS = GroupKnob("max_ctas", "maxCTAs", "NCCL_MAX_CTAS", CTAS_ENV_SINCE, CHANNELS)
+CTA_POLICY = GroupKnob("cta_policy", "CTAPolicy", "NCCL_CTA_POLICY", CTA_POLICY_SINCE[CtaPolicy.DEFAULT], PATH,
+                       policy=True)
+GROUP_KNOBS: tuple[GroupKnob, ...] = (MIN_CTAS, MAX_CTAS, CTA_POLICY)
+GROUP_BY_KEY: dict[str, GroupKnob] = {k.key: k for k in GROUP_KNOBS}
 
 
 def config_from(values: Iterable[tuple[Knob[Any], object]]) -> CommConfig:

@@ -48,8 +48,8 @@ from nccl_env.env_names import check_env_names
 from nccl_env.env_values import validate_env
 from nccl_env.errors import LagomError
 from nccl_env.files import check_keys, check_not_empty, read_yaml
-from nccl_env.knob_table import validate_config
-from nccl_env.knobs import CollectiveType, CommConfig, cta_policy_value
+from nccl_env.knob_table import GROUP_BY_KEY, validate_config
+from nccl_env.knobs import CollectiveType, CommConfig
 from nccl_env.nccl_releases import released_version
 from nccl_env.plan import Plan, Signature
 from nccl_env.rules import (
@@ -68,7 +68,7 @@ TOP_KEYS = ("format", "version", "cluster", "nccl_version", "workload", "method"
 # Rules for a file that names no NCCL version and is read with none in force: the newest NCCL Lagom
 # knows the rules of (64 channels, every algorithm), so no value a newer NCCL takes is refused.
 NEWEST_RULES = max(*ALGORITHM_SINCE.values(), *TUNER_SYMBOL_SINCE.values(), MAXCHANNELS_64_SINCE)
-_PG_KEYS = {"min_ctas", "max_ctas", "cta_policy"}
+_PG_KEYS = set(GROUP_BY_KEY)
 _MATCH_KEYS = {"collective", "group", "min_bytes", "max_bytes", "ranks", "nodes"}
 
 
@@ -296,9 +296,9 @@ def _group_problem(settings: dict[str, int | str], version: NcclVersion) -> str 
     """What NCCL ``version`` would not take in one process group's ncclConfig_t settings, or None."""
     top = max_channels(version)
     for key, value in settings.items():
-        if key == "cta_policy":
+        if GROUP_BY_KEY[key].policy:
             try:
-                cta_policy_value(value)
+                GROUP_BY_KEY[key].value(value)
             except (TypeError, ValueError) as exc:
                 return f"{key}: {exc}"
         elif isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:

@@ -51,8 +51,8 @@ from lagom.runtime.preflight import Preflight, copy_text, preflight
 from nccl_env.delivery import online_ceilings, plugin_env
 from nccl_env.errors import LagomError
 from nccl_env.files import PathKind, check_path_kind
-from nccl_env.knob_table import CHANNELS, PATH
-from nccl_env.knobs import CommPath, CtaPolicy, cta_policy_value
+from nccl_env.knob_table import CHANNELS, CTA_POLICY, PATH
+from nccl_env.knobs import CommPath, CtaPolicy
 from nccl_env.plugin_build import PluginBuildError, build_plugin
 from nccl_env.rules import (
     TUNER_SYMBOL_SINCE,
@@ -194,7 +194,7 @@ def _lay_out(checked: Preflight, config_path: Path, run_dir: Path, env: dict[str
     if merged.kept:
         setup.messages.append(f"lagom run: {merged.kept_line()}")
     efficiency = int(CtaPolicy.EFFICIENCY)
-    if setup.plugin_path is not None and any(cta_policy_value(g.get("cta_policy", 0)) & efficiency
+    if setup.plugin_path is not None and any(CTA_POLICY.value(g.get(CTA_POLICY.key, 0)) & efficiency
                                              for g in config.process_groups.values()):
         setup.messages.append("lagom run: warning: a group asks for CTA policy EFFICIENCY, whose NVLS re-selection "
                               "NCCL skips while a tuner plugin is loaded (enqueue.cc: comm->tuner == NULL); "
@@ -251,7 +251,7 @@ def _file_version(config: TunedConfig) -> NcclVersion | None:
 
 def uses_paths(config: TunedConfig) -> bool:
     """Whether the file puts a group on a path off NCCL's SM kernels (a CTA policy or a path entry)."""
-    policies = any(cta_policy_value(g.get("cta_policy", 0)) for g in config.process_groups.values())
+    policies = any(CTA_POLICY.value(g.get(CTA_POLICY.key, 0)) for g in config.process_groups.values())
     return policies or any(PATH.get(e.config) not in (None, CommPath.SM) for e in config.collectives)
 
 

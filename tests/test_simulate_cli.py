@@ -137,3 +137,28 @@ def test_workloads_that_do_not_fit_the_cluster_are_warned_about_once(tmp_path, c
     # an entry that matches: no warning
     assert main(["simulate", "fsdp:phi2:gpus=16", "--cluster", "low-bw", "--config", str(tmp_path / "lagom.yaml")]) == 0
     assert "warning:" not in capsys.readouterr().err
+
+
+EXAMPLE_TRACE = "traces/examples/fsdp8_a100_2ch_synthetic.json.gz"  # one rank's trace (rank 0 of 8)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["simulate", EXAMPLE_TRACE, "--scale", "compute=0.8@5"], "holds no rank 5 (it holds rank 0)"),
+    (["simulate", EXAMPLE_TRACE, "--scale", "compute=0.8@200000"], "holds no rank 200000"),
+    (["simulate", EXAMPLE_TRACE, "--scale", "comm=0.5,compute=0.8@0-1"], "holds no rank 1 (it holds rank 0)"),
+    (["tune", EXAMPLE_TRACE, "--rank", "99", "-o", "{tmp}/t.yaml"], "--rank 99: "),
+    (["simulate", EXAMPLE_TRACE, "--rank", "3"], "--rank 3: "),
+])
+def test_a_rank_the_trace_file_lacks_is_refused(argv, message, tmp_path, capsys):
+    """A what-if or --rank on a rank one rank's trace does not hold would replay the
+    measurement unchanged and pass for an answer: one line, exit 2, as on a folder."""
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.strip().splitlines()[-1].startswith(f"lagom {argv[0]}: error:")
+    assert not (tmp_path / "t.yaml").exists()
+
+
+def test_a_what_if_on_the_ranks_a_file_holds_still_runs(capsys):
+    out = run_json(capsys, EXAMPLE_TRACE, "--scale", "compute=0.8@0")
+    assert out["whatif"] and out["iteration_us"] < out["measured"]["iteration_us"]

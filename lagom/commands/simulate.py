@@ -142,8 +142,12 @@ def run(args: argparse.Namespace) -> int:
                                 force=args.force) if args.export_trace else None)
     from lagom.orchestration.joint_run import read_workload_or_ranks
 
-    workload, from_trace, workloads = read_workload_or_ranks(  # workloads: every rank, replayed jointly
+    workload, from_trace, workloads, input_ranks = read_workload_or_ranks(  # workloads: every rank, jointly
         args.workload, args.rank, reading_from_args(args), joint=not args.unprofiled_cpu)
+    if args.scale and from_trace:  # a rank the input lacks: refused before any work, on a file as on a folder
+        from lagom.orchestration.joint_run import check_scale_ranks, parse_scale_items
+
+        check_scale_ranks(parse_scale_items(args.scale), input_ranks, args.workload)
     if export is not None and not from_trace:
         raise LagomError("--export-trace: applies to a trace (WORKLOAD is not a trace)")
     if args.unprofiled_cpu:

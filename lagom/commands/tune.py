@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         raise LagomError(f"--export-trace {args.export_trace}: is also -o's file; give them two names")
     from lagom.orchestration.joint_run import JointEvaluator, joint_line, read_workload_or_ranks
 
-    workload, from_trace, workloads = read_workload_or_ranks(  # workloads: every rank, replayed jointly
+    workload, from_trace, workloads, _ = read_workload_or_ranks(  # workloads: every rank, replayed jointly
         args.workload, args.rank, reading_from_args(args), joint=not args.unprofiled_cpu)
     if export is not None and not from_trace:
         raise LagomError("--export-trace: applies to a trace (WORKLOAD is not a trace)")

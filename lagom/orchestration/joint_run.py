@@ -86,12 +86,19 @@ def scale_for_rank(items: list[ScaleItem], rank: int) -> DurationScale | None:
     return DurationScale(**factors) if factors else None
 
 
+def check_scale_ranks(items: list[ScaleItem], ranks: list[int], source: str) -> None:
+    """Refuse a rank set naming a rank the input (``source``, holding ``ranks``) lacks: a what-if
+    on a rank that is not there would change nothing and pass for an answer."""
+    for i in items:
+        absent = sorted(i.ranks - set(ranks)) if i.ranks is not None else []
+        if absent:
+            raise LagomError(f"--scale {i.key}={i.factor:g}@{_ranges(absent)}: {source} holds no rank "
+                             f"{_ranges(absent)} (it holds rank{'s' if len(ranks) > 1 else ''} {_ranges(ranks)})")
+
+
 def rank_scales(items: list[ScaleItem], ranks: list[int]) -> dict[int, RankScale]:
     """Per rank of the folder its what-if; a rank set naming a rank the folder lacks is refused."""
-    for i in items:
-        if i.ranks is not None and not i.ranks & set(ranks):
-            raise LagomError(f"--scale {i.key}={i.factor:g}@...: no rank of the set is in the folder "
-                             f"(it holds ranks {_ranges(ranks)})")
+    check_scale_ranks(items, ranks, "the folder")
     out = {}
     for r in ranks:
         f = {i.key: i.factor for i in items if i.ranks is None or r in i.ranks}
@@ -100,28 +107,35 @@ def rank_scales(items: list[ScaleItem], ranks: list[int]) -> dict[int, RankScale
 
 
 def _ranges(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return str(ranks[0])
     return f"{min(ranks)}-{max(ranks)}" if ranks == list(range(min(ranks), max(ranks) + 1)) else str(sorted(ranks))
 
 
 def read_workload_or_ranks(text: str, rank: int | None, reading: RankReading,
-                           joint: bool = True) -> tuple[Workload, bool, list[Workload] | None]:
+                           joint: bool = True) -> tuple[Workload, bool, list[Workload] | None, list[int]]:
     """``simulate``'s and ``tune``'s WORKLOAD: (the workload replayed or reported, whether it is a
-    trace, every rank of a folder when they are replayed jointly, else None). ``joint`` False
-    (``--unprofiled-cpu``) reads a folder as one rank, as before."""
+    trace, every rank of a folder when they are replayed jointly, else None, the ranks the input
+    holds: what a what-if's rank set may name). ``joint`` False (``--unprofiled-cpu``) reads a
+    folder as one rank, as before. ``--rank N`` naming a rank the input lacks is refused, on a
+    file as on a folder."""
     folder = read_folder_ranks(text, rank, reading) if joint else None
     if folder is not None:
-        return folder[0], True, folder[1]
+        return folder[0], True, folder[1], folder[2]
     from lagom.orchestration.workload_arg import read_workload_arg
 
     workload, from_trace = read_workload_arg(text, reading)
-    return workload, from_trace, None
+    if rank is not None and (not from_trace or workload.rank != rank):
+        held = f"holds rank {workload.rank} (the rank replayed)" if from_trace else "is not a trace"
+        raise LagomError(f"--rank {rank}: {text} {held}")
+    return workload, from_trace, None, [workload.rank]
 
 
-def read_folder_ranks(text: str, rank: int | None,
-                      reading: RankReading | None = None) -> tuple[Workload, list[Workload] | None] | None:
+def read_folder_ranks(text: str, rank: int | None, reading: RankReading | None = None
+                      ) -> tuple[Workload, list[Workload] | None, list[int]] | None:
     """A trace folder of two ranks or more: (the rank replayed or reported first, every rank when
-    they are replayed jointly; None with ``--rank``), read on ``reading``'s executor. None: not
-    such a folder (read as before)."""
+    they are replayed jointly; None with ``--rank``, the folder's ranks), read on ``reading``'s
+    executor. None: not such a folder (read as before)."""
     path = Path(text)
     if not text.strip() or not path.is_dir():
         return None
@@ -140,8 +154,8 @@ def read_folder_ranks(text: str, rank: int | None,
         chosen = [w for w in workloads if w.rank == rank]
         if not chosen:
             raise LagomError(f"--rank {rank}: {path} holds ranks {_ranges([w.rank for w in workloads])}")
-        return chosen[0], None
-    return min(workloads, key=lambda w: w.rank), workloads
+        return chosen[0], None, sorted(w.rank for w in workloads)
+    return min(workloads, key=lambda w: w.rank), workloads, sorted(w.rank for w in workloads)
 
 
 class JointEvaluator:

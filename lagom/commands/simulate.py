@@ -183,9 +183,13 @@ def run(args: argparse.Namespace) -> int:
 
     plan = Plan()
     if args.config:
-        from lagom.files.tuned_config import load_tuned_config
+        from lagom.files.tuned_config import absent_group_warning, load_tuned_config
 
         tuned = load_tuned_config(args.config, version)  # NCCL's rules for the cluster's version
+        absent = absent_group_warning(args.config, tuned, {c.group for w in workloads or [workload]
+                                                           for c in w.collectives}, "the job")
+        if absent:
+            warnings.append(absent)
         for i, entry in enumerate(tuned.collectives):
             check_config(entry.config, f"{args.config}: collectives[{i}]")  # and what the evaluators model
         plan = tuned.to_plan(signatures)

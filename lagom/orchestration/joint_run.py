@@ -126,6 +126,7 @@ class WorkloadInput:
     workloads: list[Workload] | None  # every rank of a folder when they are replayed jointly, else None
     ranks: list[int]  # the ranks the input holds: what a what-if's rank set and --rank may name
     read: list[Workload]  # every rank read (a folder's with --rank too): whose collectives split the waits
+    # (empty: a folder read as one rank, whose waits stay as read)
 
 
 def read_workload_or_ranks(text: str, rank: int | None, reading: RankReading, joint: bool = True) -> WorkloadInput:
@@ -143,7 +144,12 @@ def read_workload_or_ranks(text: str, rank: int | None, reading: RankReading, jo
     if rank is not None and (not from_trace or workload.rank != rank):
         held = f"holds rank {workload.rank} (the rank replayed)" if from_trace else "is not a trace"
         raise LagomError(f"--rank {rank}: {text} {held}")
-    return WorkloadInput(workload, from_trace, None, [workload.rank], [workload])
+    # a folder read as its lowest rank (--unprofiled-cpu): that rank's waits were split among all
+    # the folder's ranks as it was read; split again alone they would lose the others
+    from traces.reader import trace_files
+
+    alone = not (Path(text).is_dir() and len(trace_files(text)) > 1)
+    return WorkloadInput(workload, from_trace, None, [workload.rank], [workload] if alone else [])
 
 
 def read_folder_ranks(text: str, rank: int | None,

@@ -11,7 +11,8 @@ overlap). A case the simulator cannot be asked (a cluster no preset models, a fi
 source does not state) is printed as *not judged*, with the reason. When the cases carry a
 ``split`` (``fit``/``check``), each set's result is printed apart, with the fitting set's
 worst miss. ``--json`` prints ``{"cases": [{"id", "kind", "holds", "model", "measured",
-"detail", "split", "not_judged"}]}``.
+"detail", "split", "not_judged", "cluster"}]}``. Every case's first row names the cluster it was
+judged on (a preset with the case's nodes and NCCL, or one built from what the case states).
 
 ``--write-split OUT`` copies CASES.json to OUT with a ``split`` field per case, decided from
 the cases alone by ``published_cases.assign_splits`` (kind, GPU, strong before weak, id).
@@ -42,8 +43,9 @@ def table(results: list[CaseResult]) -> str:
     lines = [_HEADER]
     for result in results:
         tag = f" [{result.split}]" if result.split else ""
+        where = f" on {result.cluster}" if result.cluster else ""
         lines += [(_VERDICT[r.holds] if result.not_judged is None else "-", r.model, r.measured, r.tolerance,
-                   f"{r.label} ({result.kind}){tag}" if i == 0 else r.label) for i, r in enumerate(result.rows)]
+                   f"{r.label} ({result.kind}){tag}{where}" if i == 0 else r.label) for i, r in enumerate(result.rows)]
     widths = [max(len(line[c]) for line in lines) for c in range(len(_HEADER) - 1)]
     out = ["  ".join(cell.ljust(w) for cell, w in zip(line[:-1], widths)) + "  " + line[-1] for line in lines]
     out += summary(results)

@@ -3,7 +3,7 @@ replayed with the trace's own settings (both evaluators share the replay; the an
 one is used) against what the trace measured, and how long ``lagom tune`` takes on the
 largest.
 
-    python3 bench/replay_accuracy.py [TRACE_DIR] [--no-tune]
+    python3 bench/replay_accuracy.py [TRACE_DIR] [--no-tune] [--json]
 
 Columns: steps, median and worst per-step error of step time, total collective time
 error, exposed communication error (% and us per step); then two structural checks. An
@@ -17,6 +17,7 @@ take the medians too (how far such idle moves the steps once the replay can move
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -53,7 +54,10 @@ def main() -> int:
     if not folder.is_dir():
         folder = Path("/work/shared/traces")
     load_cluster("a100-nvswitch")
-    print(f"{'trace':38} {'steps':>5} {'median%':>8} {'worst%':>7} {'coll%':>7} {'exp%':>7} {'exp us/st':>10} "
+    as_json = "--json" in sys.argv
+    rows = []
+    say = (lambda *a, **k: None) if as_json else print
+    say(f"{'trace':38} {'steps':>5} {'median%':>8} {'worst%':>7} {'coll%':>7} {'exp%':>7} {'exp us/st':>10} "
           f"{'explained%':>10} {'unexpl. ms/st':>13} {'all-median%':>11}")
     for path in sorted(folder.glob("*.json.gz")):
         try:
@@ -69,10 +73,20 @@ def main() -> int:
         g = replace(w, exec_graph=w.exec_graph.with_median_delays())
         generic = fidelity(as_measured(g))
         assert fid is not None and explained is not None and generic is not None
-        print(f"{path.name[:38]:38} {fid.steps:>5} {fid.median_step_error_pct:>8.2f} {fid.max_step_error_pct:>7.2f} "
+        rows.append({"trace": path.name, "steps": fid.steps, "median_step_error_pct": fid.median_step_error_pct,
+                     "max_step_error_pct": fid.max_step_error_pct, "comm_error_pct": fid.comm_error_pct,
+                     "exposed_error_pct": fid.exposed_error_pct,
+                     "exposed_error_us_per_step": fid.exposed_error_us_per_step,
+                     "explained_median_step_error_pct": explained.median_step_error_pct,
+                     "unexplained_idle_ms_per_step": fid.unexplained_idle_us_per_step / 1000,
+                     "all_median_step_error_pct": generic.median_step_error_pct})
+        say(f"{path.name[:38]:38} {fid.steps:>5} {fid.median_step_error_pct:>8.2f} {fid.max_step_error_pct:>7.2f} "
               f"{fid.comm_error_pct:>7.2f} {fid.exposed_error_pct:>7.2f} {fid.exposed_error_us_per_step:>10.1f} "
               f"{explained.median_step_error_pct:>10.2f} {fid.unexplained_idle_us_per_step / 1000:>13.1f} "
               f"{generic.median_step_error_pct:>11.2f}")
+    if as_json:
+        print(json.dumps(rows, indent=1))
+        return 0
     if "--no-tune" not in sys.argv and (folder / LARGEST).exists():
         started = time.process_time()
         t0 = time.perf_counter()

@@ -197,6 +197,30 @@ def derive_cluster(workload: Workload, match: GpuMatch, nccl_version: NcclVersio
     return DerivedCluster(cluster, f"{gpu_text}; {node_text}; {intra_text}; {inter_text}")
 
 
+def stated_cluster(row: GpuRow, nodes: int, gpus_per_node: int, nccl_version: NcclVersion, nvls: bool = False,
+                   network: InterNodeSpec | None = None) -> ClusterSpec:
+    """A ClusterSpec from what a published case states: the GPU's table row, its nodes and GPUs per node,
+    NVLink SHARP where stated (an NVSwitch node only), and its network where stated (one node needs
+    none: the module's assumed NIC stands in, unused). Links inside a node as :func:`derive_cluster`'s."""
+    intra, _ = _intra_node(row, [])
+    if nvls and intra.kind == "nvswitch":
+        intra = IntraNodeSpec(intra.kind, intra.bw_gb_per_s, intra.latency_us, nvls=True)
+    cc = row.compute_capability
+    simple, ll128, ll = _CHANNEL_GB_PER_S[_channel_class(row)]
+    return ClusterSpec(
+        name=f"stated-{row.key}",
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        nccl_version=nccl_version,
+        gpu=gpu_spec(row),
+        intra_node=intra,
+        inter_node=network or InterNodeSpec(1, ASSUMED_NET_GB_PER_S, NET_LATENCY_US),
+        nccl_graph={"type_intra": "pci" if intra.kind == "pcie" else "nvl", "compute_capability": cc[0] * 10 + cc[1]},
+        sim={"simple_bw_per_channel_gb_per_s": simple, "ll128_bw_per_channel_gb_per_s": ll128,
+             "ll_bw_per_channel_gb_per_s": ll},
+    )
+
+
 def _intra_node(row: GpuRow, inside: list[BusBandwidth]) -> tuple[IntraNodeSpec, str]:
     if row.link_reach == REACH_NODE and row.link_gb_per_s > 0:
         switch = row.vendor == NVIDIA and row.form == "sxm" and (row.nvlink_gen or 0) >= 3

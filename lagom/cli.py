@@ -120,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lagom: error: {problems[0]}", file=sys.stderr)
         return 2
     from nccl_env.errors import LagomError
+    from nccl_env.nccl_releases import forget_warnings
 
+    forget_warnings()  # one command, one warning per newer NCCL version (also when called in-process)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # an option this command does not take: its own help names it, not lagom's

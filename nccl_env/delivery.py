@@ -80,15 +80,17 @@ ENV_PROTO_NAME = {Protocol.LL: "LL", Protocol.LL128: "LL128", Protocol.SIMPLE: "
 # The CommConfig fields a plugin table line can carry (threads never: no plugin ABI sets them).
 PLUGIN_SETTINGS = tuple(k.field for k in KNOBS if k.plugin_column is not None)
 
-# Every env name deliver() can set (lagom doctor checks the library knows them): the knob
-# table's, point-to-point's step sizes, and the plugin's own.
-ENV_NAMES = (
+# Every env name deliver() and online_ceilings() can put into a tuned file's env: the knob
+# table's and point-to-point's step sizes. A tuned file may set these and no other variable
+# (nccl_env.env_names): nothing that names a file or a library.
+TUNED_ENV_NAMES = (
     *(name for knob in KNOBS for name in knob.env),
     P2P_NET_CHUNK_ENV,
     P2P_NVL_CHUNK_ENV,
     P2P_PCI_CHUNK_ENV,
-    "NCCL_TUNER_PLUGIN",
 )
+# Every env name lagom run sets (lagom doctor checks the library knows them): those and the plugin's own.
+ENV_NAMES = (*TUNED_ENV_NAMES, "NCCL_TUNER_PLUGIN")
 
 
 @dataclass

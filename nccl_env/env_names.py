@@ -1,46 +1,28 @@
-"""Whether an NCCL_* variable is one NCCL reads: the installed libnccl's strings decide
-where a library is found (NCCL_PARAM names are string literals in it), else the names
-Lagom itself delivers (``delivery.ENV_NAMES``). An unknown name is a LagomError with the
-closest known name, so that a typo (NCCL_NTHREAD) is not silently ignored by NCCL."""
+"""Which variables a tuned file's ``env`` may set: exactly the NCCL knobs Lagom tunes
+(``delivery.TUNED_ENV_NAMES``: the knob table's env names and point-to-point's step sizes).
+
+A tuned file is data passed around (committed, mailed, saved by ``--online`` on another
+cluster) and ``lagom run`` puts its env into every rank: any other name (``LD_PRELOAD``,
+``LD_LIBRARY_PATH``, ``CUDA_VISIBLE_DEVICES``, an NCCL variable naming a file or a library
+such as ``NCCL_DEBUG_FILE`` or ``NCCL_TUNER_PLUGIN``) is a LagomError, with the closest
+allowed name when it looks like a typo (NCCL_NTHREAD)."""
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
-from functools import lru_cache
-from pathlib import Path
 
-from nccl_env.delivery import ENV_NAMES
+from nccl_env.delivery import TUNED_ENV_NAMES
 from nccl_env.errors import LagomError
-from nccl_env.libnccl import candidates, strings_present
 
-
-@lru_cache(maxsize=1)
-def _library() -> Path | None:
-    try:
-        found = candidates()
-    except LagomError:
-        return None
-    return found[0].path if found else None
+ALLOWED_LINE = f"a tuned file's env may set only the NCCL knobs Lagom tunes ({', '.join(sorted(TUNED_ENV_NAMES))})"
 
 
 def check_env_names(names: Iterable[str]) -> None:
-    """Raise LagomError for the first NCCL_* name NCCL does not read (other names pass)."""
-    wanted = [n for n in names if n.startswith("NCCL_") and n not in ENV_NAMES]
-    if not wanted:
-        return
-    library = _library()
-    if library is not None:
-        try:
-            known = strings_present(library, wanted)
-        except LagomError:
-            known = dict.fromkeys(wanted, False)
-        where = f"the strings of {library.name}"
-    else:
-        known = dict.fromkeys(wanted, False)
-        where = "Lagom's table (no libnccl found)"
-    for name in wanted:
-        if not known[name]:
-            close = difflib.get_close_matches(name, ENV_NAMES, n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            raise LagomError(f"env {name} is not a variable NCCL reads (checked against {where}){hint}")
+    """Raise LagomError for the first name a tuned file may not set (see the module doc)."""
+    for name in names:
+        if name in TUNED_ENV_NAMES:
+            continue
+        close = difflib.get_close_matches(name, TUNED_ENV_NAMES, n=1, cutoff=0.85) if name.startswith("NCCL_") else []
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise LagomError(f"env {name} is refused{hint}: {ALLOWED_LINE}")

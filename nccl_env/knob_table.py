@@ -11,6 +11,9 @@ Doors (``nccl_env.delivery``, sources in ``nccl_env.rules``): per collective thr
 tuner plugin (algorithm, protocol, channels from 2.21; chunk from 2.30, v6 getChunkSize);
 per function for NCCL_ALGO/NCCL_PROTO's ``func:list`` syntax from 2.24; per process group
 (``ncclConfig_t`` minCTAs/maxCTAs from 2.17, CTAPolicy for the path); else process-wide env.
+NCCL 2.31's per-call ``ncclCollConfig_t`` (minCTAs/maxCTAs, algSelection) is a second door for
+channels and the algorithm where the running torch takes it (``lagom.runtime.coll_config``,
+decided at run time): their scope stays the collective, so no row changes for it.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 What NCCL does with the plugin, done from Python: load the ``.so``, take one of the
 ``ncclTunerPlugin_vN`` structs, ``init`` a context, call ``getCollInfo`` with a cost
-table, ``getChunkSize`` (v6), ``finalize``. Also the live C API
+table, ``getChunkSize`` (v6, v7), ``finalize``; v7's init with its constants table
+(:class:`TunerConstantsV7`, the layout of NCCL's tuner_v7.h). Also the live C API
 (``lagom_tuner_set_table`` ...) a process uses to change the table in memory. Used
 by the tests, the benchmark and the runtime.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from nccl_env.errors import LagomError
 
-ABI_VERSIONS = (2, 3, 4, 5, 6)
+ABI_VERSIONS = (2, 3, 4, 5, 6, 7)
 NUM_PROTOCOLS = 3
 IGNORE = -1.0  # NCCL_ALGO_PROTO_IGNORE
 
@@ -42,6 +43,31 @@ _CHUNK = ctypes.CFUNCTYPE(_RES, ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, 
                           ctypes.c_int, ctypes.POINTER(ctypes.c_size_t))
 
 
+# ABI v7's init arguments, as NVIDIA/nccl src/include/plugin/tuner/tuner_v7.h (at 2449986f) lays
+# them out: v5's NVLink-domain info (three ints) and a constants table of doubles whose
+# per-architecture rows cover 5 compute capabilities (Volta, Ampere, Hopper, Blackwell, Rubin;
+# NCCL_NUM_COMPCAPS_V7) where v5/v6 had 4. 7 algorithms, 3 protocols, 3 link kinds and 3 tuning
+# scales (1, 2, 4 nodes) as in tuner_v5.h. Lagom's plugin reads neither.
+V7_ALGOS, V7_PROTOS, V7_HW_LINKS, V7_COMPCAPS, V7_SCALES = 7, 3, 3, 5, 3
+_ARCH_ROWS = ctypes.c_double * V7_SCALES * V7_COMPCAPS
+
+
+class NvlDomainInfoV7(ctypes.Structure):
+    _fields_ = [("nNvlDomains", ctypes.c_int), ("minRanksPerNvlDomain", ctypes.c_int),
+                ("maxRanksPerNvlDomain", ctypes.c_int)]
+
+
+class TunerConstantsV7(ctypes.Structure):
+    _fields_ = [("baseLatencies", ctypes.c_double * V7_PROTOS * V7_ALGOS),
+                ("hwLatencies", ctypes.c_double * V7_PROTOS * V7_ALGOS * V7_HW_LINKS),
+                ("llMaxBws", _ARCH_ROWS), ("perChMaxRingLL128Bws", _ARCH_ROWS), ("perChMaxTreeLL128Bws", _ARCH_ROWS),
+                ("perChMaxTreeBws", _ARCH_ROWS), ("perChMaxNVLSTreeBws", _ARCH_ROWS)]
+
+
+_INIT_V7 = ctypes.CFUNCTYPE(_RES, _PP, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p,
+                            ctypes.POINTER(NvlDomainInfoV7), ctypes.POINTER(TunerConstantsV7))
+
+
 def _struct(name: str, init, get, extra=()) -> type[ctypes.Structure]:
     return type(name, (ctypes.Structure,), {
         "_fields_": [("name", ctypes.c_char_p), ("init", init), ("getCollInfo", get), ("finalize", _FIN), *extra]
@@ -54,6 +80,7 @@ STRUCTS = {
     4: _struct("Tuner_v4", _INIT_V2, _GET_V4),
     5: _struct("Tuner_v5", _INIT_V5, _GET_V4),
     6: _struct("Tuner_v6", _INIT_V5, _GET_V4, [("getChunkSize", _CHUNK)]),
+    7: _struct("Tuner_v7", _INIT_V7, _GET_V4, [("getChunkSize", _CHUNK)]),
 }
 
 
@@ -151,14 +178,17 @@ class TunerLibrary:
         """Zero the current table's counts (a new table starts at zero anyway)."""
         self.lib.lagom_tuner_reset_entry_calls()
 
-    def open(self, abi: int, n_ranks: int, n_nodes: int, logger=None, comm_id: int = 0) -> TunerContext:
-        return TunerContext(self, abi, n_ranks, n_nodes, logger, comm_id)
+    def open(self, abi: int, n_ranks: int, n_nodes: int, logger=None, comm_id: int = 0,
+             nvl_domain: NvlDomainInfoV7 | None = None, constants: TunerConstantsV7 | None = None) -> TunerContext:
+        return TunerContext(self, abi, n_ranks, n_nodes, logger, comm_id, nvl_domain, constants)
 
 
 class TunerContext:
     """One communicator's plugin context (init ... finalize)."""
 
-    def __init__(self, library: TunerLibrary, abi: int, n_ranks: int, n_nodes: int, logger=None, comm_id: int = 0):
+    def __init__(self, library: TunerLibrary, abi: int, n_ranks: int, n_nodes: int, logger=None, comm_id: int = 0,
+                 nvl_domain: NvlDomainInfoV7 | None = None, constants: TunerConstantsV7 | None = None):
+        """``nvl_domain`` and ``constants``: v7's init arguments as NCCL passes them (None: NULL)."""
         if abi not in STRUCTS:
             raise LagomError(f"tuner ABI v{abi} unknown (have {ABI_VERSIONS})")
         self.library = library
@@ -167,7 +197,11 @@ class TunerContext:
         self._logger = logger  # keep the callback alive while the context lives
         log_ptr = ctypes.cast(logger, ctypes.c_void_p) if logger is not None else None
         self.ctx = ctypes.c_void_p()
-        if abi >= 5:
+        if abi >= 7:
+            rc = self.plugin.init(ctypes.byref(self.ctx), comm_id, n_ranks, n_nodes, log_ptr,
+                                  None if nvl_domain is None else ctypes.pointer(nvl_domain),
+                                  None if constants is None else ctypes.pointer(constants))
+        elif abi >= 5:
             rc = self.plugin.init(ctypes.byref(self.ctx), comm_id, n_ranks, n_nodes, log_ptr, None, None)
         else:
             rc = self.plugin.init(n_ranks, n_nodes, log_ptr, ctypes.byref(self.ctx))
@@ -198,7 +232,7 @@ class TunerContext:
 
     def get_chunk_size(self, coll_type: int, n_bytes: int, algo: int, proto: int, n_channels: int,
                        nccl_chunk_bytes: int) -> int:
-        """v6 getChunkSize: NCCL's chunk in, the plugin's chunk out."""
+        """v6/v7 getChunkSize: NCCL's chunk in, the plugin's chunk out."""
         if self.abi < 6:
             raise LagomError(f"getChunkSize needs tuner ABI v6, this context is v{self.abi}")
         value = ctypes.c_size_t(nccl_chunk_bytes)

@@ -40,8 +40,9 @@ class NcclVersion:
 
     @classmethod
     def parse(cls, text: str) -> NcclVersion:
-        """``"2.18.3"``, ``"2.18"``, ``"2.18.3-1"``, ``"v2.18.3"``; LagomError otherwise."""
-        m = re.fullmatch(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?(?:[-+][\w.]*)?\s*", str(text))
+        """``"2.18.3"``, ``"2.18"``, ``"2.18.3-1"``, ``"v2.18.3"``, and as distributions write it
+        (``"2.21.5-1+cuda12.4"``, ``"2.21.5+cuda12.4"``: a package revision, a build tag); LagomError otherwise."""
+        m = re.fullmatch(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?(?:-[\w.~]*)?(?:\+[\w.~]*)?\s*", str(text))
         if not m:
             raise LagomError(f"NCCL version {text!r} is not of the form MAJOR.MINOR[.PATCH] (e.g. 2.18.3)")
         version = cls(int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
@@ -97,12 +98,16 @@ TUNER_SYMBOL_SINCE: dict[str, NcclVersion] = {
     "ncclTunerPlugin_v4": _v("2.24"),
     "ncclTunerPlugin_v5": _v("2.28"),
     "ncclTunerPlugin_v6": _v("2.30"),
+    # v7: 2.32.6 (NCCL's release list, issue 30); 2.32.3's libnccl.so.2 (PyPI nvidia-nccl-cu12) names
+    # only "TUNER/Plugin: Using %s (v2)" .. "(v6)", so v7 came after it.
+    "ncclTunerPlugin_v7": _v("2.32.6"),
 }
 
 MAXCHANNELS_64_SINCE = _v("2.25")  # MAXCHANNELS 32 -> 64 (docs/reference.md §3)
 PER_FUNCTION_ALGO_SINCE = _v("2.24")  # NCCL_ALGO/NCCL_PROTO "func:list;..." syntax (env.rst)
 CTAS_ENV_SINCE = _v("2.17")  # NCCL_MIN_CTAS / NCCL_MAX_CTAS and ncclConfig_t min/maxCTAs (env.rst)
 CHUNK_PLUGIN_SINCE = TUNER_SYMBOL_SINCE["ncclTunerPlugin_v6"]  # getChunkSize
+COLL_CONFIG_SINCE = _v("2.31")  # ncclCollConfig_t and the nccl*Config entry points (nccl.h; the struct is _v23100)
 
 
 def max_channels(version: NcclVersion) -> int:

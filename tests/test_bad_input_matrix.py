@@ -46,6 +46,8 @@ CONFIG = {"format": "lagom.tuned-config", "version": 1, "nccl_version": "2.18.3"
           "env": {"NCCL_NTHREADS": "256"},
           "collectives": [{"match": {"collective": "allgather"}, "set": {"channels": 2}}]}
 SIMULATED_JOB = ["--simulate", "tp:phi2:tp=8", "--cluster", "low-bw", "--nccl-version", "2.21.5"]
+# Issue 31: env names a tuned file may not set (code run by the loader, any name, a file NCCL writes).
+ENV_REFUSED = {"LD_PRELOAD": "./evil.so", "FOO_BAR": "1", "NCCL_DEBUG_FILE": "/tmp/x.%h.log"}
 
 
 def _config(path: Path, **changes) -> None:
@@ -97,7 +99,7 @@ def build_scene(d: Path) -> None:
     _config(d / "algo_bogus.yaml", env={"NCCL_ALGO": "ring,warp"})
     _config(d / "threads_big.yaml", collectives=[{"match": {"collective": "allgather"}, "set": {"threads": 100000}}])
     _config(d / "ctas_big.yaml", process_groups={"0": {"min_ctas": 999}})
-    _config(d / "version_never.yaml", nccl_version="2.99.1")
+    _config(d / "version_never.yaml", nccl_version="2.29.1")
     (d / "version_float.yaml").write_text(yaml.safe_dump(CONFIG).replace("nccl_version: 2.18.3", "nccl_version: 2.20"))
     cluster = load_cluster("high-bw").to_dict()
     (d / "cluster.yaml").write_text(yaml.safe_dump(cluster))
@@ -145,6 +147,12 @@ def build_scene(d: Path) -> None:
     shutil.copyfile(TRACE, recorded / "rank-0.json.gz")
     (recorded / "lagom-record.txt").write_text("Written by lagom record\nJob: 1\nTrace: rank-0.json.gz\n")
     (recorded / "rank-7.json.gz").write_bytes(gzip.compress(b"my own trace"))
+    # ---- issue 31: a tuned file's env is an allowlist; what an online seed names is checked before launch
+    for name, value in ENV_REFUSED.items():
+        _config(d / f"env_{name.lower()}.yaml", env={name: value})
+    seed = {"nccl_version": "2.21.5", "workload": "tp:phi2:tp=8", "collectives": None}
+    _config(d / "seed_no_cluster.yaml", **seed, cluster="no-such-cluster")
+    _config(d / "seed_gone_trace.yaml", **{**seed, "workload": "gone/trace.json.gz"}, cluster="low-bw")
 
 
 @pytest.fixture(scope="module")
@@ -256,10 +264,10 @@ ROWS = [
     ("run --config nccl_version: 2.20 (a float)", ["run", "--config", "{d}/version_float.yaml", "--", "touch",
                                                    "{d}/ran"], 2,
      r"^lagom run: error: \S+version_float.yaml: nccl_version must be a quoted string"),
-    ("run --config nccl_version: 2.99.1 (never released)", ["run", "--config", "{d}/version_never.yaml", "--",
+    ("run --config nccl_version: 2.29.1 (never released)", ["run", "--config", "{d}/version_never.yaml", "--",
                                                             "touch", "{d}/ran"], 2,
-     r"^lagom run: error: \S+version_never.yaml: nccl_version '2.99.1': NCCL never released 2.99.1 "
-     r"\(releases from 2.14.3 to 2.32.3; closest: 2.30.7, 2.31.2, 2.32.3\)$"),
+     r"^lagom run: error: \S+version_never.yaml: nccl_version '2.29.1': NCCL never released 2.29.1 "
+     r"\(releases from 2.14.3 to 2.32.6; closest: 2.29.2, 2.29.3, 2.29.7\)$"),
     ("tune --nccl-version 2.18 (no such release)", ["tune", "tp:phi2:tp=8", "--cluster", "low-bw", "--nccl-version",
                                                      "2.18", "-o", "{d}/t.yaml"], 2,
      r"^lagom tune: error: --nccl-version '2.18': NCCL never released 2.18.0 \(.*closest: 2.18.1, 2.18.3, "
@@ -371,6 +379,30 @@ ROWS_24 = [
      r"^lagom analyze: error: --plot \S+plot.png: is inside this command's input folder \(PATH "),
 ]
 ROWS += ROWS_24
+
+_REFUSED = r"is refused: a tuned file's env may set only the NCCL knobs Lagom tunes \(NCCL_ALGO, "
+# Issue 31's rows (each wrong on b8c6fd7: the job started with the variable set, or the ranks died inside).
+ROWS_31 = [
+    *((f"run --config env {name}", ["run", "--config", f"{{d}}/env_{name.lower()}.yaml", "--", "touch", "{d}/ran"],
+       2, rf"^lagom run: error: \S+env_{name.lower()}.yaml: env {name} {_REFUSED}") for name in ENV_REFUSED),
+    ("simulate --config env LD_PRELOAD", ["simulate", "fsdp:phi2", "--cluster", "high-bw", "--config",
+                                          "{d}/env_ld_preload.yaml"], 2,
+     rf"^lagom simulate: error: \S+env_ld_preload.yaml: env LD_PRELOAD {_REFUSED}"),
+    ("plugin table env NCCL_DEBUG_FILE", ["plugin", "table", "{d}/env_nccl_debug_file.yaml"], 2,
+     rf"^lagom plugin: error: \S+env_nccl_debug_file.yaml: env NCCL_DEBUG_FILE {_REFUSED}"),
+    ("run --online seed env FOO_BAR", ["run", "--online", *SIMULATED_JOB, "--config", "{d}/env_foo_bar.yaml",
+                                       "--", "touch", "{d}/ran"], 2,
+     rf"^lagom run: error: \S+env_foo_bar.yaml: env FOO_BAR {_REFUSED}"),
+    ("run --online seed cluster: no-such-cluster", ["run", "--online", "--config", "{d}/seed_no_cluster.yaml", "--",
+                                                    "touch", "{d}/ran"], 2,
+     r"^lagom run: error: \S+seed_no_cluster.yaml: cluster: unknown cluster 'no-such-cluster': not a file and not "
+     r"a preset"),
+    ("run --online seed workload: a missing trace", ["run", "--online", "--config", "{d}/seed_gone_trace.yaml", "--",
+                                                     "touch", "{d}/ran"], 2,
+     r"^lagom run: error: \S+seed_gone_trace.yaml: workload gone/trace.json.gz: no such file relative to the "
+     r"file's folder \(\S+\), where a tuned file's paths resolve$"),
+]
+ROWS += ROWS_31
 
 
 def _snapshot(d: Path) -> dict[str, bytes]:

@@ -206,7 +206,8 @@ def test_an_option_a_command_lacks_names_that_commands_help(argv, command, capsy
 
 
 def test_the_readme_stays_short():
-    words = len((REPO_ROOT / "README.md").read_text().split())
+    # the words a reader reads: bench/figures.py's markers are HTML comments, not shown
+    words = len(re.sub(r"<!--.*?-->", " ", (REPO_ROOT / "README.md").read_text()).split())
     assert words <= 2000, f"README.md has {words} words: move detail to docs/"
 
 

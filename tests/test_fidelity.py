@@ -143,7 +143,7 @@ def test_cli_table_and_json_exit_status():
     cases = json.loads(out.stdout)["cases"]
     assert [c["id"] for c in cases] == list(VERDICTS)
     for c in cases:
-        assert set(c) == {"id", "kind", "holds", "model", "measured", "detail", "split", "not_judged"}
+        assert set(c) == {"id", "kind", "holds", "model", "measured", "detail", "split", "not_judged", "cluster"}
         assert c["split"] is None and c["not_judged"] is None
         assert c["holds"] is VERDICTS[c["id"]]
 

@@ -161,10 +161,19 @@ def test_an_h200_trace_gets_the_tables_gpu_and_its_own_network(tmp_path):
         64 * MIB / 3000e-6 / 1e9 * 2 * 15 / 16, rel=1e-3)
 
 
+def test_an_h200_trace_gets_its_preset(tmp_path):
+    (w,) = read_trace(_trace(tmp_path / "h200.json", "NVIDIA H200", 132, 150754820096, (9, 0), world=8, devices=8))
+    choice = resolve_cluster(w, True, None)
+    assert not choice.derived and choice.cluster_arg == "h200-nvswitch"
+    c = choice.cluster
+    assert (c.gpu.name, c.gpu.sm_count, c.gpu.mem_bw_gb_per_s, c.nodes) == ("H200-SXM-141GB", 132, 4800, 1)
+    assert c.intra_node.nvls and c.gpu == gpu_spec(row_by_key("H200-SXM-141GB"))  # the preset is the table's GPU
+
+
 @pytest.mark.parametrize("device, sms, mem, cc, key, intra", [
     ("Tesla V100-SXM2-32GB", 80, 34089730048, (7, 0), "V100-SXM2-32GB", ("nvlink", 120.0)),  # NVLink2 150 x 0.8
     # (a B200 trace now gets the b200-nvswitch preset: test_simulate_and_tune_a_b200_trace_end_to_end)
-    ("NVIDIA H200", 132, 150754820096, (9, 0), "H200-SXM-141GB", ("nvswitch", 360.0)),  # NVLink4 450 x 0.8
+    # (an H200 trace now gets the h200-nvswitch preset: test_an_h200_trace_gets_its_preset)
     ("AMD Instinct MI300X", 304, 205822885888, (9, 4), "MI300X", ("nvlink", 358.4)),  # Infinity Fabric 448 x 0.8
     ("NVIDIA A100 80GB PCIe", 108, 85198045184, (8, 0), "A100-PCIE-80GB", ("pcie", 25.0)),  # bridges: pairs only
     ("NVIDIA L40S", 142, 47697362944, (8, 9), "L40S", ("pcie", 25.0)),

@@ -100,7 +100,7 @@ def test_overrides_and_resolve():
     ("mem_bw_gb_per_s: 696 ", "mem_bw_gb_per_s: .nan ", "'gpu.mem_bw_gb_per_s' must be finite"),
     ("nic_bw_gb_per_s: 12.0 ", "nic_bw_gb_per_s: .inf ", "'inter_node.nic_bw_gb_per_s' must be finite"),
     ('nccl_version: "2.18.3"', 'nccl_version: "banana"', "'nccl_version': NCCL version 'banana' is not of the form"),
-    ('nccl_version: "2.18.3"', 'nccl_version: "2.99.1"', "'nccl_version' '2.99.1': NCCL never released 2.99.1"),
+    ('nccl_version: "2.18.3"', 'nccl_version: "2.30.1"', "'nccl_version' '2.30.1': NCCL never released 2.30.1"),
     ('nccl_version: "2.18.3"', "nccl_version: 2.20", "'nccl_version' must be a quoted string"),
     ("  gemm_efficiency: 0.70 ", "  gemm_efficiency: 7 ", "'sim.gemm_efficiency' is a fraction"),
     ("  gemm_efficiency: 0.70 ", "  gemm_efficiency: 0 ", "'sim.gemm_efficiency' is a fraction"),
@@ -117,3 +117,22 @@ def test_bad_cluster_numbers_are_one_line_errors(tmp_path, old, new, message):
     with pytest.raises(LagomError) as info:
         Simulator(load_cluster(path))
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_presets_say_what_their_fabric_offers_and_name_a_current_nccl():
+    """NVLink SHARP on NVSwitch 3 and later (Hopper, Blackwell), not on the A100's NVSwitch 2 nor off
+    NVSwitch; every preset names a current NCCL release but the paper's A40 ones (2.18.3, its figures')."""
+    from nccl_env.nccl_releases import RELEASED
+    from nccl_env.rules import NcclVersion
+
+    clusters = {name: load_cluster(name) for name in preset_names()}
+    assert {n for n, c in clusters.items() if c.intra_node.nvls} == {"h100-nvswitch", "h200-nvswitch",
+                                                                     "b200-nvswitch", "gb200-nvl72"}
+    assert {n: str(c.nccl_version) for n, c in clusters.items() if c.nccl_version < NcclVersion(2, 30)} == {
+        "low-bw": "2.18.3", "high-bw": "2.18.3"}
+    assert all(c.nccl_version in RELEASED for c in clusters.values())
+    h200 = clusters["h200-nvswitch"]
+    assert (h200.gpu.sm_count, h200.gpu.mem_bw_gb_per_s, h200.gpu.l2_bytes,
+            h200.nccl_graph["compute_capability"]) == (132, 4800, 50 << 20, 90)
+    b200 = clusters["b200-nvswitch"].sim  # NCCL's sm_100 rows (tuning.cc, v2.30.7-1)
+    assert (b200["ll128_bw_per_channel_gb_per_s"], b200["ll_bw_per_channel_gb_per_s"]) == (40.0, 17.6)

@@ -1,4 +1,4 @@
-"""The compiled tuner plugin, called through NCCL's ABI (v2-v6) with ctypes."""
+"""The compiled tuner plugin, called through NCCL's ABI (v2-v7) with ctypes."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ allreduce,65536,-1,ring,ll128,6,1,-1
 """
 
 
-@pytest.mark.parametrize("abi", [3, 4, 5, 6])
+@pytest.mark.parametrize("abi", [3, 4, 5, 6, 7])
 @pytest.mark.parametrize("num_algo", [6, 7])
 def test_match_zeroes_pair_sets_channels_and_leaves_the_rest(lib, log, abi, num_algo):
     assert lib.set_table(TABLE) == 5
@@ -88,7 +88,7 @@ def test_match_zeroes_pair_sets_channels_and_leaves_the_rest(lib, log, abi, num_
         assert r.chosen() == (RING, LL128) and r.n_channels == 6
 
 
-@pytest.mark.parametrize("abi", [3, 4, 5, 6])
+@pytest.mark.parametrize("abi", [3, 4, 5, 6, 7])
 def test_no_match_leaves_cost_table_and_channels(lib, log, abi):
     lib.set_table(TABLE)
     with lib.open(abi, 8, 1, log) as comm:
@@ -128,7 +128,7 @@ def test_algorithm_only_picks_cheapest_usable_protocol_and_first_match_wins(lib,
         assert r.chosen() == (TREE, LL128) and r.n_channels == 0
 
 
-@pytest.mark.parametrize("abi", [3, 4, 5, 6])
+@pytest.mark.parametrize("abi", [3, 4, 5, 6, 7])
 def test_pipe_ops_and_reg_buff(lib, log, abi):
     lib.set_table("allreduce,0,-1,tree,simple,2,-1,-1,2,1\nallreduce,0,-1,ring,simple,5,-1,-1,1\n")
     with lib.open(abi, 8, 1, log) as comm:
@@ -162,9 +162,10 @@ def test_v2_sets_algorithm_and_protocol_when_supported(lib, log):
     assert any("together only" in w for w in warnings(log))
 
 
-def test_v6_chunk_size(lib, log):
+@pytest.mark.parametrize("abi", [6, 7])
+def test_v6_chunk_size(lib, log, abi):
     lib.set_table(TABLE + "allreduce,0,-1,-1,-1,-1,-1,-1,-1,-1,chunk_bytes=131072\n")
-    with lib.open(6, 8, 1, log) as comm:
+    with lib.open(abi, 8, 1, log) as comm:
         assert comm.get_chunk_size(ALLGATHER, 1 << 20, RING, SIMPLE, 2, 2 << 20) == 700416
         assert comm.get_chunk_size(REDUCESCATTER, 4 << 20, RING, SIMPLE, 4, 2 << 20) == 1398784
         # the entry's algorithm is not the one NCCL runs: its chunk does not apply
@@ -172,7 +173,7 @@ def test_v6_chunk_size(lib, log):
         # matched line without chunk_bytes: NCCL's chunk stays
         assert comm.get_chunk_size(ALLREDUCE, 100, TREE, LL, 2, 65536) == 65536
         assert comm.get_chunk_size(BCAST, 100, RING, SIMPLE, 2, 65536) == 65536
-    with lib.open(6, 4, 1, log) as comm:  # other topology: only the wildcard chunk line
+    with lib.open(abi, 4, 1, log) as comm:  # other topology: only the wildcard chunk line
         assert comm.get_chunk_size(ALLGATHER, 1 << 20, RING, SIMPLE, 2, 2 << 20) == 2 << 20
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import re
 
-from nccl_env.knobs import CollectiveType
+from nccl_env.knobs import Algorithm, CollectiveType, Protocol
 
 # A communication kernel: "nccl...Kernel..." (NCCL and RCCL), optionally after "void ".
 _NCCL_KERNEL_RE = re.compile(r"^(?:void\s+)?nccl\w*?Kernel")
@@ -124,6 +124,33 @@ def collective_from_kernel_name(name: str) -> CollectiveType | None:
     if token.lower() == "generic":
         return None
     return collective_from_call_name(token)
+
+
+# The algorithm and protocol an NCCL kernel name spells: ``..._RING_LL128`` (2.19+: after the type),
+# ``ncclKernel_AllReduce_RING_LL_Sum_float`` (2.9-2.18), ``ncclAllReduceRingLLKernel`` (<= 2.8).
+_ALGO_PROTO_RE = re.compile(
+    r"_(RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|COLLNET|NVLS_TREE|NVLS|PAT)_(LL128|LL|SIMPLE)(?![A-Za-z0-9])")
+_OLD_ALGO_PROTO_RE = re.compile(r"^(?:void\s+)?nccl[A-Z][A-Za-z]*?(Ring|Tree|CollNet|Nvls|Pat)(LL128|LL|Simple)Kernel")
+_ALGO_TOKENS = {"RING": Algorithm.RING, "TREE": Algorithm.TREE, "COLLNET": Algorithm.COLLNET_DIRECT,
+                "COLLNET_DIRECT": Algorithm.COLLNET_DIRECT, "COLLNET_CHAIN": Algorithm.COLLNET_CHAIN,
+                "NVLS": Algorithm.NVLS, "NVLS_TREE": Algorithm.NVLS_TREE, "PAT": Algorithm.PAT}
+
+
+def algorithm_protocol_from_kernel_name(name: str) -> tuple[Algorithm, Protocol] | None:
+    """The (algorithm, protocol) an NCCL kernel name spells, or None (generic, symmetric and p2p
+    kernels name none: ``ncclDevKernel_SendRecv``, ``ncclDevKernel_Generic``). A launch that fused
+    several collectives is named after its first, so this is what NCCL ran for that one."""
+    if not is_nccl_kernel(name) or is_symmetric_kernel(name):
+        return None
+    found = _ALGO_PROTO_RE.search(name.split("(", 1)[0])
+    if found is None:
+        old = _OLD_ALGO_PROTO_RE.match(name)
+        if old is None:
+            return None
+        algo, proto = old.group(1).upper(), old.group(2).upper()
+    else:
+        algo, proto = found.group(1), found.group(2)
+    return _ALGO_TOKENS[algo], Protocol[proto]
 
 
 def collective_from_call_name(text: str) -> CollectiveType | None:

@@ -88,6 +88,7 @@ from traces.kineto_events import (
 )
 from traces.kineto_json import read_events
 from traces.limits import TRACE_MEMORY_PER_JSON_BYTE, check_fits_memory
+from traces.parse_cache import cached_parse
 from traces.trace_job import MAX_RANKS, JobLayout, TraceHeader, attach_comm_waits, job_layout, recorded_steps_of
 from traces.workload import (
     RECORD_METADATA_KEY,
@@ -145,9 +146,10 @@ def trace_files(path: str | Path) -> list[Path]:
 
 
 def parse_trace_file(path: Path) -> _ParsedTrace:
-    """One file's metadata and compact event records (LagomError naming the file if it is not a trace)."""
+    """One file's metadata and compact event records (LagomError naming the file if it is not a trace);
+    parsed once and kept while the file is unchanged (:mod:`traces.parse_cache`)."""
     with no_cyclic_gc():
-        return _parse_file(path)
+        return cached_parse(path, _parse_file)
 
 
 def is_trace_name(name: str) -> bool:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Protocol
 
 from nccl_env.errors import LagomError
-from traces.comm_names import kernel_short_name
+from traces.comm_names import algorithm_protocol_from_kernel_name, kernel_short_name
 from traces.trace_job import (
     JobLayout,
     TraceHeader,
@@ -43,7 +43,8 @@ from traces.workload import Workload
 
 __all__ = [
     "JobLayout", "MovedOps", "ReadTrace", "ScannedTrace", "TraceHeader", "TraceReader",
-    "attach_comm_waits", "job_layout", "kernel_short_name", "read_trace", "reader_for", "readers", "recorded_steps_of",
+    "algorithm_protocol_from_kernel_name", "attach_comm_waits", "job_layout", "kernel_short_name", "read_trace",
+    "reader_for", "readers", "recorded_steps_of",
     "scan_trace_file", "set_comm_waits", "trace_files",
 ]
 

@@ -43,8 +43,6 @@ rank's. One pass over every rank's nodes: linear in ranks x ops.
 
 from __future__ import annotations
 
-import math
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -155,6 +153,7 @@ class JointData:
                 st = self.ranks[r].st
                 end_aligned = st.measured_start[k] + st.measured_dur[k] + self.ranks[r].offset_us
                 self.transfer[(r, k)] = end_aligned - last
+        self.flat = _flatten(self)
 
     def measured_durations(self) -> dict[int, list[float]]:
         """Per rank its ops' measured durations (the time source with which every rank is its trace)."""
@@ -178,150 +177,190 @@ def joint_replay(data: JointData, durations: Mapping[int, Sequence[float] | np.n
 def _joint_replay(data: JointData, durations: Mapping[int, Sequence[float] | np.ndarray],
                   scales: dict[int, RankScale] | None,
                   uncontended: Mapping[int, np.ndarray] | None) -> JointTiming:
-    joined = data.joined
+    from costmodel.replay.schedule_kernel import joint_pass  # numba: loaded by the first replay, not by imports
+
+    f = data.flat
     scales = scales or {}
-    ranks = {r: _Rank(rk.st, rk.succ, list(rk.indeg), rk.offset_us, rk.match_of) for r, rk in data.ranks.items()}
-    members, last_meas, lag_unrec = data.members, data.last_meas, data.lag_unrec
-    transfer = dict(data.transfer)
-    # the transfer under the plan and the rank's scale
-    dur: dict[int, list[float]] = {}
-    unc: dict[int, np.ndarray | None] = {}
-    for r, rk in ranks.items():
-        st = rk.st
-        d = [float(x) for x in durations[r]]
-        if len(d) != len(st.op_ids):
-            raise LagomError(f"joint replay: rank {r}: {len(d)} durations for {len(st.op_ids)} ops")
-        sc = scales.get(r, RankScale())
-        graph = data.data[r].graph
-        u = None if uncontended is None else np.array(uncontended[r], dtype=np.float64)
-        for k in range(len(d)):
-            if st.is_compute[k]:
-                d[k] *= sc.compute
-                if u is not None:
-                    u[k] *= sc.compute
-            elif k in rk.match_of:
-                measured = st.measured_dur[k]
-                kept = min(measured, graph.comm_wait_us.get(st.op_ids[k], 0.0))  # the wait the source held
-                base = measured - kept
-                ratio = (d[k] - kept) / base if base > 0 else 1.0
-                transfer[(r, k)] *= ratio * sc.comm
-            elif st.is_coll[k]:  # no recorded peer: its time as a one-rank what-if scales it
-                d[k] *= sc.comm
-        dur[r] = d
-        unc[r] = u
-    cpu_of = {r: scales.get(r, RankScale()).cpu for r in ranks}
-    starts = {r: [0.0] * len(rk.st.op_ids) for r, rk in ranks.items()}
-    ends = {r: [0.0] * len(rk.st.op_ids) for r, rk in ranks.items()}
-    new_end = {r: list(rk.st.wait_end) for r, rk in ranks.items()}
-    queue: deque[tuple[int, int]] = deque((r, v) for r, rk in ranks.items() for v in range(len(rk.indeg))
-                                          if rk.indeg[v] == 0)
-    done = 0
-    total = sum(len(rk.indeg) for rk in ranks.values())
-
-    def release(r: int, v: int) -> None:
-        rk = ranks[r]
-        for s in rk.succ[v]:
-            rk.indeg[s] -= 1
-            if rk.indeg[s] == 0:
-                queue.append((r, s))
-
-    def at(r: int, thread: int, j: int, t: float) -> float:
-        st, cpu = ranks[r].st, cpu_of[r]
-        if j >= 0:
-            return new_end[r][j] + cpu * (t - st.wait_end[j])
-        if cpu == 1.0:
-            return t
-        a = st.thread_anchor.get(thread, t)
-        return a + cpu * (t - a)
-
-    def _step(r: int, v: int) -> int:
-        """Schedule node ``v`` of rank ``r`` (the rules of costmodel.replay.schedule); 1: one node done."""
-        rk = ranks[r]
-        st = rk.st
-        n = len(st.op_ids)
-        if v < n:
-            ready, by = -math.inf, _NO
-            e = ends[r]
-            for p in st.preds[v]:
-                if e[p] > ready:
-                    ready, by = e[p], p
-            call = st.launch_call[v]
-            if call == call:
-                t = at(r, st.launch_thread[v], st.launch_wait[v], call) + st.launch_latency[v]
-                if by >= 0 and ready + st.gap[v] > t:
-                    t = ready + st.gap[v]
-            elif by >= 0:
-                t = ready + st.gap[v]
-            else:
-                t = st.measured_start[v]
-            starts[r][v] = t
-            i = rk.match_of.get(v, _NO)
-            if i < 0:
-                ends[r][v] = t + dur[r][v]
-                release(r, v)
-                return 1
-            if i in held:
-                hold(r, v, i)
-                return 1
-            came[i].append((r, v))
-            if len(came[i]) < len(members[i]):
-                return 1
-            mem = members[i]
-            aligned = [starts[q][k] + ranks[q].offset_us for q, k in mem]
-            last = max(aligned)
-            if lag_unrec[i] > 0:
-                moved = min(starts[q][k] - ranks[q].st.measured_start[k] for q, k in mem)
-                last = max(last, last_meas[i] + moved)
-            for q, k in mem:
-                ends[q][k] = max(starts[q][k], last - ranks[q].offset_us + transfer[(q, k)])
-                release(q, k)
-        else:
-            j = v - n
-            finish = -math.inf
-            begin = st.wait_begin[j]
-            cpu = cpu_of[r]
-            if begin == begin:
-                finish = at(r, st.wait_thread[j], st.wait_prev[j], begin) + cpu * st.wait_own[j]
-            for a in st.wait_awaited[j]:
-                finish = max(finish, ends[r][a] + st.wait_return[j])
-            cause_us = st.wait_cause_us[j]
-            if cause_us == cause_us:
-                finish = max(finish, at(r, st.wait_cause_thread[j], st.wait_cause[j], cause_us) + st.wait_return[j])
-            new_end[r][j] = finish if finish != -math.inf else st.wait_end[j]
-            release(r, v)
-        return 1
-
-    held: set[int] = set()  # matches whose members' order contradicts their graphs: waits held as measured
-    came: list[list[tuple[int, int]]] = [[] for _ in members]  # per match, its members arrived so far
-
-    def hold(q: int, k: int, i: int) -> None:
-        """A member of a held match ends as it would with its measured wait (the one-rank replay)."""
-        st = ranks[q].st
-        wait = max(0.0, last_meas[i] - st.measured_start[k] - ranks[q].offset_us)
-        ends[q][k] = max(starts[q][k], starts[q][k] + wait + transfer[(q, k)])
-        release(q, k)
-
-    while True:
-        while queue:
-            done += _step(*queue.popleft())
-        if done == total:
-            break
-        stalled = [i for i in range(len(members)) if came[i] and len(came[i]) < len(members[i]) and i not in held]
-        if not stalled:
-            raise LagomError(f"joint replay: {total - done} of {total} nodes never ran: the ranks' graphs "
-                             "contradict each other")
-        for i in stalled:  # break the cycle: these collectives keep their measured waits
-            held.add(i)
-            for q, k in came[i]:
-                hold(q, k, i)
-
+    parts = []
+    for r, rk in data.ranks.items():
+        d = np.asarray(durations[r], dtype=np.float64)
+        if d.shape != (len(rk.st.op_ids),):
+            raise LagomError(f"joint replay: rank {r}: {d.size} durations for {len(rk.st.op_ids)} ops")
+        parts.append(d)
+    plan = np.concatenate(parts)
+    per_rank = [scales.get(r, RankScale()) for r in f.ranks]
+    compute = np.repeat([sc.compute for sc in per_rank], f.op_count)
+    comm = np.repeat([sc.comm for sc in per_rank], f.op_count)
+    cpu = np.array([sc.cpu for sc in per_rank], dtype=np.float64)
+    dur = np.where(f.is_compute, plan * compute, plan)
+    # a collective no other recorded rank has: its time as a one-rank what-if scales it
+    dur = np.where(f.alone_coll, dur * comm, dur)
+    # a matched collective's transfer under the plan and its rank's scale: the measured transfer x the
+    # plan's (duration - the wait the source held) over the measured one's
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(f.base > 0, (plan - f.kept) / f.base, 1.0)
+    transfer = np.where(f.match_of >= 0, f.transfer * (ratio * comm), f.transfer)
+    starts, ends, _, held, stuck = joint_pass(
+        f.n, f.succ_ptr, f.succ_idx, f.indeg, f.pred_ptr, f.pred_idx, f.launch_call, f.launch_latency,
+        f.launch_thread, f.launch_wait, f.gap, f.measured_start, f.wait_thread, f.wait_prev, f.wait_begin, f.wait_own,
+        f.wait_end, f.wait_return, f.awaited_ptr, f.awaited_idx, f.wait_cause_thread, f.wait_cause, f.wait_cause_us,
+        f.anchor, cpu[f.op_rank], cpu[f.wait_rank], f.match_of, f.mem_ptr, f.mem_idx, f.op_offset, f.last_meas,
+        f.lag_unrec, transfer, dur)
+    if stuck:
+        raise LagomError(f"joint replay: {stuck} of {f.n + f.wait_end.size} nodes never ran: the ranks' graphs "
+                         "contradict each other")
     timings = {}
-    for r in sorted(ranks):
-        t = replay(ranks[r].st, [e - s for s, e in zip(starts[r], ends[r])], unc[r],
-                   cpu=cpu_of[r])
+    for i, r in enumerate(f.ranks):
+        lo, hi = f.op_base[i], f.op_base[i + 1]
+        u = None
+        if uncontended is not None:
+            u = np.array(uncontended[r], dtype=np.float64)
+            u = np.where(f.is_compute[lo:hi], u * per_rank[i].compute, u)
+        t = replay(data.ranks[r].st, ends[lo:hi] - starts[lo:hi], u, cpu=per_rank[i].cpu)
         t.replay = data.data[r]
         timings[r] = t
-    return _job(timings, joined, len(held))
+    return _job(timings, data.joined, int(held.sum()))
+
+
+@dataclass
+class _FlatGraph:
+    """Every rank's graph as one (ops of rank ``ranks[i]`` at ``op_base[i]:op_base[i + 1]``, its waits at
+    ``wait_base[i]:``; node ``n + j`` is wait ``j``), with the join, in the arrays
+    :func:`costmodel.replay.schedule_kernel.joint_pass` reads."""
+
+    ranks: list[int]
+    op_base: np.ndarray
+    op_count: np.ndarray
+    n: int
+    op_rank: np.ndarray  # op -> index into ranks
+    wait_rank: np.ndarray
+    succ_ptr: np.ndarray
+    succ_idx: np.ndarray
+    indeg: np.ndarray
+    pred_ptr: np.ndarray
+    pred_idx: np.ndarray
+    launch_call: np.ndarray
+    launch_latency: np.ndarray
+    launch_thread: np.ndarray
+    launch_wait: np.ndarray
+    gap: np.ndarray
+    measured_start: np.ndarray
+    wait_thread: np.ndarray
+    wait_prev: np.ndarray
+    wait_begin: np.ndarray
+    wait_own: np.ndarray
+    wait_end: np.ndarray
+    wait_return: np.ndarray
+    awaited_ptr: np.ndarray
+    awaited_idx: np.ndarray
+    wait_cause_thread: np.ndarray
+    wait_cause: np.ndarray
+    wait_cause_us: np.ndarray
+    anchor: np.ndarray
+    is_compute: np.ndarray
+    alone_coll: np.ndarray  # an on-GPU collective no other recorded rank joins
+    match_of: np.ndarray  # op -> its match (-1: none)
+    mem_ptr: np.ndarray
+    mem_idx: np.ndarray
+    op_offset: np.ndarray  # op -> its rank's clock offset
+    last_meas: np.ndarray
+    lag_unrec: np.ndarray
+    transfer: np.ndarray  # op -> its measured transfer (matched ops)
+    kept: np.ndarray  # op -> the wait a one-rank source holds in its duration (matched ops)
+    base: np.ndarray  # op -> its measured duration less that wait
+
+
+def _shifted(values: np.ndarray, by: int) -> np.ndarray:
+    """Indexes moved by ``by``, -1 (none) kept."""
+    return np.where(values >= 0, values + by, values)
+
+
+def _ptr(parts: list[np.ndarray]) -> np.ndarray:
+    """CSR pointers of ranks' CSR pointers laid end to end."""
+    out, at = [np.zeros(1, dtype=np.int64)], 0
+    for p in parts:
+        out.append(p[1:] + at)
+        at += int(p[-1])
+    return np.concatenate(out)
+
+
+def _flatten(data: JointData) -> _FlatGraph:
+    ranks = sorted(data.ranks)
+    sts = [data.ranks[r].st for r in ranks]
+    arrs = [st.graph_arrays for st in sts]
+    op_count = np.array([len(st.op_ids) for st in sts], dtype=np.int64)
+    wait_count = np.array([len(st.wait_end) for st in sts], dtype=np.int64)
+    thread_count = np.array([a.anchor.shape[0] for a in arrs], dtype=np.int64)
+    op_base = np.concatenate([[0], np.cumsum(op_count)]).astype(np.int64)
+    wait_base = np.concatenate([[0], np.cumsum(wait_count)]).astype(np.int64)
+    thread_base = np.concatenate([[0], np.cumsum(thread_count)]).astype(np.int64)
+    n = int(op_base[-1])
+
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([getattr(a, name) for a in arrs])
+
+    def threads(name: str) -> np.ndarray:  # a thread the rank's anchors do not hold stays out of range (-1)
+        return np.concatenate([np.where((getattr(a, name) >= 0) & (getattr(a, name) < thread_count[i]),
+                                        getattr(a, name) + thread_base[i], -1) for i, a in enumerate(arrs)])
+
+    def node(i: int, v: int) -> int:  # rank i's node v (ops, then waits) in the joint graph
+        k = int(op_count[i])
+        return int(op_base[i]) + v if v < k else n + int(wait_base[i]) + v - k
+
+    succ_rows: list[list[int]] = []
+    indeg: list[int] = []
+    for part in (0, 1):  # every op, then every wait
+        for i, r in enumerate(ranks):
+            rk = data.ranks[r]
+            k = int(op_count[i])
+            nodes = range(k) if part == 0 else range(k, k + int(wait_count[i]))
+            succ_rows.extend([node(i, s) for s in rk.succ[v]] for v in nodes)
+            indeg.extend(rk.indeg[v] for v in nodes)
+    succ_ptr = np.zeros(len(succ_rows) + 1, dtype=np.int64)
+    succ_ptr[1:] = np.cumsum([len(row) for row in succ_rows])
+    succ_idx = np.fromiter((x for row in succ_rows for x in row), dtype=np.int64, count=int(succ_ptr[-1]))
+    match_of = np.full(n, -1, dtype=np.int64)
+    transfer = np.zeros(n)
+    kept = np.zeros(n)
+    base = np.zeros(n)
+    mem_rows: list[list[int]] = []
+    index = {r: i for i, r in enumerate(ranks)}
+    for m, mem in enumerate(data.members):
+        mem_rows.append([int(op_base[index[r]]) + k for r, k in mem])
+        for r, k in mem:
+            g = int(op_base[index[r]]) + k
+            match_of[g] = m
+            transfer[g] = data.transfer[(r, k)]
+            st = data.ranks[r].st
+            measured = st.measured_dur[k]
+            held_wait = min(measured, data.data[r].graph.comm_wait_us.get(st.op_ids[k], 0.0))
+            kept[g] = held_wait
+            base[g] = measured - held_wait
+    mem_ptr = np.zeros(len(mem_rows) + 1, dtype=np.int64)
+    mem_ptr[1:] = np.cumsum([len(row) for row in mem_rows])
+    mem_idx = np.fromiter((x for row in mem_rows for x in row), dtype=np.int64, count=int(mem_ptr[-1]))
+    is_coll = np.concatenate([a.is_coll for a in arrs])
+    return _FlatGraph(
+        ranks=ranks, op_base=op_base, op_count=op_count, n=n,
+        op_rank=np.repeat(np.arange(len(ranks)), op_count), wait_rank=np.repeat(np.arange(len(ranks)), wait_count),
+        succ_ptr=succ_ptr, succ_idx=succ_idx, indeg=np.asarray(indeg, dtype=np.int64),
+        pred_ptr=_ptr([a.pred_ptr for a in arrs]),
+        pred_idx=np.concatenate([a.pred_idx + op_base[i] for i, a in enumerate(arrs)]),
+        launch_call=cat("launch_call"), launch_latency=cat("launch_latency"), launch_thread=threads("launch_thread"),
+        launch_wait=np.concatenate([_shifted(a.launch_wait, int(wait_base[i])) for i, a in enumerate(arrs)]),
+        gap=cat("gap"), measured_start=cat("measured_start"), wait_thread=threads("wait_thread"),
+        wait_prev=np.concatenate([_shifted(a.wait_prev, int(wait_base[i])) for i, a in enumerate(arrs)]),
+        wait_begin=cat("wait_begin"), wait_own=cat("wait_own"), wait_end=cat("wait_end"),
+        wait_return=cat("wait_return"), awaited_ptr=_ptr([a.awaited_ptr for a in arrs]),
+        awaited_idx=np.concatenate([a.awaited_idx + op_base[i] for i, a in enumerate(arrs)]),
+        wait_cause_thread=threads("wait_cause_thread"),
+        wait_cause=np.concatenate([_shifted(a.wait_cause, int(wait_base[i])) for i, a in enumerate(arrs)]),
+        wait_cause_us=cat("wait_cause_us"), anchor=cat("anchor"),
+        is_compute=np.concatenate([np.asarray(st.is_compute, dtype=np.bool_) for st in sts]),
+        alone_coll=is_coll & (match_of < 0), match_of=match_of, mem_ptr=mem_ptr, mem_idx=mem_idx,
+        op_offset=np.repeat([data.ranks[r].offset_us for r in ranks], op_count).astype(np.float64),
+        last_meas=np.asarray(data.last_meas, dtype=np.float64), lag_unrec=np.asarray(data.lag_unrec, dtype=np.float64),
+        transfer=transfer, kept=kept, base=base)
 
 
 def _job(timings: dict[int, Timing], joined: RankJoin, held: int) -> JointTiming:

@@ -409,18 +409,18 @@ def _steps(g: ExecGraph, ops: list[Op]) -> list[_Step]:
 class _CpuClock:
     """Where a thread's call at measured time t lands: after its last wait j (which ended at
     ``end_j`` and now ends at ``end_j'``) at ``end_j' + cpu x (t - end_j)``; before any wait,
-    ``cpu x`` its distance from the thread's first call. ``cpu`` scales the CPU's own time."""
+    ``cpu x`` its distance from the thread's first call. ``cpu`` scales the CPU's own time. The
+    rule is the schedule pass's own (``schedule_kernel._at``, its plain-Python form: one call at a time)."""
 
-    def __init__(self, st: ReplayStatic, new_end: list[float], cpu: float) -> None:  # new_end: per wait
+    def __init__(self, st: ReplayStatic, new_end: np.ndarray, cpu: float) -> None:  # new_end: per wait
+        from costmodel.replay.schedule_kernel import _at
+
         self.st, self.new_end, self.cpu = st, new_end, cpu
+        self._rule = _at.py_func
 
     def at(self, thread: int, j: int, t: float) -> float:
-        if j >= 0:
-            return self.new_end[j] + self.cpu * (t - self.st.wait_end[j])
-        if self.cpu == 1.0:
-            return t
-        a = self.st.thread_anchor.get(thread, t)
-        return a + self.cpu * (t - a)
+        a = self.st.graph_arrays
+        return float(self._rule(self.new_end, a.wait_end, a.anchor, self.cpu, thread, j, t))
 
 
 def _schedule(st: ReplayStatic, durations: Sequence[float] | np.ndarray,
@@ -434,7 +434,7 @@ def _schedule(st: ReplayStatic, durations: Sequence[float] | np.ndarray,
         a.launch_wait, a.gap, a.measured_start, a.wait_thread, a.wait_prev, a.wait_begin, a.wait_own, a.wait_end,
         a.wait_return, a.awaited_ptr, a.awaited_idx, a.wait_cause_thread, a.wait_cause, a.wait_cause_us, a.anchor,
         float(cpu), np.asarray(durations, dtype=np.float64))
-    return starts, ends, _CpuClock(st, new_end.tolist(), cpu), bind
+    return starts, ends, _CpuClock(st, new_end, cpu), bind
 
 
 def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:

@@ -29,6 +29,8 @@ UNSTATED_SEQ = 4096
 # 64 attention heads, 8 key-value heads, vocab_size 151936
 _QWEN3_32B = "hidden=5120,layers=64,ffn=25600,heads=64,kv_heads=8,vocab=151936"
 _AMD_MODELS = ("MI", )
+# Words naming a fabric no preset has (presets: NVLink/NVSwitch in a node, InfiniBand between nodes)
+FABRIC_WORDS = ("socket", "tcp", "ethernet", "pcie", "roce", "efa")
 
 
 class NotJudged(Exception):
@@ -48,7 +50,10 @@ def presets_for_other(text: str) -> tuple[list[str], list[str]]:
     for token in names:
         bare = re.sub(r"^\d+\s*x\s*", "", token, flags=re.IGNORECASE)
         model = device_model(bare.upper().replace("-", " "))
-        if model is None:
+        fabric = [w for w in FABRIC_WORDS if w in token.lower()]
+        if model is not None and fabric:  # every preset is NVLink/NVSwitch inside a node and InfiniBand across
+            missing.append(f"{token}: states a fabric ({', '.join(fabric)}) no preset has")
+        elif model is None:
             missing.append(f"{token}: names no GPU model")
         elif model.startswith(_AMD_MODELS):
             missing.append(f"{token}: not an NVIDIA GPU")
@@ -100,4 +105,4 @@ def stand_in_specs(description: str, default_gpus: int) -> list[str]:
     return specs
 
 
-__all__ = ["NotJudged", "OTHER_PREFIX", "presets_for_other", "stand_in_spec", "stand_in_specs"]
+__all__ = ["FABRIC_WORDS", "NotJudged", "OTHER_PREFIX", "presets_for_other", "stand_in_spec", "stand_in_specs"]

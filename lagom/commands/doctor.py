@@ -1,7 +1,8 @@
 """`lagom doctor`: what this machine's NCCL and compiler let Lagom do.
 
 Checks that nccl_env, traces, costmodel and tuner are Lagom's own packages (naming
-a file that shadows one). Reports the NCCL library found (torch's, else the nvidia-nccl-cu12 wheel's, else the
+a file that shadows one), and says where parsed traces are kept and how large.
+Reports the NCCL library found (torch's, else the nvidia-nccl-cu12 wheel's, else the
 system's; $LAGOM_LIBNCCL overrides) and its version from ncclGetVersion; which tuner
 plugin symbols that version loads and which knobs it takes per collective; whether
 each env variable Lagom may set is known to that library (its strings); the C
@@ -58,6 +59,20 @@ def examine(cc: str | None = None) -> Report:
         report.problem("packages", line)
     if not problems:
         report.ok("packages", f"{', '.join(PACKAGES)} are Lagom's")
+    from traces.parse_cache import cache_summary, enabled, max_bytes
+
+    summary = cache_summary()
+    if not enabled():
+        report.ok("trace cache", "off (LAGOM_TRACE_CACHE): every command parses its traces afresh")
+    elif summary is None:
+        report.ok("trace cache", "unusable here (the cache folder is not this user's alone): traces are parsed "
+                                 "afresh")
+    else:
+        where, entries, size = summary
+        report.ok("trace cache", f"{where}: {entries} parsed file(s), {size / 2**20:.1f} MiB "
+                                 f"(at most {max_bytes() / 2**30:.1f} GiB)")
+        report.data["trace_cache"] = {"folder": str(where), "entries": entries, "bytes": size,
+                                      "max_bytes": max_bytes()}
     found = candidates()
     report.data["libnccl_candidates"] = [{"path": str(c.path), "source": c.source} for c in found]
     version = None

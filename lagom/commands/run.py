@@ -10,8 +10,10 @@
 
 The job runs unchanged. Three doors carry the tuned file into it:
 
-  env            the file's NCCL_* knobs (process-wide); a variable you set
-                 yourself wins and one line says so.
+  env            the file's NCCL knobs (process-wide; only those Lagom tunes:
+                 any other name is refused); a variable you set yourself
+                 wins, and one line names each that caps or overrides a
+                 tuned value.
   process group  per-group NCCL options (min_ctas, max_ctas, cta_policy)
                  passed as ProcessGroupNCCL.Options when each group is
                  created (NCCL groups only).
@@ -27,6 +29,7 @@ per-signature counts and per-rank details as JSON. The job's exit status is lago
 (128+N if it died of signal N); SIGINT, SIGTERM and SIGHUP are forwarded to the job's
 process group. A missing or invalid config, or no command, is an error (exit 2) and
 nothing starts; a plugin that cannot be built is a warning and the job runs without it.
+Paths a tuned file names are relative to its own folder (docs/run.md).
 
 --online tunes inside the running job (NCCL >= 2.21): at each optimizer step (torch's
 global step hook; lagom.runtime.step() for jobs without a torch optimizer) every rank

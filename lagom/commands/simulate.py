@@ -171,6 +171,12 @@ def run(args: argparse.Namespace) -> int:
 
     for note in choice.notes:
         print(f"note: {note}", file=sys.stderr)
+    if from_trace:
+        from costmodel.nccl_defaults import disagreement_line, recorded_pick_disagreements
+
+        picked = disagreement_line(cluster, recorded_pick_disagreements(cluster, workload))
+        if picked:
+            print(f"note: {picked}", file=sys.stderr)
     warnings = choice.warnings + fit_warnings(workload, cluster)
     from nccl_env.rules import validate_config
 

@@ -77,6 +77,7 @@ from lagom.args.knob_args import parse_nccl_version_arg
 from lagom.args.rank_args import add_arguments, reading_from_args
 from lagom.files.output_paths import OutputFormat, check_output
 from lagom.files.trace_export import check_export_path, export_trace
+from lagom.files.tuned_config import stored_path
 from lagom.orchestration import tuning
 from lagom.orchestration.trace_context import refuse_to_tune, resolve_cluster
 from lagom.reports.console import StageProgress, mib, stdout_console
@@ -166,6 +167,12 @@ def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     for note in choice.notes:
         err.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+    if from_trace:
+        from costmodel.nccl_defaults import disagreement_line, recorded_pick_disagreements
+
+        picked = disagreement_line(choice.cluster, recorded_pick_disagreements(choice.cluster, workload))
+        if picked:
+            err.print(f"note: {picked}", highlight=False, markup=False, soft_wrap=True)
     if cpu_only:
         choice.warnings.append(f"{workload.source}: its collectives ran on the CPU (no NCCL kernels: a gloo job): "
                                f"the replay keeps their measured times, and the tuned figures are the model's for "
@@ -197,7 +204,8 @@ def run(args: argparse.Namespace) -> int:
             other_ranks=[w for w in workloads if w is not workload] if workloads is not None else (),
         )
     elapsed_s = time.perf_counter() - started
-    config = tuning.tuned_config(outcome, cluster, choice.cluster_arg, args.workload, min_gain=args.min_gain)
+    config = tuning.tuned_config(outcome, cluster, stored_path(choice.cluster_arg, "cluster", args.output),
+                                 stored_path(args.workload, "workload", args.output), min_gain=args.min_gain)
     config.dump(args.output, "-o")
     job_view = None
     if joint is not None and workloads is not None:  # the rows from every rank: the job's step, step by step

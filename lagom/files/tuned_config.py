@@ -20,6 +20,10 @@ Versioned YAML::
     notes: ["threads are process-wide: 256 chosen for all collectives"]
     requirements: ["group 0 (copy_engine): allocate the buffers of its allgather in NCCL symmetric memory ..."]
 
+``workload`` and ``cluster`` may name files (a trace, a workload JSON, a cluster YAML): a
+relative path there is relative to the tuned file's own folder (:func:`stored_path` writes
+them so, :func:`resolve_stored` reads them so), never to the current folder.
+
 ``requirements`` lists what the user must turn on that no door of Lagom's can (a path's
 registered buffers, the torch, NCCL and driver versions it needs); ``set`` may carry a
 group's ``path`` (sm, symmetric, copy_engine, efficiency), which ``lagom run`` delivers as
@@ -300,6 +304,47 @@ def _group_problem(settings: dict[str, int | str], version: NcclVersion) -> str 
         elif isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
             return f"{key}={value!r} is not valid on NCCL {version}: allowed an integer in 1-{top}"
     return None
+
+
+def is_stored_path(text: str, kind: str) -> bool:
+    """Whether a file's ``workload`` or ``cluster`` (``kind``) text names a file rather than a
+    generator spec (``fsdp:llama3-8b:gpus=16``, which has a ':') or a preset name (``low-bw``),
+    by the rules :func:`lagom.orchestration.workload_arg.read_workload_arg` and
+    :func:`costmodel.cluster.load_cluster` read them with."""
+    if not text:
+        return False
+    if kind == "cluster":
+        return "/" in text or text.endswith((".yaml", ".yml"))
+    return "/" in text or ":" not in text
+
+
+def stored_path(text: str, kind: str, file_path: str | os.PathLike) -> str:
+    """``text`` (a WORKLOAD or --cluster argument) as a tuned file at ``file_path`` stores it: an existing
+    file under the file's folder relative to that folder, another file absolute, a spec or preset as is."""
+    if not is_stored_path(text, kind) or not Path(text).exists():
+        return text
+    target = Path(os.path.abspath(text))
+    folder = Path(os.path.abspath(file_path)).parent
+    return str(target.relative_to(folder)) if target.is_relative_to(folder) else str(target)
+
+
+def resolve_stored(text: str, kind: str, file_path: str | os.PathLike) -> tuple[str, str | None]:
+    """(``text`` resolved against the tuned file's folder, a note or None): the absolute path of a stored
+    path, or ``text`` itself for a spec or preset. A relative path not found beside the file but found
+    from the current folder (a file written before paths were stored relative to it) is taken from
+    there, and the note says so; found in neither: LagomError."""
+    if not is_stored_path(text, kind) or os.path.isabs(text):
+        return text, None
+    folder = Path(os.path.abspath(file_path)).parent
+    beside = folder / text
+    if beside.exists():
+        return str(beside), None
+    if Path(text).exists():
+        found = os.path.abspath(text)
+        return found, (f"{file_path}: {kind} {text} is not in the file's folder ({folder}), where a tuned file's "
+                       f"paths resolve; found from the current folder instead: {found}")
+    raise LagomError(f"{file_path}: {kind} {text}: no such file relative to the file's folder ({folder}), "
+                     f"where a tuned file's paths resolve")
 
 
 def load_tuned_config(path: str | os.PathLike, nccl_version: NcclVersion | None = None,

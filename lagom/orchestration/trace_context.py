@@ -49,6 +49,7 @@ from costmodel.trace_cluster import derive_cluster, device_facts
 from lagom.orchestration.tuning import with_nccl_version
 from nccl_env.cache import cache_dir
 from nccl_env.errors import LagomError
+from nccl_env.nccl_releases import reported_version
 from nccl_env.rules import NcclVersion
 from traces.workload import Workload
 
@@ -232,8 +233,8 @@ def _write_derived(cluster: ClusterSpec) -> Path:
 def _trace_version(workload: Workload, warnings: list[str]) -> NcclVersion | None:
     if workload.nccl_version is None:
         return None
-    try:
-        return NcclVersion.parse(workload.nccl_version)
+    try:  # the same door as --nccl-version's for a release newer than Lagom knows (nccl_releases.in_force)
+        return reported_version(workload.nccl_version, "the trace's distributedInfo.nccl_version")
     except LagomError:
         warnings.append(f"the trace's distributedInfo.nccl_version {workload.nccl_version!r} is not an NCCL "
                         f"version: using the cluster's")

@@ -35,6 +35,7 @@ from pathlib import Path
 from lagom.files.tuned_config import TunedConfig, load_tuned_config
 from lagom.runtime import audit
 from lagom.runtime.c10d_observer import C10dObserver
+from lagom.runtime.coll_config import CONFIG_KEYWORD, CollConfigDoor, coll_config_door, per_call_config
 from lagom.runtime.collectives import ALSO_IN_C10D, SPECS, TYPE_INDEX, TYPE_ORDER, CollectiveSpec
 from lagom.runtime.env import EnvMerge, merge_env
 from lagom.runtime.process_groups import GroupOptionsInjector
@@ -94,6 +95,11 @@ class Hook:
         self._injector: GroupOptionsInjector | None = None
         self._config_tried = config is not None
         self._finished = False
+        # NCCL 2.31's per-collective config, where the running torch takes one (lagom.runtime.coll_config);
+        # None: the tuner plugin carries the per-collective settings alone
+        self.coll_door: CollConfigDoor | None = None
+        self.door_backends: tuple[str, ...] = ("nccl",)  # the groups whose calls take it (torch refuses others)
+        self._per_call: dict[tuple, object | None] = {}  # signature key -> its config (None: none to pass)
 
     # ------------------------------------------------------------------ messages
     def _emit(self, line: str) -> None:
@@ -177,6 +183,10 @@ class Hook:
 
         self._injector = GroupOptionsInjector(self._process_groups, self.note, self.fail)
         self._injector.install()
+        self.coll_door = coll_config_door(sys.modules.get("torch"), tuple(spec.function for spec in SPECS))
+        if self.coll_door is not None:
+            self.note("this torch takes NCCL's per-collective config (NCCL >= 2.31): the tuned channels and "
+                      "algorithm go with each matched call, the tuner plugin carries the rest")
         for spec in SPECS:
             original = getattr(dist, spec.function, None)
             if original is None or not callable(original):
@@ -304,6 +314,8 @@ class Hook:
                             return original(*args, **kwargs)
                 return original(*args, **kwargs)
 
+        if self.coll_door is not None and spec.function in self.coll_door.functions:
+            wrapper = self._configuring(spec, wrapper, type_index, nbytes_of, group_pos)
         if self.deliver_works:  # under --online --collective-timing: the Work a call returns goes to the online clock
             counting = wrapper
 
@@ -328,6 +340,57 @@ class Hook:
         functools.update_wrapper(wrapper, original)
         wrapper.__lagom_original__ = original  # type: ignore[attr-defined]  # our marker on a function object
         return wrapper
+
+    def _configuring(self, spec: CollectiveSpec, counting, type_index: int, nbytes_of, group_pos: int):
+        """``counting`` passing each call of a matched signature its per-collective config
+        (:mod:`lagom.runtime.coll_config`); a config the caller gave wins."""
+        hook = self
+        import torch
+
+        def configuring(*args, **kwargs):
+            if hook.observing and CONFIG_KEYWORD not in kwargs and not torch.compiler.is_compiling():
+                try:
+                    key = (type_index, nbytes_of(args, kwargs),
+                           args[group_pos] if len(args) > group_pos else kwargs.get("group"))
+                except _BAD_CALL:  # torch rejects the call itself
+                    key = None
+                per_call = None
+                if key is not None:
+                    try:
+                        per_call = hook._per_call_for(key)
+                    except Exception as exc:
+                        hook.fail(spec.function, exc)
+                if per_call is not None:
+                    kwargs[CONFIG_KEYWORD] = per_call
+            return counting(*args, **kwargs)
+
+        return configuring
+
+    def _per_call_for(self, key: tuple) -> object | None:
+        """The config for a signature's calls, built once: its tuned entry's, on a group of
+        :attr:`door_backends`; None elsewhere (NCCL decides, or the plugin carries it)."""
+        if key in self._per_call:
+            return self._per_call[key]
+        value = None
+        record = self.counts.get(key) or self._new_record(key)
+        info = record[1]
+        if (info is not _IGNORED and info[5] is not None and self.config is not None and self.coll_door is not None
+                and self._backend(key[2]) in self.door_backends):
+            value = per_call_config(self.coll_door, self.config.collectives[info[5]].config)
+        self._per_call[key] = value
+        return value
+
+    @staticmethod
+    def _backend(group) -> str:
+        """The backend of a group argument, lower-case; '' where it cannot be told."""
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        try:
+            pg = c10d._resolve_process_group(group) if isinstance(group, str) else group  # type: ignore[arg-type]
+            return str(dist.get_backend(pg)).lower()
+        except (ValueError, KeyError, RuntimeError, AttributeError):
+            return ""
 
     # ------------------------------------------------------------------ signatures
     def _new_record(self, key: tuple) -> list:

@@ -38,12 +38,13 @@ from costmodel.cluster import load_cluster
 from lagom.args.knob_args import check_noise
 from lagom.files.output_paths import RUN_FOLDER_MARKER, OutputFormat, check_output, write_output
 from lagom.files.plugin_export import plugin_entries_from_config, write_plugin_table
-from lagom.files.tuned_config import TunedConfig, absent_group_warning, load_tuned_config
+from lagom.files.tuned_config import NEWEST_RULES, TunedConfig, absent_group_warning, load_tuned_config
 from lagom.online import DEFAULT_BUDGET_STEPS, DEFAULT_TIMEOUT_S, MAX_BUDGET_STEPS
 from lagom.orchestration.workload_arg import read_workload_arg
 from lagom.runtime import audit, nccl_paths
 from lagom.runtime.bootstrap import SITECUSTOMIZE
 from lagom.runtime.env import ENV_CONFIG, ENV_HOME, ENV_ONLINE, ENV_RUN_DIR, merge_env
+from lagom.runtime.preflight import Preflight, copy_text, preflight
 from nccl_env.delivery import online_ceilings, plugin_env
 from nccl_env.errors import LagomError
 from nccl_env.files import PathKind, check_path_kind
@@ -84,17 +85,22 @@ def prepare(
     base_env: dict[str, str] | None = None,
     use_plugin: bool = True,
     nccl_version: NcclVersion | None = None,
+    ranks_read_stored: bool = False,
 ) -> RunSetup:
-    """Validate the file and lay out the run folder and the child's environment.
+    """Validate the file, check what the job will need (:mod:`lagom.runtime.preflight`) and lay out the
+    run folder and the child's environment.
 
     ``nccl_version``: the NCCL the job runs (``lagom run --online --nccl-version``);
-    default the file's."""
+    default the file's. ``ranks_read_stored``: the ranks load the file's workload and cluster."""
     config = load_tuned_config(config_path, nccl_version)
     config_path = Path(config_path)
     env = dict(os.environ if base_env is None else base_env)
+    in_force = nccl_version or config.nccl_version or NEWEST_RULES
+    checked = preflight(config, config_path, env, ranks_read_stored,
+                        per_collective_knobs(in_force) if use_plugin else frozenset())
     run_dir = run_folder(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix=TEMP_RUN_PREFIX)).resolve()
     try:
-        return _lay_out(config, config_path, run_dir, env, use_plugin, nccl_version)
+        return _lay_out(checked, config_path, run_dir, env, use_plugin, nccl_version)
     except BaseException:
         if workdir is None:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -135,15 +141,17 @@ def run_folder(workdir: str | os.PathLike) -> Path:
     return run_dir
 
 
-def _lay_out(config: TunedConfig, config_path: Path, run_dir: Path, env: dict[str, str], use_plugin: bool,
+def _lay_out(checked: Preflight, config_path: Path, run_dir: Path, env: dict[str, str], use_plugin: bool,
              nccl_version: NcclVersion | None) -> RunSetup:
     stale = run_dir / audit.PART_DIR
     if stale.is_dir():
         shutil.rmtree(stale)  # parts of an earlier run in the same --workdir
-    setup = RunSetup(config=config, config_path=config_path, run_dir=run_dir, env=env)
+    config = checked.config
+    setup = RunSetup(config=config, config_path=config_path, run_dir=run_dir, env=env, messages=list(checked.messages))
     copy = run_dir / "lagom.yaml"
-    if not (copy.exists() and os.path.samefile(config_path, copy)):  # --config may be an earlier run's copy
-        write_output(copy, config_path.read_bytes())
+    # --config may be an earlier run's copy; the ranks read the copy, with the file's paths resolved
+    if checked.changed or not (copy.exists() and os.path.samefile(config_path, copy)):
+        write_output(copy, copy_text(checked, config_path))
 
     tuned_env = dict(config.env)
     file_version = _file_version(config)
@@ -467,7 +475,8 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
                         method="nccl").dump(seed_path)
         else:
             seed_path = Path(config_path)
-        setup = prepare(seed_path, workdir, use_plugin=True, nccl_version=version)
+        setup = prepare(seed_path, workdir, use_plugin=True, nccl_version=version,
+                        ranks_read_stored=config_path is not None and request.simulate is None)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if config_path is None:  # the empty seed file was ours: do not name it

@@ -1,7 +1,7 @@
 /*
  * Lagom's NCCL tuner plugin.
  *
- * Exports ncclTunerPlugin_v2 .. ncclTunerPlugin_v6 (ABI declared in lagom_tuner_abi.h)
+ * Exports ncclTunerPlugin_v2 .. ncclTunerPlugin_v7 (ABI declared in lagom_tuner_abi.h)
  * and a small C API (lagom_tuner_*) so that a process that loaded this library can
  * replace the table live. The table comes from NCCL_TUNER_CONFIG_FILE (default
  * ./nccl_tuner.conf), in NVIDIA's example CSV format plus Lagom's keyed extra fields;
@@ -586,6 +586,11 @@ static ncclResult_t init_v5(void** context, uint64_t commId, size_t nRanks, size
   return new_context(nRanks, nNodes, commId, log, context);
 }
 
+static ncclResult_t init_v7(void** context, uint64_t commId, size_t nRanks, size_t nNodes, ncclDebugLogger_t log,
+                            lagomNvlDomainInfo_v7_t* nvlDomainInfo, lagomTunerConstants_v7_t* constants) {
+  return init_v5(context, commId, nRanks, nNodes, log, nvlDomainInfo, constants); /* the same: read nothing */
+}
+
 static ncclResult_t finalize(void* context) {
   Ctx* ctx = (Ctx*)context;
   if (ctx) {
@@ -664,6 +669,8 @@ LAGOM_EXPORT const lagomTuner_v5_t ncclTunerPlugin_v5 = {
     .name = PLUGIN_NAME, .init = init_v5, .getCollInfo = coll_info, .finalize = finalize};
 LAGOM_EXPORT const lagomTuner_v6_t ncclTunerPlugin_v6 = {
     .name = PLUGIN_NAME, .init = init_v5, .getCollInfo = coll_info, .finalize = finalize, .getChunkSize = chunk_size};
+LAGOM_EXPORT const lagomTuner_v7_t ncclTunerPlugin_v7 = {
+    .name = PLUGIN_NAME, .init = init_v7, .getCollInfo = coll_info, .finalize = finalize, .getChunkSize = chunk_size};
 
 /* ---------------------------------------------------------------- live C API */
 

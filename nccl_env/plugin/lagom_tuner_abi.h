@@ -2,10 +2,11 @@
  * Lagom tuner plugin: NCCL's tuner-plugin ABI, declared here so that the plugin
  * builds without NCCL's headers or libnccl.
  *
- * Written from NVIDIA/nccl src/include/plugin/tuner/tuner_v2.h .. tuner_v6.h and
- * nccl_common.h (field order and signatures must match those exactly). Only
- * pointers to the v5/v6 nvlDomainInfo and constants structs are passed, so their
- * contents are not declared.
+ * Written from NVIDIA/nccl src/include/plugin/tuner/tuner_v2.h .. tuner_v7.h and
+ * nccl_common.h (field order and signatures must match those exactly). The v5/v6
+ * nvlDomainInfo and constants structs reach the plugin by pointer only, so their
+ * contents are not declared; v7's are (its constants table is the one the ABI
+ * changed), so that a test checks their layout (tests/test_tuner_plugin.py).
  */
 #ifndef LAGOM_TUNER_ABI_H_
 #define LAGOM_TUNER_ABI_H_
@@ -64,7 +65,7 @@ typedef ncclResult_t (*lagomGetCollInfoV4_t)(void* context, ncclFunc_t collType,
                                              int* nChannels);
 typedef ncclResult_t (*lagomGetChunkSizeV6_t)(void* context, ncclFunc_t collType, size_t nBytes, int algo, int proto,
                                               int nChannels, size_t* chunkSize);
-typedef ncclResult_t (*lagomEnd_t)(void* context); /* destroy (v2-v4), finalize (v5, v6) */
+typedef ncclResult_t (*lagomEnd_t)(void* context); /* destroy (v2-v4), finalize (v5-v7) */
 
 typedef struct {
   const char* name;
@@ -101,5 +102,44 @@ typedef struct {
   lagomEnd_t finalize;
   lagomGetChunkSizeV6_t getChunkSize; /* optional for NCCL: NULL keeps its chunk */
 } lagomTuner_v6_t;
+
+/* ABI v7 (tuner_v7.h at NVIDIA/nccl 2449986f; NCCL 2.32.6): v6's callbacks in v6's order, init
+ * taking v7's NVLink-domain info (v5's three ints) and v7's constants table: v5's table with the
+ * per-architecture rows widened from 4 compute capabilities (Volta, Ampere, Hopper, Blackwell) to
+ * 5 (plus Rubin). Dimensions: 7 algorithms, 3 protocols, 3 link kinds (NVLink, PCI, network),
+ * 3 tuning scales (1, 2, 4 nodes): tuner_v5.h NCCL_NUM_*_V5, tuner_v7.h NCCL_NUM_COMPCAPS_V7. */
+#define LAGOM_V7_ALGOS 7
+#define LAGOM_V7_PROTOS 3
+#define LAGOM_V7_HW_LINKS 3
+#define LAGOM_V7_COMPCAPS 5
+#define LAGOM_V7_SCALES 3
+
+typedef struct {
+  int nNvlDomains;          /* NVLink domains of the communicator */
+  int minRanksPerNvlDomain; /* fewest ranks in one of them */
+  int maxRanksPerNvlDomain; /* most ranks in one of them */
+} lagomNvlDomainInfo_v7_t;
+
+typedef struct {
+  double baseLatencies[LAGOM_V7_ALGOS][LAGOM_V7_PROTOS];
+  double hwLatencies[LAGOM_V7_HW_LINKS][LAGOM_V7_ALGOS][LAGOM_V7_PROTOS];
+  double llMaxBws[LAGOM_V7_COMPCAPS][LAGOM_V7_SCALES];
+  double perChMaxRingLL128Bws[LAGOM_V7_COMPCAPS][LAGOM_V7_SCALES];
+  double perChMaxTreeLL128Bws[LAGOM_V7_COMPCAPS][LAGOM_V7_SCALES];
+  double perChMaxTreeBws[LAGOM_V7_COMPCAPS][LAGOM_V7_SCALES];
+  double perChMaxNVLSTreeBws[LAGOM_V7_COMPCAPS][LAGOM_V7_SCALES];
+} lagomTunerConstants_v7_t;
+
+typedef ncclResult_t (*lagomInitV7_t)(void** context, uint64_t commId, size_t nRanks, size_t nNodes,
+                                      ncclDebugLogger_t logFunction, lagomNvlDomainInfo_v7_t* nvlDomainInfo,
+                                      lagomTunerConstants_v7_t* constants);
+
+typedef struct {
+  const char* name;
+  lagomInitV7_t init;
+  lagomGetCollInfoV4_t getCollInfo;
+  lagomEnd_t finalize;
+  lagomGetChunkSizeV6_t getChunkSize; /* optional for NCCL: NULL keeps its chunk */
+} lagomTuner_v7_t;
 
 #endif /* LAGOM_TUNER_ABI_H_ */

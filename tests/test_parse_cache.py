@@ -1,0 +1,115 @@
+"""Traces parsed once (traces/parse_cache.py): the next command reuses a parse while the file is the
+same, reads a changed, touched or truncated file again, and never unpickles what another user could
+have written."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nccl_env.errors import LagomError
+from traces import parse_cache
+from traces.reader import read_trace
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "traces" / "examples" / "a100_w2_allreduce_broadcast.json.gz"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("LAGOM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("LAGOM_TRACE_CACHE", raising=False)
+    monkeypatch.setattr(parse_cache, "STATS", parse_cache.CacheStats())
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def trace(tmp_path) -> Path:
+    out = tmp_path / "t" / "rank0.json.gz"
+    out.parent.mkdir()
+    shutil.copyfile(EXAMPLE, out)
+    return out
+
+
+def _entries(cache: Path) -> list[Path]:
+    return sorted((cache / f"traces-{os.geteuid()}").glob("*.parse"))
+
+
+def test_second_read_is_the_cached_parse_and_gives_the_same_workload(cache, trace):
+    first = read_trace(trace)
+    assert (parse_cache.STATS.misses, parse_cache.STATS.hits, parse_cache.STATS.stored) == (1, 0, 1)
+    second = read_trace(trace)
+    assert parse_cache.STATS.hits == 1
+    assert len(first) == len(second) == 1
+    a, b = first[0], second[0]
+    assert [(o.name, o.start_us, o.duration_us) for o in a.compute_ops] == \
+           [(o.name, o.start_us, o.duration_us) for o in b.compute_ops]
+    assert [(c.message_bytes, c.duration_us) for c in a.collectives] == \
+           [(c.message_bytes, c.duration_us) for c in b.collectives]
+    folder = cache / f"traces-{os.geteuid()}"
+    assert oct(folder.stat().st_mode & 0o777) == oct(0o700)
+    assert oct((folder / "key").stat().st_mode & 0o777) == oct(0o600)
+
+
+def test_touched_changed_or_truncated_file_is_read_again(cache, trace):
+    read_trace(trace)
+    st = trace.stat()
+    os.utime(trace, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    read_trace(trace)
+    assert (parse_cache.STATS.misses, parse_cache.STATS.hits) == (2, 0)
+    raw = gzip.decompress(trace.read_bytes())
+    trace.write_bytes(gzip.compress(raw[: len(raw) // 2]))  # truncated: the reader's own error, not a stale parse
+    with pytest.raises(LagomError):
+        read_trace(trace)
+    assert parse_cache.STATS.hits == 0
+
+
+def test_entry_others_could_write_or_tampered_is_never_used(cache, trace):
+    read_trace(trace)
+    (entry,) = _entries(cache)
+    entry.chmod(0o666)  # writable by others: not trusted
+    read_trace(trace)
+    assert parse_cache.STATS.hits == 0
+    (entry,) = _entries(cache)
+    assert entry.stat().st_mode & 0o022 == 0  # replaced by a fresh, private entry
+    data = bytearray(entry.read_bytes())
+    data[-10] ^= 0xFF  # bytes changed behind the HMAC's back
+    entry.write_bytes(bytes(data))
+    read_trace(trace)
+    assert parse_cache.STATS.hits == 0 and parse_cache.STATS.misses == 3
+
+
+def test_shared_cache_folder_not_private_is_not_used(cache, trace):
+    folder = cache / f"traces-{os.geteuid()}"
+    folder.mkdir(parents=True)
+    folder.chmod(0o777)
+    read_trace(trace)
+    read_trace(trace)
+    assert parse_cache.STATS.hits == 0 and not _entries(cache)
+
+
+def test_off_and_the_bound(cache, trace, monkeypatch):
+    monkeypatch.setenv("LAGOM_TRACE_CACHE", "off")
+    read_trace(trace)
+    assert not (cache / f"traces-{os.geteuid()}").exists()
+    monkeypatch.delenv("LAGOM_TRACE_CACHE")
+    monkeypatch.setenv("LAGOM_TRACE_CACHE_BYTES", "1000")  # smaller than one entry: nothing stays
+    read_trace(trace)
+    assert parse_cache.STATS.stored == 1 and not _entries(cache)
+
+
+def test_doctor_says_where_and_how_large(cache, trace):
+    read_trace(trace)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LAGOM_CACHE_DIR": str(cache)}
+    proc = subprocess.run([sys.executable, "-m", "lagom", "doctor", "--json"], capture_output=True, text=True,
+                          env=env, timeout=120)
+    import json
+
+    data = json.loads(proc.stdout)["trace_cache"]
+    assert data["folder"] == str(cache / f"traces-{os.geteuid()}") and data["entries"] == 1 and data["bytes"] > 0

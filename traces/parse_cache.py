@@ -1,0 +1,248 @@
+"""Traces parsed once: a file's parse kept in the user's cache folder and reused while the file is unchanged.
+
+A user's session is several commands on one folder of traces (``analyze``, ``tune``, a few
+``simulate`` what-ifs, ``--export-trace``); parsing each rank's JSON is most of each
+command's time. :func:`cached_parse` keeps what one file's parse gives (the reader's compact
+records, :func:`traces.kineto.parse_trace_file`) in ``<cache folder>/traces-<uid>/`` and
+hands it back to the next command while the file is the same file:
+
+- **Same file**: an entry is found by a hash of the file's real path, the path as given,
+  its size, modification time (ns), inode and device, a hash of its bytes (BLAKE2b, about
+  a second per GB: a file rewritten in place within one timestamp tick is not taken for the
+  one before), and a fingerprint of the reader's own
+  source (every ``traces/*.py``), so a changed, touched, moved, truncated or replaced file,
+  and a changed reader, are read again; a file that changes while it is parsed is not kept.
+- **Safe to share**: the folder is the user's own (mode 0700, owned by this uid; anything
+  else and the cache is not used), an entry is used only if it is a regular file owned by
+  this uid that no one else may write, and its bytes carry an HMAC-SHA256 under a key only
+  this uid can read (``key``, mode 0600): nothing is unpickled that another user could have
+  written or changed.
+- **Bounded**: after each write the oldest entries (by last use) go until the folder holds at
+  most ``LAGOM_TRACE_CACHE_BYTES`` (default 4 GiB).
+- ``LAGOM_TRACE_CACHE=off`` (or ``0``) reads every file afresh; a cache that cannot be used
+  (a read-only home, a full disk) is skipped without a word, since it only saves time.
+
+``lagom doctor`` says where the folder is and how large (:func:`cache_summary`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import os
+import pickle
+import secrets
+import stat
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from nccl_env.cache import cache_dir
+
+T = TypeVar("T")
+
+DEFAULT_MAX_BYTES = 4 << 30  # 4 GiB: about 200 ranks of a 20 MB trace's records
+_MAGIC = b"LAGOM-TRACE-PARSE-1\n"
+_DIGEST_BYTES = 32  # HMAC-SHA256
+
+
+@dataclass
+class CacheStats:
+    """What this process's reads found (tests and ``--json`` read it)."""
+
+    hits: int = 0
+    misses: int = 0
+    stored: int = 0
+
+
+STATS = CacheStats()
+_fingerprint: str | None = None
+
+
+def enabled() -> bool:
+    return os.environ.get("LAGOM_TRACE_CACHE", "on").strip().lower() not in ("off", "0", "no", "false")
+
+
+def max_bytes() -> int:
+    raw = os.environ.get("LAGOM_TRACE_CACHE_BYTES", "")
+    try:
+        return max(0, int(raw)) if raw.strip() else DEFAULT_MAX_BYTES
+    except ValueError:
+        return DEFAULT_MAX_BYTES
+
+
+def folder() -> Path:
+    """The cache's folder (not created)."""
+    return cache_dir() / f"traces-{os.geteuid()}"
+
+
+def reader_fingerprint() -> str:
+    """A hash of the reader's source (every module of ``traces/``) and of this Python: a parse
+    is reused only by the code that made it."""
+    global _fingerprint
+    if _fingerprint is None:
+        h = hashlib.sha256(f"{sys.version_info[:2]}|{pickle.HIGHEST_PROTOCOL}".encode())
+        for source in sorted(Path(__file__).parent.glob("*.py")):
+            h.update(source.name.encode())
+            h.update(source.read_bytes())
+        _fingerprint = h.hexdigest()
+    return _fingerprint
+
+
+def _owned_private(st: os.stat_result, mode_mask: int) -> bool:
+    return st.st_uid == os.geteuid() and not (st.st_mode & mode_mask)
+
+
+def _private_folder() -> Path | None:
+    """The user's cache folder, created 0700; None where it is not this user's alone."""
+    try:
+        where = folder()
+        where.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(where)
+    except (OSError, Exception):  # cache_dir's LagomError included: the cache only saves time
+        return None
+    if not stat.S_ISDIR(st.st_mode) or not _owned_private(st, 0o077):
+        return None
+    return where
+
+
+def _key(where: Path) -> bytes | None:
+    """This user's HMAC key (made once, mode 0600)."""
+    path = where / "key"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    else:
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(32))
+    key = _read_private(path, 0o077)
+    return key if key is not None and len(key) == 32 else None
+
+
+def _read_private(path: Path, mode_mask: int) -> bytes | None:
+    """A regular file's bytes, where it is not a link and this user alone owns it and may write it
+    (``mode_mask``: the mode bits no one else may have); None otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or not _owned_private(st, mode_mask):
+            return None
+        return f.read()
+
+
+def _content_digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        h = hashlib.blake2b(digest_size=32)
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _entry_name(path: Path, st: os.stat_result, digest: str) -> str:
+    ident = "|".join(str(v) for v in (os.path.realpath(path), path, st.st_size, st.st_mtime_ns, st.st_ino,
+                                       st.st_dev, digest, reader_fingerprint()))
+    return hashlib.sha256(ident.encode()).hexdigest() + ".parse"
+
+
+def _load(entry: Path, key: bytes) -> object | None:
+    data = _read_private(entry, 0o022)
+    if data is None:
+        return None  # not a file this user alone wrote: never unpickled
+    head = len(_MAGIC) + _DIGEST_BYTES
+    if len(data) < head or not data.startswith(_MAGIC):
+        return None
+    body = memoryview(data)[head:]
+    if not hmac.compare_digest(data[len(_MAGIC):head], hmac.new(key, body, hashlib.sha256).digest()):
+        return None
+    try:
+        value = pickle.loads(body)
+    except Exception:  # an entry of another Lagom build: read the file again
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(entry)  # its last use, for the eviction order
+    return value
+
+
+def _store(where: Path, entry: Path, key: bytes, value: object) -> None:
+    body = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+    tmp = where / f".{entry.name}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(_MAGIC)
+            f.write(hmac.new(key, body, hashlib.sha256).digest())
+            f.write(body)
+        os.replace(tmp, entry)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return
+    STATS.stored += 1
+    _evict(where, max_bytes())
+
+
+def _entries(where: Path) -> list[tuple[float, int, Path]]:
+    out = []
+    for entry in where.glob("*.parse"):
+        try:
+            st = os.lstat(entry)
+        except OSError:
+            continue
+        out.append((st.st_mtime, st.st_size, entry))
+    return out
+
+
+def _evict(where: Path, limit: int) -> None:
+    entries = sorted(_entries(where))
+    total = sum(size for _, size, _ in entries)
+    for _, size, entry in entries:
+        if total <= limit:
+            break
+        with contextlib.suppress(OSError):
+            entry.unlink()
+            total -= size
+
+
+def cached_parse(path: Path, parse: Callable[[Path], T]) -> T:
+    """``parse(path)``, or what it gave for this very file before."""
+    where = _private_folder() if enabled() else None
+    key = _key(where) if where is not None else None
+    if where is None or key is None:
+        return parse(path)
+    try:
+        before = os.stat(path)
+        digest = _content_digest(path)
+    except OSError:
+        return parse(path)  # parse names the problem in its one line
+    entry = where / _entry_name(path, before, digest)
+    found = _load(entry, key)
+    if found is not None:
+        STATS.hits += 1
+        return found  # type: ignore[return-value]
+    STATS.misses += 1
+    value = parse(path)
+    try:
+        after = os.stat(path)
+    except OSError:
+        return value
+    if _entry_name(path, after, digest) == entry.name:  # not changed while it was read
+        _store(where, entry, key, value)
+    return value
+
+
+def cache_summary() -> tuple[Path, int, int] | None:
+    """(folder, entries, bytes) of the cache, for ``lagom doctor``; None where it cannot be used."""
+    where = _private_folder()
+    if where is None:
+        return None
+    entries = _entries(where)
+    return where, len(entries), sum(size for _, size, _ in entries)

@@ -13,18 +13,21 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
+from costmodel.nccl_algorithms import algorithm_refusal, offered_algorithms
 from nccl_env.errors import LagomError
 from nccl_env.knob_table import ALGORITHM
 from nccl_env.knobs import Algorithm, CommConfig
-from nccl_env.plan import Plan
+from nccl_env.plan import Plan, Signature
 from traces.workload import Workload
 from traces.workload_io import workload_problem
 
 if TYPE_CHECKING:
+    from costmodel.cluster import ClusterSpec
     from costmodel.replay.data import ReplayData
 
-# The algorithms the evaluators model (costmodel.analytic.collective_model, costmodel.sim.collective);
-# NVLS and CollNet need switch hardware no cluster description has, and PAT is not modelled.
+# The algorithms the evaluators model on every cluster (costmodel.analytic.collective_model,
+# costmodel.sim.collective); NVLS and NVLSTree where a cluster's switches reduce (intra_node.nvls),
+# PAT from NCCL 2.23 with one GPU per node (costmodel.nccl_algorithms); CollNet is not modelled.
 MODELLED_ALGORITHMS = (Algorithm.RING, Algorithm.TREE)
 
 
@@ -167,17 +170,28 @@ def check_generated(workload: Workload) -> None:
                          f"a generated workload")
 
 
-def check_plan(plan: Plan) -> None:
-    """Raise LagomError (one line) for a plan asking for an algorithm the evaluators do not model."""
-    check_config(plan.default, "default")
+def check_plan(plan: Plan, cluster: ClusterSpec | None = None) -> None:
+    """Raise LagomError (one line) for a plan asking for an algorithm the evaluators do not run on
+    ``cluster`` (None: ring and tree only), or one NCCL would not run for a signature of the plan
+    (NVLS on several nodes, PAT with several GPUs per node: :func:`costmodel.nccl_algorithms.algorithm_refusal`)."""
+    check_config(plan.default, "default", cluster)
     for signature, config in plan.entries.items():
-        check_config(config, signature.label())
+        check_config(config, signature.label(), cluster, signature)
 
 
-def check_config(config: CommConfig, where: str) -> None:
-    """Raise LagomError (one line, starting with ``where``) for an algorithm the evaluators do not model."""
+def check_config(config: CommConfig, where: str, cluster: ClusterSpec | None = None,
+                 signature: Signature | None = None) -> None:
+    """Raise LagomError (one line, starting with ``where``) for an algorithm the evaluators do not run
+    on ``cluster`` (None: ring and tree only) or, when given, for ``signature``."""
     algo = ALGORITHM.get(config)
-    if algo is not None and algo not in MODELLED_ALGORITHMS:
-        names = " and ".join(a.nccl_name for a in MODELLED_ALGORITHMS)
-        raise LagomError(f"{where}: {ALGORITHM.field}={algo.nccl_name}: the evaluators model only {names} "
-                         f"(NVLS and CollNet need switch hardware no cluster describes; PAT is not modelled)")
+    if algo is None:
+        return
+    if signature is None:
+        why = algorithm_refusal(cluster, algo)
+    else:
+        why = algorithm_refusal(cluster, algo, signature.collective, signature.ranks, signature.nodes)
+    if why is not None:
+        offered = offered_algorithms(cluster) if cluster is not None else MODELLED_ALGORITHMS
+        names = [a.nccl_name for a in sorted(offered, key=lambda a: (a is not Algorithm.RING, a))]
+        listed = f"{', '.join(names[:-1])} and {names[-1]}"
+        raise LagomError(f"{where}: {ALGORITHM.field}={algo.nccl_name}: {why}; the evaluators model {listed} here")

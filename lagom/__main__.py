@@ -1,5 +1,5 @@
 import sys
 
-from lagom.cli import main
+import lagom
 
-sys.exit(main())
+sys.exit(lagom.console_main())

@@ -8,12 +8,16 @@ Each subcommand is a module in :mod:`lagom.commands` with ``register(subparsers)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import re
 import shutil
+import signal
 import sys
 import textwrap
+import threading
+from collections.abc import Iterator
 from typing import NoReturn
 
 from lagom import __version__
@@ -115,11 +119,42 @@ def _deepest(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpa
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; a Ctrl-C at any moment, imports and argument parsing included, is one line and
+    exit 130 (never a traceback). While the commands' modules are imported a Ctrl-C is held until the
+    imports end (:func:`sigint_held`): a KeyboardInterrupt inside a compiled extension's initialisation
+    can crash the interpreter (orjson's did: a segmentation fault)."""
+    try:
+        with sigint_held() as held:
+            ready = _parse(argv)
+        if held:
+            raise KeyboardInterrupt
+        return ready if isinstance(ready, int) else _run(*ready)
+    except KeyboardInterrupt:
+        print("lagom: interrupted", file=sys.stderr)
+        return 130
+
+
+@contextlib.contextmanager
+def sigint_held() -> Iterator[list[int]]:
+    """SIGINT while the block runs is remembered (in the list yielded), not raised; the previous handler is
+    back when it ends. Outside the main thread signals stay as they are."""
+    held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
+    try:
+        yield held
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _parse(argv: list[str] | None) -> int | tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The parser (every command's module imported) and the arguments, or an exit status."""
     problems = shadowed()  # before importing any of them: a stray nccl_env.py would break that import
     if problems:
         print(f"lagom: error: {problems[0]}", file=sys.stderr)
         return 2
-    from nccl_env.errors import LagomError
     from nccl_env.nccl_releases import forget_warnings
 
     forget_warnings()  # one command, one warning per newer NCCL version (also when called in-process)
@@ -127,6 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # an option this command does not take: its own help names it, not lagom's
         _deepest(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+    return parser, args
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from nccl_env.errors import LagomError
+
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

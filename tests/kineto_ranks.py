@@ -17,8 +17,10 @@ hosts' are: every timestamp of rank r's trace is shifted by ``offsets_us[r]``. T
 comes from this module's own simulation in one true clock, never from the traces.
 
 Programs (``PROGRAMS``): ``straggler`` (data parallel, one rank's compute slower),
-``pipeline`` (four stages, GPipe micro-batches, send/recv between neighbours) and
-``moe`` (imbalanced expert compute between all-to-alls). ``paired_ranks`` runs one twice:
+``pipeline`` (four stages, GPipe micro-batches, send/recv between neighbours; ``_1f1b``:
+in Megatron's 1F1B order; ``_strided``: one pipeline group [0, 8, 16, 24] of a world of 32,
+only those ranks recorded) and ``moe`` (imbalanced expert compute between all-to-alls). A
+send/recv's peer is written as PyTorch 2.5+ writes it (:func:`peer_metadata`). ``paired_ranks`` runs one twice:
 the second time with rank-scoped factors (``compute={rank: F}``, ``comm=F``), and
 returns both folders (one file per rank) with every rank's truth of both runs.
 This module imports nothing of Lagom.
@@ -52,11 +54,23 @@ class RankProgram:
     comm_us: float = 250.0  # one collective's transfer
     micro_batches: int = 4  # pipeline
     p2p_world: bool = False  # pipeline: its send/recv in the global group of every rank, not one group per pair
+    schedule: str = "gpipe"  # pipeline: "gpipe" (every forward, then every backward) | "1f1b" (Megatron's order)
+    stage_ranks: tuple[int, ...] = ()  # pipeline: each stage's global rank, in one pipeline group of them all
+    # (torchtitan/Megatron's [0, 8, 16, 24] of 32 ranks); () = ranks 0..ranks-1
+    world: int = 0  # the job's world size (0: ``ranks``); ranks outside ``stage_ranks`` have no trace
     slow: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0)  # per rank: its compute kernels x this (a slow GPU, more tokens)
     offsets_us: tuple[float, ...] = (0.0, 310.0, -240.0, 470.0)  # per rank: its host clock's offset
     warmup_steps: int = 2
     steps: int = 6  # profiled ProfilerStep annotations (steps - 1 complete steps)
     jitter: float = 0.03
+
+    def global_rank(self, stage: int) -> int:
+        """Rank ``stage``'s (this module's index) global rank: its file's ``distributedInfo.rank``."""
+        return self.stage_ranks[stage] if self.stage_ranks else stage
+
+    @property
+    def world_size(self) -> int:
+        return self.world or (max(self.stage_ranks) + 1 if self.stage_ranks else self.ranks)
 
     def carrier(self) -> kw.Program:
         """What kineto_world's writer and truth read of a program."""
@@ -69,7 +83,35 @@ PROGRAMS: dict[str, RankProgram] = {p.name: p for p in (
     RankProgram("pipeline", "pipeline", compute_us=250.0, comm_us=120.0),
     RankProgram("moe", "moe", slow=(1.0, 1.7, 0.8, 1.2), comm_us=200.0),
     RankProgram("pipeline_world", "pipeline", compute_us=250.0, comm_us=120.0, p2p_world=True),
+    # issue 32's held-out pipelines: Megatron's 1F1B order, neighbours in two-rank groups; and one
+    # pipeline group of four stages strided over a world of 32 (only the stages recorded)
+    RankProgram("pipeline_1f1b", "pipeline", compute_us=250.0, comm_us=120.0, schedule="1f1b"),
+    RankProgram("pipeline_strided", "pipeline", compute_us=250.0, comm_us=120.0, schedule="1f1b",
+                stage_ranks=(0, 8, 16, 24), world=32),
 )}
+
+
+def peer_metadata(kind: str, group_ranks: list[int], own: int, peer: int) -> dict:
+    """What PyTorch 2.5+ writes on a send/recv (torch/csrc/profiler/util.cpp saveNcclMeta, with
+    ParamCommsDebugInfo's group ranks; docs/reference.md): ``Rank`` is the peer's rank in the
+    group; a group whose ranks are evenly spaced lists them and names the peer's GLOBAL rank in
+    ``Dst Rank`` (a send) or ``Src Rank`` (a recv); any other group lists none ("[]") and names
+    no global peer."""
+    stride = group_ranks[1] - group_ranks[0] if len(group_ranks) > 1 else 0
+    even = stride > 0 and all(g == group_ranks[0] + i * stride for i, g in enumerate(group_ranks))
+    meta: dict = {"Rank": group_ranks.index(peer), "Process Group Ranks": str(group_ranks) if even else "[]"}
+    if even:
+        meta["Dst Rank" if kind == "send" else "Src Rank"] = peer
+        meta.update({"Global rank start": group_ranks[0], "Global rank stride": stride})
+    return meta
+
+
+# the generator's own keys in a collective's metadata (its members and peer as stage indices, the
+# group's global ranks): what the simulation meets at, stripped from the traces it writes
+_HIDDEN = ("_members", "_peer", "_group_ranks")
+# what Kineto does not copy from record_param_comms onto the kernel (libkineto output_json.cpp
+# appendCollectiveArgs): a kernel's peer without Dst/Src Rank is read through its External id
+_NOT_ON_KERNELS = ("Rank", "Global rank start", "Global rank stride")
 
 
 class _RankBuilder(kw._Builder):
@@ -85,22 +127,24 @@ class _RankBuilder(kw._Builder):
             self.launch(kw.MAIN, kw.GEMM, self.rp.compute_us * share * self.rp.slow[self.rank])
 
     def comm(self, name: str, group: str, ranks: list[int], kernel: kw.Kernel, nelems: int,
-             share: float = 1.0, extra: dict | None = None) -> None:
+             share: float = 1.0, extra: dict | None = None, stream: int = kw.NCCL) -> None:
         """c10d's pattern: the NCCL stream waits for the compute stream, the kernel, then the
-        compute stream waits for the NCCL stream."""
+        compute stream waits for the NCCL stream. ``ranks``: the group's members (stage indices)."""
         m = kw.MAIN
         seq = self.group_seq[group] = self.group_seq.get(group, 0) + 1
+        global_ranks = [self.rp.global_rank(x) for x in ranks]
         meta = {"Collective name": name, "In msg nelems": nelems, "Out msg nelems": nelems,
                 "Group size": len(ranks), "dtype": "BFloat16", "In split size": "[]", "Out split size": "[]",
                 "Process Group Name": group, "Process Group Description": group,
-                "Process Group Ranks": str(ranks), "Seq": seq, **(extra or {})}
+                "Process Group Ranks": str(global_ranks), "Rank": ranks.index(self.rank), "Seq": seq,
+                **(extra or {}), "_members": list(ranks), "_group_ranks": global_ranks}
         key = f"{group}.{seq}"
         with self.op(m, f"c10d::{name}_"), self.op(m, "record_param_comms", args=meta, share=0.3):
             self.record(m, key + ".in", kw.COMPUTE)
-            self.wait(m, kw.NCCL, key + ".in")
+            self.wait(m, stream, key + ".in")
             with self.op(m, f"nccl:{name}", cat="user_annotation", share=0.2):
-                self.launch(m, kernel, self.rp.comm_us * share, kw.NCCL, meta)
-            self.record(m, key, kw.NCCL)
+                self.launch(m, kernel, self.rp.comm_us * share, stream, meta)
+            self.record(m, key, stream)
         self.wait(m, kw.COMPUTE, key)
 
     def step(self, n: int) -> None:
@@ -118,25 +162,56 @@ class _RankBuilder(kw._Builder):
             mb = p.micro_batches
 
             def p2p(kind: str, peer: int) -> None:
-                """A send/recv to ``peer``: Kineto's ``Src Rank`` / ``Dst Rank`` is the peer's rank
-                in the group (ProcessGroupNCCL's send/recv take group ranks)."""
-                ranks = world if p.p2p_world else sorted((r, peer))
-                group = "0" if p.p2p_world else f"pp{ranks[0]}{ranks[1]}"
-                field = "Dst Rank" if kind == "send" else "Src Rank"
-                self.comm(kind, group, ranks, SEND_RECV, 2 << 20, extra={field: ranks.index(peer)})
+                """A send/recv to ``peer``, its metadata as PyTorch writes it (peer_metadata). The
+                1F1B programs run each peer pair on its own NCCL stream, as ProcessGroupNCCL's
+                unbatched send/recv do (a communicator and stream per pair)."""
+                if p.stage_ranks:
+                    ranks, group = world, "pp"
+                else:
+                    ranks = world if p.p2p_world else sorted((r, peer))
+                    group = "0" if p.p2p_world else f"pp{ranks[0]}{ranks[1]}"
+                stream = kw.NCCL + 1 + min(r, peer) if p.schedule == "1f1b" else kw.NCCL
+                meta = peer_metadata(kind, [p.global_rank(x) for x in ranks], p.global_rank(r), p.global_rank(peer))
+                self.comm(kind, group, ranks, SEND_RECV, 2 << 20, extra={**meta, "_peer": peer}, stream=stream)
 
-            for _k in range(mb):
-                if r > 0:
+            def forward(recv: bool = True, send: bool = True) -> None:
+                if r > 0 and recv:
                     p2p("recv", r - 1)
                 self.gemm("aten::linear")
-                if r + 1 < p.ranks:
+                if r + 1 < p.ranks and send:
                     p2p("send", r + 1)
-            for _k in range(mb):
-                if r + 1 < p.ranks:
+
+            def backward(recv: bool = True, send: bool = True) -> None:
+                if r + 1 < p.ranks and recv:
                     p2p("recv", r + 1)
                 self.gemm("aten::mm", 2.0)
-                if r > 0:
+                if r > 0 and send:
                     p2p("send", r - 1)
+
+            if p.schedule == "1f1b":
+                # Megatron-LM's forward_backward_pipelining_without_interleaving: warm-up forwards,
+                # then one forward and one backward at a time, then the remaining backwards; its
+                # fused send_backward_recv_forward posts the recv first (NCCL groups them), so each
+                # pair's ops come in the same order on both ends
+                warm = min(p.ranks - r - 1, mb)
+                for _k in range(warm):
+                    forward()
+                if r > 0 and warm < mb:
+                    p2p("recv", r - 1)
+                for k in range(mb - warm):
+                    forward(recv=False)
+                    backward(send=False)
+                    if r > 0 and k < mb - warm - 1:
+                        p2p("recv", r - 1)
+                    if r > 0:
+                        p2p("send", r - 1)
+                for _k in range(warm):
+                    backward()
+            else:
+                for _k in range(mb):
+                    forward()
+                for _k in range(mb):
+                    backward()
         else:  # moe: attention, dispatch, experts (this rank's tokens), combine; forward then backward
             tokens = int((2 << 20) * p.slow[r])
             for _i in range(p.layers):
@@ -198,13 +273,12 @@ class RankRun:
     waits_us: dict[tuple[str, int], float]  # collective (group, seq) -> this rank's true wait for its last peer
 
 
-def _p2p_ends(args: dict, members: tuple[int, ...], rank: int) -> tuple[int, int] | None:
-    """A send/recv's (src, dst) global ranks from its metadata (None: not a send/recv)."""
-    if "Dst Rank" in args:
-        return rank, members[int(args["Dst Rank"])]
-    if "Src Rank" in args:
-        return members[int(args["Src Rank"])], rank
-    return None
+def _p2p_ends(args: dict, rank: int) -> tuple[int, int] | None:
+    """A send/recv's (src, dst) stage indices (None: not a send/recv)."""
+    if "_peer" not in args:
+        return None
+    peer = int(args["_peer"])
+    return (rank, peer) if args["Collective name"] == "send" else (peer, rank)
 
 
 def _known(op: kw.GpuOp | None) -> bool:
@@ -265,8 +339,8 @@ def simulate(p: RankProgram, comm: float = 1.0, compute: dict[int, float] | None
                     dur = w.dur_us
                     if w.comm_args is not None:
                         key = label = (str(w.comm_args["Process Group Name"]), int(w.comm_args["Seq"]))
-                        members = tuple(int(x) for x in w.comm_args["Process Group Ranks"].strip("[]").split(","))
-                        ends = _p2p_ends(w.comm_args, members, r)
+                        members = tuple(w.comm_args["_members"])
+                        ends = _p2p_ends(w.comm_args, r)
                         if ends is not None and len(members) > 2:  # a send/recv meets its peer alone
                             pk = (key[0], *ends)
                             n = pair_counts[r][pk] = pair_counts[r].get(pk, 0) + 1
@@ -353,23 +427,25 @@ def simulate(p: RankProgram, comm: float = 1.0, compute: dict[int, float] | None
 
 
 def trace_doc(p: RankProgram, s: kw.Schedule, rank: int) -> dict:
-    """Rank ``rank``'s Kineto trace, on its own host's clock."""
+    """Rank ``rank``'s (a stage index) Kineto trace, on its own host's clock."""
     doc = kw.trace_doc(s)
     off = p.offsets_us[rank % len(p.offsets_us)]
     for e in doc["traceEvents"]:
         if "ts" in e:
             e["ts"] = round(e["ts"] + off, 3)
-    groups = {"0": list(range(p.ranks))}
+        for key in _HIDDEN + (_NOT_ON_KERNELS if e.get("cat") == "kernel" else ()):
+            e.get("args", {}).pop(key, None)
+    groups = {"0": list(range(p.world_size))}
     for op in s.ops:
         if op.work.comm_args is not None:
-            groups[str(op.work.comm_args["Process Group Name"])] = [
-                int(x) for x in op.work.comm_args["Process Group Ranks"].strip("[]").split(",")]
+            groups[str(op.work.comm_args["Process Group Name"])] = op.work.comm_args["_group_ranks"]
     info = doc["distributedInfo"]
-    info["rank"] = rank
+    info["rank"] = p.global_rank(rank)
+    info["world_size"] = p.world_size
     info["pg_count"] = len(groups)
     info["pg_config"] = [{"pg_name": g, "pg_desc": g, "backend_config": "cuda:nccl", "pg_size": len(rs),
                           "ranks": rs} for g, rs in groups.items()]
-    doc["traceName"] = f"{p.name}_rank{rank}.json"
+    doc["traceName"] = f"{p.name}_rank{p.global_rank(rank)}.json"
     return doc
 
 
@@ -377,7 +453,7 @@ def write_ranks(p: RankProgram, runs: list[RankRun], folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for r, run in enumerate(runs):
         data = json.dumps(trace_doc(p, run.schedule, r)).encode()
-        (folder / f"{p.name}_rank{r}.json.gz").write_bytes(gzip.compress(data, compresslevel=5))
+        (folder / f"{p.name}_rank{p.global_rank(r)}.json.gz").write_bytes(gzip.compress(data, compresslevel=5))
     return folder
 
 

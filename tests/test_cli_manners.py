@@ -261,11 +261,11 @@ def test_record_json_says_what_was_recorded(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.run([sys.executable, "-m", "lagom", "record", "-o", str(tmp_path / "rec"), "--json", "--",
                            sys.executable, "-c", "pass"], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # the job succeeded, the recording (no step at all) did not
     import json
 
     summary = json.loads(proc.stdout.splitlines()[-1])
-    assert summary["exit_status"] == 0 and summary["traces"] == [] and summary["window"]["active"] == 5
+    assert summary["exit_status"] == 1 and summary["traces"] == [] and summary["window"]["active"] == 5
 
 
 @pytest.mark.slow  # a real gloo job under lagom run (about 10 s)

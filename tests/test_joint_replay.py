@@ -115,6 +115,27 @@ def test_send_recv_in_the_global_group_meet_their_peer(compute: dict[int, float]
         assert judged.change_ok, (r, judged)
 
 
+@pytest.mark.parametrize("name", ["pipeline_1f1b", "pipeline_strided"])
+def test_held_out_pipelines_with_peers_as_pytorch_writes_them(name: str, tmp_path: Path, capsys) -> None:
+    """Issue 32's held-out pipelines (tests/kineto_ranks.py): four stages in Megatron's 1F1B
+    order, neighbours in two-rank groups ([0, 1], [1, 2], [2, 3]) or in one pipeline group
+    strided over a world of 32 ([0, 8, 16, 24], only the stages recorded), peers written as
+    PyTorch 2.5+ writes them (Dst/Src Rank global). Stage 1's compute x1.3 through ``lagom
+    simulate DIR --scale``: every rank's step change within 15% of the true one (when the peers
+    were read as ranks in the group: stages 2-3 predicted +0.0% where every stage grows ~6%)."""
+    p = kr.PROGRAMS[name]
+    first, _, truth = kr.paired_ranks(p, tmp_path, compute={1: 1.3})
+    out, err = simulate_json(capsys, str(first), "--scale", f"compute=1.3@{p.global_rank(1)}")
+    assert "4 ranks replayed jointly" in err
+    assert out["joint"]["modelled_members"] == 0 and out["joint"]["matched_collectives"] >= 140
+    assert set(out["ranks"]) == {str(p.global_rank(i)) for i in range(p.ranks)}
+    for i, pair in enumerate(truth.ranks):
+        assert pair.change > 0.04  # every stage waits on the slower one
+        steps = {s["name"]: s for s in out["ranks"][str(p.global_rank(i))]["steps"]}
+        judged = kw.verdict(pair, [steps[t.name]["iteration_us"] for t in pair.second.steps])
+        assert judged.passed, (i, judged)
+
+
 def test_a_slower_stage_moves_its_peers(tmp_path: Path) -> None:
     """CUDA's and NCCL's rules: a pipeline stage whose compute is slower delays every stage's
     step (its neighbours wait on its sends); the rank-scoped what-if moves them all."""

@@ -21,21 +21,25 @@ EPS_US = 0.002  # the trace's times are rounded to the nanosecond
 
 def kernels(folder: Path, program: kr.RankProgram) -> dict[tuple[str, int], dict[int, tuple[float, float]]]:
     """(group, seq) -> rank -> (true start, true end) of its collective kernel; a send/recv in a
-    group of more than two ranks: (group:src>dst, its order in the pair's), NCCL's pairing."""
+    group of more than two ranks: (group:src>dst, its order in the pair's), NCCL's pairing. The
+    peer as PyTorch writes it: ``Dst Rank`` / ``Src Rank``, its global rank (the programs' groups
+    are evenly spaced; a list of "[]": pg_config's)."""
     out: dict[tuple[str, int], dict[int, tuple[float, float]]] = {}
+    stage = {program.global_rank(i): i for i in range(program.ranks)}
     for path in sorted(folder.glob("*.json.gz")):
         doc = json.loads(gzip.decompress(path.read_bytes()))
         rank = doc["distributedInfo"]["rank"]
-        off = program.offsets_us[rank]
+        listed = {g["pg_name"]: g["ranks"] for g in doc["distributedInfo"]["pg_config"]}
+        off = program.offsets_us[stage[rank]]
         pairs: dict[str, int] = {}
         for e in sorted((e for e in doc["traceEvents"] if e.get("cat") == "kernel"), key=lambda e: e["ts"]):
             args = e["args"]
             if "Process Group Name" in args:
                 key = (args["Process Group Name"], args["Seq"])
-                members = ast.literal_eval(args["Process Group Ranks"])
-                if len(members) > 2 and ("Src Rank" in args or "Dst Rank" in args):
-                    src, dst = ((rank, members[args["Dst Rank"]]) if "Dst Rank" in args
-                                else (members[args["Src Rank"]], rank))
+                members = ast.literal_eval(args["Process Group Ranks"]) or listed[key[0]]
+                if len(members) > 2 and args["Collective name"] in ("send", "recv"):
+                    peer = args["Dst Rank"] if "Dst Rank" in args else args["Src Rank"]
+                    src, dst = (rank, peer) if args["Collective name"] == "send" else (peer, rank)
                     pair = f"{key[0]}:{src}>{dst}"
                     key = (pair, pairs.setdefault(pair, 0))
                     pairs[pair] += 1

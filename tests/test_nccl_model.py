@@ -105,6 +105,8 @@ def test_pat_for_one_gpu_per_node_from_2_23():
 def test_2_18_table_unchanged():
     """NCCL 2.18.3's figures as the 2.18-only model gave them (the presets' release)."""
     cluster = load_cluster("h100-nvswitch")
+    cluster.nccl_version = NcclVersion(2, 18, 3)  # the presets' release before they named a current one
+    cluster.intra_node = replace(cluster.intra_node, nvls=False)  # and before they said the fabric has NVLS
     assert tuning_table(cluster.nccl_version) is TABLE_2_18
     got = {(e.algorithm, e.protocol): (round(e.latency_us, 4), round(e.bw_gb_per_s, 4))
            for e in algo_estimates(cluster, allreduce(16 * MiB, 16, 2))}

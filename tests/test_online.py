@@ -151,6 +151,52 @@ def test_ranks_agree_under_independent_noise_and_faults(ranks, noise, seed, faul
         assert judge.evaluate(workload, controller.final).iteration_us <= seed_us * 1.002  # never slower than the seed
 
 
+class ScriptedClock:
+    """A clock whose every plan but the seed runs 10% faster, and whose seed, re-measured in the A/B,
+    takes ``seed_us[k]`` at its k-th measurement (its first is steady: the search sees no noise)."""
+
+    def __init__(self, seed, signatures, seed_us: list[float]) -> None:
+        self.seed, self.signatures, self.seed_us = seed, signatures, seed_us
+        self.on_seed, self.seed_runs = False, 0
+
+    def switched(self, plan, epoch: int) -> None:
+        self.on_seed = all(plan.config_for(s) == self.seed.config_for(s) for s in self.signatures)
+        self.seed_runs += self.on_seed
+
+    def step_ended(self) -> Timing:
+        step_us = self.seed_us[min(self.seed_runs, len(self.seed_us)) - 1] if self.on_seed else 900.0
+        return Timing(step_us, step_us, 0.0, 0.0, step_us, {})
+
+
+def _scripted(seed_us: list[float], calls: int):
+    """Two ranks on :class:`ScriptedClock`, each reporting ``calls`` calls per signature per step."""
+    _, workload, space = _setup()
+    controller = OnlineController(workload, space, None, OnlineSettings(budget_steps=200))
+    clocks: list[StepClock] = [ScriptedClock(controller.seed, space.signatures, seed_us) for _ in range(2)]
+    agents = simulated_ranks(controller, clocks)
+    for agent in agents:
+        agent.calls = lambda: [calls] * len(space.signatures)
+    run_in_process(agents, 210)
+    return controller, agents
+
+
+def test_a_job_that_runs_none_of_the_tuned_signatures_keeps_the_seed_at_once():
+    controller, agents = _scripted([1000.0], calls=0)  # every other plan looks 10% faster: chance, not tuning
+    assert controller.done and controller.result == "reverted" and controller.final == controller.seed
+    assert controller.reason == "the job ran none of the tuned signatures"
+    assert controller.evaluations == 1 and all(len(a.epochs) == 1 for a in agents)  # the seed only, never a switch
+    assert agents[0].summary()["reason"] == controller.reason
+    kept, _ = _scripted([1000.0], calls=1)  # the same job running its signature keeps the faster plan
+    assert kept.result == "kept" and kept.final != kept.seed and kept.calls_measured and kept.gain > 0.09
+
+
+def test_a_gain_within_the_seeds_own_spread_is_not_kept():
+    # the seed re-measured in the A/B: 1000, 1100, 960 us: a 14% spread, wider than the result's 10% gain
+    controller, _ = _scripted([1000.0, 1100.0, 960.0], calls=1)
+    assert controller.result == "reverted" and controller.final == controller.seed
+    assert controller.reason == "its gain 10.0% is within the noise bound 14.0%"
+
+
 def test_a_rank_that_never_reports_ends_the_decider_within_its_timeout():
     torch_dist = pytest.importorskip("torch.distributed")
     store = torch_dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)

@@ -6,8 +6,9 @@ table every rank swaps and reads back, the audit, the saved file. Each rank's st
 times come from the simulator of the *measuring* cluster (high-bw) at 2% noise,
 independent per rank; the seed is the plan tuned offline for the *other* cluster
 (low-bw). Four jobs run together: the same job without Lagom, the online one, one
-whose rank 1 dies mid-tuning, and one on the real clock (no --simulate: the launcher's
-own environment path, the host clock), whose ranks must not see TORCH_NCCL_ENABLE_TIMING.
+whose rank 1 dies mid-tuning, and two on the real clock (no --simulate: the launcher's
+own environment path, the host clock): one whose ranks must not see TORCH_NCCL_ENABLE_TIMING,
+one saved, whose job runs none of the seed's signatures (the seed is kept, and saved as it was).
 """
 
 from __future__ import annotations
@@ -87,6 +88,11 @@ def runs(tmp_path_factory):
         "killed": _online(tmp, "killed", seed) + _torchrun(tmp / "killed", "--die-at", "1:40"),
         "clock": [sys.executable, "-m", "lagom", "run", "--online", "--config", str(seed), "--",
                   *_torchrun(tmp / "clock", steps=6)],
+        # the real clock on a job whose all-reduces are none of the seed's signatures (fsdp's all-gathers and
+        # reduce-scatters): whatever the host clock shows, there is nothing to keep
+        "nomatch": [sys.executable, "-m", "lagom", "run", "--online", "--config", str(seed), "--save",
+                    str(tmp / "nomatch.yaml"), "--audit", str(tmp / "nomatch-audit.json"), "--",
+                    *_torchrun(tmp / "nomatch", steps=40)],
     }
     results = run_jobs({name: (cmd, env) for name, cmd in plans.items()}, timeout_s=300)
     return tmp, seed, results
@@ -165,4 +171,43 @@ def test_the_default_clock_never_sets_nccl_timing_in_any_rank(runs):
     assert all(env.get("LAGOM_ONLINE") for env in envs)  # the online run reached every rank
     assert all("TORCH_NCCL_ENABLE_TIMING" not in env for env in envs), envs
     assert "clock: step time from the host clock" in err
-    assert "lagom: rank 0: online tuning ended (unfinished)" in err  # the session ran its boundaries on that clock
+    # the session ran its boundaries on that clock, and saw the job's all-reduces are none of the seed's signatures
+    assert "lagom: rank 0: online tuning reverted to the seed (the job ran none of the tuned signatures)" in err
+
+
+def _final_line(err: str) -> str:
+    """The launcher's last word on online tuning: what it decided and where the plan went."""
+    return next(line for line in reversed(err.splitlines()) if line.startswith("lagom run: online tuning "))
+
+
+def test_online_keeps_and_saves_the_seed_when_the_job_ran_none_of_its_signatures(runs):
+    tmp, seed, results = runs
+    status, err, _ = results["nomatch"]
+    assert status == 0, err[-3000:]
+    document = json.loads((tmp / "nomatch-audit.json").read_text())
+    assert document["online"]["summary"]["matched"] == 0 < document["online"]["summary"]["collectives"]
+    assert document["online"]["result"] == "reverted"
+    assert document["online"]["reason"] == "the job ran none of the tuned signatures"
+    assert document["online"]["evaluations"] == 1  # the seed's, and nothing tried after it
+    saved, original = load_tuned_config(tmp / "nomatch.yaml"), load_tuned_config(seed)
+    # the seed's plan as the seed file had it, not NCCL's defaults
+    assert (saved.env, saved.process_groups, saved.collectives) == (original.env, original.process_groups,
+                                                                    original.collectives)
+    assert saved.collectives and saved.env and saved.method == "lagom-online"
+    assert any("the job ran none of the tuned signatures" in note for note in saved.notes)
+    line = _final_line(err)
+    assert line.startswith("lagom run: online tuning kept the seed (the job ran none of the tuned signatures); "
+                           f"the seed's plan, unchanged, saved to {tmp / 'nomatch.yaml'}"), line
+    assert "starts tuned" not in err
+
+
+def test_the_final_line_and_the_saved_file_agree_on_a_kept_result(runs):
+    tmp, seed, results = runs
+    line = _final_line(results["online"][1])
+    saved, original = load_tuned_config(tmp / "online.yaml"), load_tuned_config(seed)
+    assert line.startswith("lagom run: online tuning kept its result (") and "the tuned plan saved to" in line
+    assert saved.method == "lagom-online" and saved.collectives != original.collectives
+    assert any(note.startswith("online: kept after") for note in saved.notes)
+    gain = float(line.split("(", 1)[1].split("%", 1)[0]) / 100
+    base, tuned = saved.predictions["baseline_us"], saved.predictions["tuned_us"]
+    assert gain > 0 and tuned < base

@@ -6,8 +6,10 @@ whose every wait is known from the simulation, and on the two shared ranks of a 
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import kineto_ranks as kr
@@ -31,18 +33,22 @@ def test_offsets_and_waits_are_the_true_ones(name: str, tmp_path: Path) -> None:
     p = kr.PROGRAMS[name]
     runs = kr.simulate(p)
     workloads, joined = read_job(kr.write_ranks(p, runs, tmp_path / name))
-    true_offsets = {r: p.offsets_us[0] - p.offsets_us[r] for r in range(p.ranks)}
+    stage = {p.global_rank(i): i for i in range(p.ranks)}  # a file's rank -> the generator's index
+    true_offsets = {r: p.offsets_us[0] - p.offsets_us[i] for r, i in stage.items()}
+    assert set(joined.alignment.offsets_us) == set(stage)
     for r, off in joined.alignment.offsets_us.items():
         assert off == pytest.approx(true_offsets[r], abs=0.5), (r, joined.alignment)
     assert joined.alignment.residual_us < 0.5
     assert joined.modelled_members == 0
     for w in workloads:
         # the reader's collectives in start order are the simulation's, in the window
-        true = sorted(((s, key) for key, s in _starts(runs[w.rank]).items()))
-        first_in = next(i for i, (s, _) in enumerate(true) if s >= runs[w.rank].schedule.window[0] - 1e-6)
-        ops = sorted(w.collectives, key=lambda c: c.start_us)
+        run = runs[stage[w.rank]]
+        true = sorted(((s, key) for key, s in _starts(run).items()))
+        first_in = next(i for i, (s, _) in enumerate(true) if s >= run.schedule.window[0] - 1e-6)
+        # (kernels of two streams that start at once, after one compute kernel: by group and Seq, as true)
+        ops = sorted(w.collectives, key=lambda c: (c.start_us, c.group, c.p2p.seq if c.p2p and c.p2p.seq else 0))
         found = [joined.wait_us[w.rank][c.op_id] for c in ops]
-        expected = [runs[w.rank].waits_us[key] for _, key in true[first_in:first_in + len(ops)]]
+        expected = [run.waits_us[key] for _, key in true[first_in:first_in + len(ops)]]
         assert len(found) == len(expected)
         assert max(abs(a - b) for a, b in zip(found, expected)) < 1.0, w.rank
 
@@ -83,6 +89,90 @@ def test_two_of_128_ranks_model_the_rest(tmp_path: Path) -> None:
     for w in workloads:
         for c in w.collectives:
             assert 0.0 <= joined.wait_us[w.rank][c.op_id] <= c.duration_us
+
+
+def _neighbours(p: kr.RankProgram, stage: int) -> set[tuple[int, int]]:
+    """A pipeline stage's send/recv ends as global ranks: to and from each neighbour stage."""
+    g = p.global_rank
+    out = set()
+    for other in (stage - 1, stage + 1):
+        if 0 <= other < p.ranks:
+            out |= {(g(stage), g(other)), (g(other), g(stage))}
+    return out
+
+
+@pytest.mark.parametrize("stage_ranks, world, listed", [
+    ((), 0, "[0, 1]"), ((0, 8, 16, 24), 32, "[0, 8, 16, 24]"), ((0, 2, 4, 6), 8, "[0, 2, 4, 6]"),
+    ((0, 1, 3, 7), 8, "[]")], ids=["pairs", "stride8-of-32", "stride2-of-8", "uneven-of-8"])
+def test_send_recv_peers_as_pytorch_writes_them(stage_ranks, world, listed, tmp_path: Path) -> None:
+    """Issue 32: PyTorch 2.5+ writes a send's Dst Rank / a recv's Src Rank as the peer's GLOBAL
+    rank, for evenly spaced groups only; ``Rank`` is the peer's rank in its group; a group not
+    evenly spaced lists no ranks ("[]") and names no global peer: its peer is ``Rank`` through
+    pg_config's ranks. Read as ranks in the group, [0, 8, 16, 24]'s send 0 -> 8 was out of range
+    and [0, 2, 4, 6]'s send 0 -> 2 read as 0 -> 4."""
+    p = replace(kr.PROGRAMS["pipeline_1f1b"], stage_ranks=stage_ranks, world=world)
+    folder = kr.write_ranks(p, kr.simulate(p), tmp_path / "p")
+    first = json.loads(gzip.decompress(sorted(folder.glob("*.json.gz"))[0].read_bytes()))  # rank 0
+    written = [e["args"] for e in first["traceEvents"] if e.get("cat") == "kernel" and "Seq" in e["args"]]
+    assert {a["Process Group Ranks"] for a in written} == {listed}
+    assert all(("Dst Rank" in a or "Src Rank" in a) == (listed != "[]") for a in written)
+    workloads, joined = read_job(folder)
+    assert [w.rank for w in workloads] == [p.global_rank(i) for i in range(p.ranks)]
+    for i, w in enumerate(workloads):
+        assert w.input_warnings == []
+        assert {(c.p2p.src, c.p2p.dst) for c in w.collectives if c.p2p} == _neighbours(p, i)
+        assert all(c.p2p is not None for c in w.collectives)
+    assert joined.modelled_members == 0 and all(len(m.members) == 2 for m in joined.matches)
+
+
+def test_a_group_list_cut_short_is_no_list() -> None:
+    """PyTorch writes a group of more than 30 ranks as its first 30 and "..." (util.cpp
+    format_list): not the group's members (a 30-rank group), so the reader takes pg_config's."""
+    from traces.kineto_comm import parse_ranks
+
+    cut = "[" + ", ".join(str(8 * i) for i in range(30)) + ", ...]"
+    assert parse_ranks(cut) == () and parse_ranks("[]") == () and parse_ranks("[0, 8, 16, 24]") == (0, 8, 16, 24)
+
+
+def _rewrite(path: Path, change) -> None:
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    for e in doc["traceEvents"]:
+        if "Seq" in e.get("args", {}):
+            change(e["args"])
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda a: a.update({"Dst Rank": 9}) if "Dst Rank" in a else None, "peer Dst Rank 9: outside the world of 4"),
+    (lambda a: a.update({"Dst Rank": 3}) if "Dst Rank" in a else None, "peer Dst Rank 3: not a peer of rank 1"),
+    (lambda a: a.update({"Rank": 5, "Process Group Ranks": "[]"}) if a.pop("Dst Rank", None) is not None else None,
+     "peer Rank 5: not a rank of its 2-rank group"),
+], ids=["outside-the-world", "outside-the-group", "outside-the-group-rank"])
+def test_a_peer_that_cannot_be_is_one_warning_naming_it(change, named: str, tmp_path: Path, capsys) -> None:
+    """A send whose peer is outside the world or its group: one warning line naming the peer
+    (each analysed rank's, on stderr), the op left unpaired; before, silently "0 matched"."""
+    p = kr.PROGRAMS["pipeline_1f1b"]
+    folder = kr.write_ranks(p, kr.simulate(p), tmp_path / "p")
+    _rewrite(folder / "pipeline_1f1b_rank1.json.gz", change)
+    workloads = read_trace(folder)
+    lines = workloads[1].input_warnings
+    assert len(lines) == 1 and named in lines[0] and "'pp01' [0, 1], 'pp12' [1, 2]" in lines[0], lines
+    assert [w.input_warnings for w in workloads if w.rank != 1] == [[], [], []]
+    assert sum(c.p2p is None for c in workloads[1].collectives) == int(lines[0].split(": ")[1].split()[0])
+    assert main(["analyze", str(folder)]) == 0
+    assert named in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_simulate_a_folder_names_a_peer_outside_the_world(tmp_path: Path, capsys) -> None:
+    """The joint replay of a folder whose rank 1 names a peer outside the world: the warning of
+    that rank's file is printed too (not only the lowest rank's)."""
+    p = kr.PROGRAMS["pipeline_1f1b"]
+    folder = kr.write_ranks(p, kr.simulate(p), tmp_path / "p")
+    _rewrite(folder / "pipeline_1f1b_rank1.json.gz", lambda a: a.update({"Dst Rank": 9}) if "Dst Rank" in a else None)
+    assert main(["simulate", str(folder), "--json"]) == 0
+    err = capsys.readouterr().err
+    assert "pipeline_1f1b_rank1.json.gz: 48 send/recv name peer Dst Rank 9: outside the world of 4 ranks" in err
 
 
 GLOO_DDP = Path(__file__).parent / "data" / "gloo_ddp_w2"

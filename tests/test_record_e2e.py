@@ -23,6 +23,7 @@ from statistics import fmean
 import pytest
 from conftest import REPO_ROOT, run_jobs
 
+from lagom.runtime.record_launch import RECORDING_FAILED_STATUS
 from traces.workload import RECORD_METADATA_KEY
 
 pytestmark = pytest.mark.slow  # two two-process torchrun jobs, then analyze and tune (about 25 s)
@@ -88,7 +89,8 @@ def test_every_rank_writes_one_trace_of_one_job_with_the_window_and_the_environm
 def test_a_job_shorter_than_the_window_records_nothing_and_says_why_per_rank(runs):
     tmp, results = runs
     status, err, _ = results["short"]
-    assert status == 0, err[-3000:]
+    assert status == RECORDING_FAILED_STATUS, err[-3000:]  # the job ran well; the recording did not
+    assert f"lagom record: error: nothing recorded into {tmp / 'short'}" in err
     assert os.listdir(tmp / "short") == []  # an incomplete recording puts nothing there
     for rank in (0, 1):
         assert f"rank {rank} wrote no trace: the job ended after 5 optimizer step(s), before step 8" in err
@@ -158,3 +160,33 @@ def test_record_tune_run_export_a_gloo_job_with_the_readmes_commands(runs, tmp_p
         (tmp_path / "hta").mkdir()
         shutil.copy(export, tmp_path / "hta" / "rank0.json.gz")
         TraceAnalysis(trace_dir=str(tmp_path / "hta"))
+
+
+def test_a_recording_whose_ranks_cannot_write_fails_with_one_error_line(tmp_path):
+    """Issue 31: `lagom record` into a full disk recorded nothing and exited 0. Here every write of the
+    job's processes past 16 KiB fails (RLIMIT_FSIZE; Python ignores SIGXFSZ, so the write raises EFBIG,
+    as on a full disk): the trace cannot be written, the job itself runs to its end."""
+    import resource
+
+    job = tmp_path / "job.py"
+    job.write_text("import torch\n"
+                   "model = torch.nn.Linear(4, 4)\n"
+                   "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                   "for _ in range(6):\n"
+                   "    optimizer.zero_grad()\n"
+                   "    model(torch.randn(2, 4)).sum().backward()\n"
+                   "    optimizer.step()\n")
+    out = tmp_path / "out"
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 10, 16 << 10))
+
+    done = subprocess.run([sys.executable, "-m", "lagom", "record", "-o", str(out), "--skip", "1", "--timed", "1",
+                           "--warmup", "1", "--active", "1", "--", sys.executable, str(job)], capture_output=True,
+                          text=True, env=_env(), timeout=300, check=False, preexec_fn=small_files)
+    assert done.returncode == RECORDING_FAILED_STATUS, done.stderr
+    assert "lagom record: warning: rank 0 wrote no trace: cannot write" in done.stderr
+    (error,) = [line for line in done.stderr.splitlines() if "error" in line.lower() and "lagom" in line]
+    assert error == f"lagom record: error: nothing recorded into {out} (not every rank wrote its trace; nothing " \
+                    "was put there)"
+    assert os.listdir(out) == [] and "Traceback" not in done.stderr

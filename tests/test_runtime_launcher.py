@@ -167,6 +167,111 @@ def test_signals_reach_the_job_and_its_status_comes_back(tmp_path, config_file, 
     assert got.read_text() == str(int(sig))
 
 
+def _state(pid: int) -> str:
+    """A process's state letter from /proc ("" once it is gone; "Z": ended, not reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def test_a_job_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path, config_file):
+    """Issue 31: a child that traps SIGTERM kept `lagom run` waiting until it ended by itself, then exit 0.
+    Here the child also starts a worker in a session of its own (as torchrun does), out of the group's reach."""
+    ready, worker = tmp_path / "ready", tmp_path / "worker"
+    child = tmp_path / "child.py"
+    child.write_text(
+        "import signal, subprocess, sys, time, pathlib\n"
+        "signal.signal(signal.SIGTERM, lambda s, f: None)\n"
+        "w = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'], start_new_session=True)\n"
+        f"pathlib.Path({str(worker)!r}).write_text(str(w.pid))\n"
+        f"pathlib.Path({str(ready)!r}).write_text('1')\n"
+        "time.sleep(60)\n"
+    )
+    grace_s = 1.0
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), LAGOM_KILL_GRACE_S=str(grace_s))
+    cmd = [sys.executable, "-m", "lagom", "run", "--config", str(config_file), "--no-plugin", "--", sys.executable,
+           str(child)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the child never started"
+            time.sleep(0.05)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        status = proc.wait(timeout=grace_s + 10)
+        took_s = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate()
+    assert status == 128 + signal.SIGKILL and grace_s <= took_s < grace_s + 5, (status, took_s, err)
+    assert "lagom run: SIGTERM sent to the job; SIGKILL in 1 s if it has not ended" in err
+    assert "did not end within 1 s of SIGTERM: SIGKILL sent to it" in err and "Traceback" not in err
+    assert _state(int(worker.read_text())) in ("", "Z")  # the worker in its own session went too
+
+
+def test_a_job_that_ends_well_after_a_forwarded_signal_still_exits_non_zero(tmp_path, config_file):
+    ready = tmp_path / "ready"
+    child = tmp_path / "child.py"
+    child.write_text(
+        "import signal, sys, time, pathlib\n"
+        "signal.signal(signal.SIGTERM, lambda s, f: sys.exit(0))\n"
+        f"pathlib.Path({str(ready)!r}).write_text('1')\n"
+        "time.sleep(60)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "lagom", "run", "--config", str(config_file), "--no-plugin", "--",
+                             sys.executable, str(child)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the child never started"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM  # stopped, not finished
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_bad_grace_period_is_refused_before_the_job_starts(config_file, capsys, monkeypatch):
+    monkeypatch.setenv("LAGOM_KILL_GRACE_S", "soon")
+    assert main(["run", "--config", str(config_file), "--no-plugin", "--", "true"]) == 2
+    assert "LAGOM_KILL_GRACE_S=soon: give seconds" in _error_line(capsys)
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_at_any_moment_of_the_start_prints_no_traceback(tmp_path, config_file):
+    """Issue 31: a Ctrl-C in lagom run's first half second printed a KeyboardInterrupt traceback (imports),
+    and one during orjson's import crashed the interpreter. The job is not Python: its own start is not judged."""
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    cmd = [sys.executable, "-m", "lagom", "run", "--config", str(config_file), "--no-plugin", "--", "sleep", "30"]
+    reached = 0  # tries whose SIGINT came once the interpreter had started
+    for delay_s in (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0):
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay_s)
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        frames = [line for line in err.splitlines() if line.lstrip().startswith('File "')]
+        if any(python in err for python in ("init_import_site", "Could not import runpy module")) or (
+                frames and all(line.lstrip().startswith('File "<frozen ') for line in frames)):
+            continue  # on a loaded machine: still the interpreter's own start (site, runpy), before Lagom's code
+        reached += 1
+        # 130: lagom said "interrupted"; -SIGINT: the signal came before Python's own handler was in place
+        assert "Traceback" not in err and proc.returncode in (130, -signal.SIGINT), (delay_s, proc.returncode, err)
+    if not reached:
+        pytest.skip("every SIGINT came during the interpreter's own start (a loaded machine)")
+
+
 def test_a_file_for_an_nccl_without_tuner_plugins_says_the_plugin_door_is_closed(tmp_path, config_file, capsys):
     # CONFIG is for NCCL 2.18.3: no tuner-plugin ABI there, so the table cannot act
     # (one message: not "N entries via the tuner plugin" and then a note that contradicts it)

@@ -82,7 +82,8 @@ def test_workload_file_and_trace_arguments(tmp_path, capsys):
     (["fsdp:phi2", "--cluster", "low-bw", "--noise", "inf"], "--noise"),
     (["fsdp:phi2", "--cluster", "low-bw", "--seed", "-3"], "--seed must be >= 0"),
     (["fsdp:phi2", "--cluster", "high-bw", "--set", "algorithm=nvls"],
-     "--set: algorithm=nvls: the evaluators model only ring and tree"),
+     "--set: algorithm=nvls: cluster high-bw has no NVLink SHARP (intra_node.nvls is false); the evaluators "
+     "model ring and tree here"),
     (["fsdp:phi2", "--cluster", "low-bw", "--set", "channels=2,nc=4"], "channels is given twice"),
     (["fsdp:phi2", "--cluster", "low-bw", "--set", "channels=61"], "not valid on NCCL 2.18"),
 ])
@@ -95,7 +96,7 @@ def test_bad_input_is_one_line_exit_2(argv, message, capsys):
 @pytest.mark.parametrize("knobs, message", [
     ("{channels: 999}", "collectives[0]: channels=999 is not valid on NCCL 2.18.3"),
     ("{threads: 7}", "collectives[0]: threads=7 is not valid on NCCL 2.18.3"),
-    ("{algorithm: nvls}", "collectives[0]: algorithm=nvls: the evaluators model only ring and tree"),
+    ("{algorithm: nvls}", "collectives[0]: algorithm=nvls: cluster high-bw has no NVLink SHARP"),
 ])
 def test_tuned_config_values_are_checked_like_set(tmp_path, capsys, knobs, message):
     """A tuned file used to be simulated with channels 999 (clamped to the SM count) or 7 threads."""

@@ -50,6 +50,21 @@ def test_directory_of_two_jobs_names_both_files(tmp_path, capsys):
             "(world size 2 and 128)") in err
 
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "traces" / "examples"
+
+
+def test_the_example_folder_is_refused_as_two_jobs_not_as_one_rank_twice(capsys):
+    """Issue 32: ``lagom analyze traces/examples/`` said "both rank 0" of two unrelated traces (each
+    its own job's rank 0): the folder is refused for what it is, two jobs, and the line says how
+    to analyse them; named one by one, each is analysed."""
+    code, _, err = run_cli(capsys, "analyze", str(EXAMPLES))
+    assert code == 2 and err.count("\n") == 1 and "both rank" not in err, err
+    assert ("a100_w2_allreduce_broadcast.json.gz and fsdp8_a100_2ch_synthetic.json.gz are traces of different "
+            "jobs (world size 2 and 8); a folder is one job's ranks: name the files to analyse each on its own") in err
+    code, out, _ = run_cli(capsys, "analyze", *sorted(str(f) for f in EXAMPLES.glob("*.json.gz")), "--json")
+    assert code == 0 and [r["world_size"] for r in json.loads(out)["ranks"]] == [2, 8]
+
+
 def _one_kernel_trace(path: Path, rank: int, device: str = "Test GPU", base_s: int | None = None,
                       ts: float = 100.0) -> Path:
     b = TraceBuilder(rank=rank, world_size=2, device=device)

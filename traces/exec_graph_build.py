@@ -568,17 +568,30 @@ def _host_syncs(ops: dict[int, Op], calls: dict, host_calls: list[HostCall], syn
 
 
 def _steps(marks: list[StepMark], thread_of, origin: float) -> list[StepSpan]:
-    """One span per step name, on the thread that holds the most step annotations."""
+    """One span per step annotation on the thread that holds the most of them; an annotation
+    that starts inside the step of its name is that step (kept once). A name used again for a
+    later step (two profiler sessions in one trace, a writer that restarts its count) is a
+    step of its own, named apart: ``repeated_step_name`` (issue 32: it was merged into the
+    first's period)."""
     if not marks:
         return []
     count: dict[tuple, int] = {}
     for m in marks:
         count[m.thread] = count.get(m.thread, 0) + 1
     main = max(count, key=lambda t: (count[t], -min(m.ts for m in marks if m.thread == t)))
-    seen: set[str] = set()
+    uses: dict[str, int] = {}
+    last_end: dict[str, float] = {}  # per name, the end of its latest step
     out = []
     for m in sorted((m for m in marks if m.thread == main), key=lambda m: m.ts):
-        if m.name not in seen:
-            seen.add(m.name)
-            out.append(StepSpan(m.name, thread_of(m.thread), m.ts - origin, m.end - origin))
+        if m.ts < last_end.get(m.name, -math.inf):  # inside the step of that name: the same step
+            continue
+        last_end[m.name] = m.end
+        uses[m.name] = uses.get(m.name, 0) + 1
+        name = m.name if uses[m.name] == 1 else repeated_step_name(m.name, uses[m.name])
+        out.append(StepSpan(name, thread_of(m.thread), m.ts - origin, m.end - origin))
     return out
+
+
+def repeated_step_name(name: str, use: int) -> str:
+    """The name of the ``use``-th step (from 2) annotated ``name``."""
+    return f"{name} (repeat {use})"

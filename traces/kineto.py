@@ -89,6 +89,7 @@ from traces.kineto_events import (
 from traces.kineto_json import read_events
 from traces.limits import TRACE_MEMORY_PER_JSON_BYTE, check_fits_memory
 from traces.parse_cache import cached_parse
+from traces.time_units import time_evidence, time_scale
 from traces.trace_job import MAX_RANKS, JobLayout, TraceHeader, attach_comm_waits, job_layout, recorded_steps_of
 from traces.workload import (
     RECORD_METADATA_KEY,
@@ -197,6 +198,7 @@ class _ParsedTrace:
     step_marks: list[StepMark] = field(default_factory=list)
     thread_events: dict[tuple, ThreadEvents] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # events dropped for their times (one line)
+    listed_groups: tuple[str, ...] = ()  # pg_config's groups that list their ranks (not only a size)
 
     def header(self) -> TraceHeader:
         return TraceHeader(self.path, self.rank, self.world_size, self.device_name, self.nccl_version,
@@ -214,6 +216,10 @@ class _ParsedTrace:
 
 def _parse_file(path: Path) -> _ParsedTrace:
     meta, events = read_events(path, EventReader)
+    scale, unit_warnings = time_scale(meta.get("displayTimeUnit"), time_evidence(events.gpu_ops, events.comm_by_ext),
+                                      str(path))
+    if scale != 1.0:  # its times are nanoseconds (traces.time_units): read again, scaled
+        meta, events = read_events(path, lambda: EventReader(scale))
     parsed = _read_metadata(path, meta)
     parsed.gpu_ops = events.gpu_ops
     parsed.launch_ts, parsed.launch_thread = events.launches()
@@ -229,7 +235,7 @@ def _parse_file(path: Path) -> _ParsedTrace:
     parsed.sync_events = events.sync_events
     parsed.step_marks = events.step_marks
     parsed.thread_events = events.thread_events()
-    parsed.warnings = _dropped_events(path, events.bad_events, events.timed_events(), events.first_bad)
+    parsed.warnings = unit_warnings + _dropped_events(path, events.bad_events, events.timed_events(), events.first_bad)
     if not parsed.gpu_ops and not any(collective_from_call(c) for c in parsed.comm_calls):
         raise LagomError(f"{path}: trace has neither GPU kernels nor collectives (nothing to analyse)")
     return parsed
@@ -270,6 +276,7 @@ def _read_metadata(path: Path, doc: dict) -> _ParsedTrace:
     if rank is not None and world is not None and rank >= world:
         raise LagomError(f"{path}: distributedInfo.rank {rank} is not below world_size {world}")
     groups: list[ProcessGroup] = []
+    listed: list[str] = []
     pg_config = info.get("pg_config")
     if isinstance(pg_config, list):
         for pg in pg_config:
@@ -277,7 +284,9 @@ def _read_metadata(path: Path, doc: dict) -> _ParsedTrace:
                 continue
             ranks = parse_ranks(pg.get("ranks"))
             size = to_int(pg.get("pg_size"))
-            if not ranks and size and 0 < size <= MAX_RANKS:
+            if ranks:
+                listed.append(str(pg["pg_name"]))
+            elif size and 0 < size <= MAX_RANKS:
                 ranks = tuple(range(size))
             if ranks:
                 groups.append(ProcessGroup(str(pg["pg_name"]), ranks))
@@ -301,9 +310,11 @@ def _read_metadata(path: Path, doc: dict) -> _ParsedTrace:
     base_ns = to_int(doc.get("baseTimeNanoseconds"))
     base_us = base_ns // 1000 if base_ns is not None and 0 <= base_ns < 1 << 62 else 0
     job = record.get("job_id")
-    return _ParsedTrace(path, rank, world, device_name, sm_count, groups, device,
-                        version if isinstance(version, str) else None, base_us,
-                        job if isinstance(job, str) else None, recorded_steps_of(record))
+    parsed = _ParsedTrace(path, rank, world, device_name, sm_count, groups, device,
+                          version if isinstance(version, str) else None, base_us,
+                          job if isinstance(job, str) else None, recorded_steps_of(record))
+    parsed.listed_groups = tuple(listed)
+    return parsed
 
 
 # ---- building the Workload ---------------------------------------------------------------
@@ -314,6 +325,9 @@ class _WorkloadBuilder:
         self.world_size = world_size
         self.world_size_known = world_size_known
         self.groups: dict[str, ProcessGroup] = {g.name: g for g in parsed.pg_config}
+        self.listed_groups = set(parsed.listed_groups)  # groups whose members the trace lists (not positions)
+        # send/recv peers not read (_p2p): (field, peer, why) -> group shown -> ops
+        self.bad_peers: dict[tuple[str, int, str], dict[str, int]] = {}
         # Comm calls per launching thread, sorted by start, for the enclosing-call join.
         self.calls_by_thread: dict[tuple, list[CommCall]] = {}
         for call in sorted(parsed.comm_calls, key=lambda c: (c.ts, -c.end)):
@@ -397,6 +411,10 @@ class _WorkloadBuilder:
         elif cpu_threads:  # a gloo job: its collectives are the CPU's own blocking calls
             graph = build_cpu_graph([(c, *cpu_threads[id(c)]) for c in colls if id(c) in cpu_threads],
                                     p.step_marks, p.thread_events, o)
+        repeated = sorted({s.name.split(" (repeat ")[0] for s in graph.steps if " (repeat " in s.name}) if graph else []
+        step_warnings = [f"{p.path}: step name{'s' if len(repeated) > 1 else ''} {', '.join(repeated)} "
+                         f"annotate{'' if len(repeated) > 1 else 's'} more than one step: each kept apart, the "
+                         "later ones named '... (repeat N)'"] if repeated else []
         return Workload(
             rank=p.rank if p.rank is not None else 0,
             world_size=self.world_size,
@@ -416,7 +434,7 @@ class _WorkloadBuilder:
             world_size_known=self.world_size_known,
             exec_graph=graph,
             recorded_steps=p.recorded_steps,
-            input_warnings=list(p.warnings),
+            input_warnings=list(p.warnings) + self._peer_warnings() + step_warnings,
         )
 
     def _comm_info(self, g: GpuOp) -> CommInfo:
@@ -479,18 +497,40 @@ class _WorkloadBuilder:
         )
 
     def _p2p(self, info: CommInfo, group: str) -> P2PLink | None:
-        """A send/recv's ends as global ranks: the peer's rank in its group mapped through the
-        group's ranks (where the trace lists none, positions: the same number); None where the
-        metadata names no peer or one the group does not have."""
+        """A send/recv's ends as global ranks: ``Dst Rank`` / ``Src Rank`` as PyTorch writes them
+        (the peer's global rank), else ``Rank`` (the peer's rank in its group) mapped through the
+        group's ranks (``pg_config``, else ``Process Group Ranks``). None where the metadata names no
+        peer, or one outside the world or the group (counted for one warning naming it)."""
         found = info.p2p_peer()
         if found is None:
             return None
-        sends, peer = found
-        ranks = self.groups[group].ranks
-        if peer >= len(ranks):
-            return None
         own = self.p.rank if self.p.rank is not None else 0
-        return P2PLink(own, ranks[peer], info.seq) if sends else P2PLink(ranks[peer], own, info.seq)
+        ranks = self.groups[group].ranks
+        listed = group in self.listed_groups
+        peer, why = found.rank, None
+        if not found.is_global:
+            if not listed and len(ranks) != self.world_size:
+                why = "its group's ranks are not in the trace (no pg_config)"
+            elif not 0 <= peer < len(ranks):
+                why = f"not a rank of its {len(ranks)}-rank group"
+            else:
+                peer = ranks[peer]
+        if why is None and (peer < 0 or (self.world_size_known and peer >= self.world_size)):
+            why = f"outside the world of {self.world_size} ranks"
+        elif why is None and (peer == own or (listed and (peer not in ranks or own not in ranks))):
+            why = f"not a peer of rank {own} in its group"
+        if why is not None:
+            shown = list(ranks) if len(ranks) <= 8 else f"of {len(ranks)} ranks"
+            groups = self.bad_peers.setdefault((found.field, found.rank, why), {})
+            groups[f"{group!r} {shown}"] = groups.get(f"{group!r} {shown}", 0) + 1
+            return None
+        return P2PLink(own, peer, info.seq) if found.sends else P2PLink(peer, own, info.seq)
+
+    def _peer_warnings(self) -> list[str]:
+        """One line per peer that could not be read (traces.kineto._p2p): which, why, where, how many."""
+        return [f"{self.p.path}: {sum(groups.values()):,} send/recv name peer {field} {rank}: {why} "
+                f"(group {', '.join(sorted(groups))}); not paired with a peer"
+                for (field, rank, why), groups in self.bad_peers.items()]
 
     def _group(self, info: CommInfo) -> str:
         """The op's process group name, registering the group if new."""
@@ -500,7 +540,9 @@ class _WorkloadBuilder:
             name = "0"
         if name not in self.groups:
             ranks = info.group_ranks
-            if not ranks:
+            if ranks:
+                self.listed_groups.add(name)
+            else:
                 size = info.group_size if info.group_size and 0 < info.group_size <= MAX_RANKS else self.world_size
                 ranks = tuple(range(size))  # positions only: the trace does not list the members
             self.groups[name] = ProcessGroup(name, ranks)

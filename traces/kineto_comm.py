@@ -19,13 +19,28 @@ P2P_KINDS = ("send", "recv")  # PyTorch's "Collective name" of a point-to-point 
 
 
 def parse_ranks(value: object) -> tuple[int, ...]:
-    """Group ranks from a list or a "[0, 1]" string."""
+    """Group ranks from a list or a "[0, 1]" string; () where the list is cut short (PyTorch
+    writes the first 30 ranks and "..." of a larger group: torch/csrc/profiler/util.cpp
+    format_list, kTruncatLength) or empty (a group not evenly spaced: see docs/reference.md)."""
     if isinstance(value, str):
+        if "..." in value:
+            return ()
         return tuple(int(x) for x in re.findall(r"-?\d+", value))
     if isinstance(value, list):
         out = [to_int(v) for v in value]
         return tuple(x for x in out if x is not None)
     return ()
+
+
+@dataclass(frozen=True)
+class PeerRef:
+    """The peer a send/recv's metadata names, as written: a global rank (``Src Rank`` /
+    ``Dst Rank``) or the peer's rank in the op's process group (``Rank``)."""
+
+    sends: bool  # the op is a send: the peer is the data's destination
+    rank: int
+    is_global: bool
+    field: str  # the metadata key it came from (for a warning that names it)
 
 
 @dataclass
@@ -36,11 +51,13 @@ class CommInfo:
     group: str | None = None
     group_ranks: tuple[int, ...] = ()
     group_size: int | None = None
-    # a send/recv's p2p metadata: "send" or "recv", and Kineto's "Src Rank" / "Dst Rank" (the
-    # peer's rank in the process group) and "Seq"; traces.kineto resolves them to a P2PLink
+    # a send/recv's p2p metadata: "send" or "recv"; Kineto's "Src Rank" / "Dst Rank" (the peer's
+    # GLOBAL rank, PyTorch 2.5+, evenly spaced groups only), "Rank" (on a send/recv: the peer's rank
+    # in its group; on a collective: the rank's own) and "Seq"; traces.kineto resolves them to a P2PLink
     p2p_kind: str | None = None
     src_rank: int | None = None
     dst_rank: int | None = None
+    rank_arg: int | None = None
     seq: int | None = None
 
     def absorb_metadata(self, args: dict) -> None:
@@ -69,16 +86,25 @@ class CommInfo:
             self.src_rank = to_int(args.get("Src Rank"))
         if self.dst_rank is None:
             self.dst_rank = to_int(args.get("Dst Rank"))
+        if self.rank_arg is None:
+            self.rank_arg = to_int(args.get("Rank"))
         if self.seq is None:
             self.seq = to_int(args.get("Seq"))
 
-    def p2p_peer(self) -> tuple[bool, int] | None:
-        """(whether it sends, the peer's rank in its group) where the metadata names the peer."""
+    def p2p_peer(self) -> PeerRef | None:
+        """The peer a send/recv's metadata names: ``Dst Rank`` (a send) or ``Src Rank`` (a recv) as
+        a global rank, else ``Rank`` as the peer's rank in its group; None where it names none."""
         kind = self.p2p_kind
         if kind is None:  # the one rank field given says which end the peer is
-            kind = "send" if self.src_rank is None else "recv" if self.dst_rank is None else None
-        peer = self.dst_rank if kind == "send" else self.src_rank if kind == "recv" else None
-        return None if peer is None or peer < 0 else (kind == "send", peer)
+            ends = (self.src_rank is None, self.dst_rank is None)
+            kind = "send" if ends == (True, False) else "recv" if ends == (False, True) else None
+        if kind not in P2P_KINDS:
+            return None
+        peer = self.dst_rank if kind == "send" else self.src_rank
+        field = "Dst Rank" if kind == "send" else "Src Rank"
+        if peer is None and self.rank_arg is not None:
+            return PeerRef(kind == "send", self.rank_arg, False, "Rank")
+        return None if peer is None else PeerRef(kind == "send", peer, True, field)
 
     def absorb_call(self, call: CommCall) -> None:
         """Fill unset fields from a CPU comm call's name and tensor shapes."""

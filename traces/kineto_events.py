@@ -126,9 +126,12 @@ class StepMark:
 
 
 class EventReader:
-    """Accumulates the records of every chunk fed to it."""
+    """Accumulates the records of every chunk fed to it; ``time_scale``: what each ``ts`` and
+    ``dur`` is multiplied by to be microseconds (1e-3: a trace whose times are nanoseconds,
+    :mod:`traces.time_units`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, time_scale: float = 1.0) -> None:
+        self.time_scale = time_scale
         self.gpu_ops: list[GpuOp] = []
         self.comm_calls: list[CommCall] = []
         self.comm_by_ext: dict[int, CommCall] = {}
@@ -181,6 +184,7 @@ class EventReader:
         cpu_ts, cpu_end, cpu_thread, cpu_kind = self._cpu_ts, self._cpu_end, self._cpu_thread, self._cpu_kind
         thread_ids = self._threads
         min_ts = self.min_ts
+        scale = self.time_scale
         for e in events:
             if type(e) is not dict:
                 continue
@@ -192,6 +196,8 @@ class EventReader:
             if not (type(ts) is int or type(ts) is float) or not (type(dur) is int or type(dur) is float) or dur < 0:
                 self._bad(events, e)
                 continue
+            if scale != 1.0:
+                ts, dur = ts * scale, dur * scale
             cat = e.get("cat")
             name = e.get("name")
             if type(cat) is not str or type(name) is not str or cat == "Trace":

@@ -53,9 +53,11 @@ class JobLayout:
 
 
 def job_layout(headers: list[TraceHeader], path: Path) -> JobLayout:
-    """Ranks, origin and world of one directory's files; LagomError if they are not one job's ranks."""
+    """Ranks, origin and world of one directory's files; LagomError if they are not one job's ranks
+    (files of different jobs are told as such before two files' ranks are compared: a folder of
+    unrelated traces, each its job's rank 0, is refused as different jobs, not as "both rank 0")."""
+    _check_one_job(headers, _assign_ranks(headers, path, check=False), path)
     ranks = _assign_ranks(headers, path)
-    _check_one_job(headers, ranks, path)
     starts = [h.base_us + math.floor(h.min_ts) for h in headers if h.min_ts is not None]
     origin = min(starts) if starts else 0
     world = max([h.world_size or 0 for h in headers] + [len(headers), max(ranks) + 1])
@@ -79,8 +81,9 @@ def set_comm_waits(workload: Workload, waits: dict[int, float], ranks_read: int)
         workload.exec_graph.wait_basis = WAIT_BASIS_RANKS if ranks_read > 1 else WAIT_BASIS_FASTEST
 
 
-def _assign_ranks(headers: list[TraceHeader], path: Path) -> list[int]:
-    """Rank from distributedInfo, else from the file name (``rank-3``, ``rank3``), else file order."""
+def _assign_ranks(headers: list[TraceHeader], path: Path, check: bool = True) -> list[int]:
+    """Rank from distributedInfo, else from the file name (``rank-3``, ``rank3``), else file order;
+    ``check``: LagomError where two files are one rank."""
     used: dict[int, Path] = {}
     ranks = []
     for index, h in enumerate(headers):
@@ -88,7 +91,7 @@ def _assign_ranks(headers: list[TraceHeader], path: Path) -> list[int]:
         if rank is None:
             m = _RANK_IN_NAME.search(h.path.name)
             rank = int(m.group(1)) if m and int(m.group(1)) < MAX_RANKS else index
-        if rank in used:
+        if rank in used and check:
             raise LagomError(f"{path}: files {used[rank].name} and {h.path.name} are both rank {rank}")
         used[rank] = h.path
         ranks.append(rank)
@@ -105,13 +108,15 @@ def _check_one_job(headers: list[TraceHeader], ranks: list[int], path: Path) -> 
                            ("device", ref.device_name, p.device_name), ("lagom record job", ref.job_id, p.job_id)):
             if a is not None and b is not None and a != b:
                 raise LagomError(f"{path}: {ref.path.name} and {p.path.name} are traces of different jobs "
-                                 f"({what} {a} and {b})")
+                                 f"({what} {a} and {b}); a folder is one job's ranks: name the files to "
+                                 "analyse each on its own")
         if ref.min_ts is not None and ref.max_ts is not None and p.min_ts is not None and p.max_ts is not None:
             a0, a1 = ref.base_us + ref.min_ts, ref.base_us + ref.max_ts
             b0, b1 = p.base_us + p.min_ts, p.base_us + p.max_ts
             if max(a0, b0) - min(a1, b1) > JOB_GAP_US:
                 raise LagomError(f"{path}: {ref.path.name} and {p.path.name} are traces of different jobs "
-                                 f"(recorded more than a minute apart: from {_when(a0)} and from {_when(b0)})")
+                                 f"(recorded more than a minute apart: from {_when(a0)} and from {_when(b0)}); "
+                                 "a folder is one job's ranks: name the files to analyse each on its own")
 
 
 def _when(time_us: float) -> str:

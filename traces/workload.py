@@ -89,9 +89,10 @@ class ComputeOp:
 @dataclass(frozen=True)
 class P2PLink:
     """A send/recv's two ends, as global ranks: the data moves from ``src`` to ``dst``. From
-    Kineto's ``Dst Rank`` (on a send) or ``Src Rank`` (on a recv), the peer's rank in its
-    process group, mapped to the global rank through the group's ranks; the other end is the
-    trace's own rank. ``seq``: PyTorch's sequence number of the op (``Seq``), where recorded."""
+    Kineto's ``Dst Rank`` (on a send) or ``Src Rank`` (on a recv), the peer's global rank
+    (PyTorch 2.5+), else ``Rank``, the peer's rank in its process group, mapped through the
+    group's ranks (docs/reference.md §4); the other end is the trace's own rank. ``seq``:
+    PyTorch's sequence number of the op (``Seq``), where recorded."""
 
     src: int
     dst: int

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from costmodel.cluster import ClusterSpec
+from costmodel.nccl_algorithms import algorithm_refusal
 from nccl_env.delivery import largest_message
 from nccl_env.errors import LagomError
 from nccl_env.knob_table import (
@@ -80,6 +81,9 @@ from nccl_env.rules import (
 from traces.size_ranges import signature_ranges
 from traces.workload import Workload
 
+# the algorithms switch_pairs offers where NCCL's rules allow them (NVLS, NVLSTree, CollNetDirect, PAT)
+SWITCH_ALGORITHMS = (Algorithm.NVLS, Algorithm.NVLS_TREE, Algorithm.COLLNET_DIRECT, Algorithm.PAT)
+
 
 def scope_key(scope: Scope, signature: Signature, byte_range: tuple[int, int] | None = None) -> str:
     """The label signatures share when they must share a knob's value (``byte_range``: the
@@ -103,7 +107,8 @@ def pairs_for(signature: Signature, version: NcclVersion, intra_kind: str) -> tu
     """(algorithm, protocol) subspaces for one signature.
 
     Ring everywhere; Tree for AllReduce (NCCL implements Tree only for AllReduce).
-    CollNet and NVLS need switch hardware the presets do not model; PAT is left out.
+    NVLS, NVLSTree and PAT are added by :func:`switch_pairs` where the cluster and NCCL
+    have them; CollNet is not modelled.
     LL128 only where NCCL enables it by default: NVLink/NVSwitch nodes (NCCL
     src/graph/tuning.cc disables LL128 on PCIe-only systems). Point-to-point
     collectives (AllToAll, send/recv) have no algorithm: their only subspace is
@@ -118,6 +123,21 @@ def pairs_for(signature: Signature, version: NcclVersion, intra_kind: str) -> tu
     if intra_kind in ("nvlink", "nvswitch"):
         protos.insert(1, Protocol.LL128)
     return tuple((a, p) for a in algos for p in protos)
+
+
+def switch_pairs(signature: Signature, cluster: ClusterSpec, version: NcclVersion,
+                 ) -> tuple[tuple[Algorithm, Protocol], ...]:
+    """NVLS, NVLSTree, CollNetDirect and PAT subspaces (Simple: their only protocol) where NCCL would
+    run them for the signature on this cluster and NCCL (``costmodel.nccl_algorithms.algorithm_refusal``:
+    NVLS on one NVLink-SHARP node, NVLSTree across such nodes, CollNetDirect AllReduce across nodes
+    whose network reduces, PAT with one GPU per node from 2.23); the
+    evaluators model each. A plan reaches NCCL with them through the same door as Ring and Tree
+    (the plugin's cost table per collective, NCCL_ALGO per function or process)."""
+    if signature.collective in P2P_COLLECTIVES:
+        return ()
+    where = dataclasses.replace(cluster, nccl_version=version)
+    return tuple((algo, Protocol.SIMPLE) for algo in SWITCH_ALGORITHMS
+                 if algorithm_refusal(where, algo, signature.collective, signature.ranks, signature.nodes) is None)
 
 
 # ---- units and points -------------------------------------------------------------------
@@ -416,7 +436,8 @@ def build_space(
         enabled = () if enabled_pairs is None or sig.collective in P2P_COLLECTIVES else tuple(
             (a, p) for a, p in enabled_pairs(cluster, sig) if a in available
         )
-        pairs[sig] = enabled or pairs_for(sig, version, cluster.intra_node.kind)
+        base = enabled or pairs_for(sig, version, cluster.intra_node.kind)
+        pairs[sig] = base + tuple(pair for pair in switch_pairs(sig, cluster, version) if pair not in base)
     with_pairs = [s for s in signatures if pairs[s]]
     subspace_units = _units(with_pairs, scopes[ALGORITHM.field], (), 0, ranges)
     notes = []
@@ -448,7 +469,7 @@ def build_space(
 
 
 # Paths the search offers, in probe order. EFFICIENCY is left out: its only effect is NCCL's
-# NVLS re-selection, which no modelled cluster has (nccl_env.rules).
+# NVLS re-selection on registered buffers, which the evaluators do not model (nccl_env.rules).
 SEARCHED_PATHS = (CommPath.SYMMETRIC, CommPath.COPY_ENGINE)
 
 

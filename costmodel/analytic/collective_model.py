@@ -24,6 +24,9 @@ its model's bus bytes at ``min(CTAs x CTA rate, NCCL's peak, link)``; copy-engin
 copy per local peer, and move the wire bytes at the copy engines' rate. Both copy between
 registered buffers: ``direct_dram_per_byte`` DRAM bytes per wire byte.
 
+NVLS and NVLSTree (:func:`nvls_estimate`) and PAT (ceil(log2 n) network rounds in
+:func:`collective_estimate`) state the simulator's mechanisms for them in closed form.
+
 So the time falls with the chunk (fewer synchronisations) until the pipeline fill
 and the per-step cost of big chunks take over (unimodal), and saturates in channels
 once the link is the limit. While it runs the collective holds ``NC`` SMs, keeps
@@ -39,6 +42,14 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from costmodel.nccl_algorithms import (
+    COLLNET_ARITY_US,
+    COLLNET_INTRA_LATENCY_FACTOR,
+    COLLNET_NET_LATENCY_FACTOR,
+    NVLS_SWITCH_LATENCY_FACTOR,
+    NVLS_TREE_NET_LATENCY_FACTOR,
+    log2_steps,
+)
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 
 # (algorithm, protocol) -> (intra-node, network) hop latency over LL's (nccl_defaults.protocol_hop_factors)
@@ -114,6 +125,8 @@ def hops(collective: CollectiveType, algorithm: Algorithm, ranks: int, nodes: in
     if algorithm is Algorithm.TREE and collective is CollectiveType.ALLREDUCE:
         net = 2 * int(math.log2(nodes)) if nodes > 1 else 0
         return 2 * (per_node - 1), net
+    if algorithm is Algorithm.PAT:  # one GPU per node: ceil(log2 n) rounds, each a network hop
+        return 0, log2_steps(n)
     if collective is CollectiveType.ALLREDUCE:
         net = 2 * nodes if nodes > 1 else 0
         return 2 * (n - 1) - net, net
@@ -196,7 +209,10 @@ def collective_estimate(
     # NCCL's last loop runs a smaller chunk (realChunkSize): only the synchronisations are quantised,
     # and what a channel keeps in flight is the chunk it really uses (in buffer bytes)
     est = CollectiveEstimate(
-        time_us=0.0, fixed_us=fixed, steps_us=steps_per_loop * (share / r + loops * sync), wire_bytes=bus * size,
+        time_us=0.0, fixed_us=fixed, wire_bytes=bus * size,
+        # PAT aggregates a loop's n-1 sends into ceil(log2 n) synchronised steps
+        steps_us=steps_per_loop * share / r + (log2_steps(n) if algorithm is Algorithm.PAT else steps_per_loop)
+        * loops * sync,
         rate_cap=rate_cap, ctas=nc, footprint_bytes=p["fifo_chunks"] * nc * c / payload,
         dram_base=p["coll_dram_per_byte"], dram_fifo=p["fifo_dram_per_byte"], crosses_net=nodes > 1,
     )
@@ -255,4 +271,65 @@ def symmetric_estimate(p: dict, collective: CollectiveType, message_bytes: float
                              wire_bytes=bus_bytes, rate_cap=rate,
                              ctas=ctas, footprint_bytes=0.0,
                              dram_base=p["direct_dram_per_byte"] * wire / max(1.0, bus_bytes), dram_fifo=0.0)
+    return _with_time(est, est.time_under(l2_bytes, mem_bw))
+
+
+def nvls_estimate(p: dict, collective: CollectiveType, message_bytes: float, ranks: int, nodes: int, channels: int,
+                  chunk_bytes: int, l2_bytes: float, mem_bw: float) -> CollectiveEstimate:
+    """NVLS (one node) or NVLSTree (AllReduce across nodes): the switch reduces and multicasts
+    (the simulator's ``CollectiveModel.nvls``). Per GPU the NVLink carries ``S (n+1)/n`` for an
+    AllReduce (``S`` for AllGather / ReduceScatter), its ``channels`` CTAs at ``nvls_channel_bw``
+    each; across nodes the node's ``S`` goes up and down a tree over its NICs. No reduction math on
+    the SMs; two NVLS buffers' slices per channel in L2; DRAM: input read, result written once."""
+    n = max(1, int(ranks))
+    nodes = max(1, int(nodes))
+    local = max(1, n // nodes)
+    size = float(max(1, message_bytes))
+    nc = max(1, int(channels))
+    r = p["nvls_channel_bw_gb_per_s"] * _GB
+    allreduce = collective is CollectiveType.ALLREDUCE
+    wire_per_byte = (local + 1) / local if allreduce else 1.0
+    rate = min(nc * r, p["intra_bw_gb_per_s"] * _GB) / wire_per_byte
+    latency = p["intra_hop_us"] * NVLS_SWITCH_LATENCY_FACTOR
+    if nodes > 1:
+        latency += 2 * log2_steps(nodes) * p["net_hop_us"] * NVLS_TREE_NET_LATENCY_FACTOR
+        rate = min(rate, p["net_bw_gb_per_s"] * _GB * p["tree_bw_factor"])  # the node's S over all its NICs
+    c = max(1.0, min(float(max(1, chunk_bytes)), size / (local * nc)))
+    loops = max(1, math.ceil(size / (local * nc * c) - 1e-9))
+    sync = p["sync_simple_us"]
+    est = CollectiveEstimate(
+        time_us=0.0, fixed_us=p["launch_us"] + latency + c / r + sync,
+        steps_us=wire_per_byte * size / (nc * r) + (2 if allreduce else 1) * loops * sync,
+        wire_bytes=size, rate_cap=rate, ctas=nc, footprint_bytes=2 * p["fifo_chunks"] * nc * c if n > 1 else 0.0,
+        dram_base=2.0 if allreduce else (local + 1) / local, dram_fifo=p["fifo_dram_per_byte"] * wire_per_byte,
+        crosses_net=nodes > 1)
+    return _with_time(est, est.time_under(l2_bytes, mem_bw))
+
+
+def collnet_estimate(p: dict, message_bytes: float, ranks: int, nodes: int, gpus_per_node: int, channels: int,
+                     threads: int, chunk_bytes: int, l2_bytes: float, mem_bw: float) -> CollectiveEstimate:
+    """CollNetDirect AllReduce (the simulator's ``CollectiveModel.collnet_direct``): the network
+    reduces; inside the node ``2(p-1)/p S`` per GPU over NVLink, across it the node's ``S`` once over
+    its NICs; a ring-like FIFO; DRAM as NVLS."""
+    n = max(1, int(ranks))
+    nodes = max(1, int(nodes))
+    local = max(1, n // nodes)
+    size = float(max(1, message_bytes))
+    nc = max(1, int(channels))
+    r = p["channel_bw_simple_gb_per_s"] * _GB * min(1.0, max(1, threads) / p["saturation_threads"])
+    intra_wire = 2.0 * (local - 1) / local
+    rate = p["net_bw_gb_per_s"] * _GB * min(1.0, local / max(1, gpus_per_node))  # the group's share of the NICs
+    if intra_wire > 0:
+        rate = min(rate, min(nc * r, p["intra_bw_gb_per_s"] * _GB) / intra_wire)
+    latency = (2 * (min(1, local - 1) * p["intra_hop_us"] * COLLNET_INTRA_LATENCY_FACTOR
+                    + (local - 1) * COLLNET_ARITY_US) + p["net_hop_us"] * COLLNET_NET_LATENCY_FACTOR)
+    c = max(1.0, min(float(max(1, chunk_bytes)), size / (local * nc)))
+    loops = max(1, math.ceil(size / (local * nc * c) - 1e-9))
+    sync = p["sync_simple_us"]
+    per_byte = max(intra_wire, 1.0 / local)
+    est = CollectiveEstimate(
+        time_us=0.0, fixed_us=p["launch_us"] + latency + c / r + sync,
+        steps_us=per_byte * size / (nc * r) + 2 * loops * sync, wire_bytes=size, rate_cap=rate, ctas=nc,
+        footprint_bytes=p["fifo_chunks"] * nc * c, dram_base=2.0, dram_fifo=p["fifo_dram_per_byte"] * per_byte,
+        crosses_net=True)
     return _with_time(est, est.time_under(l2_bytes, mem_bw))

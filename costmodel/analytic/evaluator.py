@@ -39,7 +39,9 @@ from functools import partial
 
 from costmodel.analytic.collective_model import (
     CollectiveEstimate,
+    collnet_estimate,
     copy_engine_estimate,
+    nvls_estimate,
     resolved_estimate,
     symmetric_estimate,
 )
@@ -58,12 +60,13 @@ from costmodel.analytic.jump import JumpStatic, build_jump_static, jump_timeline
 from costmodel.analytic.params import params_for
 from costmodel.cluster import ClusterSpec
 from costmodel.evaluator import DurationScale, LazyOpValues, OpTiming, Timing, check_generated, check_plan
+from costmodel.nccl_algorithms import NVLS_FAMILY, admitted, algorithm_settings
 from costmodel.nccl_defaults import nccl_graph, protocol_hop_factors, symmetric_kernel
 from costmodel.replay.anchor import check_scale
 from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
-from nccl_env.knob_table import PATH, sets_every_kernel_knob
-from nccl_env.knobs import CommConfig
+from nccl_env.knob_table import ALGORITHM, CHANNELS, CHUNK, PATH, THREADS, sets_every_kernel_knob
+from nccl_env.knobs import Algorithm, CommConfig
 from nccl_env.plan import Plan, Signature
 from nccl_env.rules import P2P_COLLECTIVES, Mechanism, collective_mechanism
 from traces.workload import CollectiveOp, ComputeOp, Op, Workload
@@ -166,7 +169,7 @@ class AnalyticEvaluator:
     def evaluate(self, workload: Workload, plan: Plan, scale: DurationScale | None = None) -> Timing:
         """A generated workload (a trace is replayed: costmodel.replay.trace_evaluator.ReplayEvaluator
         over this evaluator); ``scale``, a what-if on a trace's measured times, is refused unless identity."""
-        check_plan(plan)
+        check_plan(plan, self.cluster)
         check_generated(workload)
         check_scale(workload, scale)
         st = self._statics.get(workload)
@@ -187,8 +190,10 @@ class AnalyticEvaluator:
         """The collective under ``config`` (None fields resolved to NCCL's choices)."""
         key = (signature, config)
         est = self._est_cache.get(key)
-        if est is None:
-            est = self._path_estimate(signature, config)
+        if est is not None:
+            return est
+        config = admitted(self.cluster, signature, config)
+        est = self._path_estimate(signature, config) or self._algorithm_estimate(signature, config)
         if est is None:
             est = resolved_estimate(
                 self.params, signature.collective, signature.message_bytes, signature.ranks, signature.nodes,
@@ -196,6 +201,7 @@ class AnalyticEvaluator:
                 self.gpu.sm_count - 1,  # a channel is a CTA: one SM each
                 self.gpu.l2_bytes, self.gpu.mem_bw, partial(protocol_hop_factors, self.cluster),
             )
+        if key not in self._est_cache:
             if len(self._est_cache) > 200_000:
                 self._est_cache.clear()
                 self._host_cache.clear()
@@ -224,6 +230,30 @@ class AnalyticEvaluator:
                                      kernel.cta_bw_bytes_per_us, kernel.peak_bw_bytes_per_us, g.l2_bytes, g.mem_bw)
         self._est_cache[(signature, config)] = est
         return est
+
+    def _algorithm_estimate(self, signature: Signature, config: CommConfig) -> CollectiveEstimate | None:
+        """The estimate when NCCL's kernels run NVLS, NVLSTree, CollNetDirect or PAT (NCCL's settings for them:
+        costmodel.nccl_algorithms.algorithm_settings), else None (ring and tree: resolved_estimate)."""
+        resolved = self.resolve(signature, config)
+        algo = ALGORITHM.get(resolved)
+        if algo is Algorithm.PAT:
+            resolved = algorithm_settings(self.cluster, signature, config, resolved)
+            return resolved_estimate(
+                self.params, signature.collective, signature.message_bytes, signature.ranks, signature.nodes,
+                self.cluster.gpus_per_node, resolved, self.gpu.sm_count - 1, self.gpu.l2_bytes, self.gpu.mem_bw,
+                partial(protocol_hop_factors, self.cluster))
+        if algo not in NVLS_FAMILY and algo is not Algorithm.COLLNET_DIRECT:
+            return None
+        resolved = algorithm_settings(self.cluster, signature, config, resolved)
+        nc, chunk = CHANNELS.get(resolved), CHUNK.get(resolved)
+        assert nc is not None and chunk is not None  # algorithm_settings sets them
+        if algo is Algorithm.COLLNET_DIRECT:
+            return collnet_estimate(self.params, signature.message_bytes, signature.ranks, signature.nodes,
+                                    self.cluster.gpus_per_node, min(nc, self.gpu.sm_count - 1),
+                                    THREADS.get(resolved) or 512, chunk, self.gpu.l2_bytes, self.gpu.mem_bw)
+        return nvls_estimate(self.params, signature.collective, signature.message_bytes, signature.ranks,
+                             signature.nodes, min(nc, self.gpu.sm_count - 1), chunk, self.gpu.l2_bytes,
+                             self.gpu.mem_bw)
 
     def _host_side(self, est: CollectiveEstimate) -> CollectiveEstimate:
         """The same collective run by the host: same pace, no SMs, L2 or GPU DRAM."""

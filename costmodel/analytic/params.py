@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from costmodel.cluster import ClusterSpec
+from costmodel.nccl_algorithms import nvls_efficiency
+from costmodel.nccl_defaults import nccl_graph
 from nccl_env.errors import LagomError
 
 MODEL_FORMAT_VERSION = 1
@@ -52,6 +54,15 @@ def _net_bw(c: ClusterSpec) -> float:
 def _sm86(c: ClusterSpec) -> bool:
     """GA10x (A40, sm_86): NCCL halves its per-channel bandwidth figures there."""
     return int((c.nccl_graph or {}).get("compute_capability", 86 if c.gpu.sm_count == 84 else 80)) == 86
+
+
+def _nvls_channel_bw(c: ClusterSpec) -> float:
+    """NCCL's per-channel NVLink figure times its NVLS efficiency (tuning.cc nvlsEfficiency), as the
+    simulator's NVLS channel (sim: simple_bw_per_channel x nvls_efficiency)."""
+    graph = nccl_graph(c)
+    sim = c.sim or {}
+    simple = float(sim.get("simple_bw_per_channel_gb_per_s", graph.bw_intra_gb_per_s))
+    return simple * float(sim.get("nvls_efficiency") or nvls_efficiency(graph.compute_capability))
 
 
 PARAMS: tuple[ParamSpec, ...] = (
@@ -121,6 +132,9 @@ PATH_PARAMS: tuple[ParamSpec, ...] = (
               lambda c: 2.0, 0.0, 1000.0, "paths"),  # p2pBandwidthLatencyTest P2P write latency 1.8-2.3 us
     ParamSpec("direct_dram_per_byte", "DRAM bytes per wire byte of a copy between registered buffers",
               lambda c: 2.0, 0.0, 20.0, "paths"),  # source read + destination write (NVIDIA/nccl #1428)
+    # NVLS (collective_model.nvls_estimate): the calibration plan runs ring and tree only
+    ParamSpec("nvls_channel_bw_gb_per_s", "one NVLS channel's NVLink rate (multimem loads and stores)",
+              _nvls_channel_bw, 0.1, 1000.0, "paths"),
 )
 
 PARAM_NAMES = tuple(p.name for p in PARAMS)

@@ -299,7 +299,7 @@ def _flatten(data: JointData) -> _FlatGraph:
     def cat(name: str) -> np.ndarray:
         return np.concatenate([getattr(a, name) for a in arrs])
 
-    def threads(name: str) -> np.ndarray:  # a thread the rank's anchors do not hold stays out of range (-1)
+    def thread_ids(name: str) -> np.ndarray:  # a thread the rank's anchors do not hold stays out of range (-1)
         return np.concatenate([np.where((getattr(a, name) >= 0) & (getattr(a, name) < thread_count[i]),
                                         getattr(a, name) + thread_base[i], -1) for i, a in enumerate(arrs)])
 
@@ -346,14 +346,14 @@ def _flatten(data: JointData) -> _FlatGraph:
         succ_ptr=succ_ptr, succ_idx=succ_idx, indeg=np.asarray(indeg, dtype=np.int64),
         pred_ptr=_ptr([a.pred_ptr for a in arrs]),
         pred_idx=np.concatenate([a.pred_idx + op_base[i] for i, a in enumerate(arrs)]),
-        launch_call=cat("launch_call"), launch_latency=cat("launch_latency"), launch_thread=threads("launch_thread"),
+        launch_call=cat("launch_call"), launch_latency=cat("launch_latency"), launch_thread=thread_ids("launch_thread"),
         launch_wait=np.concatenate([_shifted(a.launch_wait, int(wait_base[i])) for i, a in enumerate(arrs)]),
-        gap=cat("gap"), measured_start=cat("measured_start"), wait_thread=threads("wait_thread"),
+        gap=cat("gap"), measured_start=cat("measured_start"), wait_thread=thread_ids("wait_thread"),
         wait_prev=np.concatenate([_shifted(a.wait_prev, int(wait_base[i])) for i, a in enumerate(arrs)]),
         wait_begin=cat("wait_begin"), wait_own=cat("wait_own"), wait_end=cat("wait_end"),
         wait_return=cat("wait_return"), awaited_ptr=_ptr([a.awaited_ptr for a in arrs]),
         awaited_idx=np.concatenate([a.awaited_idx + op_base[i] for i, a in enumerate(arrs)]),
-        wait_cause_thread=threads("wait_cause_thread"),
+        wait_cause_thread=thread_ids("wait_cause_thread"),
         wait_cause=np.concatenate([_shifted(a.wait_cause, int(wait_base[i])) for i, a in enumerate(arrs)]),
         wait_cause_us=cat("wait_cause_us"), anchor=cat("anchor"),
         is_compute=np.concatenate([np.asarray(st.is_compute, dtype=np.bool_) for st in sts]),

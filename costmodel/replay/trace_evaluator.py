@@ -57,7 +57,7 @@ class ReplayEvaluator:
         return data
 
     def evaluate(self, workload: Workload, plan: Plan, scale: DurationScale | None = None) -> Timing:
-        check_plan(plan)
+        check_plan(plan, getattr(self.mechanism, "cluster", None))  # the algorithms its mechanism runs there
         check_scale(workload, scale)
         data = self.data(workload)
         anchor = data.anchor(self.gpus_per_node)

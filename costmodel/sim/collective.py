@@ -24,6 +24,12 @@ copy-engine collectives (:meth:`CollectiveModel.copy_engine`) hold no SM and do 
 one, and move their wire bytes at the copy engines' rate over the link. Both copy straight
 between registered buffers: ``direct_dram_bytes_per_payload_byte`` per wire byte.
 
+NVLS and NVLSTree (:meth:`CollectiveModel.nvls`) let the switch reduce and multicast: each GPU's
+NVLink carries about its buffer once, NCCL's NVLS channels hold the SMs, two NVLS buffers' slices
+sit in L2. CollNetDirect (:meth:`CollectiveModel.collnet_direct`) lets the network's switches
+reduce: the node's NICs carry its buffer once. PAT is the chunk pipeline with ceil(log2 n)
+network rounds per loop instead of n-1.
+
 The chunk pipeline makes time fall with C (fewer syncs) until the fill step dominates
 (unimodal), and saturate in NC once the link is the limit. The FIFO data in flight,
 ``fifo_resident_chunks x NC x C`` bytes, sits in L2; what does not fit spills to DRAM and
@@ -36,8 +42,20 @@ from __future__ import annotations
 import math
 
 from costmodel.cluster import ClusterSpec
-from costmodel.nccl_defaults import SymmetricKernel, protocol_hop_factors
+from costmodel.nccl_algorithms import (
+    COLLNET_ARITY_US,
+    COLLNET_INTRA_LATENCY_FACTOR,
+    COLLNET_NET_LATENCY_FACTOR,
+    NVLS_CHUNK_BYTES,
+    NVLS_FAMILY,
+    NVLS_SWITCH_LATENCY_FACTOR,
+    NVLS_TREE_NET_LATENCY_FACTOR,
+    log2_steps,
+    nvls_efficiency,
+)
+from costmodel.nccl_defaults import SymmetricKernel, nccl_graph, protocol_hop_factors
 from costmodel.sim.params import SimParams
+from nccl_env.knob_table import ALGORITHM
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 from nccl_env.plan import Signature
 from nccl_env.rules import Mechanism
@@ -109,6 +127,8 @@ def _hop_latency_us(signature: Signature, algorithm: Algorithm, cluster: Cluster
     if algorithm is Algorithm.TREE:
         hops = 2 * (ppn - 1 + int(math.log2(nodes)))
         inter_hops = 2 * int(math.log2(nodes))
+    if algorithm is Algorithm.PAT:  # one GPU per node: ceil(log2 n) rounds, each a network hop
+        hops = inter_hops = log2_steps(n)
     intra_factor, net_factor = protocol_hop_factors(cluster, algorithm, protocol)
     return ((hops - inter_hops) * cluster.intra_node.latency_us * intra_factor
             + inter_hops * cluster.inter_node.latency_us * net_factor)
@@ -177,8 +197,10 @@ class CollectiveModel:
             wire_bytes=wire_factor * size,
             rate_cap=min(nc * r_ch, link * payload),
             fixed_us=params.launch_us + latency + fill,
-            # NCCL's last loop uses a smaller chunk (realChunkSize), so only the syncs are quantised
-            steps_us=steps_per_loop * (per_channel_share / r_ch + loops * sync),
+            # NCCL's last loop uses a smaller chunk (realChunkSize), so only the syncs are quantised; PAT
+            # aggregates a loop's n-1 sends into ceil(log2 n) synchronised steps
+            steps_us=steps_per_loop * per_channel_share / r_ch
+            + (log2_steps(n) if algo is Algorithm.PAT else steps_per_loop) * loops * sync,
             # NCCL shrinks the chunk to the channel's share of a small message (realChunkSize), so the
             # FIFO bytes in flight are the chunk actually used, in buffer bytes (LL: twice the payload)
             footprint_bytes=params.fifo_resident_chunks * nc * (c_eff / payload) if n > 1 else 0.0,
@@ -186,6 +208,104 @@ class CollectiveModel:
             dram_fifo=params.fifo_dram_bytes_per_payload_byte,
         )
         model.alone_us = model.time_us(float(gpu.l2_bytes), gpu.mem_bw_gb_per_s * 1e3 * params.mem_efficiency, 1.0)
+        return model
+
+    @classmethod
+    def nvls(cls, signature: Signature, config: CommConfig, cluster: ClusterSpec,
+             params: SimParams) -> CollectiveModel:
+        """NVLS (NVLink SHARP; ``config`` settled by costmodel.nccl_algorithms.algorithm_settings):
+        the switch reduces and multicasts. An AllReduce is a reduce-scatter through the switch (each
+        rank's CTAs ``multimem.ld_reduce`` their 1/n of every chunk: the switch reads it from all n
+        GPUs and returns the sum) then a multicast all-gather (``multimem.st``: one store, the switch
+        writes it to every GPU). Each GPU's NVLink carries about its buffer once per direction,
+        ``S (n+1)/n`` (it serves the switch's reads of its whole buffer and sends its 1/n share up;
+        it receives its reduced share and the whole multicast result), against the ring's
+        ``2(n-1)/n S``; AllGather and ReduceScatter carry ``S``. The SMs do no reduction math: a
+        channel's CTA moves data at ``nvls_efficiency`` of a Simple channel's copy rate (NCCL's own
+        figure, tuning.cc nvlsEfficiency). The NVLS buffers (nvls.cc: a scatter and a multicast
+        buffer of ``NCCL_STEPS`` steps per channel) hold one slice each in L2; DRAM sees the input
+        read once and the result written once. Its fixed cost is a launch, NCCL's own latency of the
+        switch path (tuning.cc hwLat NVLS 25 us over the ring's LL 0.6, times the preset's
+        ``latency_us``) and one chunk step. NVLSTree (several nodes, AllReduce): the same inside
+        the node, the node's data up and down a tree between nodes (``S`` per direction on the node's
+        NICs, at the tree's share of them), ``2 log2(nodes)`` network hops at NCCL's NVLSTree network
+        latency (20.9 us over the ring's LL 2.7)."""
+        n = max(1, signature.ranks)
+        nodes = max(1, signature.nodes)
+        local = max(1, n // nodes)
+        size = float(max(1, signature.message_bytes))
+        coll = signature.collective
+        graph = nccl_graph(cluster)
+        eff = params.nvls_efficiency or nvls_efficiency(graph.compute_capability)
+        nc = max(1, min(int(config.channels or 1), cluster.gpu.sm_count - 1))
+        r_ch = params.simple_bw_per_channel_gb_per_s * 1e3 * eff  # NVLink bytes/us one NVLS channel moves
+        allreduce = coll is CollectiveType.ALLREDUCE
+        wire_per_byte = (local + 1) / local if allreduce else 1.0  # NVLink bytes per buffer byte, busiest direction
+        rate = min(nc * r_ch, cluster.intra_node.bw_gb_per_s * 1e3) / wire_per_byte  # buffer bytes/us
+        phases = 2 if allreduce else 1  # reduce-scatter, then multicast all-gather
+        latency = cluster.intra_node.latency_us * NVLS_SWITCH_LATENCY_FACTOR
+        if nodes > 1:  # NVLSTree: up and down a tree of nodes
+            latency += 2 * log2_steps(nodes) * cluster.inter_node.latency_us * NVLS_TREE_NET_LATENCY_FACTOR
+            node_net = cluster.inter_node.nics_per_node * cluster.inter_node.nic_bw_gb_per_s * 1e3
+            rate = min(rate, node_net * params.tree_bw_fraction)  # the node's S over all its NICs
+        chunk = float(config.chunk_bytes or NVLS_CHUNK_BYTES)
+        c_eff = max(1.0, min(chunk, size / (local * nc)))
+        loops = max(1, math.ceil(size / (local * nc * c_eff) - 1e-9))
+        sync = params.step_sync_us_simple
+        io_bytes = 2.0 if allreduce else (local + 1) / local  # input read + result written, per buffer byte
+        model = cls(
+            config=config, ctas=nc, link_class="net" if nodes > 1 else "intra",
+            wire_bytes=size, rate_cap=rate,
+            fixed_us=params.launch_us + latency + c_eff / r_ch + sync,
+            steps_us=wire_per_byte * size / (nc * r_ch) + phases * loops * sync,
+            footprint_bytes=2 * params.fifo_resident_chunks * nc * c_eff if n > 1 else 0.0,
+            dram_base=io_bytes, dram_fifo=params.fifo_dram_bytes_per_payload_byte * wire_per_byte,
+        )
+        model.alone_us = model.time_us(float(cluster.gpu.l2_bytes),
+                                       cluster.gpu.mem_bw_gb_per_s * 1e3 * params.mem_efficiency, 1.0)
+        return model
+
+    @classmethod
+    def collnet_direct(cls, signature: Signature, config: CommConfig, cluster: ClusterSpec,
+                       params: SimParams) -> CollectiveModel:
+        """CollNetDirect AllReduce (``config`` settled by costmodel.nccl_algorithms.algorithm_settings):
+        the network's switches reduce (SHARP). Inside the node each GPU scatters its buffer's shares to
+        the node's heads over NVLink and gathers the results back (``2 (p-1)/p S`` per GPU and
+        direction, p GPUs per node, at its channels' copy rate); each head sends its share up to the
+        network and gets the reduced share back, so the node's NICs carry ``S`` per direction, once,
+        where a ring crosses them ``2(n-1)/n`` times per rank. Holds its channels' CTAs and a
+        ring-like FIFO; DRAM as NVLS (input read and result written once). Fixed cost: a launch, two
+        NVLink hops and a network round at NCCL's CollNetDirect latencies (tuning.cc: 3.7 us NVLink,
+        31 us network, 0.4 us per local peer), one chunk step."""
+        n = max(1, signature.ranks)
+        nodes = max(1, signature.nodes)
+        local = max(1, n // nodes)
+        size = float(max(1, signature.message_bytes))
+        nc = max(1, min(int(config.channels or 1), cluster.gpu.sm_count - 1))
+        threads = int(config.threads or 512)
+        r_ch = (params.simple_bw_per_channel_gb_per_s * 1e3
+                * min(1.0, threads / max(1, params.channel_saturation_threads)))
+        intra_wire = 2.0 * (local - 1) / local  # NVLink bytes per buffer byte, each direction
+        node_net = cluster.inter_node.nics_per_node * cluster.inter_node.nic_bw_gb_per_s * 1e3
+        rate = node_net * min(1.0, local / cluster.gpus_per_node)  # the group's share of the node's NICs
+        if intra_wire > 0:
+            rate = min(rate, min(nc * r_ch, cluster.intra_node.bw_gb_per_s * 1e3) / intra_wire)
+        latency = (2 * (min(1, local - 1) * cluster.intra_node.latency_us * COLLNET_INTRA_LATENCY_FACTOR
+                        + (local - 1) * COLLNET_ARITY_US)
+                   + cluster.inter_node.latency_us * COLLNET_NET_LATENCY_FACTOR)
+        chunk = float(config.chunk_bytes or (1 << 19))
+        c_eff = max(1.0, min(chunk, size / (local * nc)))
+        loops = max(1, math.ceil(size / (local * nc * c_eff) - 1e-9))
+        sync = params.step_sync_us_simple
+        model = cls(
+            config=config, ctas=nc, link_class="net", wire_bytes=size, rate_cap=rate,
+            fixed_us=params.launch_us + latency + c_eff / r_ch + sync,
+            steps_us=max(intra_wire, 1.0 / local) * size / (nc * r_ch) + 2 * loops * sync,
+            footprint_bytes=params.fifo_resident_chunks * nc * c_eff,
+            dram_base=2.0, dram_fifo=params.fifo_dram_bytes_per_payload_byte * max(intra_wire, 1.0 / local),
+        )
+        model.alone_us = model.time_us(float(cluster.gpu.l2_bytes),
+                                       cluster.gpu.mem_bw_gb_per_s * 1e3 * params.mem_efficiency, 1.0)
         return model
 
     @property
@@ -267,7 +387,8 @@ class CollectiveModel:
     def l2_held_beside(self, params: SimParams) -> float:
         """The L2 a kernel beside it loses in replay's slowdown ratio: ``fifo_resident_chunks`` x its
         CTAs x its configured chunk (not shrunk to a small message's share as :attr:`footprint_bytes` is)."""
-        return params.fifo_resident_chunks * self.ctas * (self.config.chunk_bytes or 0)
+        buffers = 2 if ALGORITHM.get(self.config) in NVLS_FAMILY else 1  # NVLS: scatter and multicast buffers
+        return buffers * params.fifo_resident_chunks * self.ctas * (self.config.chunk_bytes or 0)
 
     def dram_per_byte(self, l2_for_comm: float) -> float:
         if self.footprint_bytes <= 0:

@@ -58,12 +58,17 @@ class SimParams:
     # one small copy-engine write to a peer, back to back on a stream: 1.8-2.3 us
     # (p2pBandwidthLatencyTest "P2P=Enabled Latency (P2P Writes)", NVIDIA/cuda-samples #230)
     ce_copy_latency_us: float = 2.0
+    # --- NVLS (NVLink SHARP) ----------------------------------------------------------------
+    # An NVLS channel's multimem loads and stores reach this share of a Simple channel's copy rate;
+    # 0: NCCL's own figure for the GPU (tuning.cc nvlsEfficiency, v2.30.7-1: Hopper 0.85, Blackwell
+    # 0.74; costmodel.nccl_algorithms.nvls_efficiency)
+    nvls_efficiency: float = 0.0
 
 
 _FIELDS = {f.name: f.type for f in fields(SimParams)}
 # Shares of a peak: above 1 is faster than the hardware, 0 never finishes (division by zero).
 _FRACTIONS = {"gemm_efficiency", "attention_efficiency", "mem_efficiency", "ll_payload_fraction",
-              "ll128_payload_fraction", "tree_bw_fraction"}
+              "ll128_payload_fraction", "tree_bw_fraction", "nvls_efficiency"}
 # Rates and divisors that must not be 0.
 _POSITIVE = {"simple_bw_per_channel_gb_per_s", "ll128_bw_per_channel_gb_per_s", "ll_bw_per_channel_gb_per_s",
              "channel_saturation_threads", "gemm_short_reuse"}

@@ -43,6 +43,7 @@ import numpy as np
 
 from costmodel.cluster import ClusterSpec
 from costmodel.evaluator import DurationScale, LazyOpValues, OpTiming, Timing, check_generated, check_plan
+from costmodel.nccl_algorithms import NVLS_FAMILY, admitted, algorithm_settings
 from costmodel.nccl_defaults import nccl_graph, resolve_config, symmetric_kernel
 from costmodel.replay.anchor import check_scale
 from costmodel.sim.collective import CollectiveModel
@@ -50,8 +51,8 @@ from costmodel.sim.compute import ComputeModel, gemm_tile_from_name
 from costmodel.sim.params import sim_params
 from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
-from nccl_env.knob_table import PATH
-from nccl_env.knobs import CommConfig
+from nccl_env.knob_table import ALGORITHM, PATH
+from nccl_env.knobs import Algorithm, CommConfig
 from nccl_env.plan import Plan, Signature
 from nccl_env.rules import Mechanism, collective_mechanism
 from traces.intervals import intersection, union
@@ -149,6 +150,7 @@ class Simulator:
         key = (signature, requested)
         model = self._collective_models.get(key)
         if model is None:
+            requested = admitted(self.cluster, signature, requested)
             mechanism = collective_mechanism(PATH.get(requested), signature.collective, signature.nodes, self._version,
                                              self._topology)
             kernel = (symmetric_kernel(signature, compute_capability=self._compute_capability)
@@ -158,8 +160,14 @@ class Simulator:
             elif kernel is not None:
                 model = CollectiveModel.symmetric(signature, requested, kernel, self.cluster, self.params)
             else:
-                resolved = resolve_config(self.cluster, signature, requested)
-                model = CollectiveModel.chunk_pipeline(signature, resolved, self.cluster, self.params)
+                resolved = algorithm_settings(self.cluster, signature, requested,
+                                              resolve_config(self.cluster, signature, requested))
+                if ALGORITHM.get(resolved) in NVLS_FAMILY:
+                    model = CollectiveModel.nvls(signature, resolved, self.cluster, self.params)
+                elif ALGORITHM.get(resolved) is Algorithm.COLLNET_DIRECT:
+                    model = CollectiveModel.collnet_direct(signature, resolved, self.cluster, self.params)
+                else:  # ring, tree and PAT: a chunk pipeline over channels
+                    model = CollectiveModel.chunk_pipeline(signature, resolved, self.cluster, self.params)
             if len(self._collective_models) > 20_000:
                 self._collective_models.clear()
             self._collective_models[key] = model
@@ -200,7 +208,7 @@ class Simulator:
     def evaluate(self, workload: Workload, plan: Plan, scale: DurationScale | None = None) -> Timing:
         """A generated workload (a trace is replayed: costmodel.replay.trace_evaluator.ReplayEvaluator
         over this evaluator); ``scale``, a what-if on a trace's measured times, is refused unless identity."""
-        check_plan(plan)
+        check_plan(plan, self.cluster)
         check_generated(workload)
         check_scale(workload, scale)
         st = self._statics.get(workload)

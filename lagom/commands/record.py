@@ -26,7 +26,8 @@ holds nothing but what its manifest (lagom-record.txt) lists (anything else is a
 exit 2). The ranks record into a fresh folder beside DIR; an earlier recording in DIR is
 replaced only once the new one is complete (the job succeeded, every rank wrote its
 trace), else DIR is left as it was. The job's exit status is lagom's; a rank that ends
-before the window's last step writes no trace and one line says so.
+before the window's last step, or cannot write its trace (a full disk), writes none and
+one line says so; a job that succeeded with an incomplete recording exits 1.
 --json prints, as the last line on stdout, {"output", "exit_status", "traces" (the
 files written), "ranks", "window": {"skip", "timed", "warmup", "active"}}.
 """

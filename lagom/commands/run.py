@@ -26,9 +26,11 @@ on PYTHONPATH (an existing sitecustomize still runs). At exit rank 0 prints one 
 collectives seen (every one the job issued, whatever issued it: DDP's buckets, FSDP,
 DeviceMesh; docs/run.md), how many a tuned entry matched, bytes covered; --audit FILE writes
 per-signature counts and per-rank details as JSON. The job's exit status is lagom's
-(128+N if it died of signal N); SIGINT, SIGTERM and SIGHUP are forwarded to the job's
-process group. A missing or invalid config, or no command, is an error (exit 2) and
-nothing starts; a plugin that cannot be built is a warning and the job runs without it.
+(128+N if it died of signal N, or ended after a forwarded signal N); SIGINT, SIGTERM and
+SIGHUP are forwarded to the job's process group, and a job still running 10 s later
+(LAGOM_KILL_GRACE_S) gets SIGKILL; one line says so when the signal is forwarded. A
+missing or invalid config, or no command, is an error (exit 2) and nothing starts; a
+plugin that cannot be built is a warning and the job runs without it.
 Paths a tuned file names are relative to its own folder (docs/run.md).
 
 --online tunes inside the running job (NCCL >= 2.21): at each optimizer step (torch's
@@ -37,9 +39,11 @@ reports its step time, rank 0 runs Lagom's search on those measurements and ever
 switches to the same plan at the same step, through the tuner plugin's table. Only
 per-collective knobs change (channels, algorithm/protocol; chunk from NCCL 2.30);
 threads and the buffer stay at the seed's values (--config, else NCCL's defaults).
-A final A/B keeps the result only if it beats the seed; --save writes it as a tuned
-file for the next run. The clock is the step time (CUDA events on the compute stream;
-the host clock without CUDA); TORCH_NCCL_ENABLE_TIMING stays as you set it.
+A final A/B keeps the result only if the job ran the collectives it changes and it
+beats the seed past the noise; else the seed is kept. --save writes the plan kept (the
+seed's own after a revert) as a tuned file for the next run; the last line says which.
+The clock is the step time (CUDA events on the compute stream; the host clock without
+CUDA); TORCH_NCCL_ENABLE_TIMING stays as you set it.
 --collective-timing also times each async collective through its Work handle, which
 sets TORCH_NCCL_ENABLE_TIMING=1: its timing events break the overlap of NCCL with
 compute, costing up to about 30% on small and mid-sized collectives. --simulate

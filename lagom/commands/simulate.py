@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
             validate_config(config, version)
         except LagomError as exc:
             raise LagomError(f"{origin}: {exc}") from None
-        check_config(config, origin)
+        check_config(config, origin, cluster)
 
     plan = Plan()
     if args.config:
@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
         if absent:
             warnings.append(absent)
         for i, entry in enumerate(tuned.collectives):
-            check_config(entry.config, f"{args.config}: collectives[{i}]")  # and what the evaluators model
+            check_config(entry.config, f"{args.config}: collectives[{i}]", cluster)  # and what the evaluators model
         plan = tuned.to_plan(signatures)
         unmatched = unmatched_config_warning(args.config, len(tuned.collectives), signatures, plan)
         if unmatched:

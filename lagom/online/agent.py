@@ -7,6 +7,12 @@ check it and apply it (:meth:`receive`). Under torchrun each rank calls ``bounda
 from its optimizer-step hook; in process (the bench, the property tests) a driver
 calls the three phases for N simulated ranks in turn (:func:`run_in_process`).
 
+A sample carries, beside the step's Timing, the rank's calls of each signature during
+the step (``calls``: the hook's counts under torchrun, the workload's own under a
+simulated clock; None where nobody counts them); the decider sums them over ranks
+(integers: every rank would get the same sum) and tells the controller, which keeps a
+result only when the job ran its changed signatures.
+
 The audit's view of a rank: ``epochs`` lists (epoch, plan hash, first step) for every
 plan this rank ran, in order, so equal lists on every rank mean the ranks agreed.
 """
@@ -14,7 +20,7 @@ plan this rank ran, in order, so equal lists on every rank mean the ranks agreed
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from costmodel.cluster import ClusterSpec
@@ -57,6 +63,7 @@ class RankAgent:
     apply: Callable[[Plan], None]  # install a plan (the plugin's table swap)
     controller: OnlineController | None = None  # on the deciding rank only
     timeout_s: float = DEFAULT_TIMEOUT_S
+    calls: Callable[[], Sequence[int]] | None = None  # this rank's calls per signature during the step that ended
     step: int = 0  # step boundaries seen
     epoch: int = -1  # -1: before the first decision (the launcher's table is in force)
     active: bool = True
@@ -76,18 +83,22 @@ class RankAgent:
     def publish(self) -> None:
         self.step += 1
         sample = self.clock.step_ended()
-        self.store.set(f"{sample_key(self.step, self.rank)}", json.dumps(timing_to_wire(sample)))
+        calls = [int(n) for n in self.calls()] if self.calls is not None else None
+        self.store.set(f"{sample_key(self.step, self.rank)}", json.dumps([timing_to_wire(sample), calls]))
 
     def decide(self) -> None:
         controller = self.controller
         if controller is None:
             return
         keys = [sample_key(self.step, r) for r in range(self.world)]
-        per_rank = [timing_from_wire(json.loads(read(self.store, k, self.timeout_s))) for k in keys]
+        samples = [json.loads(read(self.store, k, self.timeout_s)) for k in keys]
+        per_rank = [timing_from_wire(timing) for timing, _ in samples]
+        counted = [calls for _, calls in samples if calls is not None]
+        calls = [sum(column) for column in zip(*counted, strict=True)] if len(counted) == len(samples) else None
         for key in keys:
             self.store.delete_key(key)
         if self.step > 1:  # the first step ran before any decision: nothing to tell
-            controller.tell_step(per_rank)
+            controller.tell_step(per_rank, calls)
         plan = controller.plan()
         configs = configs_of(plan, self.signatures)
         epoch = self.epoch if self.epoch >= 0 and plan_hash(configs) == self._hash() else self.epoch + 1
@@ -122,6 +133,8 @@ class RankAgent:
         if self.controller is not None:
             out["steps_spent"] = self.controller.steps_spent
             out["evaluations"] = self.controller.evaluations
+            if self.controller.reason:
+                out["reason"] = self.controller.reason
         return out
 
 

@@ -22,15 +22,24 @@ plan and only polishes it, repeating a kept move at once while it keeps helping 
 seed from another cluster can be several rungs off); seeded with NCCL's defaults it
 runs Lagom's whole search from the lowest rungs, where a far slower probe costs one
 step); the final A/B: seed and result again, ``ab_rounds`` times each, interleaved;
-the result is kept only if the median of its evaluations beats the seed's by
-``min_gain``. ``budget_steps`` caps all of it: when too few steps are left
-for another evaluation and the A/B, the search is stopped where it stands.
+the result is kept only if the median of its evaluations beats the seed's by more
+than the noise bound (the larger of the seed's per-step spread, the spread of the
+seed's own evaluations and ``min_gain``). ``budget_steps`` caps all of it: when too
+few steps are left for another evaluation and the A/B, the search is stopped where
+it stands.
+
+What the job ran: when the ranks report their calls of each signature per step
+(``tell_step(per_rank, calls)``: the hook's counts, summed over ranks), only the
+measured (kept) steps count. A seed whose measured steps ran none of the space's
+signatures ends tuning at once, and a result whose changed signatures ran no call in
+the measured steps is not kept: a step time that moved without them moved by chance.
+``reason`` says, in words, why the seed was kept.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
 from costmodel.evaluator import Timing
@@ -113,6 +122,10 @@ class OnlineController:
         self.best_us = float("inf")
         self.final: Plan = seed
         self.result: str = "reverted"  # "kept" once the A/B keeps the searched plan
+        self.reason = ""  # why the seed was kept (a revert), in words; "" while running or when kept
+        self.gain = 0.0  # the result's A/B gain over the seed (a fraction), once the A/B ended
+        # calls of each signature (space order) in the measured steps, summed over ranks; None: never reported
+        self.calls_measured: list[int] | None = None
         self.search_result: TuningResult | None = None
         self._objective: Objective | None = None
         self._search: Generator[Plan, Timing, TuningResult] | None = None
@@ -121,7 +134,7 @@ class OnlineController:
         self._ab_label = "seed"
         self._trial = self._new_trial(seed)
         if settings.budget_steps < settings.steps_per_evaluation:
-            self._finish(seed, "reverted")
+            self._finish(seed, "reverted", "the budget is shorter than one evaluation")
 
     # ------------------------------------------------------------------ driving
     @property
@@ -132,8 +145,9 @@ class OnlineController:
         """The plan to run at the next step."""
         return self.final if self.done else self._trial.plan
 
-    def tell_step(self, per_rank: list[Timing]) -> None:
-        """What every rank measured during the step that just ended (under :meth:`plan`)."""
+    def tell_step(self, per_rank: list[Timing], calls: Sequence[int] | None = None) -> None:
+        """What every rank measured during the step that just ended (under :meth:`plan`); ``calls``: the
+        job's calls of each signature (the space's order) during that step, summed over ranks, when counted."""
         if self.done:
             return
         self.steps_spent += 1
@@ -142,6 +156,9 @@ class OnlineController:
             trial.discard_left -= 1
             return
         trial.kept.append(list(per_rank))
+        if calls is not None:
+            measured = self.calls_measured or [0] * len(self.space.signatures)
+            self.calls_measured = [a + int(b) for a, b in zip(measured, calls, strict=True)]
         first = len(trial.kept) == 1
         slow = first and across_ranks(per_rank).iteration_us > self.settings.abandon_ratio * self.best_us
         if slow or len(trial.kept) >= self.settings.samples:
@@ -168,6 +185,9 @@ class OnlineController:
             self.noise_bound = spread
             self._ab["seed"].append(timing.iteration_us)
             self._seed_timing = timing
+            if self.calls_measured is not None and not any(self.calls_measured):
+                self._finish(self.seed, "reverted", "the job ran none of the tuned signatures")
+                return
             self._start_search()
             return
         if self.phase is Phase.SEARCH:
@@ -189,7 +209,8 @@ class OnlineController:
         s = self.settings
         nothing_to_tune = not self.space.resource_units and not self.space.subspace_units
         if nothing_to_tune or self._steps_left() < s.steps_per_evaluation + self._ab_steps():
-            self._finish(self.seed, "reverted")
+            self._finish(self.seed, "reverted", "nothing to tune" if nothing_to_tune
+                         else "the budget left no room for a search")
             return
         tolerance = max(self.noise_bound, s.min_gain)
         obj = Objective(self.workload, None, self.space)
@@ -215,7 +236,7 @@ class OnlineController:
     def _start_ab(self, result: TuningResult) -> None:
         self.search_result = result
         if _same(result.plan, self.seed, self.space):
-            self._finish(self.seed, "reverted")
+            self._finish(self.seed, "reverted", "no plan beat the seed")
             return
         self._ab["result"].append(result.timing.iteration_us)
         self.phase = Phase.AB
@@ -231,14 +252,27 @@ class OnlineController:
             return
         seed_us = lower_median(self._ab["seed"])
         result_us = lower_median(self._ab["result"])
-        if result_us < seed_us * (1 - self.settings.min_gain):
-            self._finish(self.search_result.plan, "kept")
+        self.gain = 1.0 - result_us / seed_us if seed_us > 0 else 0.0
+        seeds = self._ab["seed"]
+        self.noise_bound = max(self.noise_bound, (max(seeds) - min(seeds)) / seed_us if seed_us > 0 else 0.0)
+        bound = max(self.noise_bound, self.settings.min_gain)
+        changed = self.changed_signatures(self.search_result.plan)
+        ran = None if self.calls_measured is None else sum(self.calls_measured[i] for i in changed)
+        if ran == 0:
+            self._finish(self.seed, "reverted", "the job ran none of the tuned signatures")
+        elif self.gain <= bound:
+            self._finish(self.seed, "reverted", f"its gain {self.gain:.1%} is within the noise bound {bound:.1%}")
         else:
-            self._finish(self.seed, "reverted")
+            self._finish(self.search_result.plan, "kept")
 
-    def _finish(self, plan: Plan, result: str) -> None:
+    def changed_signatures(self, plan: Plan) -> list[int]:
+        """The indices (space order) of the signatures whose settings ``plan`` changes from the seed's."""
+        return [i for i, sig in enumerate(self.space.signatures) if plan.config_for(sig) != self.seed.config_for(sig)]
+
+    def _finish(self, plan: Plan, result: str, reason: str = "") -> None:
         self.final = plan
         self.result = result
+        self.reason = reason
         self.phase = Phase.DONE
         if self._search is not None:
             self._search.close()

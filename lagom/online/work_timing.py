@@ -15,7 +15,7 @@ rest of the job: one line says so, the search then judges by step time alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from costmodel.evaluator import OpTiming
 from nccl_env.plan import Signature
@@ -57,17 +57,23 @@ class WorkDurations:
         return totals_us
 
 
-def op_ids_of_call(collective_ids: Mapping[Signature, tuple[int, ...]], call: CallSignature) -> tuple[int, ...]:
-    """The workload op ids a call signature stands for: the signatures of the same collective,
+def signature_of_call(signatures: Iterable[Signature], call: CallSignature) -> Signature | None:
+    """The workload signature a call signature stands for: the one of the same collective,
     bytes and group size (and nodes, when the call knows them), the one of the same group
-    name when several remain; () when none or several do."""
+    name when several remain; None when none or several do."""
     collective, group, ranks, nodes, nbytes = call
-    found = [sig for sig in collective_ids
+    found = [sig for sig in signatures
              if sig.collective.value == collective and sig.message_bytes == nbytes and sig.ranks == ranks
              and (nodes is None or sig.nodes == nodes)]
     if len(found) > 1:
         found = [sig for sig in found if sig.group == group]
-    return collective_ids[found[0]] if len(found) == 1 else ()
+    return found[0] if len(found) == 1 else None
+
+
+def op_ids_of_call(collective_ids: Mapping[Signature, tuple[int, ...]], call: CallSignature) -> tuple[int, ...]:
+    """The workload op ids a call signature stands for (:func:`signature_of_call`); () when none."""
+    sig = signature_of_call(collective_ids, call)
+    return collective_ids[sig] if sig is not None else ()
 
 
 def op_timings(totals_us: Mapping[CallSignature, float], collective_ids: Mapping[Signature, tuple[int, ...]],

@@ -175,7 +175,11 @@ def read_folder_ranks(text: str, rank: int | None,
         if not chosen:
             raise LagomError(f"--rank {rank}: {path} holds ranks {_ranges([w.rank for w in workloads])}")
         return chosen[0], workloads
-    return min(workloads, key=lambda w: w.rank), workloads
+    lowest = min(workloads, key=lambda w: w.rank)
+    for w in workloads:  # what the reader said of every rank (each line names its file), printed with the lowest's
+        if w is not lowest:
+            lowest.input_warnings.extend(w.input_warnings)
+    return lowest, workloads
 
 
 def bound_transfers(read: list[Workload], cluster: ClusterSpec) -> RankJoin | None:
@@ -232,7 +236,7 @@ class JointEvaluator:
     def durations(self, plan: Plan) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
         """Per rank, its ops' durations under ``plan`` and the same with no collective beside them
         (one evaluation of each rank's ops counted on ``inner``)."""
-        check_plan(plan)
+        check_plan(plan, getattr(self.inner.mechanism, "cluster", None))
         inner = self.inner
         durations, uncontended = {}, {}
         for r, d in self.data.data.items():

@@ -18,7 +18,8 @@ the c10d dispatcher ops whoever issued them (:mod:`lagom.runtime.c10d_observer`)
 
 Under ``lagom run --online`` the document also has ``"online": {"steps_spent",
 "evaluations", "epochs", "per_rank": {"0": [plan hash of each epoch, ...], ...}, "result":
-"kept" | "reverted", "summary"}`` and each rank's part an ``online`` entry: its epochs as
+"kept" | "reverted", "reason" (after a revert: why), "summary"}`` and each rank's part
+an ``online`` entry: its epochs as
 [epoch, plan hash, first step], per epoch the plugin table's per-entry call counts as
 the plugin counted them, and its ``summary``: its calls matched against the plan in
 force (a call is matched when its signature is one the online plans set: every plan
@@ -112,6 +113,8 @@ def online_summary_line(who: str, online: dict) -> str:
     result = online.get("result") or ""
     done = {"kept": "kept its result", "reverted": "reverted to the seed"}.get(
         result, f"ended ({result or 'unfinished'})")
+    if online.get("reason"):
+        done += f" ({online['reason']})"
     summary = Summary(**online["summary"]) if online.get("summary") else Summary(0, 0, 0, 0)
     epochs = online.get("epochs") or 0  # a rank's part lists them, the merged document counts them
     epochs = len(epochs) if isinstance(epochs, list) else epochs
@@ -156,6 +159,7 @@ def merge_online(parts: list[dict]) -> dict | None:
         "epochs": len(decider.get("epochs", [])),
         "per_rank": {rank: [epoch[1] for epoch in part.get("epochs", [])] for rank, part in online.items()},
         "result": decider.get("result") or None,
+        **({"reason": decider["reason"]} if decider.get("reason") else {}),
         "summary": Summary(*(sum(column) for column in zip(*(astuple(s) for s in summaries), strict=True))).to_dict()
         if summaries else None,
     }

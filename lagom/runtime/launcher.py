@@ -11,7 +11,9 @@ Steps (the command's docstring in lagom/commands/run.py is the user-facing doc):
    ``NCCL_TUNER_CONFIG_FILE``, the bootstrap first on ``PYTHONPATH``; a variable the
    user already set wins, and one line says which;
 5. run the command in its own process group, forwarding SIGINT/SIGTERM/SIGHUP to
-   that group, and return its exit status (128 + N when it died of signal N);
+   that group, with SIGKILL after a grace period (:func:`kill_grace_s`, stated in one line
+   when the first signal is forwarded), and return its exit status (128 + N when it died
+   of signal N, or ended with status 0 after signal N);
 6. merge the ranks' audit parts into ``--audit FILE`` when asked, with which path NCCL
    took for each collective when the file puts a group on one (:mod:`lagom.runtime.nccl_paths`).
 
@@ -23,6 +25,7 @@ loaded plugin would change nothing but turn NCCL's own EFFICIENCY re-selection o
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -64,6 +67,12 @@ FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 LAGOM_HOME = str(Path(__file__).resolve().parents[2])  # the folder that holds the lagom package
 TEMP_RUN_PREFIX = "lagom-run-"  # a run folder without --workdir: made in the temp folder, removed after the job
 ONLINE_RESULT = "online-tuned.yaml"  # rank 0 writes online tuning's plan here, in the run folder
+# After forwarding SIGINT/SIGTERM, how long a job may take to end before SIGKILL: torchrun's own
+# agent allows its workers 30 s (torch/distributed/elastic/agent/server/api.py, _shutdown); ours is
+# shorter because a user who pressed Ctrl-C waits on it.
+KILL_GRACE_S = 10.0
+MAX_KILL_GRACE_S = 3600.0  # LAGOM_KILL_GRACE_S at most: an hour
+ENV_KILL_GRACE = "LAGOM_KILL_GRACE_S"
 
 
 @dataclass
@@ -259,11 +268,17 @@ def observe_paths(setup: RunSetup) -> bool:
     return True
 
 
-def run_child(argv: list[str], env: dict[str, str]) -> int:
-    """Run ``argv`` in its own process group, forwarding signals; its exit status.
+def run_child(argv: list[str], env: dict[str, str], grace_s: float | None = None, stream=None,
+              who: str = "lagom run") -> int:
+    """Run ``argv`` in its own process group, forwarding SIGINT/SIGTERM/SIGHUP to that group; its exit status.
 
-    A child killed by signal N gives 128 + N, as a shell reports it.
+    The first forwarded signal starts a grace period (``grace_s``, default :func:`kill_grace_s`), stated
+    in one line on ``stream``; a job still running at its end gets SIGKILL (its whole process group).
+    A child killed by signal N gives 128 + N, as a shell reports it; a child that exits 0 after a
+    forwarded signal N gives 128 + N too: the run was stopped, not finished.
     """
+    stream = stream if stream is not None else sys.stderr
+    grace = kill_grace_s() if grace_s is None else grace_s
     group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
     try:
         child = subprocess.Popen(argv, env=env, **group)
@@ -271,10 +286,28 @@ def run_child(argv: list[str], env: dict[str, str]) -> int:
         raise LagomError(f"command not found: {argv[0]}") from None
     except PermissionError:
         raise LagomError(f"command not executable: {argv[0]}") from None
+    forwarded: list[int] = []
+    killer: list[threading.Timer] = []
+
+    def kill_group() -> None:
+        if child.poll() is None:
+            with contextlib.suppress(OSError):
+                print(f"{who}: the job did not end within {grace:g} s of {_signal_name(forwarded[0])}: "
+                      "SIGKILL sent to it", file=stream, flush=True)
+        _kill_tree(child.pid)
 
     def forward(signum, _frame):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child.pid, signum)
+        forwarded.append(signum)
+        if not killer:
+            with contextlib.suppress(OSError):
+                print(f"{who}: {_signal_name(signum)} sent to the job; SIGKILL in {grace:g} s if it has not ended",
+                      file=stream, flush=True)
+            timer = threading.Timer(grace, kill_group)
+            timer.daemon = True
+            killer.append(timer)
+            timer.start()
 
     previous = {}
     for sig in FORWARDED_SIGNALS:
@@ -287,7 +320,63 @@ def run_child(argv: list[str], env: dict[str, str]) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return 128 - status if status < 0 else status
+        for timer in killer:
+            timer.cancel()
+        if forwarded and child.poll() is None:  # stopped while waiting (a second Ctrl-C raised): end it now
+            _kill_tree(child.pid)
+    if status < 0:
+        return 128 - status
+    return 128 + forwarded[0] if forwarded and status == 0 else status
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL the process ``pid``, its process group and every process descended from it: torchrun starts
+    each worker in a session of its own (torch/distributed/elastic/multiprocessing/subprocess_handler/
+    subprocess_handler.py, start_new_session=True), which the group's signal does not reach. The
+    descendants are read from /proc before anything is killed (a killed parent's children move to init)."""
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])  # field 4, after the command's ")"
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    tree, queue = [], [pid]
+    while queue:
+        current = queue.pop()
+        tree.append(current)
+        queue += children.get(current, [])
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    for member in tree:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(member, signal.SIGKILL)
+
+
+def kill_grace_s() -> float:
+    """Seconds between forwarding a signal to the job and SIGKILL: ``LAGOM_KILL_GRACE_S``, else
+    :data:`KILL_GRACE_S`; a value that is not a positive number is bad input (LagomError)."""
+    text = os.environ.get(ENV_KILL_GRACE, "").strip()
+    if not text:
+        return KILL_GRACE_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= MAX_KILL_GRACE_S:
+        raise LagomError(f"{ENV_KILL_GRACE}={text}: give seconds, more than 0 and at most {MAX_KILL_GRACE_S:g}")
+    return value
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def merge_audit(setup: RunSetup, audit_path: str | os.PathLike,
@@ -316,6 +405,7 @@ def launch(
     (:mod:`lagom.files.output_paths`); ``force`` lets --audit and --save replace a file Lagom did not write."""
     stream = stream if stream is not None else sys.stderr
     check_command(argv, "lagom run --config lagom.yaml -- torchrun train.py")
+    grace_s = kill_grace_s()  # a bad LAGOM_KILL_GRACE_S: exit 2 before anything starts
     _check_outputs(config_path, audit_path, workdir, online, force)
     if online is not None:
         setup = prepare_online(online, config_path, workdir)
@@ -329,7 +419,7 @@ def launch(
         for line in setup.messages:
             print(line, file=stream, flush=True)
         with _interrupt_deferred():  # a Ctrl-C after the job waits for the files below to be written
-            status = run_child(argv, setup.env)
+            status = run_child(argv, setup.env, grace_s, stream)
             if online is not None:
                 keep_run_dir |= _save_online(setup, online, status, stream, audit_path, not keep_run_dir)
             return _write_audit(setup, audit_path, status, stream, observing)
@@ -541,9 +631,10 @@ def _save_online(setup: RunSetup, request: OnlineRequest, status: int, stream, a
             say(f"warning: no tuned plan to save to {request.save} ({why})")
         return False
     after = "" if status == 0 else f" (tuning had ended; the job then exited with status {status})"
+    head, what = _online_outcome(result)
     if request.save is None:
         if temporary:
-            say(f"online tuning's plan is not kept: give --save FILE to keep it{after}")
+            say(f"{head}; {what} is not kept: give --save FILE to keep it{after}")
         return False
     text = result.read_bytes()
     try:
@@ -551,7 +642,7 @@ def _save_online(setup: RunSetup, request: OnlineRequest, status: int, stream, a
     except LagomError as exc:
         say(f"warning: {exc}")
     else:
-        say(f"tuned plan saved to {request.save}{after} (lagom run --config {request.save} starts tuned)")
+        say(f"{head}; {what} saved to {request.save}{after} (lagom run --config {request.save} runs it)")
         return False
     if audit_path is not None:
         beside = Path(audit_path).with_name(Path(audit_path).stem + "." + ONLINE_RESULT)
@@ -565,3 +656,23 @@ def _save_online(setup: RunSetup, request: OnlineRequest, status: int, stream, a
             return False
     say(f"tuned plan kept in the run folder instead: {result}")
     return True
+
+
+def _online_outcome(result: Path) -> tuple[str, str]:
+    """What online tuning decided and what its file holds, in words, from the outcome rank 0 wrote beside
+    ``result``: ("online tuning kept the seed (the job ran none of the tuned signatures)", "the seed's plan,
+    unchanged,")."""
+    from lagom.runtime.online import outcome_path
+
+    try:
+        outcome = json.loads(outcome_path(result).read_text())
+    except (OSError, ValueError):
+        return "online tuning ended", "its plan"
+    if outcome.get("result") == "kept":
+        calls = outcome.get("changed_calls")
+        ran = f"; {calls} calls of its {outcome.get('changed')} changed signature(s) measured" if calls else ""
+        return (f"online tuning kept its result ({outcome.get('gain', 0.0):.1%} faster than the seed in the A/B, "
+                f"past the noise bound {outcome.get('noise_bound', 0.0):.1%}{ran})", "the tuned plan")
+    why = f" ({outcome['reason']})" if outcome.get("reason") else ""
+    seed = "the seed's plan, unchanged," if outcome.get("seeded") else "NCCL's defaults (the seed)"
+    return f"online tuning kept the seed{why}", seed

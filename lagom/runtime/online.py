@@ -20,7 +20,15 @@ the hook does not count it and the user's collectives are untouched.
 A rank that cannot follow (a decision or a peer's measurement does not arrive within
 the timeout, or anything fails inside the session) writes its audit part, prints one
 line and ends its process with status 3: ranks must never run different plans.
-At the end of tuning rank 0 writes the tuned file the launcher saves (``--save``).
+At the end of tuning rank 0 writes the tuned file the launcher saves (``--save``): the
+searched plan when the controller kept it, else the seed file's own plan unchanged (env,
+process groups, collectives as the seed had them; NCCL's defaults when there was no
+seed), and beside it the outcome (:data:`OUTCOME_SUFFIX`: kept or reverted, why, the
+gain) from which the launcher writes its final line.
+
+Each rank reports, with every step's timing, its calls of each tuned signature during
+the step (:class:`HookCalls`: the hook's counts; the simulated workload's own under
+``--simulate``), so that the controller keeps a result only when the job ran it.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,6 +56,41 @@ if TYPE_CHECKING:  # the session imports these at its first step: installing run
 
 FAILED_STATUS = 3
 STORE_PREFIX = "lagom/online/"
+OUTCOME_SUFFIX = ".outcome.json"  # beside the result file: {"result", "reason", "gain", "calls", ...}
+
+
+def outcome_path(result_path: str | os.PathLike) -> Path:
+    """Where rank 0 writes online tuning's outcome, beside the tuned file ``result_path``."""
+    return Path(result_path).with_suffix(OUTCOME_SUFFIX)
+
+
+class HookCalls:
+    """A rank's calls of each signature (``signatures``' order) since the previous reading, from
+    the hook's per-signature counts (every collective the job issued, at the wrappers and c10d's
+    ops): all zero when no hook counts in this process."""
+
+    def __init__(self, signatures: tuple, hook) -> None:
+        self.signatures = signatures
+        self.hook = hook
+        self._seen: dict[tuple, int] = {}
+        self._index: dict[tuple, int] = {}  # a call's signature -> index in ``signatures`` (-1: none)
+
+    def __call__(self) -> list[int]:
+        from lagom.online.work_timing import signature_of_call
+
+        out = [0] * len(self.signatures)
+        if self.hook is None:
+            return out
+        for count in self.hook.signature_counts():
+            key = count.key()
+            index = self._index.get(key)
+            if index is None:
+                sig = signature_of_call(self.signatures, key)
+                index = self._index[key] = self.signatures.index(sig) if sig is not None else -1
+            new, self._seen[key] = count.count - self._seen.get(key, 0), count.count
+            if index >= 0:
+                out[index] += new
+        return out
 
 
 @dataclass(frozen=True)
@@ -130,17 +174,21 @@ class Session:
             rank, world, store = 0, 1, MemoryStore()
         self._library = TunerLibrary(s.plugin)
         clock: StepClock
+        step_calls: Callable[[], list[int]]
         if s.simulate:
             view = PluginView(self._library, version)
             calls = {sig: len(ids) for sig, ids in space.collective_ids.items()}
             clock = SimulatedClock(workload, cluster, rank, s.noise, seed=0,
                                    in_force=lambda plan: view.plan_in_force(plan, calls))
+            simulated = [calls.get(sig, 0) for sig in space.signatures]  # the simulator runs every op of the workload
+            step_calls = simulated.copy
         else:
             import torch
 
             from lagom.online.work_timing import WorkDurations
             from lagom.runtime import current
 
+            step_calls = HookCalls(space.signatures, current())
             durations = None
             if s.collective_timing:  # opt-in: the Work handles' durations, with TORCH_NCCL_ENABLE_TIMING's cost
                 durations = WorkDurations(self.emit if rank == 0 else _silent)  # the fallback note: once, by rank 0
@@ -154,7 +202,8 @@ class Session:
         if rank == 0:
             seed = seed_config.to_plan(space.signatures) if seed_config else None
             self._controller = OnlineController(workload, space, seed, OnlineSettings(budget_steps=s.budget_steps))
-        return RankAgent(rank, world, store, clock, space.signatures, self._apply, self._controller, s.timeout_s)
+        return RankAgent(rank, world, store, clock, space.signatures, self._apply, self._controller, s.timeout_s,
+                         calls=step_calls)
 
     def _apply(self, plan: Plan) -> None:
         from nccl_env.delivery import deliver
@@ -203,12 +252,18 @@ class Session:
         if agent is None:
             return
         if agent.rank == 0:
-            self.emit(f"lagom: online tuning done after {agent.step} steps: {agent.result} "
+            controller = self._controller
+            why = f": {controller.reason}" if controller is not None and controller.reason else ""
+            self.emit(f"lagom: online tuning done after {agent.step} steps: {agent.result}{why} "
                       f"({len(agent.epochs)} epochs)")
-            if self._controller is not None and self._controller.done:
-                self._write_result(self._controller)
+            if controller is not None and controller.done:
+                self._write_result(controller)
 
     def _write_result(self, controller: OnlineController) -> None:
+        """The tuned file (the kept plan, or the seed's own plan after a revert) and its outcome beside it."""
+        import dataclasses
+
+        from lagom.files.tuned_config import TunedConfig, load_tuned_config
         from lagom.orchestration import tuning
         from tuner.result import TuneOutcome, TuningResult
 
@@ -216,17 +271,46 @@ class Session:
         assert space is not None
         seed_timing = controller.seed_timing
         result = controller.search_result
-        timing = result.timing if result is not None and controller.result == "kept" else seed_timing
+        kept = result is not None and controller.result == "kept"
+        timing = result.timing if result is not None and kept else seed_timing
         if seed_timing is None or timing is None:
             return
-        outcome = TuneOutcome(
-            space, TuningResult("lagom-online", controller.final, timing, controller.evaluations,
-                                notes=[(f"online: {controller.result} after {controller.steps_spent} steps, "
-                                        f"{controller.evaluations} measured plans; baseline_us is the seed's")]),
-            seed_timing, None)
+        note = (f"online: {controller.result} after {controller.steps_spent} steps, "
+                f"{controller.evaluations} measured plans"
+                + (f" ({controller.reason}: this is the seed's plan unchanged)" if controller.reason else "")
+                + "; baseline_us is the seed's")
         assert self._cluster is not None
-        config = tuning.tuned_config(outcome, self._cluster, self._cluster_arg, self._workload_label)
+        config: TunedConfig
+        if kept:
+            outcome = TuneOutcome(space, TuningResult("lagom-online", controller.final, timing, controller.evaluations,
+                                                      notes=[note]), seed_timing, None)
+            # the controller decided against the measured seed: no second gain rule may empty the plan
+            config = tuning.tuned_config(outcome, self._cluster, self._cluster_arg, self._workload_label,
+                                         min_gain=0.0)
+        else:
+            seed_us = round(seed_timing.iteration_us, 3)
+            seed = (load_tuned_config(self.settings.seed_config) if self.settings.seed_config
+                    else TunedConfig(cluster=self._cluster_arg, nccl_version=self.settings.nccl_version,
+                                     workload=self._workload_label))
+            config = dataclasses.replace(seed, method="lagom-online", notes=[*seed.notes, note], predictions={
+                "evaluator_iteration_us": seed_us, "baseline_us": seed_us, "tuned_us": seed_us})
         config.dump(self.settings.result_path)
+        changed = controller.changed_signatures(controller.final) if kept else []
+        measured = controller.calls_measured
+        decided = json.dumps({
+            "result": controller.result,
+            "reason": controller.reason,
+            "seeded": self.settings.seed_config is not None,
+            "gain": round(controller.gain, 6),
+            "noise_bound": round(controller.noise_bound, 6),
+            "changed": len(changed),
+            "changed_calls": None if measured is None else sum(measured[i] for i in changed),
+            "tuned_calls": None if measured is None else sum(measured),
+        })
+        try:
+            outcome_path(self.settings.result_path).write_text(decided)
+        except OSError as exc:  # the plan is written: the launcher's line then says less, the rank goes on
+            self.emit(f"lagom: warning: online tuning's outcome not written ({exc.strerror or exc})")
 
     def fail(self, exc: BaseException) -> None:
         self.finished = True

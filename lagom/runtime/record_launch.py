@@ -11,11 +11,14 @@ Steps (the command's docstring in lagom/commands/record.py is the user-facing do
    ``lagom run`` (:func:`lagom.runtime.launcher.write_bootstrap`) and the settings every
    rank reads (``LAGOM_RECORD``);
 4. run the command (:func:`lagom.runtime.launcher.run_child`: own process group, signals
-   forwarded, its exit status returned);
+   forwarded, SIGKILL after the grace period, its exit status returned);
 5. read the ranks' parts; a complete recording (the job succeeded, every rank wrote its
    trace) replaces the earlier one in the folder (:func:`lagom.runtime.record_folder.install`),
    an incomplete one leaves it as it was; say what was recorded: the files, the ranks
-   that wrote none and why, the profiler's overhead.
+   that wrote none and why, the profiler's overhead. A job that succeeded but whose
+   recording is not complete (a rank could not write its trace: a full disk, a file size
+   limit; the job ended before the window) is a failure: one error line, exit
+   :data:`RECORDING_FAILED_STATUS`.
 """
 
 from __future__ import annotations
@@ -32,11 +35,12 @@ from pathlib import Path
 from lagom.reports.record_overhead import overhead_line, profiler_overhead
 from lagom.runtime import record
 from lagom.runtime.env import ENV_RECORD
-from lagom.runtime.launcher import check_command, run_child, write_bootstrap
+from lagom.runtime.launcher import check_command, kill_grace_s, run_child, write_bootstrap
 from lagom.runtime.record_folder import MANIFEST, check_out_dir, install, new_recording_folder, recorded_traces
 from nccl_env.errors import LagomError
 
 MARKER = MANIFEST  # the folder's manifest: what lagom record put there (lagom.runtime.record_folder)
+RECORDING_FAILED_STATUS = 1  # the job succeeded, the recording did not: nothing was put into the folder
 
 
 @dataclass
@@ -48,6 +52,7 @@ class RecordSetup:
     messages: list[str] = field(default_factory=list)
     command: str = ""
     earlier: int = 0  # traces of an earlier recording in out_dir (replaced only by a complete one)
+    complete: bool = False  # set by finish(): this recording is now the folder's
 
     @property
     def recording_dir(self) -> Path:
@@ -139,31 +144,34 @@ def finish(setup: RecordSetup, status: int, parts: list[dict]) -> list[str]:
         job_id = next((str((p.get("recorded") or {}).get("job_id")) for p in parts
                        if (p.get("recorded") or {}).get("job_id")), setup.settings.job_id)
         installed, replaced = install(out, recording, job_id, setup.command, setup.settings.window.describe())
+        setup.complete = True
         said = f"; the {replaced} trace(s) of the earlier recording replaced" if replaced else ""
         return [f"lagom record: {len(traces)} rank trace(s) in {out}{said} (lagom analyze {out}; lagom tune {out})"]
     kept = "the earlier recording there is kept" if setup.earlier else "nothing was put there"
     why = f"the job failed (status {status})" if status != 0 else "not every rank wrote its trace"
+    level = "warning" if status != 0 else "error"  # the job ran well and the recording failed: lagom record failed
     if traces:
-        return [f"lagom record: warning: the recording is incomplete ({why}): {out} is unchanged ({kept}); the "
+        return [f"lagom record: {level}: the recording is incomplete ({why}): {out} is unchanged ({kept}); the "
                 f"{len(traces)} trace(s) recorded are in {recording}"]
     shutil.rmtree(recording, ignore_errors=True)
-    return [f"lagom record: warning: nothing recorded into {out} ({why}; {kept})"]
+    return [f"lagom record: {level}: nothing recorded into {out} ({why}; {kept})"]
 
 
 def launch_record(out_dir: str | os.PathLike, argv: list[str], window: record.StepWindow,
                   workdir: str | os.PathLike | None = None, stream=None) -> int:
     """The whole of ``lagom record``; returns the child's exit status."""
     stream = stream if stream is not None else sys.stderr
+    grace_s = kill_grace_s()  # a bad LAGOM_KILL_GRACE_S: exit 2 before anything starts
     setup = prepare_record(out_dir, window, argv, workdir)
     reported = False
     try:
         for line in setup.messages:
             print(line, file=stream, flush=True)
-        status = run_child(argv, setup.env)
+        status = run_child(argv, setup.env, grace_s, stream, who="lagom record")
         for line in report(setup, status):
             print(line, file=stream, flush=True)
         reported = True
-        return status
+        return status if status != 0 or setup.complete else RECORDING_FAILED_STATUS
     finally:
         if workdir is None:
             shutil.rmtree(setup.run_dir, ignore_errors=True)

@@ -353,3 +353,23 @@ def load_tuned_config(path: str | os.PathLike, nccl_version: NcclVersion | None 
     check_not_empty(path, flag)
     path = Path(path)
     return parse_tuned_config(read_yaml(path), str(path), nccl_version)
+
+
+def absent_group_warning(path: str, cfg: TunedConfig, groups: Iterable[str], whose: str) -> str | None:
+    """One line when entries of ``cfg`` name a ``match.group`` that is none of ``groups`` (the job's,
+    as ``whose`` says where they come from), else None; every command that reads a tuned file and
+    knows the job's groups says it in these words. Such an entry matches no collective in
+    ``lagom simulate --config`` and the hook, while the plugin's table, which cannot tell groups
+    apart, carries it to every group's collectives of its type and size."""
+    known = sorted(set(groups))
+    absent = [(n, e.match.group) for n, e in enumerate(cfg.collectives, start=1)
+              if e.match.group is not None and e.match.group not in known]
+    if not known or not absent:
+        return None
+    names = ", ".join(repr(g) for g in sorted({g for _, g in absent}))
+    one = len(absent) == 1
+    return (f"{path}: {'entry' if one else 'entries'} {', '.join(str(n) for n, _ in absent)} "
+            f"name{'s' if one else ''} group {names}, which {whose} does not have (its groups: "
+            f"{', '.join(repr(g) for g in known)}): lagom simulate and the hook match no collective with "
+            f"{'it' if one else 'them'}; the plugin's table, which cannot tell groups apart, applies "
+            f"{'it' if one else 'them'} to every group's collectives of that type and size")

@@ -41,7 +41,7 @@ from costmodel.cluster import load_cluster
 from lagom.args.knob_args import check_noise
 from lagom.files.output_paths import RUN_FOLDER_MARKER, OutputFormat, check_output, write_output
 from lagom.files.plugin_export import plugin_entries_from_config, write_plugin_table
-from lagom.files.tuned_config import NEWEST_RULES, TunedConfig, load_tuned_config
+from lagom.files.tuned_config import NEWEST_RULES, TunedConfig, absent_group_warning, load_tuned_config
 from lagom.online import DEFAULT_BUDGET_STEPS, DEFAULT_TIMEOUT_S, MAX_BUDGET_STEPS
 from lagom.orchestration.workload_arg import read_workload_arg
 from lagom.runtime import audit, nccl_paths
@@ -478,6 +478,10 @@ def _write_audit(setup: RunSetup, audit_path: str | os.PathLike | None, status: 
             else audit.online_summary_line("all ranks", document["online"]))
     print(f"lagom run: audit of {document['ranks']} rank(s) written to {path}; " + line.removeprefix("lagom: "),
           file=stream, flush=True)
+    absent = absent_group_warning(str(setup.config_path), setup.config,
+                                  {s["group"] for s in document.get("signatures", [])}, "the job")
+    if absent:  # the job's groups: those its collectives ran in, as the audit counted them
+        print(f"lagom run: warning: {absent}", file=stream, flush=True)
     return status
 
 

@@ -37,7 +37,19 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from nccl_env.errors import LagomError
-from nccl_env.knob_table import ALGORITHM, CHANNELS, CHUNK, KNOBS, PATH, PROTOCOL, THREADS, validate_config
+from nccl_env.knob_table import (
+    ALGORITHM,
+    CHANNELS,
+    CHUNK,
+    CTA_POLICY,
+    KNOBS,
+    MAX_CTAS,
+    MIN_CTAS,
+    PATH,
+    PROTOCOL,
+    THREADS,
+    validate_config,
+)
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, CommPath, CtaPolicy, Protocol
 from nccl_env.plan import Plan, Signature
 from nccl_env.plugin_table import PLUGIN_COLLECTIVES, PluginEntry, check_entry, plugin_settings
@@ -363,7 +375,7 @@ def _channels(items, default: CommConfig, version: NcclVersion, per_coll, out: D
                     f"not raised to {value}, so its other collectives get at most NCCL's own channel count")
                 continue
             if version >= CTAS_ENV_SINCE:
-                out.group_configs[group] = {"min_ctas": value}
+                out.group_configs[group] = {MIN_CTAS.key: value}
         return
     wanted = [(s, count) for s, count in CHANNELS.set_in(items) if s.collective in PLUGIN_COLLECTIVES]
     default_channels = CHANNELS.get(default)
@@ -383,7 +395,7 @@ def _channels(items, default: CommConfig, version: NcclVersion, per_coll, out: D
         _, value = _one_value(CHANNELS.field, group_items, f"in process group {group!r}",
                               "without the tuner plugin channels are set per communicator (minCTAs/maxCTAs)",
                               out.compromises)
-        out.group_configs[group] = {"min_ctas": int(value), "max_ctas": int(value)}
+        out.group_configs[group] = {MIN_CTAS.key: int(value), MAX_CTAS.key: int(value)}
     if default_channels is not None:
         if out.group_configs:
             out.compromises.append(
@@ -452,7 +464,7 @@ def _paths(items: list[tuple[Signature, CommConfig]], out: Delivery) -> None:
                              "a communicator has one CTA policy and its collectives one buffer registration",
                              out.compromises, show=lambda p: p.value)
         if path.cta_policy is not CtaPolicy.DEFAULT:
-            out.group_configs.setdefault(group, {})["cta_policy"] = path.cta_policy.nccl_name
+            out.group_configs.setdefault(group, {})[CTA_POLICY.key] = path.cta_policy.nccl_name
         chosen.add(path)
     if CommPath.COPY_ENGINE in chosen and chosen <= {CommPath.SM, CommPath.COPY_ENGINE}:
         # The process-wide twin, for torch builds without the config.cta_policy binding: ZERO moves

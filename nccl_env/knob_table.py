@@ -25,11 +25,22 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Generic, TypeVar
 
 from nccl_env.errors import LagomError
-from nccl_env.knobs import FILE_KEYS, Algorithm, CollectiveType, CommConfig, CommPath, Protocol
+from nccl_env.knobs import (
+    FILE_KEYS,
+    Algorithm,
+    CollectiveType,
+    CommConfig,
+    CommPath,
+    CtaPolicy,
+    Protocol,
+    cta_policy_value,
+)
 from nccl_env.rules import (
     ALGORITHM_SINCE,
     CHUNK_GRAIN_BYTES,
+    CHUNK_MAX_BYTES,
     CHUNK_PLUGIN_SINCE,
+    CTA_POLICY_SINCE,
     CTAS_ENV_SINCE,
     LL128_THREADS_MAX,
     LL128_THREADS_MIN,
@@ -45,7 +56,6 @@ from nccl_env.rules import (
     max_chunk_bytes,
     paths_available,
 )
-from nccl_env.rules import CHUNK_MAX_BYTES as CHUNK_CAP_BYTES
 
 
 class Scope(enum.Enum):
@@ -63,14 +73,14 @@ THREAD_LADDER = (64, 128, 192, 256, 384, 512)
 CHANNEL_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 # Chunk bytes: x sqrt(2) rungs from 128 KiB to 4 MiB (NCCL's Simple ring default is 2 MiB,
 # BUFFSIZE 4 MiB / 8 steps x 4; docs/tuner.md), rounded to 4 KiB.
-CHUNK_MIN_BYTES = 128 * 1024
-CHUNK_MAX_BYTES = 4 * 1024 * 1024
+CHUNK_LADDER_MIN_BYTES = 128 * 1024
+CHUNK_LADDER_MAX_BYTES = 4 * 1024 * 1024
 
 
 def chunk_ladder() -> tuple[int, ...]:
     values = []
-    value = float(CHUNK_MIN_BYTES)
-    while value <= CHUNK_MAX_BYTES * 1.0001:
+    value = float(CHUNK_LADDER_MIN_BYTES)
+    while value <= CHUNK_LADDER_MAX_BYTES * 1.0001:
         values.append(int(round(value / 4096)) * 4096)
         value *= math.sqrt(2.0)
     return tuple(values)
@@ -112,8 +122,8 @@ def _check_path(value: object, config: CommConfig, version: NcclVersion, buffsiz
 
 def _check_chunk(value: object, config: CommConfig, version: NcclVersion, buffsize: int | None) -> str | None:
     size = int(value)  # type: ignore[call-overload]
-    if not CHUNK_GRAIN_BYTES <= size <= CHUNK_CAP_BYTES or size % CHUNK_GRAIN_BYTES:
-        return f"a multiple of {CHUNK_GRAIN_BYTES} in {CHUNK_GRAIN_BYTES}-{CHUNK_CAP_BYTES}"
+    if not CHUNK_GRAIN_BYTES <= size <= CHUNK_MAX_BYTES or size % CHUNK_GRAIN_BYTES:
+        return f"a multiple of {CHUNK_GRAIN_BYTES} in {CHUNK_GRAIN_BYTES}-{CHUNK_MAX_BYTES}"
     if buffsize is not None:
         ceiling = max_chunk_bytes(buffsize, ALGORITHM.get(config))
         if size > ceiling:
@@ -212,6 +222,42 @@ REPORT_ORDER: tuple[Knob[int], ...] = (CHANNELS, THREADS, CHUNK)  # "ring/simple
 CHOICE_KNOBS: tuple[Knob[Any], ...] = (ALGORITHM, PROTOCOL)  # chosen together, as (algorithm, protocol) pairs
 KERNEL_KNOBS: tuple[str, ...] = RESOURCE_AXES + tuple(k.field for k in CHOICE_KNOBS)  # what NCCL's SM kernels run
 assert set(BY_FIELD) == {f.name for f in fields(CommConfig)}, "every CommConfig field has a row"
+
+
+@dataclass(frozen=True, eq=False)
+class GroupKnob:
+    """One per-communicator setting (``ncclConfig_t``), a row like the per-collective ones: how a tuned
+    file's ``process_groups`` entry spells it (``key``, which is also ``ProcessGroupNCCL.Options().config``'s
+    attribute, pytorch PR #164309 for the policy), NCCL's field, its process-wide env twin, the release
+    that has it, and the per-collective knob it bounds (channels) or carries (the path)."""
+
+    key: str
+    nccl_field: str  # ncclConfig_t's field (nccl.h)
+    env: str  # the process-wide twin (a user's value of it overrides every communicator's)
+    since: NcclVersion
+    carries: Knob[Any]
+    policy: bool = False  # a CTA policy (names or flags, nccl_env.knobs.cta_policy_value), else a CTA count
+
+    def value(self, raw: object) -> int:
+        """The number NCCL takes for ``raw`` (a file's value); ValueError naming the key otherwise."""
+        if self.policy:
+            if isinstance(raw, bool) or not isinstance(raw, int | str):
+                raise ValueError(f"{self.key}: {raw!r} is not a CTA policy")
+            return cta_policy_value(raw)
+        if isinstance(raw, bool) or not isinstance(raw, int | str):
+            raise ValueError(f"{self.key} must be an integer, got {raw!r}")
+        number = int(raw)
+        if number < 0:
+            raise ValueError(f"{self.key} must be >= 0, got {number}")
+        return number
+
+
+MIN_CTAS = GroupKnob("min_ctas", "minCTAs", "NCCL_MIN_CTAS", CTAS_ENV_SINCE, CHANNELS)
+MAX_CTAS = GroupKnob("max_ctas", "maxCTAs", "NCCL_MAX_CTAS", CTAS_ENV_SINCE, CHANNELS)
+CTA_POLICY = GroupKnob("cta_policy", "CTAPolicy", "NCCL_CTA_POLICY", CTA_POLICY_SINCE[CtaPolicy.DEFAULT], PATH,
+                       policy=True)
+GROUP_KNOBS: tuple[GroupKnob, ...] = (MIN_CTAS, MAX_CTAS, CTA_POLICY)
+GROUP_BY_KEY: dict[str, GroupKnob] = {k.key: k for k in GROUP_KNOBS}
 
 
 def config_from(values: Iterable[tuple[Knob[Any], object]]) -> CommConfig:

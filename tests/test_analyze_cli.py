@@ -9,6 +9,7 @@ import sys
 
 import matplotlib.image
 import orjson
+import pytest
 from conftest import REPO_ROOT, trace_path
 
 from lagom.cli import main
@@ -124,3 +125,34 @@ def test_copy_engine_and_symmetric_collectives_are_communication_on_their_own_pa
     assert main(["analyze", str(tmp_path / "paths.json"), "--include-last-step"]) == 0
     text = capsys.readouterr().out
     assert "allgather (copy engines)" in text and "reducescatter (symmetric)" in text
+
+
+def test_a_collective_seen_once_beside_ranks_not_recorded_is_mostly_wait(capsys, tmp_path):
+    """The shared 128-rank pair: every collective ran once per step on each of the two recorded
+    ranks, so the pattern of the 126 unrecorded ranks' arrivals cannot be read; a 3 KB all-to-all
+    that took 30.7 ms was all "transfer" (the part that tunes). Its transfer is now the least the
+    cluster allows for its size, and the rest wait for ranks not recorded, in the table and in JSON."""
+    for name in ("w128_sendrecv_rank0.json.gz", "w128_sendrecv_rank1.json.gz"):
+        shutil.copy(trace_path(name), tmp_path / name)
+    for jobs in ("1", "2"):  # in this process, and on worker processes: the same figures
+        ranks = _json(capsys, tmp_path, "--jobs", jobs)["ranks"]
+        small = next(row for row in ranks[0]["wait_transfer"]
+                     if row["collective"] == "alltoall" and row["message_bytes"] == 3072)
+        assert small["total_us"] == 30669.0 and small["transfer_us"] <= 3000.0
+        assert small["wait_us"] == pytest.approx(small["total_us"] - small["transfer_us"])
+        assert small["transfer_bounded"] == 1 and small["waited_for"] == "no trace (1/1)"
+        mid = next(row for row in ranks[1]["wait_transfer"] if row["message_bytes"] == 11386880)
+        assert mid["total_us"] == 41375.0 and mid["transfer_us"] <= 3000.0
+        for r in ranks:
+            bound = r["transfer_bound"]
+            assert bound["cluster"] == "a100-nvswitch" and bound["instances"] == 5
+            assert bound["wait_us"] == pytest.approx(sum(row["wait_us"] for row in r["wait_transfer"]))
+    assert main(["analyze", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("transfer bound: 5 collective instances in groups with ranks not recorded") == 2
+    # a job whose every group is recorded whole: nothing bounded
+    import kineto_ranks as kr
+
+    p = kr.PROGRAMS["straggler"]
+    whole = kr.write_ranks(p, kr.simulate(p), tmp_path / "whole")
+    assert not any("transfer_bound" in r for r in _json(capsys, whole)["ranks"])

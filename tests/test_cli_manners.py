@@ -163,7 +163,7 @@ def _shared_actions(option: str) -> dict[str, object]:
 
 
 @pytest.mark.parametrize("option, commands", [
-    ("--cluster", {"simulate", "tune", "run", "calibrate", "bench"}),
+    ("--cluster", {"analyze", "simulate", "tune", "run", "calibrate", "bench"}),
     ("--nccl-version", {"simulate", "tune", "run", "bench"}),
     ("--evaluator", {"simulate", "tune", "bench"}),
     ("--noise", {"simulate", "run", "calibrate"}),

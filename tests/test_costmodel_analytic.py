@@ -211,3 +211,25 @@ def test_fit_recovers_hidden_parameters_through_noise(low_bw):
         assert result.params[name] == pytest.approx(truth[name], rel=0.05), name
     assert result.report.mape_pct < 1.5  # ~ the noise
     assert result.report.default_mape_pct > 3 * result.report.mape_pct
+
+
+def test_the_jump_timelines_prefix_sums_follow_the_estimate_not_its_address(low_bw):
+    """The jump timeline caches each estimate's prefix sums. Keyed by ``id(estimate)`` (and not
+    emptied when the evaluator empties its estimates after 200,000 of them), a new estimate at a
+    freed one's address read the old one's sums: an estimate with other values must get its own."""
+    from costmodel.analytic.jump import _per_estimate
+    from traces.generate import generate_workload
+
+    w = generate_workload("fsdp:hidden=1024,layers=3,ffn=4096,heads=16,vocab=8000:gpus=16")
+    ev = AnalyticEvaluator(low_bw)
+    st = ev._statics.get(w)
+    assert st.jump is not None
+    sig = st.signatures[0]
+    first = ev.estimate(sig, CommConfig(Algorithm.RING, Protocol.SIMPLE, 2, 512, 2 * MIB))
+    _per_estimate(st.jump, replace(first), st.pair_many)  # a copy, freed at once: its address is free again
+    for channels in range(3, 40):  # CPython gives a freed object's address to the next one of its size
+        other = replace(ev.estimate(sig, CommConfig(Algorithm.RING, Protocol.SIMPLE, channels, 512, 2 * MIB)))
+        got = _per_estimate(st.jump, other, st.pair_many)
+        y, yx, wait = st.pair_many(other)
+        assert got[0] == pytest.approx(y.tolist()) and got[4] == pytest.approx(wait.tolist()), channels
+        del other, got

@@ -186,7 +186,8 @@ def test_simulate_the_shared_w128_pair(tmp_path: Path, capsys) -> None:
             assert s["iteration_us"] == pytest.approx(s["measured_iteration_us"], rel=0.03)
 
 
-@pytest.mark.parametrize("scale", ["compute=1.3@9", "compute=1.3@x", "comm=2@0,comm=3@0-1", "cpu=0@1"])
+@pytest.mark.parametrize("scale", ["compute=1.3@9", "compute=1.3@2-9", "compute=1.3@x", "comm=2@0,comm=3@0-1",
+                                   "cpu=0@1"])
 def test_bad_rank_scales_are_one_line(scale: str, tmp_path: Path, capsys) -> None:
     p = kr.PROGRAMS["straggler"]
     folder = kr.write_ranks(p, kr.simulate(p), tmp_path / "s")

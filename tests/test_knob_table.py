@@ -15,7 +15,7 @@ from costmodel.cluster import load_cluster
 from lagom.args.knob_args import parse_nccl_version_arg, parse_set
 from nccl_env import delivery
 from nccl_env.errors import LagomError
-from nccl_env.knob_table import KNOBS, PATH, RESOURCE_KNOBS, Scope, knob_scopes
+from nccl_env.knob_table import GROUP_BY_KEY, GROUP_KNOBS, KNOBS, PATH, RESOURCE_KNOBS, Scope, knob_scopes
 from nccl_env.knobs import CommConfig
 from nccl_env.nccl_releases import RELEASED, closest_releases, released_version
 from nccl_env.plan import Plan
@@ -183,3 +183,33 @@ def test_every_version_the_project_ships_is_a_release():
     from lagom.orchestration.bench_matrix import PATHS_NCCL_VERSION
 
     assert all(v in RELEASED for v in [*presets, PATHS_NCCL_VERSION])
+
+
+def _names_and_keys(tree: ast.AST) -> set[str]:
+    """Identifiers and the strings code uses (dict keys, attribute names given as text), docstrings left out."""
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    strings = {node.value for node in ast.walk(tree)
+               if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs}
+    return _identifiers(tree) | strings
+
+
+@pytest.mark.parametrize("row", GROUP_KNOBS, ids=lambda k: k.key)
+def test_a_group_knob_is_a_row_and_its_key_lives_in_at_most_four_files(row):
+    """issue 33: min_ctas, max_ctas and cta_policy were string-keyed dicts in four modules; now rows
+    (nccl_env.knob_table.GROUP_KNOBS) that the file validator, delivery, the launcher, preflight and
+    the process-group options read, their keys spelled in the table alone (and as nccl4py's field names
+    in lagom/runtime/coll_config.py, another API)."""
+    naming = {str(p.relative_to(REPO_ROOT)) for p in _sources() if row.key in _names_and_keys(ast.parse(p.read_text()))}
+    assert "nccl_env/knob_table.py" in naming
+    assert len(naming) <= 4, sorted(naming)
+    assert row.carries in KNOBS and row.env.startswith("NCCL_") and row.since <= NcclVersion(2, 28)
+
+
+def test_a_group_knobs_value_is_what_nccl_takes():
+    assert GROUP_BY_KEY["cta_policy"].value("zero") == 2 and GROUP_BY_KEY["max_ctas"].value(8) == 8
+    for row, bad in ((GROUP_BY_KEY["min_ctas"], -1), (GROUP_BY_KEY["cta_policy"], "fast"),
+                     (GROUP_BY_KEY["max_ctas"], True)):
+        with pytest.raises(ValueError, match=row.key):
+            row.value(bad)

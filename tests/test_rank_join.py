@@ -214,3 +214,45 @@ def test_a_send_meets_the_recv_from_its_sender_in_a_group_of_four(tmp_path: Path
         ends, other = by_op[(ra, a)].p2p, by_op[(rb, b)].p2p
         assert ends is not None and other is not None
         assert (ends.src, ends.dst) == (other.src, other.dst) and {ra, rb} == {ends.src, ends.dst}
+
+
+def test_the_cluster_bounds_the_transfer_only_where_the_pattern_is_thin(tmp_path: Path) -> None:
+    """With members of a group unrecorded, their arrival is read from a key's instances on a
+    rank; with fewer than MIN_PATTERN_INSTANCES (one, on the w128 pair) the read calls the whole
+    time transfer. A transfer floor (the cluster's least time) bounds those, and only those."""
+    from traces.rank_join import MIN_PATTERN_INSTANCES
+
+    p = kr.PROGRAMS["straggler"]
+    whole = kr.write_ranks(p, kr.simulate(p), tmp_path / "s")
+    half = tmp_path / "half"
+    half.mkdir()
+    for r in (0, 1):  # two of four ranks: every all-reduce partly recorded, 15 instances a rank
+        shutil.copy(whole / f"{p.name}_rank{r}.json.gz", half)
+    workloads = read_trace(half)
+    comms = [rank_comm(w) for w in workloads]
+    assert min(len(i.op_ids) for c in comms for i in c.keys.values()) >= MIN_PATTERN_INSTANCES
+    floor_us = 1.0
+    plain, bounded = join_ranks(comms, 4), join_ranks(comms, 4, lambda key, size: floor_us)
+    assert plain.modelled_members > 0 and bounded.bounded_members == 0 and bounded.wait_us == plain.wait_us
+
+    for r in (0, 1):
+        shutil.copy(trace_path(f"w128_sendrecv_rank{r}.json.gz"), tmp_path)
+    workloads = read_trace(tmp_path)
+    comms = [rank_comm(w) for w in workloads]
+    plain = join_ranks(comms, 128)
+    asked: list[tuple] = []
+
+    def floor(key, size: int) -> float:
+        asked.append((key, size))
+        return 100.0
+
+    bounded = join_ranks(comms, 128, floor)
+    assert all(size == 128 for _, size in asked) and len(asked) == len({k for k, _ in asked})  # once per key
+    small = next(c for c in workloads[0].collectives if c.message_bytes == 3072)
+    assert plain.wait_us[0][small.op_id] == 0.0  # the whole 30.7 ms was "transfer"
+    assert bounded.wait_us[0][small.op_id] == pytest.approx(small.duration_us - 100.0)
+    assert bounded.waited_for[0][small.op_id] == UNRECORDED
+    assert bounded.bounded_members == sum(len(c.collectives) for c in workloads) == 20
+    for w in workloads:
+        for c in w.collectives:  # the bound only ever moves time from transfer to wait
+            assert plain.wait_us[w.rank][c.op_id] <= bounded.wait_us[w.rank][c.op_id] <= c.duration_us

@@ -257,3 +257,19 @@ def test_a_rerecord_whose_job_fails_keeps_the_earlier_recording(world, tmp_path,
     assert f"nothing recorded into {out.resolve()} (the job failed (status {status}); the earlier recording there " \
            "is kept)" in err
     assert [p.name for p in tmp_path.iterdir() if "lagom-record" in p.name] == []
+
+
+def test_a_negative_overhead_is_said_to_be_within_the_steps_noise():
+    """A CPU job's timed steps ran slower than its profiled ones (-27.8%): a profiler cannot
+    speed a job up, so the line says the overhead is within noise instead of printing a gain."""
+    from traces.workload import RecordedSteps
+
+    steps = RecordedSteps("host", unprofiled_us=(13_000.0, 9_800.0, 9_200.0), profiled_us=(7_300.0, 7_000.0, 7_500.0))
+    overhead = profiler_overhead([steps])
+    assert overhead is not None and overhead.fraction == pytest.approx(7_266.67 / 10_666.67 - 1, abs=1e-4)
+    line = overhead_line(overhead)
+    assert line.startswith("profiler overhead: -31.9% ") and "below zero" in line and "within the steps' noise" in line
+    assert "up to 21.9% off its set's mean" in line  # 13,000 against the unprofiled mean 10,666.7
+    assert overhead.to_dict()["within_noise"] is True
+    paced = profiler_overhead([RecordedSteps("host", (10_000.0, 10_100.0), (12_000.0, 12_100.0))])
+    assert paced is not None and not paced.within_noise and "paced this job" in overhead_line(paced)

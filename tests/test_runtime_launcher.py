@@ -311,3 +311,24 @@ def test_workers_load_the_launchers_lagom_even_when_another_comes_first(tmp_path
     for package in ("nccl_env", "traces", "costmodel", "tuner"):
         assert Path(loaded[package]).resolve() == (REPO_ROOT / package / "__init__.py").resolve()
     assert "warning" not in capsys.readouterr().err
+
+
+def test_an_entry_for_a_group_the_job_never_ran_is_warned_about_after_the_job(tmp_path, capsys):
+    """The job (here: one that writes its rank's audit part as the hook does, collectives in
+    group "0") never ran group "tp": the entry naming it matched nothing, and lagom run says so
+    in the words simulate --config and plugin table use."""
+    config = tmp_path / "lagom.yaml"
+    config.write_text(yaml.safe_dump({**CONFIG, "collectives": [
+        {"match": {"collective": "allgather", "group": "tp"}, "set": {"channels": 2}},
+        {"match": {"collective": "allgather", "group": "0"}, "set": {"channels": 4}}]}))
+    job = ("import os; from lagom.runtime import audit; "
+           "c = audit.SignatureCount('allgather', '0', 2, 1, 4096, 3, 1); "
+           "audit.write_rank_part(os.environ['LAGOM_RUN_DIR'], audit.rank_part(0, [c], [], []))")
+    code = main(["run", "--config", str(config), "--no-plugin", "--audit", str(tmp_path / "a.json"), "--workdir",
+                 str(tmp_path / "wd"), "--", sys.executable, "-c", job])
+    assert code == 0
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "'tp'" in line]
+    assert said == [f"lagom run: warning: {config}: entry 1 names group 'tp', which the job does not have "
+                    "(its groups: '0'): lagom simulate and the hook match no collective with it; the plugin's table, "
+                    "which cannot tell groups apart, applies it to every group's collectives of that type and size"]

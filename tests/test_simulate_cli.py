@@ -138,3 +138,52 @@ def test_workloads_that_do_not_fit_the_cluster_are_warned_about_once(tmp_path, c
     # an entry that matches: no warning
     assert main(["simulate", "fsdp:phi2:gpus=16", "--cluster", "low-bw", "--config", str(tmp_path / "lagom.yaml")]) == 0
     assert "warning:" not in capsys.readouterr().err
+
+
+EXAMPLE_TRACE = "traces/examples/fsdp8_a100_2ch_synthetic.json.gz"  # one rank's trace (rank 0 of 8)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["simulate", EXAMPLE_TRACE, "--scale", "compute=0.8@5"], "holds no rank 5 (it holds rank 0)"),
+    (["simulate", EXAMPLE_TRACE, "--scale", "compute=0.8@200000"], "holds no rank 200000"),
+    (["simulate", EXAMPLE_TRACE, "--scale", "comm=0.5,compute=0.8@0-1"], "holds no rank 1 (it holds rank 0)"),
+    (["tune", EXAMPLE_TRACE, "--rank", "99", "-o", "{tmp}/t.yaml"], "--rank 99: "),
+    (["simulate", EXAMPLE_TRACE, "--rank", "3"], "--rank 3: "),
+])
+def test_a_rank_the_trace_file_lacks_is_refused(argv, message, tmp_path, capsys):
+    """A what-if or --rank on a rank one rank's trace does not hold would replay the
+    measurement unchanged and pass for an answer: one line, exit 2, as on a folder."""
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.strip().splitlines()[-1].startswith(f"lagom {argv[0]}: error:")
+    assert not (tmp_path / "t.yaml").exists()
+
+
+def test_a_what_if_on_the_ranks_a_file_holds_still_runs(capsys):
+    out = run_json(capsys, EXAMPLE_TRACE, "--scale", "compute=0.8@0")
+    assert out["whatif"] and out["iteration_us"] < out["measured"]["iteration_us"]
+
+
+def test_an_entry_for_a_group_the_job_lacks_is_warned_about_alike(tmp_path, capsys):
+    """An entry whose match.group names no group of the job: simulate matches nothing with it,
+    the plugin's table applies it to every group. Both commands say so in the same words."""
+    tuned = TunedConfig(cluster="a100-nvswitch", process_groups={"0": {"min_ctas": 2}}, collectives=[
+        CollectiveEntry(Match(collective=CollectiveType.ALLGATHER, group="tp"), CommConfig(channels=4)),
+        CollectiveEntry(Match(collective=CollectiveType.ALLGATHER, group="0"), CommConfig(channels=2))])
+    tuned.dump(tmp_path / "lagom.yaml")
+    assert main(["simulate", EXAMPLE_TRACE, "--config", str(tmp_path / "lagom.yaml")]) == 0
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "name" in line and "'tp'" in line]
+    assert len(said) == 1 and said[0].startswith(f"warning: {tmp_path / 'lagom.yaml'}: entry 1 names group 'tp', "
+                                                 "which the job does not have (its groups: '0')")
+    assert main(["plugin", "table", str(tmp_path / "lagom.yaml")]) == 0
+    table_err = capsys.readouterr().err
+    assert "entry 1 names group 'tp', which the job it was tuned for does not have (its groups: '0')" in table_err
+    tail = "the plugin's table, which cannot tell groups apart, applies it to every group's collectives"
+    assert tail in said[0] and tail in table_err
+    # every entry for a group the job has: no word
+    tuned.collectives.pop(0)
+    tuned.dump(tmp_path / "lagom.yaml")
+    assert main(["simulate", EXAMPLE_TRACE, "--config", str(tmp_path / "lagom.yaml")]) == 0
+    assert "does not have" not in capsys.readouterr().err

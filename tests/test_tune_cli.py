@@ -238,3 +238,51 @@ def test_tune_puts_a_group_on_the_copy_engines_and_says_what_to_turn_on(tmp_path
     workload = generate_workload(spec)
     again = Simulator(cluster, noise=0.0).evaluate(workload, config.to_plan(workload_signatures(workload, 8)))
     assert again.iteration_us == pytest.approx(config.predictions["tuned_us"], rel=1e-6)
+
+
+def _w128_pair(tmp_path):
+    from conftest import trace_path
+
+    folder = tmp_path / "w128"
+    folder.mkdir()
+    for r in (0, 1):
+        name = f"w128_sendrecv_rank{r}.json.gz"
+        (folder / name).write_bytes(trace_path(name).read_bytes())
+    return folder
+
+
+def test_a_folders_signature_rows_are_the_jobs_step(tmp_path, capsys):
+    """The shared 128-rank pair: the rows were rank 0's totals over the whole trace (the dropped
+    unfinished step included: 396.2 ms) under a column that says per step, against 168.0 ms of
+    collectives in the job's step, and two signatures only rank 1 ran showed 0.00 ms. Now the
+    rows are per kept step on the step's slowest rank and sum to the step's collective time; a
+    signature the step's rank never ran shows its own rank, named, outside the total."""
+    folder = _w128_pair(tmp_path)
+    code, out, err = run_cli(capsys, "tune", str(folder), "--json", "--no-autoccl", "--budget", "4",
+                             "-o", str(tmp_path / "t.yaml"))
+    assert code == 0, err
+    summary = json.loads(out)
+    rows = {(r["signature"]): r for r in summary["rows"]}
+    assert summary["rows_figures_of"] == "the job's step (its slowest rank: 1)"
+    assert summary["rows_total"]["nccl_ms"] == pytest.approx(summary["nccl"]["collectives_ms"], abs=0.01)
+    assert summary["nccl"]["collectives_ms"] == pytest.approx(168.03, abs=0.01)
+    assert all(r["nccl_ms"] > 0 for r in rows.values())  # every recorded signature has its time
+    step = [r for r in rows.values() if r["rank"] is None and not r["outside_steps"]]
+    assert len(step) == 5 and len(rows) == 10
+    small = next(r for label, r in rows.items() if label.startswith("alltoall[0] 3072B"))
+    assert small["rank"] == 0 and small["nccl_ms"] == pytest.approx(30.669, abs=0.001)
+    assert {r["rank"] for r in rows.values() if r["outside_steps"]} == {0, 1}  # ran only in the dropped step
+    # the transfer of collectives seen once, beside 126 ranks not recorded, is the cluster's bound
+    assert err.count("called wait for ranks not recorded") == 1
+    code, out, _ = run_cli(capsys, "tune", str(folder), "--no-autoccl", "--budget", "4", "-o", str(tmp_path / "t.yaml"))
+    assert code == 0 and "ms per step of the job's step (its slowest" in " ".join(out.split())
+    assert "the step's 5 signatures" in out and "(rank 0)" in out
+
+
+def test_simulate_a_folder_names_whose_figures_it_prints(tmp_path, capsys):
+    folder = _w128_pair(tmp_path)
+    code, out, _ = run_cli(capsys, "simulate", str(folder), "--json")
+    assert code == 0
+    assert json.loads(out)["figures_of"] == "w128: 2 ranks, the job's step (its slowest rank: 1)"
+    code, out, _ = run_cli(capsys, "simulate", str(folder / "w128_sendrecv_rank0.json.gz"), "--json")
+    assert code == 0 and json.loads(out)["figures_of"] == "w128_sendrecv_rank0.json.gz (rank 0)"

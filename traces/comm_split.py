@@ -50,13 +50,14 @@ class CommSplitRow:
     transfer_per_call_us: float  # the key's estimated transfer time of one instance
     basis: str  # traces.exec_graph.WAIT_BASIS_FASTEST or WAIT_BASIS_RANKS
     waited_for: str = "-"  # whom its instances waited for most often (:func:`waited_for_label`)
+    bounded: int = 0  # instances whose transfer the cluster bounded (traces.rank_join.RankJoin.bounded)
 
     def to_dict(self) -> dict:
         return {
             "group": self.group, "collective": self.collective.value, "message_bytes": self.message_bytes,
             "count": self.count, "total_us": round(self.total_us, 3), "wait_us": round(self.wait_us, 3),
             "transfer_us": round(self.transfer_us, 3), "transfer_per_call_us": round(self.transfer_per_call_us, 3),
-            "basis": self.basis, "waited_for": self.waited_for,
+            "basis": self.basis, "waited_for": self.waited_for, "transfer_bounded": self.bounded,
         }
 
 
@@ -144,23 +145,28 @@ def split_rows(workload: Workload, waits: dict[int, float], basis: str) -> list[
 
 
 def split_rows_compact(comm: RankComm, waits: dict[CommKey, list[float]], keep: set[int] | None,
-                       basis: str, waited_for: dict[int, int] | None = None) -> list[CommSplitRow]:
+                       basis: str, waited_for: dict[int, int] | None = None,
+                       bounded: dict[int, float] | None = None) -> list[CommSplitRow]:
     """:func:`split_rows` from one rank's compact data: the instances whose op id is in ``keep``
     (all when None), e.g. those of a trimmed view of the workload. ``waited_for``: op id -> the
-    rank it waited for (:mod:`traces.rank_join`), named per key."""
+    rank it waited for (:mod:`traces.rank_join`), named per key; ``bounded``: the op ids whose
+    transfer the cluster bounded, counted per key."""
     groups: dict[CommKey, list[tuple[float, float]]] = {}
     whom: dict[CommKey, str] = {}
+    held: dict[CommKey, int] = {}
     for key, inst in comm.keys.items():
         if key[3]:
             triples = zip(inst.op_ids, inst.duration_us, waits[key])
             pairs = [(d, w) for op, d, w in triples if keep is None or op in keep]
             if pairs:
                 groups[key] = pairs
+                kept = [op for op in inst.op_ids if keep is None or op in keep]
+                held[key] = sum(1 for op in kept if op in (bounded or {}))
                 if waited_for is not None:
-                    whom[key] = waited_for_label([waited_for.get(op, comm.rank) for op in inst.op_ids
-                                                  if keep is None or op in keep], comm.rank)
+                    whom[key] = waited_for_label([waited_for.get(op, comm.rank) for op in kept], comm.rank)
     rows = _rows(groups, basis)
-    return [replace(r, waited_for=whom.get((r.group, r.collective, r.message_bytes, True), "-")) for r in rows]
+    return [replace(r, waited_for=whom.get(k, "-"), bounded=held.get(k, 0))
+            for r, k in ((r, (r.group, r.collective, r.message_bytes, True)) for r in rows)]
 
 
 def waited_for_label(ranks: list[int], own: int) -> str:

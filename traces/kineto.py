@@ -90,7 +90,7 @@ from traces.kineto_json import read_events
 from traces.limits import TRACE_MEMORY_PER_JSON_BYTE, check_fits_memory
 from traces.parse_cache import cached_parse
 from traces.time_units import time_evidence, time_scale
-from traces.trace_job import MAX_RANKS, JobLayout, TraceHeader, attach_comm_waits, job_layout, recorded_steps_of
+from traces.trace_job import TRACE_RANK_BOUND, JobLayout, TraceHeader, attach_comm_waits, job_layout, recorded_steps_of
 from traces.workload import (
     RECORD_METADATA_KEY,
     CollectiveOp,
@@ -269,9 +269,9 @@ def _read_metadata(path: Path, doc: dict) -> _ParsedTrace:
     info = info if isinstance(info, dict) else {}
     rank = to_int(info.get("rank"))
     world = to_int(info.get("world_size"))
-    if "rank" in info and (rank is None or not 0 <= rank < MAX_RANKS):
+    if "rank" in info and (rank is None or not 0 <= rank < TRACE_RANK_BOUND):
         raise LagomError(f"{path}: distributedInfo.rank {_show(info['rank'])} is not a rank")
-    if "world_size" in info and (world is None or not 0 < world <= MAX_RANKS):
+    if "world_size" in info and (world is None or not 0 < world <= TRACE_RANK_BOUND):
         raise LagomError(f"{path}: distributedInfo.world_size {_show(info['world_size'])} is not a world size")
     if rank is not None and world is not None and rank >= world:
         raise LagomError(f"{path}: distributedInfo.rank {rank} is not below world_size {world}")
@@ -286,12 +286,12 @@ def _read_metadata(path: Path, doc: dict) -> _ParsedTrace:
             size = to_int(pg.get("pg_size"))
             if ranks:
                 listed.append(str(pg["pg_name"]))
-            elif size and 0 < size <= MAX_RANKS:
+            elif size and 0 < size <= TRACE_RANK_BOUND:
                 ranks = tuple(range(size))
             if ranks:
                 groups.append(ProcessGroup(str(pg["pg_name"]), ranks))
                 if world is None and (pg.get("pg_desc") == "default_pg" or str(pg["pg_name"]) == "0"):
-                    world = len(ranks) if len(ranks) <= MAX_RANKS else None  # the default group spans the world
+                    world = len(ranks) if len(ranks) <= TRACE_RANK_BOUND else None  # the default group spans the world
     device_name = sm_count = None
     device = DeviceRecord()
     props = doc.get("deviceProperties")
@@ -543,7 +543,9 @@ class _WorkloadBuilder:
             if ranks:
                 self.listed_groups.add(name)
             else:
-                size = info.group_size if info.group_size and 0 < info.group_size <= MAX_RANKS else self.world_size
+                size = info.group_size
+                if not size or not 0 < size <= TRACE_RANK_BOUND:
+                    size = self.world_size
                 ranks = tuple(range(size))  # positions only: the trace does not list the members
             self.groups[name] = ProcessGroup(name, ranks)
         return name

@@ -34,7 +34,12 @@ hundreds of microseconds, as much as a collective's wait. This module joins the 
   members' arrival is taken from the recorded ones' pattern: per rank and collective key
   the transfer is the ``TRANSFER_PERCENTILE``-th percentile of the instances' time less
   their recorded wait, and an instance that took longer than wait + transfer waited as
-  long for a member the folder lacks (:data:`UNRECORDED`).
+  long for a member the folder lacks (:data:`UNRECORDED`). That pattern needs several
+  instances: with fewer than :data:`MIN_PATTERN_INSTANCES` of a key on a rank (one: its
+  10th percentile is its own time, all transfer), the transfer is bounded by what the
+  collective's size needs on the cluster under any setting NCCL could use (a
+  :data:`TransferFloor` the caller gives where the cluster is known: this package knows
+  no cluster), and the rest is wait for the members not recorded (:attr:`RankJoin.bounded`).
 
 Linear in ranks x collectives (the offsets: a few dozen passes over the matched instances).
 """
@@ -42,7 +47,7 @@ Linear in ranks x collectives (the offsets: a few dozen passes over the matched 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,6 +60,13 @@ ALIGN_SETTLED_US = 0.01  # offsets moving less than this in a pass have settled
 CLOCK_RESOLUTION_US = 0.001  # Kineto's timestamps are in ns: less than this apart is the same time
 SHIFT_TRIES = 3  # instances a rank's window may have cut off either end of a collective's sequence
 SPARSE_PENALTY_US = 1e6  # fewer than three instances in common: agreement there is weak evidence
+# a key's TRANSFER_PERCENTILE-th percentile is an instance's own time only from this many instances
+# on (100 / 10): below it the pattern of unrecorded members' arrivals is not read, it is bounded
+MIN_PATTERN_INSTANCES = round(100 / TRANSFER_PERCENTILE)
+
+# (collective key, group size) -> the least time (us) the collective can take on the cluster under
+# any setting NCCL could use, or None where that is not known (a CPU-side or unsized collective)
+TransferFloor = Callable[[CommKey, int], "float | None"]
 
 Pair = tuple[int, int]  # a send/recv's (src, dst) ranks
 MatchKey = tuple[str, CollectiveType, Pair | None]  # (process group, collective type, a send/recv's ends)
@@ -97,6 +109,18 @@ class RankJoin:
     wait_us: dict[int, dict[int, float]] = field(default_factory=dict)  # rank -> op id -> wait on the aligned clock
     waited_for: dict[int, dict[int, int]] = field(default_factory=dict)  # rank -> op id -> the rank it waited for
     # (its own rank: it waited for nobody; UNRECORDED: a member without a trace)
+    # rank -> op id -> the transfer (us) the cluster bounded it to: a key seen too few times on the rank
+    # for the pattern (MIN_PATTERN_INSTANCES), in a group with members not recorded
+    bounded: dict[int, dict[int, float]] = field(default_factory=dict)
+
+    @property
+    def bounded_members(self) -> int:
+        """Member-instances whose transfer the cluster bounded (the rest of their time: wait)."""
+        return sum(len(ops) for ops in self.bounded.values())
+
+    def bounded_wait_us(self) -> float:
+        """The wait the bound found, summed over those member-instances (us)."""
+        return sum(self.wait_us[r][op] for r, ops in self.bounded.items() for op in ops)
 
     @property
     def modelled_members(self) -> int:
@@ -127,8 +151,11 @@ def _sequences(comm: RankComm) -> dict[MatchKey, _Seq]:
     return seqs
 
 
-def join_ranks(ranks: list[RankComm], world_size: int | None = None) -> RankJoin:
-    """Match, align and split every rank's collectives (the module docstring's rules)."""
+def join_ranks(ranks: list[RankComm], world_size: int | None = None,
+               transfer_floor: TransferFloor | None = None) -> RankJoin:
+    """Match, align and split every rank's collectives (the module docstring's rules);
+    ``transfer_floor``: the cluster's bound on a thinly seen collective's transfer (None: not
+    bounded, the pattern as it stands)."""
     seqs = {rc.rank: _sequences(rc) for rc in sorted(ranks, key=lambda rc: rc.rank)}  # any order of reading
     where: dict[tuple[int, int], tuple[float, float, CommKey]] = {}  # (rank, op) -> (start, duration, key)
     holders: dict[MatchKey, list[int]] = {}
@@ -167,7 +194,7 @@ def join_ranks(ranks: list[RankComm], world_size: int | None = None) -> RankJoin
             matches.extend(Match(mk[0], mk[1], size, [(r, op)]) for op in seqs[r][mk].op_ids)
     alignment = align_clocks(matches, where, order)
     out = RankJoin(alignment, matches)
-    _split(out, where)
+    _split(out, where, sizes, default_size, transfer_floor, cpu)
     return out
 
 
@@ -314,9 +341,11 @@ def align_clocks(matches: list[Match], where: dict[tuple[int, int], tuple[float,
                           float(np.max(spread)), len(shared))
 
 
-def _split(out: RankJoin, where: dict[tuple[int, int], tuple[float, float, CommKey]]) -> None:
+def _split(out: RankJoin, where: dict[tuple[int, int], tuple[float, float, CommKey]], sizes: dict[str, int],
+           default_size: int, floor: TransferFloor | None, cpu: set[int]) -> None:
     """Each instance's wait on the aligned clock and whom it waited for; then the members without
-    a trace, from each rank's key pattern (module docstring)."""
+    a trace, from each rank's key pattern, or where it has too few instances from ``floor``
+    (module docstring)."""
     off = out.alignment.offsets_us
     partial: list[tuple[int, int]] = []
     for m in out.matches:
@@ -335,9 +364,20 @@ def _split(out: RankJoin, where: dict[tuple[int, int], tuple[float, float, CommK
     for (r, op), (_, d, key) in where.items():
         by_key.setdefault((r, key), []).append((op, d - out.wait_us[r][op]))
     transfer = {rk: float(np.percentile([t for _, t in items], TRANSFER_PERCENTILE)) for rk, items in by_key.items()}
+    floors: dict[CommKey, float | None] = {}
     for r, op in partial:
         _, d, key = where[(r, op)]
-        extra = d - transfer[(r, key)]
+        least = transfer[(r, key)]
+        bound = None
+        if floor is not None and r not in cpu and len(by_key[(r, key)]) < MIN_PATTERN_INSTANCES:
+            if key not in floors:
+                floors[key] = floor(key, sizes.get(key[0], default_size))
+            bound = floors[key]
+        if bound is not None and bound < least:
+            least = bound
+        extra = d - least
         if extra > out.wait_us[r][op]:
             out.wait_us[r][op] = min(d, extra)
             out.waited_for[r][op] = UNRECORDED
+            if least is bound:
+                out.bounded.setdefault(r, {})[op] = least

@@ -20,7 +20,7 @@ from nccl_env.errors import LagomError
 from traces.exec_graph import WAIT_BASIS_FASTEST, WAIT_BASIS_RANKS
 from traces.workload import RecordedSteps, Workload
 
-MAX_RANKS = 1 << 20  # a sanity bound on ranks and group sizes read from a trace
+TRACE_RANK_BOUND = 1 << 20  # a sanity bound on ranks and group sizes read from a trace
 _RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.IGNORECASE)
 # Two files whose recorded times lie further apart are different runs: the profilers of one
 # job's ranks start within seconds of each other (a judgment, not a measured figure).
@@ -90,7 +90,7 @@ def _assign_ranks(headers: list[TraceHeader], path: Path, check: bool = True) ->
         rank = h.rank
         if rank is None:
             m = _RANK_IN_NAME.search(h.path.name)
-            rank = int(m.group(1)) if m and int(m.group(1)) < MAX_RANKS else index
+            rank = int(m.group(1)) if m and int(m.group(1)) < TRACE_RANK_BOUND else index
         if rank in used and check:
             raise LagomError(f"{path}: files {used[rank].name} and {h.path.name} are both rank {rank}")
         used[rank] = h.path

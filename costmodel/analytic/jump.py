@@ -38,7 +38,9 @@ class JumpStatic:
     sig_of: list[int]  # collective -> signature index
     index: dict[int, int]  # op id -> position in kernels + colls
     counts: np.ndarray  # (K + 1) x shapes: how many kernels of each shape precede kernel k
-    per_estimate: dict[int, tuple] = field(default_factory=dict)  # id(estimate) -> prefix lists
+    # estimate -> prefix lists, keyed by value (a frozen dataclass): an id() key outlived its estimate
+    # and a new one at the same address read the old one's sums
+    per_estimate: dict[CollectiveEstimate, tuple] = field(default_factory=dict)
 
 
 def build_jump_static(op_ids: list[int], is_coll: list[bool], next_on_stream: list[int],
@@ -99,7 +101,7 @@ def _per_estimate(js: JumpStatic, e: CollectiveEstimate, pair_many) -> tuple:
     """(y, cum_y, p, cum_p, wait) for collective estimate ``e``: y (kernel time beside it), p (its
     progress during such a kernel) and wait (its start delay beside one) per shape id, and the
     prefix sums of y and p over the kernel order."""
-    key = id(e)
+    key = e
     hit = js.per_estimate.get(key)
     if hit is not None:
         return hit

@@ -50,7 +50,7 @@ import numpy as np
 
 from costmodel.evaluator import StepTiming, Timing
 from costmodel.replay.data import ReplayData
-from costmodel.replay.schedule import ReplayStatic, graph_edges, replay
+from costmodel.replay.schedule import GraphArrays, ReplayStatic, graph_edges, replay
 from nccl_env.errors import LagomError
 from traces.comm_split import rank_comm
 from traces.gc_pause import no_cyclic_gc
@@ -200,14 +200,11 @@ def _joint_replay(data: JointData, durations: Mapping[int, Sequence[float] | np.
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(f.base > 0, (plan - f.kept) / f.base, 1.0)
     transfer = np.where(f.match_of >= 0, f.transfer * (ratio * comm), f.transfer)
-    starts, ends, _, held, stuck = joint_pass(
-        f.n, f.succ_ptr, f.succ_idx, f.indeg, f.pred_ptr, f.pred_idx, f.launch_call, f.launch_latency,
-        f.launch_thread, f.launch_wait, f.gap, f.measured_start, f.wait_thread, f.wait_prev, f.wait_begin, f.wait_own,
-        f.wait_end, f.wait_return, f.awaited_ptr, f.awaited_idx, f.wait_cause_thread, f.wait_cause, f.wait_cause_us,
-        f.anchor, cpu[f.op_rank], cpu[f.wait_rank], f.match_of, f.mem_ptr, f.mem_idx, f.op_offset, f.last_meas,
-        f.lag_unrec, transfer, dur)
+    args = (f.n, f.succ_ptr, f.succ_idx, f.indeg, *f.graph.rule_arrays(), cpu[f.op_rank], cpu[f.wait_rank],
+            f.match_of, f.mem_ptr, f.mem_idx, f.op_offset, f.last_meas, f.lag_unrec, transfer, dur)
+    starts, ends, _, held, stuck = joint_pass(*args)
     if stuck:
-        raise LagomError(f"joint replay: {stuck} of {f.n + f.wait_end.size} nodes never ran: the ranks' graphs "
+        raise LagomError(f"joint replay: {stuck} of {f.n + f.graph.wait_end.size} nodes never ran: the ranks' graphs "
                          "contradict each other")
     timings = {}
     for i, r in enumerate(f.ranks):
@@ -224,9 +221,9 @@ def _joint_replay(data: JointData, durations: Mapping[int, Sequence[float] | np.
 
 @dataclass
 class _FlatGraph:
-    """Every rank's graph as one (ops of rank ``ranks[i]`` at ``op_base[i]:op_base[i + 1]``, its waits at
-    ``wait_base[i]:``; node ``n + j`` is wait ``j``), with the join, in the arrays
-    :func:`costmodel.replay.schedule_kernel.joint_pass` reads."""
+    """Every rank's graph as one (ops of rank ``ranks[i]`` at ``op_base[i]:op_base[i + 1]``, its waits after
+    the ranks' before; node ``n + j`` is wait ``j``) in the arrays one rank's graph has (``graph``), with the
+    successors Kahn's order walks and the join: what :func:`costmodel.replay.schedule_kernel.joint_pass` reads."""
 
     ranks: list[int]
     op_base: np.ndarray
@@ -237,26 +234,7 @@ class _FlatGraph:
     succ_ptr: np.ndarray
     succ_idx: np.ndarray
     indeg: np.ndarray
-    pred_ptr: np.ndarray
-    pred_idx: np.ndarray
-    launch_call: np.ndarray
-    launch_latency: np.ndarray
-    launch_thread: np.ndarray
-    launch_wait: np.ndarray
-    gap: np.ndarray
-    measured_start: np.ndarray
-    wait_thread: np.ndarray
-    wait_prev: np.ndarray
-    wait_begin: np.ndarray
-    wait_own: np.ndarray
-    wait_end: np.ndarray
-    wait_return: np.ndarray
-    awaited_ptr: np.ndarray
-    awaited_idx: np.ndarray
-    wait_cause_thread: np.ndarray
-    wait_cause: np.ndarray
-    wait_cause_us: np.ndarray
-    anchor: np.ndarray
+    graph: GraphArrays  # threads renumbered per rank (a thread a rank's anchors lack: -1)
     is_compute: np.ndarray
     alone_coll: np.ndarray  # an on-GPU collective no other recorded rank joins
     match_of: np.ndarray  # op -> its match (-1: none)
@@ -339,12 +317,8 @@ def _flatten(data: JointData) -> _FlatGraph:
     mem_ptr = np.zeros(len(mem_rows) + 1, dtype=np.int64)
     mem_ptr[1:] = np.cumsum([len(row) for row in mem_rows])
     mem_idx = np.fromiter((x for row in mem_rows for x in row), dtype=np.int64, count=int(mem_ptr[-1]))
-    is_coll = np.concatenate([a.is_coll for a in arrs])
-    return _FlatGraph(
-        ranks=ranks, op_base=op_base, op_count=op_count, n=n,
-        op_rank=np.repeat(np.arange(len(ranks)), op_count), wait_rank=np.repeat(np.arange(len(ranks)), wait_count),
-        succ_ptr=succ_ptr, succ_idx=succ_idx, indeg=np.asarray(indeg, dtype=np.int64),
-        pred_ptr=_ptr([a.pred_ptr for a in arrs]),
+    graph = GraphArrays(
+        order=np.zeros(0, dtype=np.int64), pred_ptr=_ptr([a.pred_ptr for a in arrs]),
         pred_idx=np.concatenate([a.pred_idx + op_base[i] for i, a in enumerate(arrs)]),
         launch_call=cat("launch_call"), launch_latency=cat("launch_latency"), launch_thread=thread_ids("launch_thread"),
         launch_wait=np.concatenate([_shifted(a.launch_wait, int(wait_base[i])) for i, a in enumerate(arrs)]),
@@ -355,9 +329,13 @@ def _flatten(data: JointData) -> _FlatGraph:
         awaited_idx=np.concatenate([a.awaited_idx + op_base[i] for i, a in enumerate(arrs)]),
         wait_cause_thread=thread_ids("wait_cause_thread"),
         wait_cause=np.concatenate([_shifted(a.wait_cause, int(wait_base[i])) for i, a in enumerate(arrs)]),
-        wait_cause_us=cat("wait_cause_us"), anchor=cat("anchor"),
+        wait_cause_us=cat("wait_cause_us"), anchor=cat("anchor"), is_coll=cat("is_coll"))
+    return _FlatGraph(
+        ranks=ranks, op_base=op_base, op_count=op_count, n=n,
+        op_rank=np.repeat(np.arange(len(ranks)), op_count), wait_rank=np.repeat(np.arange(len(ranks)), wait_count),
+        succ_ptr=succ_ptr, succ_idx=succ_idx, indeg=np.asarray(indeg, dtype=np.int64), graph=graph,
         is_compute=np.concatenate([np.asarray(st.is_compute, dtype=np.bool_) for st in sts]),
-        alone_coll=is_coll & (match_of < 0), match_of=match_of, mem_ptr=mem_ptr, mem_idx=mem_idx,
+        alone_coll=graph.is_coll & (match_of < 0), match_of=match_of, mem_ptr=mem_ptr, mem_idx=mem_idx,
         op_offset=np.repeat([data.ranks[r].offset_us for r in ranks], op_count).astype(np.float64),
         last_meas=np.asarray(data.last_meas, dtype=np.float64), lag_unrec=np.asarray(data.lag_unrec, dtype=np.float64),
         transfer=transfer, kept=kept, base=base)

@@ -102,7 +102,7 @@ class ReplayStatic:
     # (iteration, comm, exposed, compute, critical comm) per step, from the trace's own times
     unexplained: dict[int, float] = field(default_factory=dict)  # op index -> idle its causes do not explain
     step_unexplained_us: list[float] = field(default_factory=list)  # per step: that idle, summed
-    arrays: _Arrays | None = None  # the graph as the compiled pass reads it (built with the rest)
+    arrays: GraphArrays | None = None  # the graph as the compiled pass reads it (built with the rest)
     # ops with neither a launch call nor a cause: a replay keeps their measured start, as the trace wrote
     # it (an int where it was one: the figures print as they always did)
     keeps_start: list[int] = field(default_factory=list)
@@ -110,13 +110,13 @@ class ReplayStatic:
     index: dict[int, int] = field(default_factory=dict)  # op id -> op index
 
     @property
-    def graph_arrays(self) -> _Arrays:
+    def graph_arrays(self) -> GraphArrays:
         assert self.arrays is not None  # _build sets it
         return self.arrays
 
 
 @dataclass
-class _Arrays:
+class GraphArrays:
     """The same graph as flat arrays (lists of tuples as CSR: ``ptr[k]:ptr[k + 1]`` into ``idx``),
     what :mod:`costmodel.replay.schedule_kernel` reads."""
 
@@ -143,6 +143,14 @@ class _Arrays:
     anchor: np.ndarray  # thread -> its first call (nan: none)
     is_coll: np.ndarray
 
+    def rule_arrays(self) -> tuple[np.ndarray, ...]:
+        """What the node rule reads (``schedule_kernel._op_start``, ``_wait_finish``), in the order the
+        passes take them: from ``pred_ptr`` to ``anchor``."""
+        return (self.pred_ptr, self.pred_idx, self.launch_call, self.launch_latency, self.launch_thread,
+                self.launch_wait, self.gap, self.measured_start, self.wait_thread, self.wait_prev, self.wait_begin,
+                self.wait_own, self.wait_end, self.wait_return, self.awaited_ptr, self.awaited_idx,
+                self.wait_cause_thread, self.wait_cause, self.wait_cause_us, self.anchor)
+
 
 def _csr(rows: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
     ptr = np.zeros(len(rows) + 1, dtype=np.int64)
@@ -151,7 +159,7 @@ def _csr(rows: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
     return ptr, idx
 
 
-def _arrays(st: ReplayStatic) -> _Arrays:
+def _arrays(st: ReplayStatic) -> GraphArrays:
     i64, f64 = np.int64, np.float64
     thread_count = max(st.thread_anchor, default=-1) + 1
     anchor = np.full(max(thread_count, 0), np.nan)
@@ -160,7 +168,7 @@ def _arrays(st: ReplayStatic) -> _Arrays:
             anchor[thread] = t
     pred_ptr, pred_idx = _csr(st.preds)
     awaited_ptr, awaited_idx = _csr(st.wait_awaited)
-    return _Arrays(
+    return GraphArrays(
         np.asarray(st.order, dtype=i64), pred_ptr, pred_idx, np.asarray(st.launch_call, dtype=f64),
         np.asarray(st.launch_latency, dtype=f64), np.asarray(st.launch_thread, dtype=i64),
         np.asarray(st.launch_wait, dtype=i64), np.asarray(st.gap, dtype=f64),
@@ -429,11 +437,8 @@ def _schedule(st: ReplayStatic, durations: Sequence[float] | np.ndarray,
     from costmodel.replay.schedule_kernel import schedule_pass  # numba: loaded by the first replay, not by imports
 
     a = st.graph_arrays
-    starts, ends, new_end, bind = schedule_pass(
-        a.order, len(st.op_ids), a.pred_ptr, a.pred_idx, a.launch_call, a.launch_latency, a.launch_thread,
-        a.launch_wait, a.gap, a.measured_start, a.wait_thread, a.wait_prev, a.wait_begin, a.wait_own, a.wait_end,
-        a.wait_return, a.awaited_ptr, a.awaited_idx, a.wait_cause_thread, a.wait_cause, a.wait_cause_us, a.anchor,
-        float(cpu), np.asarray(durations, dtype=np.float64))
+    args = (a.order, len(st.op_ids), *a.rule_arrays(), float(cpu), np.asarray(durations, dtype=np.float64))
+    starts, ends, new_end, bind = schedule_pass(*args)
     return starts, ends, _CpuClock(st, new_end, cpu), bind
 
 

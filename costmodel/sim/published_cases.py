@@ -77,7 +77,7 @@ from traces.generate import gemm_op, generate_workload
 from traces.intervals import CoverIndex, union
 from traces.workload import ComputeOp, Stream, StreamKind, Workload
 
-FORMAT = "lagom.published-cases"
+CASES_FORMAT = "lagom.published-cases"
 VERSION = 1
 _GROUP = "published"
 SPLITS = ("fit", "check")
@@ -354,12 +354,12 @@ def load_cases(path: str | Path) -> list[Case]:
 
 def parse_cases(data: object, origin: str) -> list[Case]:
     if not isinstance(data, dict):
-        raise LagomError(f"{origin}: not a {FORMAT} file (expected a JSON object)")
-    if data.get("format") != FORMAT:
-        raise LagomError(f"{origin}: 'format' is {data.get('format')!r}, expected {FORMAT!r}")
+        raise LagomError(f"{origin}: not a {CASES_FORMAT} file (expected a JSON object)")
+    if data.get("format") != CASES_FORMAT:
+        raise LagomError(f"{origin}: 'format' is {data.get('format')!r}, expected {CASES_FORMAT!r}")
     version = data.get("version")
     if version != VERSION or isinstance(version, bool):
-        raise LagomError(f"{origin}: {FORMAT} version {version!r} is not supported (this runner reads "
+        raise LagomError(f"{origin}: {CASES_FORMAT} version {version!r} is not supported (this runner reads "
                          f"version {VERSION})")
     cases = data.get("cases")
     if not isinstance(cases, list) or not cases:
@@ -383,7 +383,7 @@ def _parse_case(raw: object, where: str) -> Case:
     f.where = f"{where} ({case_id})"
     kind = f.text("kind")
     if kind not in _KINDS:
-        raise f.error(f"unknown kind {kind!r} (known: {', '.join(KINDS)})")
+        raise f.error(f"unknown kind {kind!r} (known: {', '.join(CASE_KINDS)})")
     source = f.text("source")
     f.note = f.text("note")
     split = raw.get("split")
@@ -873,7 +873,7 @@ _KINDS: dict[str, Callable[[_Fields, ClusterSpec], Quantity]] = {
     "nccl_choice": _nccl_choice,
     "busbw_curve": _busbw_curve,
 }
-KINDS = tuple(_KINDS)
+CASE_KINDS = tuple(_KINDS)
 
 
 # ---- asking the simulator -------------------------------------------------------------------------

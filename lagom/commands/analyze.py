@@ -29,7 +29,7 @@ from pathlib import Path
 
 import orjson
 
-from lagom.args.common_args import add_json
+from lagom.args.common_args import add_cluster, add_json
 from lagom.args.rank_args import ExecutorKind, add_arguments, reading_from_args
 from lagom.files.output_paths import OutputFormat, check_output
 from lagom.reports.analyze_report import rank_report, render
@@ -59,6 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="keep the last profiler step (HTA's include_last_profiler_step=True)",
     )
     parser.add_argument("--top", type=int, default=5, metavar="N", help="overlap windows to list per rank (default 5)")
+    add_cluster(parser, "bounds the transfer of collectives seen too few times (default: as simulate "
+                        "chooses for the trace)")
     add_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -83,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
         if not args.plot.lower().endswith(".png"):
             raise LagomError(f"--plot {args.plot}: the timeline is written as PNG; give a .png file name")
         check_output("--plot", args.plot, OutputFormat.PLOT, [("PATH", p) for p in args.paths], force=args.force)
+    if args.cluster is not None:
+        from costmodel.cluster import load_cluster
+
+        load_cluster(args.cluster)  # an unknown cluster: one line before anything is read
     for path in args.paths:
         trace_files(path)  # an empty, missing or too large input: one line before anything is said or read
     reading = reading_from_args(args)
@@ -90,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         from lagom.orchestration.analyze_ranks import analyze_paths
 
         reports, plot_view, recorded = analyze_paths(args.paths, reading, args.include_last_step, args.top,
-                                                     bool(args.plot))
+                                                     bool(args.plot), args.cluster)
     else:
         reports, plot_view, recorded = _analyze_here(args)
     if args.plot and plot_view is not None:
@@ -139,10 +145,11 @@ def _analyze_here(args: argparse.Namespace) -> tuple[list[dict], Workload | None
         | {"steps": measured_steps(w)}
         for v, w in zip(views, workloads)
     ]
-    from lagom.orchestration.analyze_ranks import add_joined_waits
+    from lagom.orchestration.analyze_ranks import add_joined_waits, analysis_cluster
 
     index = {id(w): i for i, w in enumerate(workloads)}
     for ranks in folders:
         kept = [index[id(w)] for w in ranks if id(w) in index]
-        add_joined_waits([reports[i] for i in kept], [workloads[i] for i in kept], [views[i] for i in kept])
+        cluster = analysis_cluster(min(ranks, key=lambda w: w.rank), args.cluster) if ranks else None
+        add_joined_waits([reports[i] for i in kept], [workloads[i] for i in kept], [views[i] for i in kept], cluster)
     return reports, views[0] if views else None, [w.recorded_steps for w in workloads]

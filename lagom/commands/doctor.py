@@ -52,13 +52,13 @@ def examine(cc: str | None = None) -> Report:
     from nccl_env.rules import TUNER_SYMBOL_SINCE, per_collective_knobs, tuner_symbols
 
     report = Report()
-    from lagom.orchestration.package_check import PACKAGES, shadowed
+    from lagom.orchestration.package_check import CHECKED_PACKAGES, shadowed
 
     problems = shadowed()
     for line in problems:
         report.problem("packages", line)
     if not problems:
-        report.ok("packages", f"{', '.join(PACKAGES)} are Lagom's")
+        report.ok("packages", f"{', '.join(CHECKED_PACKAGES)} are Lagom's")
     from traces.parse_cache import cache_summary, enabled, max_bytes
 
     summary = cache_summary()

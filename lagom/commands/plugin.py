@@ -71,11 +71,14 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "table":
         from lagom.files.output_paths import OutputFormat, check_output, write_output
         from lagom.files.plugin_export import render_plugin_table
-        from lagom.files.tuned_config import load_tuned_config
+        from lagom.files.tuned_config import absent_group_warning, load_tuned_config
 
         if args.output is not None:
             check_output("-o", args.output, OutputFormat.PLUGIN_TABLE, [("CONFIG", args.config)], force=args.force)
         cfg = load_tuned_config(args.config)
+        absent = absent_group_warning(args.config, cfg, cfg.process_groups, "the job it was tuned for")
+        if absent:  # the job's groups as the file records them (process_groups), where it names any
+            print(f"warning: {absent}", file=sys.stderr)
         try:
             text = render_plugin_table(cfg)
         except LagomError as exc:  # an entry the plugin cannot carry: say which file it came from

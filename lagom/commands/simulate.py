@@ -74,7 +74,7 @@ from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan
 
-DEFAULT_EVALUATOR = "sim"  # one run asked for: the simulator's answer, not the model fitted to it
+SIMULATE_EVALUATOR = "sim"  # one run asked for: the simulator's answer, not the model fitted to it
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -86,7 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("workload", metavar="WORKLOAD", help="trace, workload JSON, or spec string")
     add_cluster(parser, "for a trace, default: the preset for its GPU")
     add_nccl_version(parser, "default: the --config file's, else the trace's, else the cluster's")
-    add_evaluator(parser, DEFAULT_EVALUATOR, "one run: the simulator itself, not the model fitted to it")
+    add_evaluator(parser, SIMULATE_EVALUATOR, "one run: the simulator itself, not the model fitted to it")
     parser.add_argument("--set", dest="set_config", metavar="KNOB=VALUE,...",
                         help="one CommConfig for every collective, e.g. channels=16,chunk=2MiB")
     parser.add_argument("--config", metavar="lagom.yaml", help="apply a tuned-config file")
@@ -137,13 +137,17 @@ def run(args: argparse.Namespace) -> int:
     if args.noise is not None:
         check_noise(args.noise)
     check_seed(args.seed)
-    evaluator_name = args.evaluator or DEFAULT_EVALUATOR
+    evaluator_name = args.evaluator or SIMULATE_EVALUATOR
     export = (check_export_path(args.export_trace, [("WORKLOAD", args.workload), ("--config", args.config)],
                                 force=args.force) if args.export_trace else None)
     from lagom.orchestration.joint_run import read_workload_or_ranks
 
-    workload, from_trace, workloads = read_workload_or_ranks(  # workloads: every rank, replayed jointly
-        args.workload, args.rank, reading_from_args(args), joint=not args.unprofiled_cpu)
+    given = read_workload_or_ranks(args.workload, args.rank, reading_from_args(args), joint=not args.unprofiled_cpu)
+    workload, from_trace, workloads = given.workload, given.from_trace, given.workloads  # workloads: replayed jointly
+    if args.scale and from_trace:  # a rank the input lacks: refused before any work, on a file as on a folder
+        from lagom.orchestration.joint_run import check_scale_ranks, parse_scale_items
+
+        check_scale_ranks(parse_scale_items(args.scale), given.ranks, args.workload)
     if export is not None and not from_trace:
         raise LagomError("--export-trace: applies to a trace (WORKLOAD is not a trace)")
     if args.unprofiled_cpu:
@@ -157,6 +161,9 @@ def run(args: argparse.Namespace) -> int:
         version_from = f"{args.config}'s nccl_version"
     choice = resolve_cluster(workload, from_trace, args.cluster, nccl_version, version_from, "modelling")
     cluster = choice.cluster
+    from lagom.orchestration.joint_run import bound_transfers, bounded_line
+
+    joined = bound_transfers(given.read, cluster) if from_trace else None  # waits where the cluster bounds them
     # the settings a file or --set gives reach NCCL's collectives of known size only (CollectiveOp.tunable)
     signatures = sorted({w.signature(c, cluster.gpus_per_node) for w in workloads or [workload]
                          for c in w.collectives if c.tunable})
@@ -185,9 +192,13 @@ def run(args: argparse.Namespace) -> int:
 
     plan = Plan()
     if args.config:
-        from lagom.files.tuned_config import load_tuned_config
+        from lagom.files.tuned_config import absent_group_warning, load_tuned_config
 
         tuned = load_tuned_config(args.config, version)  # NCCL's rules for the cluster's version
+        absent = absent_group_warning(args.config, tuned, {c.group for w in workloads or [workload]
+                                                           for c in w.collectives}, "the job")
+        if absent:
+            warnings.append(absent)
         for i, entry in enumerate(tuned.collectives):
             check_config(entry.config, f"{args.config}: collectives[{i}]", cluster)  # and what the evaluators model
         plan = tuned.to_plan(signatures)
@@ -200,6 +211,9 @@ def run(args: argparse.Namespace) -> int:
         plan = Plan(entries={sig: plan.config_for(sig).merged_over(forced) for sig in signatures}, default=forced)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    bounded = bounded_line(joined, cluster.name)
+    if bounded:
+        print(f"note: {bounded}", file=sys.stderr)
     from lagom.orchestration.joint_run import (
         JointEvaluator,
         joint_identity,
@@ -224,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
         scale = replace(scale or DurationScale(), cpu=found.cpu)
     joint, jev = None, None
     if workloads is not None:
-        jev = JointEvaluator(evaluator, workloads, rank_scales(items, [w.rank for w in workloads]))
+        jev = JointEvaluator(evaluator, workloads, rank_scales(items, [w.rank for w in workloads]), joined)
         joint = jev.joint(plan)
         timing = jev.timing_of(joint, workload.rank)
     else:
@@ -272,6 +286,13 @@ def run(args: argparse.Namespace) -> int:
         export_trace(workload, timing_export, export, what, scale.cpu if scale is not None else 1.0)
         result["export_trace"] = str(export)
         print(f"prediction written to {export} ({what})", file=sys.stderr)
+    if joint is not None:  # the figures are the job's: per step its slowest rank's
+        slow = sorted(set(joint.slowest))
+        whose = (f"{Path(args.workload).name}: {len(joint.ranks)} ranks, the job's step (its slowest "
+                 f"rank{'s' if len(slow) > 1 else ''}: {', '.join(map(str, slow))})")
+    else:
+        whose = Path(str(result["workload"])).name + (f" (rank {workload.rank})" if from_trace else "")
+    result["figures_of"] = whose
     if args.json:
         print(json.dumps(result))
         return 0
@@ -282,7 +303,7 @@ def run(args: argparse.Namespace) -> int:
     per = " per step" if timing.steps else ""
 
     measured = result.get("measured")
-    table = Table(title=f"{Path(str(result['workload'])).name} on {cluster.name} ({evaluator_name}){per}")
+    table = Table(title=f"{whose} on {cluster.name} ({evaluator_name}){per}")
     table.add_column("quantity")
     if measured:
         table.add_column("measured", justify="right")
@@ -301,7 +322,8 @@ def run(args: argparse.Namespace) -> int:
     add("exposed communication", f"{timing.exposed_comm_us / 1e3:,.2f} ms", "exposed_comm_us")
     add("compute without contention", f"{timing.compute_uncontended_us / 1e3:,.2f} ms")
     add("compute slowdown from contention", f"{timing.compute_slowdown:.3f}x")
-    add("ops / collectives", f"{result['ops']} / {result['collectives']}", same=True)
+    add(f"ops / collectives (rank {workload.rank})" if joint is not None else "ops / collectives",
+        f"{result['ops']} / {result['collectives']}", same=True)
     console = stdout_console()
     console.print(table)
     if timing.steps:

@@ -89,11 +89,12 @@ from lagom.reports.record_overhead import (
     unprofiled_line,
 )
 from lagom.reports.replay_report import fidelity_line, fidelity_warning, steps_table
-from lagom.reports.tune_report import tune_report
+from lagom.reports.tune_report import JobView, tune_report
 from lagom.reports.workload_fit import fit_warnings, untunable_warnings
 from nccl_env.errors import LagomError
 from nccl_env.knob_table import ALGORITHM, PROTOCOL, REPORT_ORDER, value_of
 from nccl_env.knobs import CommConfig
+from nccl_env.plan import Plan
 from nccl_env.rules import Mechanism
 from tuner import METHODS
 
@@ -142,10 +143,16 @@ def run(args: argparse.Namespace) -> int:
                                 force=args.force) if args.export_trace else None)
     if export is not None and export.resolve() == Path(args.output).resolve():
         raise LagomError(f"--export-trace {args.export_trace}: is also -o's file; give them two names")
-    from lagom.orchestration.joint_run import JointEvaluator, joint_line, read_workload_or_ranks
+    from lagom.orchestration.joint_run import (
+        JointEvaluator,
+        bound_transfers,
+        bounded_line,
+        joint_line,
+        read_workload_or_ranks,
+    )
 
-    workload, from_trace, workloads = read_workload_or_ranks(  # workloads: every rank, replayed jointly
-        args.workload, args.rank, reading_from_args(args), joint=not args.unprofiled_cpu)
+    given = read_workload_or_ranks(args.workload, args.rank, reading_from_args(args), joint=not args.unprofiled_cpu)
+    workload, from_trace, workloads = given.workload, given.from_trace, given.workloads  # workloads: replayed jointly
     if export is not None and not from_trace:
         raise LagomError("--export-trace: applies to a trace (WORKLOAD is not a trace)")
     if args.unprofiled_cpu:
@@ -172,6 +179,10 @@ def run(args: argparse.Namespace) -> int:
                                f"them as NCCL would run them on {cluster.name}, not a prediction for this job")
     for warning in choice.warnings + fit_warnings(workload, cluster) + untunable_warnings(workload):
         err.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
+    joined = bound_transfers(given.read, cluster) if from_trace else None  # waits where the cluster bounds them
+    bounded = bounded_line(joined, cluster.name)
+    if bounded:
+        err.print(f"note: {bounded}", highlight=False, markup=False, soft_wrap=True)
     model_cluster = tuning.tuning_cluster(cluster, choice.cluster_arg, evaluator_name,
                                           log=lambda m: err.print(m, highlight=False))
     model = tuning.make_evaluator(evaluator_name, model_cluster, seed=args.seed, workload=workload)
@@ -182,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
         err.print(unprofiled_line(found), highlight=False, markup=False, soft_wrap=True)
         evaluator = tuning.ScaledEvaluator(model, DurationScale(cpu=found.cpu))
         cpu_scale = found.cpu
-    joint = JointEvaluator(model, workloads) if workloads is not None else None
+    joint = JointEvaluator(model, workloads, joined=joined) if workloads is not None else None
     if joint is not None:
         evaluator = joint
     started = time.perf_counter()
@@ -196,7 +207,11 @@ def run(args: argparse.Namespace) -> int:
     config = tuning.tuned_config(outcome, cluster, stored_path(choice.cluster_arg, "cluster", args.output),
                                  stored_path(args.workload, "workload", args.output), min_gain=args.min_gain)
     config.dump(args.output, "-o")
-    report = tune_report(outcome, workload, args.min_gain)
+    job_view = None
+    if joint is not None and workloads is not None:  # the rows from every rank: the job's step, step by step
+        job_view = JobView({w.rank: w for w in workloads}, joint.joint(Plan()), joint.joint(outcome.result.plan),
+                           cluster.gpus_per_node)
+    report = tune_report(outcome, workload, args.min_gain, job_view)
     auto = outcome.autoccl.iteration_us if outcome.autoccl is not None else None
     base, tuned = outcome.baseline.iteration_us, outcome.result.iteration_us
     summary = {
@@ -252,14 +267,16 @@ def run(args: argparse.Namespace) -> int:
         out.print(overhead_line(overhead), highlight=False)
     name = Path(args.workload).name if Path(args.workload).exists() else args.workload
     per = "per step" if outcome.baseline.steps else "per iteration"
-    table = Table(title=f"lagom tune: {name} on {cluster.name} ({evaluator_name}, {args.method}); ms {per}",
+    whose = f" of {report.figures_of}" if report.figures_of else ""
+    table = Table(title=f"lagom tune: {name} on {cluster.name} ({evaluator_name}, {args.method}); ms {per}{whose}",
                   box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), title_justify="left")
     for col in ("signature", "setting: NCCL>tuned", "coll. ms", "slowdown"):
         table.add_column(col, justify="left" if col in ("signature", "setting: NCCL>tuned") else "right",
                          no_wrap=col != "setting: NCCL>tuned")
     for r in report.rows:
         s = r.signature
-        label = escape(f"{s.collective.value}[{s.group}] {mib(s.message_bytes)} x{s.ranks}r/{s.nodes}n")
+        label = escape(f"{s.collective.value}[{s.group}] {mib(s.message_bytes)} x{s.ranks}r/{s.nodes}n"
+                       + r.where())
         mark = "*" if r.slowdown_mostly_modelled else ""
         if r.kept:
             table.add_row(label, _change(r.old, r.old) + " (kept)", f"{r.old_ms:,.2f}", f"{r.old_slowdown:.3f}{mark}")
@@ -270,8 +287,10 @@ def run(args: argparse.Namespace) -> int:
                           f"{r.old_slowdown:.3f}>{r.new_slowdown:.3f}{mark}")
     if len(report.rows) > 1:
         total_old, total_new = report.rows_total_ms
+        counted = sum(1 for r in report.rows if r.in_total)
         table.add_section()
-        table.add_row(f"all {len(report.rows)} signatures", "", f"{total_old:,.2f}>{total_new:,.2f}", "")
+        table.add_row(f"all {len(report.rows)} signatures" if counted == len(report.rows)
+                      else f"the step's {counted} signatures", "", f"{total_old:,.2f}>{total_new:,.2f}", "")
     out.print(table)
     out.print("X>Y: NCCL's settings > tuned; c: chunk, MiB; kept: the file keeps NCCL's (gain below --min-gain); "
               "coll. ms: the signature's collectives, summed (collectives that overlap each other count once in "
@@ -279,6 +298,10 @@ def run(args: argparse.Namespace) -> int:
               "analyze's contention is a median per-kernel ratio)"
               + ("; *: mostly the model's, the trace never ran those kernels alone"
                  if any(r.slowdown_mostly_modelled for r in report.rows) else "")
+              + ("; (rank N): a signature the step's ranks never ran, rank N's figures, outside the total"
+                 if any(r.rank is not None for r in report.rows) else "")
+              + ("; (outside the kept steps): run only in a step the replay drops, its time there, outside "
+                 "the total" if any(r.outside_steps for r in report.rows) else "")
               + "; --json adds the search's order and priority per signature", highlight=False)
     if outcome.baseline.steps:
         out.print(steps_table(outcome.baseline.steps, outcome.result.timing.steps))

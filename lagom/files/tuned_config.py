@@ -48,8 +48,8 @@ from nccl_env.env_names import check_env_names
 from nccl_env.env_values import validate_env
 from nccl_env.errors import LagomError
 from nccl_env.files import check_keys, check_not_empty, read_yaml
-from nccl_env.knob_table import validate_config
-from nccl_env.knobs import CollectiveType, CommConfig, cta_policy_value
+from nccl_env.knob_table import GROUP_BY_KEY, validate_config
+from nccl_env.knobs import CollectiveType, CommConfig
 from nccl_env.nccl_releases import released_version
 from nccl_env.plan import Plan, Signature
 from nccl_env.rules import (
@@ -60,7 +60,7 @@ from nccl_env.rules import (
     max_channels,
 )
 
-FORMAT = "lagom.tuned-config"
+TUNED_CONFIG_FORMAT = "lagom.tuned-config"
 VERSION = 1
 
 TOP_KEYS = ("format", "version", "cluster", "nccl_version", "workload", "method", "env", "process_groups",
@@ -68,7 +68,7 @@ TOP_KEYS = ("format", "version", "cluster", "nccl_version", "workload", "method"
 # Rules for a file that names no NCCL version and is read with none in force: the newest NCCL Lagom
 # knows the rules of (64 channels, every algorithm), so no value a newer NCCL takes is refused.
 NEWEST_RULES = max(*ALGORITHM_SINCE.values(), *TUNER_SYMBOL_SINCE.values(), MAXCHANNELS_64_SINCE)
-_PG_KEYS = {"min_ctas", "max_ctas", "cta_policy"}
+_PG_KEYS = set(GROUP_BY_KEY)
 _MATCH_KEYS = {"collective", "group", "min_bytes", "max_bytes", "ranks", "nodes"}
 
 
@@ -155,7 +155,7 @@ class TunedConfig:
 
     def to_dict(self) -> dict:
         return {
-            "format": FORMAT,
+            "format": TUNED_CONFIG_FORMAT,
             "version": VERSION,
             "cluster": self.cluster,
             "nccl_version": str(self.nccl_version or ""),
@@ -202,8 +202,8 @@ def parse_tuned_config(data: object, origin: str = "<config>", nccl_version: Ncc
 
     if not isinstance(data, dict):
         raise bad("not a Lagom tuned config (expected a YAML mapping)")
-    if data.get("format") != FORMAT:
-        raise bad(f"not a Lagom tuned config (expected 'format: {FORMAT}')")
+    if data.get("format") != TUNED_CONFIG_FORMAT:
+        raise bad(f"not a Lagom tuned config (expected 'format: {TUNED_CONFIG_FORMAT}')")
     check_keys(data, TOP_KEYS, origin)
     try:
         version = int(data.get("version", 0))
@@ -296,9 +296,9 @@ def _group_problem(settings: dict[str, int | str], version: NcclVersion) -> str 
     """What NCCL ``version`` would not take in one process group's ncclConfig_t settings, or None."""
     top = max_channels(version)
     for key, value in settings.items():
-        if key == "cta_policy":
+        if GROUP_BY_KEY[key].policy:
             try:
-                cta_policy_value(value)
+                GROUP_BY_KEY[key].value(value)
             except (TypeError, ValueError) as exc:
                 return f"{key}: {exc}"
         elif isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
@@ -353,3 +353,23 @@ def load_tuned_config(path: str | os.PathLike, nccl_version: NcclVersion | None 
     check_not_empty(path, flag)
     path = Path(path)
     return parse_tuned_config(read_yaml(path), str(path), nccl_version)
+
+
+def absent_group_warning(path: str, cfg: TunedConfig, groups: Iterable[str], whose: str) -> str | None:
+    """One line when entries of ``cfg`` name a ``match.group`` that is none of ``groups`` (the job's,
+    as ``whose`` says where they come from), else None; every command that reads a tuned file and
+    knows the job's groups says it in these words. Such an entry matches no collective in
+    ``lagom simulate --config`` and the hook, while the plugin's table, which cannot tell groups
+    apart, carries it to every group's collectives of its type and size."""
+    known = sorted(set(groups))
+    absent = [(n, e.match.group) for n, e in enumerate(cfg.collectives, start=1)
+              if e.match.group is not None and e.match.group not in known]
+    if not known or not absent:
+        return None
+    names = ", ".join(repr(g) for g in sorted({g for _, g in absent}))
+    one = len(absent) == 1
+    return (f"{path}: {'entry' if one else 'entries'} {', '.join(str(n) for n, _ in absent)} "
+            f"name{'s' if one else ''} group {names}, which {whose} does not have (its groups: "
+            f"{', '.join(repr(g) for g in known)}): lagom simulate and the hook match no collective with "
+            f"{'it' if one else 'them'}; the plugin's table, which cannot tell groups apart, applies "
+            f"{'it' if one else 'them'} to every group's collectives of that type and size")

@@ -21,13 +21,18 @@ from pathlib import Path
 
 import numpy as np
 
+from costmodel.cluster import ClusterSpec
 from costmodel.evaluator import DurationScale, Timing, TraceEvaluator, check_plan
 from costmodel.replay.anchor import durations_under
 from costmodel.replay.joint import JointData, JointTiming, RankScale, joint_replay
 from costmodel.replay.trace_evaluator import ReplayEvaluator
+from costmodel.replay.transfer_floor import transfer_floor
 from lagom.args.rank_args import ExecutorKind, RankReading
 from nccl_env.errors import LagomError
 from nccl_env.plan import Plan
+from traces.comm_split import rank_comm
+from traces.rank_join import MIN_PATTERN_INSTANCES, RankJoin, join_ranks
+from traces.trace_job import set_comm_waits
 from traces.workload import Workload
 
 SCALE_KEYS = ("comm", "compute", "cpu")
@@ -86,12 +91,19 @@ def scale_for_rank(items: list[ScaleItem], rank: int) -> DurationScale | None:
     return DurationScale(**factors) if factors else None
 
 
+def check_scale_ranks(items: list[ScaleItem], ranks: list[int], source: str) -> None:
+    """Refuse a rank set naming a rank the input (``source``, holding ``ranks``) lacks: a what-if
+    on a rank that is not there would change nothing and pass for an answer."""
+    for i in items:
+        absent = sorted(i.ranks - set(ranks)) if i.ranks is not None else []
+        if absent:
+            raise LagomError(f"--scale {i.key}={i.factor:g}@{_ranges(absent)}: {source} holds no rank "
+                             f"{_ranges(absent)} (it holds rank{'s' if len(ranks) > 1 else ''} {_ranges(ranks)})")
+
+
 def rank_scales(items: list[ScaleItem], ranks: list[int]) -> dict[int, RankScale]:
     """Per rank of the folder its what-if; a rank set naming a rank the folder lacks is refused."""
-    for i in items:
-        if i.ranks is not None and not i.ranks & set(ranks):
-            raise LagomError(f"--scale {i.key}={i.factor:g}@...: no rank of the set is in the folder "
-                             f"(it holds ranks {_ranges(ranks)})")
+    check_scale_ranks(items, ranks, "the folder")
     out = {}
     for r in ranks:
         f = {i.key: i.factor for i in items if i.ranks is None or r in i.ranks}
@@ -100,28 +112,50 @@ def rank_scales(items: list[ScaleItem], ranks: list[int]) -> dict[int, RankScale
 
 
 def _ranges(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return str(ranks[0])
     return f"{min(ranks)}-{max(ranks)}" if ranks == list(range(min(ranks), max(ranks) + 1)) else str(sorted(ranks))
 
 
-def read_workload_or_ranks(text: str, rank: int | None, reading: RankReading,
-                           joint: bool = True) -> tuple[Workload, bool, list[Workload] | None]:
-    """``simulate``'s and ``tune``'s WORKLOAD: (the workload replayed or reported, whether it is a
-    trace, every rank of a folder when they are replayed jointly, else None). ``joint`` False
-    (``--unprofiled-cpu``) reads a folder as one rank, as before."""
+@dataclass
+class WorkloadInput:
+    """``simulate``'s and ``tune``'s WORKLOAD as read."""
+
+    workload: Workload  # the workload replayed or reported
+    from_trace: bool
+    workloads: list[Workload] | None  # every rank of a folder when they are replayed jointly, else None
+    ranks: list[int]  # the ranks the input holds: what a what-if's rank set and --rank may name
+    read: list[Workload]  # every rank read (a folder's with --rank too): whose collectives split the waits
+    # (empty: a folder read as one rank, whose waits stay as read)
+
+
+def read_workload_or_ranks(text: str, rank: int | None, reading: RankReading, joint: bool = True) -> WorkloadInput:
+    """``simulate``'s and ``tune``'s WORKLOAD. ``joint`` False (``--unprofiled-cpu``) reads a
+    folder as one rank, as before. ``--rank N`` naming a rank the input lacks is refused, on a
+    file as on a folder."""
     folder = read_folder_ranks(text, rank, reading) if joint else None
     if folder is not None:
-        return folder[0], True, folder[1]
+        chosen, every = folder
+        ranks = sorted(w.rank for w in every)
+        return WorkloadInput(chosen, True, every if rank is None else None, ranks, every)
     from lagom.orchestration.workload_arg import read_workload_arg
 
     workload, from_trace = read_workload_arg(text, reading)
-    return workload, from_trace, None
+    if rank is not None and (not from_trace or workload.rank != rank):
+        held = f"holds rank {workload.rank} (the rank replayed)" if from_trace else "is not a trace"
+        raise LagomError(f"--rank {rank}: {text} {held}")
+    # a folder read as its lowest rank (--unprofiled-cpu): that rank's waits were split among all
+    # the folder's ranks as it was read; split again alone they would lose the others
+    from traces.reader import trace_files
+
+    alone = not (Path(text).is_dir() and len(trace_files(text)) > 1)
+    return WorkloadInput(workload, from_trace, None, [workload.rank], [workload] if alone else [])
 
 
 def read_folder_ranks(text: str, rank: int | None,
-                      reading: RankReading | None = None) -> tuple[Workload, list[Workload] | None] | None:
-    """A trace folder of two ranks or more: (the rank replayed or reported first, every rank when
-    they are replayed jointly; None with ``--rank``), read on ``reading``'s executor. None: not
-    such a folder (read as before)."""
+                      reading: RankReading | None = None) -> tuple[Workload, list[Workload]] | None:
+    """A trace folder of two ranks or more: (the rank replayed or reported first: ``--rank``'s, else
+    the lowest; every rank), read on ``reading``'s executor. None: not such a folder (read as before)."""
     path = Path(text)
     if not text.strip() or not path.is_dir():
         return None
@@ -140,12 +174,39 @@ def read_folder_ranks(text: str, rank: int | None,
         chosen = [w for w in workloads if w.rank == rank]
         if not chosen:
             raise LagomError(f"--rank {rank}: {path} holds ranks {_ranges([w.rank for w in workloads])}")
-        return chosen[0], None
+        return chosen[0], workloads
     lowest = min(workloads, key=lambda w: w.rank)
     for w in workloads:  # what the reader said of every rank (each line names its file), printed with the lowest's
         if w is not lowest:
             lowest.input_warnings.extend(w.input_warnings)
     return lowest, workloads
+
+
+def bound_transfers(read: list[Workload], cluster: ClusterSpec) -> RankJoin | None:
+    """Every rank's NCCL kernels split again into wait and transfer, now that the cluster is known:
+    a collective a rank saw too few times for the pattern of its unrecorded members' arrivals has
+    its transfer bounded by the least time the cluster allows it (:mod:`costmodel.replay.transfer_floor`)
+    and the rest is wait for the ranks not recorded. Sets each workload's waits (its execution
+    graph's, as the reader did) and returns the join for :class:`JointData`; None where nothing is
+    split (no NCCL kernel: a gloo job's CPU-side collectives keep the reader's split)."""
+    comms = [rank_comm(w) for w in read if w.exec_graph is not None]
+    if not comms or len(comms) < len(read) or not any(c.keys for c in comms):
+        return None
+    joined = join_ranks(comms, max(w.world_size for w in read), transfer_floor(cluster))
+    for w in read:
+        set_comm_waits(w, joined.wait_us.get(w.rank, {}), len(read))
+    return joined
+
+
+def bounded_line(joined: RankJoin | None, cluster_name: str) -> str | None:
+    """The one line that says where a collective's transfer is the cluster's bound, not the trace's."""
+    if joined is None or not joined.bounded_members:
+        return None
+    n = joined.bounded_members
+    return (f"{n} collective instance{'s' if n > 1 else ''} in groups with ranks not recorded, seen fewer than "
+            f"{MIN_PATTERN_INSTANCES} times on a rank (too few to read the unrecorded ranks' arrivals from): "
+            f"transfer bounded by the least time {cluster_name} allows under any NCCL setting (the analytic "
+            f"model), the rest, {joined.bounded_wait_us() / 1e3:,.2f} ms, called wait for ranks not recorded")
 
 
 class JointEvaluator:
@@ -154,12 +215,14 @@ class JointEvaluator:
     sees a plain Evaluator). It holds the folder's :class:`JointData`, built here once."""
 
     def __init__(self, inner: TraceEvaluator, workloads: list[Workload],
-                 scales: dict[int, RankScale] | None = None) -> None:
+                 scales: dict[int, RankScale] | None = None, joined: RankJoin | None = None) -> None:
         if not isinstance(inner, ReplayEvaluator):  # a folder's ranks are traces: make_evaluator gives a replay
             raise LagomError("joint replay: the ranks' times come from a trace's replay evaluator")
         self.inner: ReplayEvaluator = inner
         self.workloads, self.scales = workloads, scales or {}
-        self.data = JointData(workloads)  # every plan's joint replay reads it; lives as long as this evaluator
+        # every plan's joint replay reads it; lives as long as this evaluator. ``joined``: the ranks'
+        # join already made (bound_transfers), else made here
+        self.data = JointData(workloads, joined)
         self.last: JointTiming | None = None
 
     @property

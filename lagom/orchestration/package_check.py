@@ -11,7 +11,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-PACKAGES = ("nccl_env", "traces", "costmodel", "tuner")
+CHECKED_PACKAGES = ("nccl_env", "traces", "costmodel", "tuner")
 ROOT = Path(__file__).resolve().parents[2]  # the folder holding lagom/ and its sibling packages
 
 
@@ -33,7 +33,7 @@ def _resolves_to(name: str) -> Path | None:
 def shadowed() -> list[str]:
     """One line per package that is not Lagom's, naming the file imported instead."""
     lines = []
-    for name in PACKAGES:
+    for name in CHECKED_PACKAGES:
         path = _resolves_to(name)
         ours = ROOT / name / "__init__.py"
         if path is None:

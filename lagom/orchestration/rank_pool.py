@@ -54,7 +54,7 @@ from lagom.args.rank_args import ExecutorKind, RankReading
 from lagom.reports.console import StageProgress
 from nccl_env.errors import LagomError
 from traces.comm_split import RankComm, join_waits, op_waits, rank_comm
-from traces.rank_join import RankJoin, join_ranks
+from traces.rank_join import RankJoin, TransferFloor, join_ranks
 from traces.reader import JobLayout, TraceHeader, job_layout, scan_trace_file, set_comm_waits, trace_files
 from traces.workload import Workload
 
@@ -386,16 +386,17 @@ class JobRanks(Generic[R]):
     comms: list[RankComm]
     values: list[R]
 
-    def join(self) -> RankJoin:
-        """The ranks' collectives matched, their clocks aligned, each instance's wait (traces.rank_join)."""
+    def join(self, transfer_floor: TransferFloor | None = None) -> RankJoin:
+        """The ranks' collectives matched, their clocks aligned, each instance's wait (traces.rank_join);
+        ``transfer_floor``: the cluster's bound on thinly seen collectives (the first call decides)."""
         found = self.__dict__.get("_join")
         if found is None:
-            found = self.__dict__["_join"] = join_ranks(self.comms, self.layout.world_size)
+            found = self.__dict__["_join"] = join_ranks(self.comms, self.layout.world_size, transfer_floor)
         return found
 
-    def waits(self) -> dict[int, dict]:
+    def waits(self, transfer_floor: TransferFloor | None = None) -> dict[int, dict]:
         """rank -> key -> each instance's wait for its peers (traces.comm_split.key_waits)."""
-        return join_waits(self.comms, self.join().wait_us)
+        return join_waits(self.comms, self.join(transfer_floor).wait_us)
 
 
 # ---- what simulate and tune read ----------------------------------------------------------

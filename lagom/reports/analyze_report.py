@@ -173,6 +173,13 @@ def render(reports: list[dict], console: Console) -> None:
                               f"{clock['matched_collectives']} matched collectives; residual skew median "
                               f"{clock['residual_skew_us']:.1f} us, max {clock['residual_skew_max_us']:.1f} us; "
                               f"{clock['modelled_members']} members of partly recorded groups modelled)")
+            bound = r.get("transfer_bound")
+            if bound:
+                console.print(f"transfer bound: {bound['instances']} collective instances in groups with ranks not "
+                              f"recorded were seen fewer than {bound['min_instances']} times (too few to read the "
+                              f"unrecorded ranks' arrivals from): their transfer is the least time {bound['cluster']} "
+                              f"allows under any NCCL setting, the rest ({bound['wait_us'] / 1e3:,.2f} ms) wait "
+                              f"for ranks not recorded")
 
         if r["contention"]:
             t = Table(title="kernels beside a collective: duration over the same kernel's (name, launch shape) "

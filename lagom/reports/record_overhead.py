@@ -30,6 +30,7 @@ class ProfilerOverhead:
     unprofiled_steps: int
     ranks: int
     clock: str
+    noise: float = 0.0  # the largest relative distance of one step from its set's mean (either set, any rank)
 
     @property
     def fraction(self) -> float:
@@ -39,7 +40,14 @@ class ProfilerOverhead:
     def to_dict(self) -> dict:
         return {"profiled_step_us": round(self.profiled_us, 3), "unprofiled_step_us": round(self.unprofiled_us, 3),
                 "overhead": round(self.fraction, 4), "profiled_steps": self.profiled_steps,
-                "unprofiled_steps": self.unprofiled_steps, "ranks": self.ranks, "clock": self.clock}
+                "unprofiled_steps": self.unprofiled_steps, "ranks": self.ranks, "clock": self.clock,
+                "step_noise": round(self.noise, 4), "within_noise": self.within_noise}
+
+    @property
+    def within_noise(self) -> bool:
+        """Below zero (the profiled steps ran faster: the profiler cannot speed a job up) or no
+        larger than the steps' own spread: the profiler's cost is not measurable here."""
+        return self.fraction < 0 or abs(self.fraction) <= self.noise
 
 
 def profiler_overhead(recorded: Sequence[RecordedSteps | None]) -> ProfilerOverhead | None:
@@ -54,7 +62,13 @@ def profiler_overhead(recorded: Sequence[RecordedSteps | None]) -> ProfilerOverh
         unprofiled_steps=len(usable[0].unprofiled_us),
         ranks=len(usable),
         clock=usable[0].clock,
+        noise=max(max(_spread(r.profiled_us), _spread(r.unprofiled_us)) for r in usable),
     )
+
+
+def _spread(steps: Sequence[float]) -> float:
+    mean = fmean(steps)
+    return max(abs(t - mean) for t in steps) / mean if mean > 0 else 0.0
 
 
 def overhead_line(overhead: ProfilerOverhead) -> str:
@@ -63,7 +77,14 @@ def overhead_line(overhead: ProfilerOverhead) -> str:
     line = (f"profiler overhead: {o.fraction:+.1%} (profiled step {o.profiled_us / 1e3:,.3f} ms, "
             f"{o.unprofiled_us / 1e3:,.3f} ms without the profiler; {o.profiled_steps} and {o.unprofiled_steps} "
             f"steps{ranks}, {_CLOCK_NAMES.get(o.clock, o.clock)})")
-    if o.fraction >= LARGE_OVERHEAD:
+    if o.fraction < 0:
+        line += (f"; below zero: the steps timed without the profiler (timed first) ran slower than the "
+                 f"profiled ones, and a profiler cannot speed a job up: its cost is within the steps' "
+                 f"noise here (one step is up to {o.noise:.1%} off its set's mean), not measurable; a job "
+                 f"still warming up: raise --skip")
+    elif o.within_noise:
+        line += f"; within the steps' noise (one step is up to {o.noise:.1%} off its set's mean)"
+    elif o.fraction >= LARGE_OVERHEAD:
         line += "; the profiler paced this job: its CPU side looks slower in the trace than it runs"
     return line
 

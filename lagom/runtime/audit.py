@@ -38,9 +38,9 @@ from pathlib import Path
 from lagom.files.output_paths import write_output
 from nccl_env.errors import LagomError
 
-FORMAT = "lagom.audit"
+AUDIT_FORMAT = "lagom.audit"
 VERSION = 1
-PART_DIR = "audit"
+AUDIT_PART_DIR = "audit"
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ def merge_online(parts: list[dict]) -> dict | None:
 
 def write_rank_part(run_dir: str | Path, part: dict) -> Path:
     """Write one rank's part atomically (rename), so a merge never reads half a file."""
-    folder = Path(run_dir) / PART_DIR
+    folder = Path(run_dir) / AUDIT_PART_DIR
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"rank-{part['rank']}.json"
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -179,7 +179,7 @@ def write_rank_part(run_dir: str | Path, part: dict) -> Path:
 def read_parts(run_dir: str | Path) -> list[dict]:
     """Every rank part under ``run_dir``, by rank; unreadable parts are skipped."""
     parts = []
-    for path in sorted((Path(run_dir) / PART_DIR).glob("rank-*.json")):
+    for path in sorted((Path(run_dir) / AUDIT_PART_DIR).glob("rank-*.json")):
         try:
             parts.append(json.loads(path.read_text()))
         except (OSError, ValueError):
@@ -204,7 +204,7 @@ def merge_parts(parts: list[dict], entries_set: list[dict] | None = None, config
             row["ranks"].append(part.get("rank"))
     signatures = sorted(merged.values(), key=lambda r: (r["group"], r["collective"], r["bytes"]))
     document = {
-        "format": FORMAT,
+        "format": AUDIT_FORMAT,
         "version": VERSION,
         "config": config_path,
         "ranks": len(parts),

@@ -28,7 +28,7 @@ from lagom.runtime.env import ENV_CONFIG, ENV_HOME, ENV_ONLINE, ENV_RECORD
 
 TARGET = "torch.distributed"
 OPTIMIZER = "torch.optim.optimizer"
-PACKAGES = ("lagom", "nccl_env", "traces", "costmodel", "tuner")  # Lagom's own top-level packages
+OWN_PACKAGES = ("lagom", "nccl_env", "traces", "costmodel", "tuner")  # Lagom's own top-level packages
 
 # The file the launcher writes. Self-contained: it must chain the user's own
 # sitecustomize even when lagom cannot be imported in this process.
@@ -128,7 +128,7 @@ class _PinPackages(importlib.abc.MetaPathFinder):
         self.home = home
 
     def find_spec(self, fullname, path, target=None):
-        if path is not None or fullname not in PACKAGES:
+        if path is not None or fullname not in OWN_PACKAGES:
             return None
         return importlib.machinery.PathFinder.find_spec(fullname, [self.home])
 

@@ -41,7 +41,7 @@ from costmodel.cluster import load_cluster
 from lagom.args.knob_args import check_noise
 from lagom.files.output_paths import RUN_FOLDER_MARKER, OutputFormat, check_output, write_output
 from lagom.files.plugin_export import plugin_entries_from_config, write_plugin_table
-from lagom.files.tuned_config import NEWEST_RULES, TunedConfig, load_tuned_config
+from lagom.files.tuned_config import NEWEST_RULES, TunedConfig, absent_group_warning, load_tuned_config
 from lagom.online import DEFAULT_BUDGET_STEPS, DEFAULT_TIMEOUT_S, MAX_BUDGET_STEPS
 from lagom.orchestration.workload_arg import read_workload_arg
 from lagom.runtime import audit, nccl_paths
@@ -51,8 +51,8 @@ from lagom.runtime.preflight import Preflight, copy_text, preflight
 from nccl_env.delivery import online_ceilings, plugin_env
 from nccl_env.errors import LagomError
 from nccl_env.files import PathKind, check_path_kind
-from nccl_env.knob_table import CHANNELS, PATH
-from nccl_env.knobs import CommPath, CtaPolicy, cta_policy_value
+from nccl_env.knob_table import CHANNELS, CTA_POLICY, PATH
+from nccl_env.knobs import CommPath, CtaPolicy
 from nccl_env.plugin_build import PluginBuildError, build_plugin
 from nccl_env.rules import (
     TUNER_SYMBOL_SINCE,
@@ -152,7 +152,7 @@ def run_folder(workdir: str | os.PathLike) -> Path:
 
 def _lay_out(checked: Preflight, config_path: Path, run_dir: Path, env: dict[str, str], use_plugin: bool,
              nccl_version: NcclVersion | None) -> RunSetup:
-    stale = run_dir / audit.PART_DIR
+    stale = run_dir / audit.AUDIT_PART_DIR
     if stale.is_dir():
         shutil.rmtree(stale)  # parts of an earlier run in the same --workdir
     config = checked.config
@@ -194,7 +194,7 @@ def _lay_out(checked: Preflight, config_path: Path, run_dir: Path, env: dict[str
     if merged.kept:
         setup.messages.append(f"lagom run: {merged.kept_line()}")
     efficiency = int(CtaPolicy.EFFICIENCY)
-    if setup.plugin_path is not None and any(cta_policy_value(g.get("cta_policy", 0)) & efficiency
+    if setup.plugin_path is not None and any(CTA_POLICY.value(g.get(CTA_POLICY.key, 0)) & efficiency
                                              for g in config.process_groups.values()):
         setup.messages.append("lagom run: warning: a group asks for CTA policy EFFICIENCY, whose NVLS re-selection "
                               "NCCL skips while a tuner plugin is loaded (enqueue.cc: comm->tuner == NULL); "
@@ -251,7 +251,7 @@ def _file_version(config: TunedConfig) -> NcclVersion | None:
 
 def uses_paths(config: TunedConfig) -> bool:
     """Whether the file puts a group on a path off NCCL's SM kernels (a CTA policy or a path entry)."""
-    policies = any(cta_policy_value(g.get("cta_policy", 0)) for g in config.process_groups.values())
+    policies = any(CTA_POLICY.value(g.get(CTA_POLICY.key, 0)) for g in config.process_groups.values())
     return policies or any(PATH.get(e.config) not in (None, CommPath.SM) for e in config.collectives)
 
 
@@ -478,6 +478,10 @@ def _write_audit(setup: RunSetup, audit_path: str | os.PathLike | None, status: 
             else audit.online_summary_line("all ranks", document["online"]))
     print(f"lagom run: audit of {document['ranks']} rank(s) written to {path}; " + line.removeprefix("lagom: "),
           file=stream, flush=True)
+    absent = absent_group_warning(str(setup.config_path), setup.config,
+                                  {s["group"] for s in document.get("signatures", [])}, "the job")
+    if absent:  # the job's groups: those its collectives ran in, as the audit counted them
+        print(f"lagom run: warning: {absent}", file=stream, flush=True)
     return status
 
 
@@ -523,7 +527,7 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
     communicators' ceilings raised (:func:`nccl_env.delivery.online_ceilings`) and
     ``LAGOM_ONLINE`` naming the settings every rank reads."""
     from lagom.runtime.online import OnlineSettingsFile
-    from nccl_env.knob_table import CHUNK_MAX_BYTES
+    from nccl_env.knob_table import CHUNK_LADDER_MAX_BYTES
 
     forced = _online_version(request, None) if request.nccl_version else None  # the seed is checked against it
     seed = load_tuned_config(config_path, forced) if config_path is not None else None
@@ -575,7 +579,7 @@ def prepare_online(request: OnlineRequest, config_path: str | os.PathLike | None
         setup.table_path = setup.run_dir / "tuner_table.csv"
         setup.table_path.write_text("")
         setup.env.update(plugin_env(str(setup.plugin_path), str(setup.table_path)))
-    ceilings = merge_env(online_ceilings(version, CHUNK_MAX_BYTES, dict(seed.env) if seed else {}), setup.env)
+    ceilings = merge_env(online_ceilings(version, CHUNK_LADDER_MAX_BYTES, dict(seed.env) if seed else {}), setup.env)
     if ceilings.kept:
         setup.messages.append(f"lagom run: {ceilings.kept_line()} (online plans may ask for more; NCCL clamps them)")
     if request.collective_timing:  # opt-in: the collectives' Work handles carry their durations, at a cost

@@ -29,10 +29,7 @@ from lagom.files.tuned_config import TunedConfig, resolve_stored
 from nccl_env.env_effects import EFFECTS, EnvEffect
 from nccl_env.errors import LagomError
 from nccl_env.files import PathKind, check_path_kind
-from nccl_env.knob_table import CHANNELS, PATH
-
-# A process group's ncclConfig_t settings as knob rows (what a group value of the file is).
-_GROUP_KNOBS = {"min_ctas": CHANNELS, "max_ctas": CHANNELS, "cta_policy": PATH}
+from nccl_env.knob_table import CHANNELS, GROUP_BY_KEY
 
 
 @dataclass
@@ -129,7 +126,8 @@ def _conflict(effect: EnvEffect, value: str, config: TunedConfig, plugin_carried
     groups = []
     for name, settings in sorted(config.process_groups.items()):
         for key, tuned in sorted(settings.items()):
-            if _GROUP_KNOBS.get(key) is knob and effect.touches(value, tuned):
+            row = GROUP_BY_KEY.get(key)
+            if row is not None and row.carries is knob and effect.touches(value, tuned):
                 shown.append(tuned)
                 groups.append(f"{name!r} ({key} {tuned})")
     file_env = [f"{name}={tuned}" for name, tuned in sorted(config.env.items())

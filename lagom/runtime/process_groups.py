@@ -20,10 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nccl_env.knobs import cta_policy_value
-
-# tuned-file key -> attribute of ProcessGroupNCCL.Options().config
-CONFIG_FIELDS = {"min_ctas": "min_ctas", "max_ctas": "max_ctas", "cta_policy": "cta_policy"}
+from nccl_env.knob_table import GROUP_BY_KEY
 
 
 @dataclass
@@ -61,16 +58,14 @@ def build_nccl_options(options_cls: type, settings: dict) -> tuple[object, dict[
     applied: dict[str, int] = {}
     missing: list[str] = []
     for key, value in settings.items():
-        attr = CONFIG_FIELDS.get(key)
-        if attr is None:
+        row = GROUP_BY_KEY.get(key)
+        if row is None:
             continue
-        number = cta_policy_value(value) if key == "cta_policy" else int(value)
-        if number < 0:
-            raise ValueError(f"{key} must be >= 0, got {number}")
-        if config is None or not hasattr(config, attr):
+        number = row.value(value)  # the file's key is the Options().config attribute
+        if config is None or not hasattr(config, row.key):
             missing.append(key)
             continue
-        setattr(config, attr, number)
+        setattr(config, row.key, number)
         applied[key] = number
     return options, applied, missing
 

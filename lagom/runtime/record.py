@@ -45,7 +45,7 @@ from pathlib import Path
 from lagom.runtime.env import ENV_RECORD
 from nccl_env.errors import LagomError
 
-PART_DIR = "record-parts"  # in the run folder: one JSON per rank, read by the launcher
+RECORD_PART_DIR = "record-parts"  # in the run folder: one JSON per rank, read by the launcher
 JOB_KEY = "lagom/record/job_id"  # in the default group's store: rank 0's job id, read by every rank
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_")  # the variables written into the trace as the ones in force
 GZIP_LEVEL = 6  # gzip's own default: a 300 MB trace in seconds, not the tens level 9 takes
@@ -141,7 +141,7 @@ def trace_name(rank: int) -> str:
 
 
 def part_path(run_dir: str | os.PathLike, rank: int) -> Path:
-    return Path(run_dir) / PART_DIR / f"rank-{rank}.json"
+    return Path(run_dir) / RECORD_PART_DIR / f"rank-{rank}.json"
 
 
 @dataclass

@@ -72,7 +72,7 @@ def prepare_record(out_dir: str | os.PathLike, window: record.StepWindow, argv: 
             run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise LagomError(f"--workdir {workdir}: cannot create the run folder: {exc.strerror or exc}") from None
-        shutil.rmtree(run_dir / record.PART_DIR, ignore_errors=True)  # parts of an earlier run there
+        shutil.rmtree(run_dir / record.RECORD_PART_DIR, ignore_errors=True)  # parts of an earlier run there
     else:
         run_dir = Path(tempfile.mkdtemp(prefix="lagom-record-")).resolve()
     recording = new_recording_folder(out)
@@ -94,7 +94,7 @@ def prepare_record(out_dir: str | os.PathLike, window: record.StepWindow, argv: 
 
 def read_parts(run_dir: Path) -> list[dict]:
     parts = []
-    for path in sorted((run_dir / record.PART_DIR).glob("rank-*.json")):
+    for path in sorted((run_dir / record.RECORD_PART_DIR).glob("rank-*.json")):
         try:
             parts.append(json.loads(path.read_text()))
         except (OSError, ValueError):

@@ -42,7 +42,7 @@ def transfer_floor(cluster: ClusterSpec) -> TransferFloor:
     under any modelled setting; None for a collective no NCCL setting reaches (not NCCL's kernel,
     or of unknown size). Answers are kept for the function's life."""
     evaluator = AnalyticEvaluator(cluster)
-    channels = channel_ladder(cluster)
+    ladder = channel_ladder(cluster)
     known: dict[tuple[CommKey, int], float | None] = {}
 
     def floor(key: CommKey, group_size: int) -> float | None:
@@ -54,11 +54,11 @@ def transfer_floor(cluster: ClusterSpec) -> TransferFloor:
             nodes = max(1, math.ceil(group_size / cluster.gpus_per_node))
             sig = Signature(group, collective, nbytes, group_size, nodes)
             times = []
-            for algorithm in _ALGORITHMS:
-                for protocol in _PROTOCOLS:
-                    for nc in channels:
+            for algo in _ALGORITHMS:
+                for proto in _PROTOCOLS:
+                    for nc in ladder:
                         try:
-                            times.append(evaluator.estimate(sig, CommConfig(algorithm, protocol, nc)).time_us)
+                            times.append(evaluator.estimate(sig, CommConfig(algo, proto, nc)).time_us)
                         except LagomError:  # a pair the model refuses for this collective
                             continue
             best = min(times) if times else None

@@ -132,7 +132,7 @@ def test_online_plan_is_saved_after_a_late_interrupt_and_beside_the_audit_when_s
     # the job was interrupted after tuning had ended (status 130): the plan is saved all the same
     assert _save_online(setup, OnlineRequest(save=str(save)), 130, sys.stderr, None, temporary=True) is False
     assert load_tuned_config(save).method == "lagom-online"
-    assert "tuned plan saved to" in capsys.readouterr().err
+    assert "plan saved to" in capsys.readouterr().err  # no outcome file: "online tuning ended; its plan saved to"
     # --save's folder went away during the job: the plan goes beside the audit, and the line says where
     save.unlink()
     save.parent.rmdir()

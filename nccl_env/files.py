@@ -36,6 +36,10 @@ from nccl_env.errors import LagomError
 # A tuned config, a cluster file or a plugin table is a few kilobytes; 64 MiB is far past any.
 MAX_TEXT_BYTES = 64 << 20
 READ_CHUNK_BYTES = 1 << 20
+# How deep a YAML file's mappings and lists may nest: Lagom's deepest file (a tuned config's
+# collectives[i].match.ranks) is 4 levels; 64 leaves room, and keeps PyYAML's recursive composer
+# (about 3 Python frames a level) far under Python's recursion limit of 1,000.
+MAX_YAML_DEPTH = 64
 GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -190,6 +194,21 @@ def read_text(path: Path, what: str = "a text file") -> str:
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader that refuses a mapping giving one key twice (SafeLoader keeps the last silently)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        """The composer's recursion, bounded: nesting past :data:`MAX_YAML_DEPTH` is an error (a 2 KB
+        file of 1,000 nested lists was a RecursionError)."""
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                mark = self.peek_event().start_mark
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested more than {MAX_YAML_DEPTH} levels deep (line {mark.line + 1})", mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[object, int] = {}

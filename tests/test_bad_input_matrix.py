@@ -145,6 +145,8 @@ def build_scene(d: Path) -> None:
     shutil.copyfile(TRACE, recorded / "rank-0.json.gz")
     (recorded / "lagom-record.txt").write_text("Written by lagom record\nJob: 1\nTrace: rank-0.json.gz\n")
     (recorded / "rank-7.json.gz").write_bytes(gzip.compress(b"my own trace"))
+    # ---- issue 31: nesting bounded where it is read (2 KB of YAML nested 1,000 deep was a RecursionError)
+    (d / "deep.yaml").write_text("format: " + "[" * 1000 + "]" * 1000 + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -370,7 +372,17 @@ ROWS_24 = [
     ("analyze DIR --plot DIR/plot.png", ["analyze", "{d}/tracedir", "--plot", "{d}/tracedir/plot.png"], 2,
      r"^lagom analyze: error: --plot \S+plot.png: is inside this command's input folder \(PATH "),
 ]
-ROWS += ROWS_24
+_DEEP = r"deep.yaml: not valid YAML: nested more than 64 levels deep \(line 1\)$"
+ROWS_31 = [
+    # ---- issue 31: bounds from the process's view
+    ("plugin table a YAML nested 1,000 deep", ["plugin", "table", "{d}/deep.yaml"], 2,
+     r"^lagom plugin: error: \S+" + _DEEP),
+    ("simulate --cluster a YAML nested 1,000 deep", ["simulate", "fsdp:phi2", "--cluster", "{d}/deep.yaml"], 2,
+     r"^lagom simulate: error: \S+" + _DEEP),
+    ("run --config a YAML nested 1,000 deep", ["run", "--config", "{d}/deep.yaml", "--", "touch", "{d}/ran"], 2,
+     r"^lagom run: error: \S+" + _DEEP),
+]
+ROWS += ROWS_24 + ROWS_31
 
 
 def _snapshot(d: Path) -> dict[str, bytes]:

@@ -20,6 +20,7 @@ import tracemalloc
 import zlib
 from pathlib import Path
 
+import orjson
 import pytest
 from conftest import EXAMPLES, REPO_ROOT
 
@@ -152,3 +153,25 @@ def test_a_memory_error_anywhere_is_one_line_and_exit_2(tmp_path):
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("lagom simulate: error: out of memory") and done.stderr.count("\n") == 1, \
         done.stderr
+
+
+def test_a_long_event_name_is_cut_where_the_trace_is_read_with_one_warning(tmp_path):
+    """Issue 31: a 1 GB kernel name was carried whole through analyze (busy past 300 s); a name is now cut
+    to MAX_NAME_CHARS as the events are read, and one line says how many and which was first."""
+    from traces.kineto import read_trace
+    from traces.kineto_events import MAX_NAME_CHARS
+
+    doc = orjson.loads(gzip.decompress((EXAMPLES / "a100_w2_allreduce_broadcast.json.gz").read_bytes()))
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    long_name = "void gemm_kernel<" + "x" * (4 * MAX_NAME_CHARS) + ">"
+    for e in kernels[:3]:
+        e["name"] = long_name
+    trace = tmp_path / "long.json"
+    trace.write_bytes(orjson.dumps(doc))
+    (workload,) = read_trace(trace)
+    names = [op.name for op in workload.compute_ops if op.name.startswith("void gemm_kernel<xx")]
+    assert len(names) == 3 and {len(n) for n in names} == {MAX_NAME_CHARS}
+    (warning,) = [w for w in workload.input_warnings if "cut" in w]
+    assert re.search(r"long.json: 3 event names longer than 16,384 characters cut to that length, first "
+                     r"traceEvents\[[\d,]+\] kernel 'void gemm_kernel<x+'\.\.\. \(65,554 characters\)$",
+                     warning), warning

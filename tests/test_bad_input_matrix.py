@@ -147,6 +147,12 @@ def build_scene(d: Path) -> None:
     (recorded / "rank-7.json.gz").write_bytes(gzip.compress(b"my own trace"))
     # ---- issue 31: nesting bounded where it is read (2 KB of YAML nested 1,000 deep was a RecursionError)
     (d / "deep.yaml").write_text("format: " + "[" * 1000 + "]" * 1000 + "\n")
+    absurd = {"cluster_bw.yaml": ("intra_node", "bw_gb_per_s", 1e-300), "cluster_sms.yaml": ("gpu", "sm_count", 10**12),
+              "cluster_gemm.yaml": ("sim", "gemm_efficiency", 2)}  # one cluster validator, physical bounds
+    for name, (section, key, value) in absurd.items():
+        doc = load_cluster("high-bw").to_dict()
+        doc[section][key] = value
+        (d / name).write_text(yaml.safe_dump(doc))
 
 
 @pytest.fixture(scope="module")
@@ -381,6 +387,22 @@ ROWS_31 = [
      r"^lagom simulate: error: \S+" + _DEEP),
     ("run --config a YAML nested 1,000 deep", ["run", "--config", "{d}/deep.yaml", "--", "touch", "{d}/ran"], 2,
      r"^lagom run: error: \S+" + _DEEP),
+    ("simulate a cluster of 1e-300 GB/s links", ["simulate", "fsdp:phi2", "--cluster", "{d}/cluster_bw.yaml"], 2,
+     r"^lagom simulate: error: \S+cluster_bw.yaml: 'intra_node.bw_gb_per_s' = 1e-300 is outside the physical range "
+     r"0.1..10,000$"),
+    ("tune a cluster of 10^12 SMs", ["tune", "fsdp:phi2", "--cluster", "{d}/cluster_sms.yaml", "-o", "{d}/t.yaml"], 2,
+     r"^lagom tune: error: \S+cluster_sms.yaml: 'gpu.sm_count' = 1000000000000 is outside the physical range "
+     r"1..1,024$"),
+    ("tune sim.gemm_efficiency: 2", ["tune", "fsdp:phi2", "--cluster", "{d}/cluster_gemm.yaml", "-o", "{d}/t.yaml"],
+     2, r"^lagom tune: error: \S+cluster_gemm.yaml: 'sim.gemm_efficiency' is a fraction: must be in \(0, 1\]"),
+    ("bench --cluster sim.gemm_efficiency: 2", ["bench", "--quick", "--cluster", "{d}/cluster_gemm.yaml"], 2,
+     r"^lagom bench: error: \S+cluster_gemm.yaml: 'sim.gemm_efficiency' is a fraction"),
+    ("calibrate a cluster of 10^12 SMs", ["calibrate", "--backend", "sim:{d}/cluster_sms.yaml", "--measurements", "20",
+                                          "-o", "{d}/t.yaml"], 2,
+     r"^lagom calibrate: error: \S+cluster_sms.yaml: 'gpu.sm_count' = 1000000000000 is outside "),
+    ("run --online --cluster 1e-300 GB/s links", ["run", "--online", "--simulate", "tp:phi2:tp=8", "--cluster",
+                                                  "{d}/cluster_bw.yaml", "--", "touch", "{d}/ran"], 2,
+     r"^lagom run: error: \S+cluster_bw.yaml: 'intra_node.bw_gb_per_s' = 1e-300 is outside "),
 ]
 ROWS += ROWS_24 + ROWS_31
 

@@ -192,8 +192,30 @@ def read_text(path: Path, what: str = "a text file") -> str:
         raise LagomError(f"{path}: is not UTF-8 text (byte {exc.start:,}), expected {what}") from None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a mapping giving one key twice (SafeLoader keeps the last silently)."""
+class _UniqueKeys:
+    """A loader's constructor that refuses a mapping giving one key twice (SafeLoader keeps the last
+    silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[object, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)  # type: ignore[attr-defined]  # the loader's
+            try:
+                first_line = seen.get(key)
+            except TypeError:  # an unhashable key: SafeLoader's own error says so
+                continue
+            if first_line is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (lines {first_line + 1} and {key_node.start_mark.line + 1})",
+                    key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)  # type: ignore[misc]  # the loader's SafeConstructor
+
+
+class _UniqueKeyLoader(_UniqueKeys, yaml.SafeLoader):
+    """PyYAML's pure-Python SafeLoader, unique keys, its recursive composer bounded in depth."""
 
     _depth = 0
 
@@ -210,27 +232,34 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[object, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)
-            try:
-                first_line = seen.get(key)
-            except TypeError:  # an unhashable key: SafeLoader's own error says so
-                continue
-            if first_line is not None:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (lines {first_line + 1} and {key_node.start_mark.line + 1})",
-                    key_node.start_mark)
-            seen[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep=deep)
+
+# libyaml's parser where PyYAML was built with it: 5-10x faster on a large file (a 200,000-entry tuned
+# config: the pure-Python scanner was nearly all of plugin table's 172 s).
+_C_LOADER: type | None = getattr(yaml, "CSafeLoader", None)
+_UniqueKeyCLoader: type | None = type("_UniqueKeyCLoader", (_UniqueKeys, _C_LOADER), {}) if _C_LOADER else None
+
+
+def _check_depth(text: str, loader: type) -> None:
+    """yaml.YAMLError when ``text`` nests past :data:`MAX_YAML_DEPTH` (libyaml's parser emits events without
+    recursing; its composer recurses in C, where nothing bounds it)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=loader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                line = event.start_mark.line + 1 if event.start_mark is not None else 0
+                raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_YAML_DEPTH} levels deep "
+                                                              f"(line {line})", None)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
 
 
 def load_yaml_text(text: str) -> object:
     """YAML text parsed as ``yaml.safe_load`` does, except that a key given twice in one mapping is an
-    error (yaml.YAMLError) naming it."""
+    error (yaml.YAMLError) naming it, and nesting past :data:`MAX_YAML_DEPTH` levels is one too."""
+    if _C_LOADER is not None and _UniqueKeyCLoader is not None:
+        _check_depth(text, _C_LOADER)
+        return yaml.load(text, Loader=_UniqueKeyCLoader)  # noqa: S506 - a CSafeLoader subclass
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
 
 

@@ -25,9 +25,9 @@ import gzip
 import os
 import stat
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import yaml
 
@@ -233,33 +233,105 @@ class _UniqueKeyLoader(_UniqueKeys, yaml.SafeLoader):
             self._depth -= 1
 
 
-# libyaml's parser where PyYAML was built with it: 5-10x faster on a large file (a 200,000-entry tuned
-# config: the pure-Python scanner was nearly all of plugin table's 172 s).
+# libyaml's parser where PyYAML was built with it, its events built into the document by _from_events:
+# 4x less CPU than PyYAML's own loader on a 20,000-entry tuned file (the pure-Python scanner and node
+# graph were nearly all of plugin table's 172 s on 200,000 entries).
 _C_LOADER: type | None = getattr(yaml, "CSafeLoader", None)
-_UniqueKeyCLoader: type | None = type("_UniqueKeyCLoader", (_UniqueKeys, _C_LOADER), {}) if _C_LOADER else None
 
 
-def _check_depth(text: str, loader: type) -> None:
-    """yaml.YAMLError when ``text`` nests past :data:`MAX_YAML_DEPTH` (libyaml's parser emits events without
-    recursing; its composer recurses in C, where nothing bounds it)."""
-    depth = 0
-    for event in yaml.parse(text, Loader=loader):
-        if isinstance(event, yaml.CollectionStartEvent):
-            depth += 1
-            if depth > MAX_YAML_DEPTH:
-                line = event.start_mark.line + 1 if event.start_mark is not None else 0
-                raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_YAML_DEPTH} levels deep "
-                                                              f"(line {line})", None)
-        elif isinstance(event, yaml.CollectionEndEvent):
-            depth -= 1
+class _NotPlain(Exception):
+    """What :func:`_from_events` leaves to PyYAML's own loader: explicit tags, merge keys, unhashable keys."""
+
+
+def _nesting_error(mark: Any) -> yaml.YAMLError:
+    line = mark.line + 1 if mark is not None else 0
+    return yaml.composer.ComposerError(None, None, f"nested more than {MAX_YAML_DEPTH} levels deep (line {line})",
+                                       None)
+
+
+def _from_events(text: str, loader_type: type) -> object:
+    """The document built straight from libyaml's events, as SafeLoader builds it (scalars resolved and
+    constructed by PyYAML's own resolver and constructors) but without its node graph, which took 10x the
+    file in memory and most of the time: a key given twice and nesting past :data:`MAX_YAML_DEPTH` are
+    errors; _NotPlain for what it leaves to the full loader."""
+    loader = loader_type("")
+    tags: dict[tuple[str, object], str] = {}  # a scalar's resolved tag, by its text and style
+    anchors: dict[str, object] = {}
+    stack: list[tuple[object, list]] = []  # (container, [pending key, its line, seen keys' lines])
+    root: list[object] = []
+    str_tag = "tag:yaml.org,2002:str"
+
+    def add(value: object, mark: Any) -> None:
+        if not stack:
+            root.append(value)
+            return
+        container, state = stack[-1]
+        if isinstance(container, list):
+            container.append(value)
+        elif state[0] is _NO_KEY:
+            try:
+                first = state[2].get(value)
+            except TypeError:
+                raise _NotPlain from None  # an unhashable key: PyYAML's own error says so
+            line = mark.line if mark is not None else 0
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {value!r} (lines {first + 1} and {line + 1})", mark)
+            state[0], state[1] = value, line
+        else:
+            state[2][state[0]] = state[1]
+            container[state[0]] = value  # type: ignore[index]  # a dict here
+            state[0] = _NO_KEY
+
+    events: Iterator[Any] = yaml.parse(text, Loader=loader_type)  # libyaml's events (its own Mark type)
+    for event in events:
+        kind = type(event)
+        if kind is yaml.ScalarEvent:
+            if event.tag is not None and event.tag != "!":
+                raise _NotPlain
+            key = (event.value, event.implicit)
+            tag = tags.get(key)
+            if tag is None:
+                tag = tags[key] = loader.resolve(yaml.ScalarNode, event.value, event.implicit)
+                if tag not in loader.yaml_constructors:  # a merge key, '=': PyYAML's own handling
+                    raise _NotPlain
+            value: object = event.value if tag == str_tag else loader.construct_object(
+                yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark, event.style))
+            if event.anchor is not None:
+                anchors[event.anchor] = value
+            add(value, event.start_mark)
+        elif kind is yaml.MappingStartEvent or kind is yaml.SequenceStartEvent:
+            if event.tag is not None and event.tag != "!" or len(stack) >= MAX_YAML_DEPTH:
+                if len(stack) >= MAX_YAML_DEPTH:
+                    raise _nesting_error(event.start_mark)
+                raise _NotPlain
+            made: object = {} if kind is yaml.MappingStartEvent else []
+            if event.anchor is not None:
+                anchors[event.anchor] = made
+            add(made, event.start_mark)
+            stack.append((made, [_NO_KEY, 0, {}]))
+        elif kind is yaml.MappingEndEvent or kind is yaml.SequenceEndEvent:
+            stack.pop()
+        elif kind is yaml.AliasEvent:
+            if event.anchor not in anchors:
+                raise _NotPlain  # PyYAML's own error names it
+            add(anchors[event.anchor], event.start_mark)
+    if len(root) > 1:
+        raise _NotPlain  # several documents: PyYAML's own error
+    return root[0] if root else None
+
+
+_NO_KEY = object()
 
 
 def load_yaml_text(text: str) -> object:
     """YAML text parsed as ``yaml.safe_load`` does, except that a key given twice in one mapping is an
     error (yaml.YAMLError) naming it, and nesting past :data:`MAX_YAML_DEPTH` levels is one too."""
-    if _C_LOADER is not None and _UniqueKeyCLoader is not None:
-        _check_depth(text, _C_LOADER)
-        return yaml.load(text, Loader=_UniqueKeyCLoader)  # noqa: S506 - a CSafeLoader subclass
+    if _C_LOADER is not None:
+        try:
+            return _from_events(text, _C_LOADER)
+        except _NotPlain:
+            pass  # the full loader: its nesting bounded by _from_events, which read the whole document
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
 
 

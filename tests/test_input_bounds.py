@@ -175,3 +175,21 @@ def test_a_long_event_name_is_cut_where_the_trace_is_read_with_one_warning(tmp_p
     assert re.search(r"long.json: 3 event names longer than 16,384 characters cut to that length, first "
                      r"traceEvents\[[\d,]+\] kernel 'void gemm_kernel<x+'\.\.\. \(65,554 characters\)$",
                      warning), warning
+
+
+@pytest.mark.parametrize("text", [
+    "a: yes\nb: no\nc: on\nd: '010'\ne: 010\nf: 0x1f\ng: 1e3\nh: ~\ni: 2001-12-14\nj: \"12\"\nk: |\n  two\n  lines\n"
+    "l: [1, 2, {m: .inf}]\nn: -.5\no: 1_000\np: 0b101\nq: 1:30\nr: null\ns: !!str 12\nt:\nu: ''\n",
+    "x: &a {k: 1}\ny: *a\nz: [&b 3, *b]\n", "<<: {a: 1}\nb: 2\n", "- a\n- - b\n  - c\n", "just a string", "42", "",
+    *[(p).read_text() for p in sorted((REPO_ROOT / "costmodel" / "presets").glob("*.yaml"))],
+])
+def test_a_yaml_file_reads_as_pyyaml_safe_load_reads_it(text):
+    """The tuned-file reader builds documents from libyaml's events (a 200,000-entry file: PyYAML's node
+    graph took most of plugin table's time and memory); every value comes out as yaml.safe_load's."""
+    import yaml
+
+    from nccl_env.files import load_yaml_text
+
+    want = yaml.safe_load(text)
+    got = load_yaml_text(text)
+    assert got == want and type(got) is type(want)

@@ -154,6 +154,25 @@ def load_cluster(name_or_path: str | Path) -> ClusterSpec:
 CLUSTER_KEYS = ("name", "nodes", "gpus_per_node", "nccl_version", "gpu", "intra_node", "inter_node",
                 "nccl_defaults", "nccl_graph", "sim", "model")
 
+# The physical range of every number of a cluster file (section.key: lowest, highest), checked by
+# parse_cluster for every command that reads one: past it a file describes no hardware (bw 1e-300 GB/s
+# or 10^12 SMs simulated an iteration of 8.65e307 us). nodes and gpus_per_node: traces.limits.
+BOUNDS: dict[str, tuple[float, float]] = {
+    "gpu.sm_count": (1, 1024),  # B200: 148 SMs, MI300X: 304 CUs (the largest today); 1024 leaves room
+    "gpu.mem_bw_gb_per_s": (1.0, 100_000.0),  # B200 HBM3e: 8,000 GB/s; 12x room
+    "gpu.l2_bytes": (1 << 10, 1 << 34),  # MI300X Infinity Cache 256 MB, B200 L2 126 MB; 16 GiB leaves room
+    "gpu.peak_tflops": (0.01, 100_000.0),  # B200 dense BF16: 2,250 TFLOP/s; 40x room
+    "gpu.max_threads_per_sm": (32, 4096),  # a warp at least; CUDA CC 8.x-10.x: 1,536-2,048
+    "gpu.max_blocks_per_sm": (1, 256),  # CUDA CC 8.x-10.x: 16-32 resident blocks per SM
+    "gpu.fp32_tflops": (0.01, 100_000.0),  # B200 FP32: 80 TFLOP/s
+    "intra_node.bw_gb_per_s": (0.1, 10_000.0),  # PCIe 3 x16 ~12 GB/s .. NVLink 5: 900 GB/s per direction
+    "intra_node.latency_us": (0.0, 1_000.0),  # NCCL tuning.cc hwLat: 0.4-1.0 us a hop; 1 ms is no interconnect
+    "intra_node.copy_engine_bw_gb_per_s": (0.1, 10_000.0),  # as the link's bandwidth
+    "inter_node.nics_per_node": (1, 1024),  # DGX: 8 NICs; never more than MAX_GPUS_PER_NODE
+    "inter_node.nic_bw_gb_per_s": (0.1, 10_000.0),  # 1 GbE: 0.125 GB/s .. 800 Gb/s XDR: 100 GB/s
+    "inter_node.latency_us": (0.0, 1_000.0),  # NCCL tuning.cc hwLat[NET]: 2.7-5 us; 1 ms is no fabric
+}
+
 
 def parse_cluster(data: object, origin: str) -> ClusterSpec:
     def bad(msg: str) -> LagomError:
@@ -183,6 +202,9 @@ def parse_cluster(data: object, origin: str) -> ClusterSpec:
             raise bad(f"'{sec_name}.{key}' must be finite, got {raw!r}")
         if value <= minimum:
             raise bad(f"'{sec_name}.{key}' must be > {minimum}, got {value}")
+        low, high = BOUNDS.get(f"{sec_name}.{key}", (-math.inf, math.inf))
+        if not low <= value <= high:
+            raise bad(f"'{sec_name}.{key}' = {raw!r} is outside the physical range {_plain(low)}..{_plain(high)}")
         return value
 
     check_keys(data, CLUSTER_KEYS, origin)
@@ -213,7 +235,7 @@ def parse_cluster(data: object, origin: str) -> ClusterSpec:
     gpus_per_node = int(number(data, "", "gpus_per_node", int))
     check_bound("nodes", nodes, MAX_NODES, origin)
     check_bound("gpus_per_node", gpus_per_node, MAX_GPUS_PER_NODE, origin)
-    return ClusterSpec(
+    spec = ClusterSpec(
         name=str(data.get("name", origin)),
         nodes=nodes,
         gpus_per_node=gpus_per_node,
@@ -247,3 +269,24 @@ def parse_cluster(data: object, origin: str) -> ClusterSpec:
         sim=dict(data.get("sim") or {}),
         model=dict(data.get("model") or {}),
     )
+    check_mechanism_sections(spec, origin)
+    return spec
+
+
+def _plain(x: float) -> str:
+    """A bound as a person reads it: 1,024 or 0.1."""
+    return f"{x:,.0f}" if float(x).is_integer() else f"{x:g}"
+
+
+def check_mechanism_sections(spec: ClusterSpec, origin: str) -> None:
+    """The ``sim:`` and ``model:`` sections checked here, by their own modules' rules, so every command
+    refuses the same file (``sim.gemm_efficiency: 2`` was refused by simulate and accepted by tune)."""
+    from costmodel.analytic.params import params_for  # they import this module: imported when used
+    from costmodel.sim.params import sim_params
+
+    prefix = f"cluster {spec.name}: "
+    for check in (sim_params, params_for):
+        try:
+            check(spec)
+        except LagomError as exc:
+            raise LagomError(f"{origin}: {str(exc).removeprefix(prefix)}") from None

@@ -179,6 +179,10 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"lagom {args.command}: interrupted", file=sys.stderr)
         return 130
+    except MemoryError:  # an estimate fell short (the inputs are checked against the memory before reading)
+        print(f"lagom {args.command}: error: out of memory (the memory at hand, the cgroup's limit or "
+              f"ulimit -v is too small for this input)", file=sys.stderr)
+        return 2
     except BrokenPipeError:
         return 0
 

@@ -25,9 +25,9 @@ import gzip
 import os
 import stat
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import yaml
 
@@ -36,6 +36,10 @@ from nccl_env.errors import LagomError
 # A tuned config, a cluster file or a plugin table is a few kilobytes; 64 MiB is far past any.
 MAX_TEXT_BYTES = 64 << 20
 READ_CHUNK_BYTES = 1 << 20
+# How deep a YAML file's mappings and lists may nest: Lagom's deepest file (a tuned config's
+# collectives[i].match.ranks) is 4 levels; 64 leaves room, and keeps PyYAML's recursive composer
+# (about 3 Python frames a level) far under Python's recursion limit of 1,000.
+MAX_YAML_DEPTH = 64
 GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -188,15 +192,16 @@ def read_text(path: Path, what: str = "a text file") -> str:
         raise LagomError(f"{path}: is not UTF-8 text (byte {exc.start:,}), expected {what}") from None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a mapping giving one key twice (SafeLoader keeps the last silently)."""
+class _UniqueKeys:
+    """A loader's constructor that refuses a mapping giving one key twice (SafeLoader keeps the last
+    silently)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[object, int] = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
-            key = self.construct_object(key_node, deep=True)
+            key = self.construct_object(key_node, deep=True)  # type: ignore[attr-defined]  # the loader's
             try:
                 first_line = seen.get(key)
             except TypeError:  # an unhashable key: SafeLoader's own error says so
@@ -206,12 +211,127 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     None, None, f"duplicate key {key!r} (lines {first_line + 1} and {key_node.start_mark.line + 1})",
                     key_node.start_mark)
             seen[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep=deep)
+        return super().construct_mapping(node, deep=deep)  # type: ignore[misc]  # the loader's SafeConstructor
+
+
+class _UniqueKeyLoader(_UniqueKeys, yaml.SafeLoader):
+    """PyYAML's pure-Python SafeLoader, unique keys, its recursive composer bounded in depth."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        """The composer's recursion, bounded: nesting past :data:`MAX_YAML_DEPTH` is an error (a 2 KB
+        file of 1,000 nested lists was a RecursionError)."""
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                mark = self.peek_event().start_mark
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested more than {MAX_YAML_DEPTH} levels deep (line {mark.line + 1})", mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+# libyaml's parser where PyYAML was built with it, its events built into the document by _from_events:
+# 4x less CPU than PyYAML's own loader on a 20,000-entry tuned file (the pure-Python scanner and node
+# graph were nearly all of plugin table's 172 s on 200,000 entries).
+_C_LOADER: type | None = getattr(yaml, "CSafeLoader", None)
+
+
+class _NotPlain(Exception):
+    """What :func:`_from_events` leaves to PyYAML's own loader: explicit tags, merge keys, unhashable keys."""
+
+
+def _nesting_error(mark: Any) -> yaml.YAMLError:
+    line = mark.line + 1 if mark is not None else 0
+    return yaml.composer.ComposerError(None, None, f"nested more than {MAX_YAML_DEPTH} levels deep (line {line})",
+                                       None)
+
+
+def _from_events(text: str, loader_type: type) -> object:
+    """The document built straight from libyaml's events, as SafeLoader builds it (scalars resolved and
+    constructed by PyYAML's own resolver and constructors) but without its node graph, which took 10x the
+    file in memory and most of the time: a key given twice and nesting past :data:`MAX_YAML_DEPTH` are
+    errors; _NotPlain for what it leaves to the full loader."""
+    loader = loader_type("")
+    tags: dict[tuple[str, object], str] = {}  # a scalar's resolved tag, by its text and style
+    anchors: dict[str, object] = {}
+    stack: list[tuple[object, list]] = []  # (container, [pending key, its line, seen keys' lines])
+    root: list[object] = []
+    str_tag = "tag:yaml.org,2002:str"
+
+    def add(value: object, mark: Any) -> None:
+        if not stack:
+            root.append(value)
+            return
+        container, state = stack[-1]
+        if isinstance(container, list):
+            container.append(value)
+        elif state[0] is _NO_KEY:
+            try:
+                first = state[2].get(value)
+            except TypeError:
+                raise _NotPlain from None  # an unhashable key: PyYAML's own error says so
+            line = mark.line if mark is not None else 0
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {value!r} (lines {first + 1} and {line + 1})", mark)
+            state[0], state[1] = value, line
+        else:
+            state[2][state[0]] = state[1]
+            container[state[0]] = value  # type: ignore[index]  # a dict here
+            state[0] = _NO_KEY
+
+    events: Iterator[Any] = yaml.parse(text, Loader=loader_type)  # libyaml's events (its own Mark type)
+    for event in events:
+        kind = type(event)
+        if kind is yaml.ScalarEvent:
+            if event.tag is not None and event.tag != "!":
+                raise _NotPlain
+            key = (event.value, event.implicit)
+            tag = tags.get(key)
+            if tag is None:
+                tag = tags[key] = loader.resolve(yaml.ScalarNode, event.value, event.implicit)
+                if tag not in loader.yaml_constructors:  # a merge key, '=': PyYAML's own handling
+                    raise _NotPlain
+            value: object = event.value if tag == str_tag else loader.construct_object(
+                yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark, event.style))
+            if event.anchor is not None:
+                anchors[event.anchor] = value
+            add(value, event.start_mark)
+        elif kind is yaml.MappingStartEvent or kind is yaml.SequenceStartEvent:
+            if event.tag is not None and event.tag != "!" or len(stack) >= MAX_YAML_DEPTH:
+                if len(stack) >= MAX_YAML_DEPTH:
+                    raise _nesting_error(event.start_mark)
+                raise _NotPlain
+            made: object = {} if kind is yaml.MappingStartEvent else []
+            if event.anchor is not None:
+                anchors[event.anchor] = made
+            add(made, event.start_mark)
+            stack.append((made, [_NO_KEY, 0, {}]))
+        elif kind is yaml.MappingEndEvent or kind is yaml.SequenceEndEvent:
+            stack.pop()
+        elif kind is yaml.AliasEvent:
+            if event.anchor not in anchors:
+                raise _NotPlain  # PyYAML's own error names it
+            add(anchors[event.anchor], event.start_mark)
+    if len(root) > 1:
+        raise _NotPlain  # several documents: PyYAML's own error
+    return root[0] if root else None
+
+
+_NO_KEY = object()
 
 
 def load_yaml_text(text: str) -> object:
     """YAML text parsed as ``yaml.safe_load`` does, except that a key given twice in one mapping is an
-    error (yaml.YAMLError) naming it."""
+    error (yaml.YAMLError) naming it, and nesting past :data:`MAX_YAML_DEPTH` levels is one too."""
+    if _C_LOADER is not None:
+        try:
+            return _from_events(text, _C_LOADER)
+        except _NotPlain:
+            pass  # the full loader: its nesting bounded by _from_events, which read the whole document
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
 
 

@@ -46,13 +46,13 @@ HEADER = (
 )
 
 
+_PLUGIN_KNOBS = tuple(knob for knob in KNOBS if knob.plugin_column is not None)
+
+
 def plugin_settings(config: CommConfig, carried: Iterable[str] | None = None) -> CommConfig:
     """``config``'s knobs that have a plugin column (of those, only the ``carried`` fields if given)."""
-    out = CommConfig()
-    for knob in KNOBS:
-        if knob.plugin_column is not None and (carried is None or knob.field in carried):
-            out = knob.set(out, knob.get(config))
-    return out
+    values = {knob.field: knob.get(config) for knob in _PLUGIN_KNOBS if carried is None or knob.field in carried}
+    return CommConfig(**{name: value for name, value in values.items() if value is not None})
 
 
 @dataclass(frozen=True)

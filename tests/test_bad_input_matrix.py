@@ -153,6 +153,14 @@ def build_scene(d: Path) -> None:
     seed = {"nccl_version": "2.21.5", "workload": "tp:phi2:tp=8", "collectives": None}
     _config(d / "seed_no_cluster.yaml", **seed, cluster="no-such-cluster")
     _config(d / "seed_gone_trace.yaml", **{**seed, "workload": "gone/trace.json.gz"}, cluster="low-bw")
+    # ---- issue 31: nesting bounded where it is read (2 KB of YAML nested 1,000 deep was a RecursionError)
+    (d / "deep.yaml").write_text("format: " + "[" * 1000 + "]" * 1000 + "\n")
+    absurd = {"cluster_bw.yaml": ("intra_node", "bw_gb_per_s", 1e-300), "cluster_sms.yaml": ("gpu", "sm_count", 10**12),
+              "cluster_gemm.yaml": ("sim", "gemm_efficiency", 2)}  # one cluster validator, physical bounds
+    for name, (section, key, bad) in absurd.items():
+        doc = load_cluster("high-bw").to_dict()
+        doc[section][key] = bad
+        (d / name).write_text(yaml.safe_dump(doc))
 
 
 @pytest.fixture(scope="module")
@@ -378,7 +386,33 @@ ROWS_24 = [
     ("analyze DIR --plot DIR/plot.png", ["analyze", "{d}/tracedir", "--plot", "{d}/tracedir/plot.png"], 2,
      r"^lagom analyze: error: --plot \S+plot.png: is inside this command's input folder \(PATH "),
 ]
-ROWS += ROWS_24
+_DEEP = r"deep.yaml: not valid YAML: nested more than 64 levels deep \(line 1\)$"
+ROWS_31_BOUNDS = [
+    # ---- issue 31: bounds from the process's view
+    ("plugin table a YAML nested 1,000 deep", ["plugin", "table", "{d}/deep.yaml"], 2,
+     r"^lagom plugin: error: \S+" + _DEEP),
+    ("simulate --cluster a YAML nested 1,000 deep", ["simulate", "fsdp:phi2", "--cluster", "{d}/deep.yaml"], 2,
+     r"^lagom simulate: error: \S+" + _DEEP),
+    ("run --config a YAML nested 1,000 deep", ["run", "--config", "{d}/deep.yaml", "--", "touch", "{d}/ran"], 2,
+     r"^lagom run: error: \S+" + _DEEP),
+    ("simulate a cluster of 1e-300 GB/s links", ["simulate", "fsdp:phi2", "--cluster", "{d}/cluster_bw.yaml"], 2,
+     r"^lagom simulate: error: \S+cluster_bw.yaml: 'intra_node.bw_gb_per_s' = 1e-300 is outside the physical range "
+     r"0.1..10,000$"),
+    ("tune a cluster of 10^12 SMs", ["tune", "fsdp:phi2", "--cluster", "{d}/cluster_sms.yaml", "-o", "{d}/t.yaml"], 2,
+     r"^lagom tune: error: \S+cluster_sms.yaml: 'gpu.sm_count' = 1000000000000 is outside the physical range "
+     r"1..1,024$"),
+    ("tune sim.gemm_efficiency: 2", ["tune", "fsdp:phi2", "--cluster", "{d}/cluster_gemm.yaml", "-o", "{d}/t.yaml"],
+     2, r"^lagom tune: error: \S+cluster_gemm.yaml: 'sim.gemm_efficiency' is a fraction: must be in \(0, 1\]"),
+    ("bench --cluster sim.gemm_efficiency: 2", ["bench", "--quick", "--cluster", "{d}/cluster_gemm.yaml"], 2,
+     r"^lagom bench: error: \S+cluster_gemm.yaml: 'sim.gemm_efficiency' is a fraction"),
+    ("calibrate a cluster of 10^12 SMs", ["calibrate", "--backend", "sim:{d}/cluster_sms.yaml", "--measurements", "20",
+                                          "-o", "{d}/t.yaml"], 2,
+     r"^lagom calibrate: error: \S+cluster_sms.yaml: 'gpu.sm_count' = 1000000000000 is outside "),
+    ("run --online --cluster 1e-300 GB/s links", ["run", "--online", "--simulate", "tp:phi2:tp=8", "--cluster",
+                                                  "{d}/cluster_bw.yaml", "--", "touch", "{d}/ran"], 2,
+     r"^lagom run: error: \S+cluster_bw.yaml: 'intra_node.bw_gb_per_s' = 1e-300 is outside "),
+]
+ROWS += ROWS_24 + ROWS_31_BOUNDS
 
 _REFUSED = r"is refused: a tuned file's env may set only the NCCL knobs Lagom tunes \(NCCL_ALGO, "
 # Issue 31's rows (each wrong on b8c6fd7: the job started with the variable set, or the ranks died inside).

@@ -164,7 +164,7 @@ def _shared_actions(option: str) -> dict[str, object]:
 
 @pytest.mark.parametrize("option, commands", [
     ("--cluster", {"analyze", "simulate", "tune", "run", "calibrate", "bench"}),
-    ("--nccl-version", {"simulate", "tune", "run", "bench"}),
+    ("--nccl-version", {"simulate", "tune", "run", "calibrate", "bench"}),
     ("--evaluator", {"simulate", "tune", "bench"}),
     ("--noise", {"simulate", "run", "calibrate"}),
     ("--seed", {"simulate", "tune", "calibrate"}),

@@ -10,11 +10,19 @@ file needs with what is given.
 from __future__ import annotations
 
 import gzip
+import os
+import re
+import resource
+import subprocess
+import sys
 import time
 import tracemalloc
+import zlib
+from pathlib import Path
 
+import orjson
 import pytest
-from conftest import EXAMPLES
+from conftest import EXAMPLES, REPO_ROOT
 
 from lagom.cli import main
 from nccl_env.errors import LagomError
@@ -108,3 +116,80 @@ def test_a_gzip_stream_is_bounded_by_what_it_decompresses_to_not_by_its_trailer(
     plain.write_bytes(b"x" * (limit + 1))
     with pytest.raises(LagomError, match=r"plain.json: 8,388,609 bytes, more than the 8,388,608 a file can be"):
         read_bounded(plain, limit)
+
+
+def _lagom_under_rlimit_as(limit_bytes: int, *argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m lagom argv`` in a child whose address space is capped (``ulimit -v``) at ``limit_bytes``."""
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.run([sys.executable, "-m", "lagom", *argv], capture_output=True, text=True, cwd=cwd,
+                          env=env, preexec_fn=cap, timeout=120)
+
+
+def test_the_memory_check_honours_the_process_own_limit(tmp_path):
+    """Issue 31: the check read MemAvailable and the cgroup, not ``ulimit -v``: 256 MiB of blanks in a
+    1 MB gzip (1 GB to read) under a 500 MB address space ended in a MemoryError traceback."""
+    compressor = zlib.compressobj(1, zlib.DEFLATED, 31)  # wbits 31: a gzip stream
+    blanks = b" " * (16 << 20)
+    parts = [compressor.compress(b'{"traceEvents": [')]
+    parts += [compressor.compress(blanks) for _ in range(16)]
+    parts += [compressor.compress(b"]}"), compressor.flush()]
+    bomb = tmp_path / "blanks.json.gz"
+    bomb.write_bytes(b"".join(parts))
+    done = _lagom_under_rlimit_as(500 << 20, "analyze", str(bomb), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert re.fullmatch(r"lagom analyze: error: \S+blanks.json.gz: 0.3 GB of JSON needs about 1.1 GB of memory "
+                        r"to read, more than the 0.\d GB available here\n", done.stderr), done.stderr
+
+
+@pytest.mark.slow
+def test_a_memory_error_anywhere_is_one_line_and_exit_2(tmp_path):
+    """A workload that outgrows a 300 MB address space while it is built (no estimate guards a spec's
+    memory, only its ops): one line, exit 2, never a MemoryError traceback."""
+    done = _lagom_under_rlimit_as(300 << 20, "simulate", "tp:phi2:tp=8,dp=2,steps=200", "--cluster", "high-bw",
+                                  cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("lagom simulate: error: out of memory") and done.stderr.count("\n") == 1, \
+        done.stderr
+
+
+def test_a_long_event_name_is_cut_where_the_trace_is_read_with_one_warning(tmp_path):
+    """Issue 31: a 1 GB kernel name was carried whole through analyze (busy past 300 s); a name is now cut
+    to MAX_NAME_CHARS as the events are read, and one line says how many and which was first."""
+    from traces.kineto import read_trace
+    from traces.kineto_events import MAX_NAME_CHARS
+
+    doc = orjson.loads(gzip.decompress((EXAMPLES / "a100_w2_allreduce_broadcast.json.gz").read_bytes()))
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    long_name = "void gemm_kernel<" + "x" * (4 * MAX_NAME_CHARS) + ">"
+    for e in kernels[:3]:
+        e["name"] = long_name
+    trace = tmp_path / "long.json"
+    trace.write_bytes(orjson.dumps(doc))
+    (workload,) = read_trace(trace)
+    names = [op.name for op in workload.compute_ops if op.name.startswith("void gemm_kernel<xx")]
+    assert len(names) == 3 and {len(n) for n in names} == {MAX_NAME_CHARS}
+    (warning,) = [w for w in workload.input_warnings if "cut" in w]
+    assert re.search(r"long.json: 3 event names longer than 16,384 characters cut to that length, first "
+                     r"traceEvents\[[\d,]+\] kernel 'void gemm_kernel<x+'\.\.\. \(65,554 characters\)$",
+                     warning), warning
+
+
+@pytest.mark.parametrize("text", [
+    "a: yes\nb: no\nc: on\nd: '010'\ne: 010\nf: 0x1f\ng: 1e3\nh: ~\ni: 2001-12-14\nj: \"12\"\nk: |\n  two\n  lines\n"
+    "l: [1, 2, {m: .inf}]\nn: -.5\no: 1_000\np: 0b101\nq: 1:30\nr: null\ns: !!str 12\nt:\nu: ''\n",
+    "x: &a {k: 1}\ny: *a\nz: [&b 3, *b]\n", "<<: {a: 1}\nb: 2\n", "- a\n- - b\n  - c\n", "just a string", "42", "",
+    *[(p).read_text() for p in sorted((REPO_ROOT / "costmodel" / "presets").glob("*.yaml"))],
+])
+def test_a_yaml_file_reads_as_pyyaml_safe_load_reads_it(text):
+    """The tuned-file reader builds documents from libyaml's events (a 200,000-entry file: PyYAML's node
+    graph took most of plugin table's time and memory); every value comes out as yaml.safe_load's."""
+    import yaml
+
+    from nccl_env.files import load_yaml_text
+
+    want = yaml.safe_load(text)
+    got = load_yaml_text(text)
+    assert got == want and type(got) is type(want)

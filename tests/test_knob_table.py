@@ -148,6 +148,7 @@ VERSION_EDGES = {
     "nccl_env/rules.py", "nccl_env/nccl_releases.py", "nccl_env/libnccl.py", "costmodel/cluster.py",
     "costmodel/calibration/torch_backend.py", "costmodel/sim/published_cases.py", "lagom/files/tuned_config.py",
     "lagom/args/knob_args.py", "lagom/commands/tune.py", "lagom/commands/bench.py", "lagom/commands/run.py",
+    "lagom/commands/calibrate.py",
     "lagom/commands/simulate.py",
     "lagom/orchestration/trace_context.py", "lagom/runtime/online.py",
 }

@@ -154,6 +154,22 @@ def test_calibrate_cli_writes_a_cluster_and_reports_terms(tmp_path, capsys):
     assert lagom_main(["calibrate", "--backend", "sim:no-such-preset", "-o", str(out)]) == 2
 
 
+def test_calibrate_takes_nccl_version_as_every_command_does(tmp_path, capsys):
+    """Issue 31: calibrate took --cluster but not --nccl-version. The written cluster runs the
+    version given; a version NCCL never released is one line, before measuring."""
+    out = tmp_path / "c.yaml"
+    argv = ["calibrate", "--backend", "sim:low-bw", "--measurements", "20", "-o", str(out)]
+    assert lagom_main([*argv, "--nccl-version", "2.21.5", "--json"]) == 0
+    assert str(load_cluster(out).nccl_version) == "2.21.5" != str(load_cluster("low-bw").nccl_version)
+    capsys.readouterr()
+    out.unlink()
+    assert lagom_main([*argv, "--nccl-version", "2.18"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lagom calibrate: error: --nccl-version '2.18': NCCL never released") and \
+        err.count("\n") == 1, err
+    assert not out.exists()
+
+
 def test_calibrate_refuses_unwritable_outputs_before_measuring(tmp_path, capsys):
     a_file = tmp_path / "plain.txt"
     a_file.write_text("x")

@@ -209,3 +209,26 @@ def test_unknown_nccl_env_name_in_a_config_is_refused_with_a_suggestion(tmp_path
     assert "env NCCL_NTHREAD is refused (did you mean NCCL_NTHREADS?)" in err, err
     path.write_text("format: lagom.tuned-config\nversion: 1\nenv: {NCCL_NTHREADS: '256'}\ncollectives: []\n")
     assert main(["plugin", "table", str(path)]) == 0
+
+
+@pytest.mark.slow
+def test_plugin_table_is_linear_in_its_entries():
+    """Issue 31: 200,000 entries took 172 s (each entry was looked up in a list of the point-to-point ones
+    it drops, and converted twice). 50,000 entries, half point-to-point: validated and rendered in
+    seconds (the YAML text itself: PyYAML's libyaml loader, docs/performance.md)."""
+    import time
+
+    from lagom.files.plugin_export import render_plugin_table
+    from lagom.files.tuned_config import parse_tuned_config
+
+    n = 50_000
+    collectives = [{"match": {"collective": "allgather" if i % 2 else "sendrecv", "group": "0",
+                              "min_bytes": 16 * i + 1, "max_bytes": 16 * i + 16, "ranks": 8, "nodes": 1},
+                    "set": {"channels": 2 + i % 4}} for i in range(n)]
+    doc = {"format": "lagom.tuned-config", "version": 1, "nccl_version": "2.21.5", "collectives": collectives}
+    started = time.process_time()
+    text = render_plugin_table(parse_tuned_config(doc, "big.yaml"))
+    cpu_s = time.process_time() - started
+    lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert len(lines) == n // 2 and "25000 entries for sendrecv left out" in text
+    assert cpu_s < 10, cpu_s  # 5-8 s of CPU on the loaded 2-core machine; the lookup alone took minutes before

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from conftest import EXAMPLES
 from tuner_toy import ToyEvaluator, layered_workload
 
 from costmodel.cluster import load_cluster
@@ -261,3 +262,40 @@ def test_point_to_point_gets_its_own_step_unit_and_plans_match_what_nccl_will_ru
                     assert delivered.env[env] == str(cfg.chunk_bytes)
         assert not any("point-to-point" in c for c in delivered.compromises)  # nothing asked that NCCL ignores
     assert (cut > 0) == (version == "2.21.5")  # only there does NCCL_BUFFSIZE both set the chunk and cap the step
+
+
+@pytest.mark.slow
+def test_a_search_keeps_per_op_timings_for_a_bounded_number_of_points(monkeypatch):
+    """Issue 31: every measured point kept its Timing (per-op arrays), so a tune's memory was evaluations x
+    ops (5.5 GB on 999,000 kernels). With room for only two full timings, older points are kept slim and
+    timed again when asked: the searches find the same plans, and the same evaluations are charged."""
+    import tuner.objective as objective
+    from costmodel.analytic.evaluator import AnalyticEvaluator
+    from costmodel.replay.trace_evaluator import ReplayEvaluator
+    from lagom.orchestration import tuning
+    from traces.reader import read_trace
+
+    (workload,) = read_trace(EXAMPLES / "fsdp8_a100_2ch_synthetic.json.gz")
+    cluster = load_cluster("a100-nvswitch")
+
+    def outcome():
+        return tuning.tune(workload, cluster, ReplayEvaluator(AnalyticEvaluator(cluster), 8), budget=60)
+
+    whole = outcome()
+    slims: list[int] = []
+    original = objective.Objective._slim
+
+    def counted(self, measured):
+        slims.append(1)
+        return original(self, measured)
+
+    monkeypatch.setattr(objective, "FULL_TIMINGS_BYTES", 1)  # room for two
+    monkeypatch.setattr(tuning, "FULL_TIMINGS_BYTES", 1)
+    monkeypatch.setattr(objective.Objective, "_slim", counted)
+    bounded = outcome()
+    assert len(slims) > 20  # most points were kept slim
+    for a, b in ((whole.result, bounded.result), (whole.autoccl, bounded.autoccl)):
+        assert a is not None and b is not None
+        assert a.plan == b.plan and a.evaluations == b.evaluations
+        assert a.iteration_us == pytest.approx(b.iteration_us, rel=1e-12)
+        assert len(b.timing.ops) == len(a.timing.ops) > 0  # the result's timing is whole

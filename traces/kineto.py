@@ -77,6 +77,7 @@ from traces.kineto_comm import (
     parse_ranks,
 )
 from traces.kineto_events import (
+    MAX_NAME_CHARS,
     CommCall,
     EventReader,
     GpuOp,
@@ -236,6 +237,9 @@ def _parse_file(path: Path) -> _ParsedTrace:
     parsed.step_marks = events.step_marks
     parsed.thread_events = events.thread_events()
     parsed.warnings = unit_warnings + _dropped_events(path, events.bad_events, events.timed_events(), events.first_bad)
+    if events.long_names:
+        parsed.warnings.append(f"{path}: {events.long_names:,} event names longer than {MAX_NAME_CHARS:,} characters "
+                               f"cut to that length, first {events.first_long}")
     if not parsed.gpu_ops and not any(collective_from_call(c) for c in parsed.comm_calls):
         raise LagomError(f"{path}: trace has neither GPU kernels nor collectives (nothing to analyse)")
     return parsed

@@ -38,6 +38,10 @@ CATEGORY = {
     "cuda_sync": SYNC,
 }
 _INT64 = 1 << 63
+# The longest event name kept whole: the longest in the shared and test traces is 5,123 characters (a
+# demangled template kernel in a100_alexnet_cuda_sync); past 16,384 a name is cut there, with one warning
+# (a 1 GB name kept analyze busy past 300 s).
+MAX_NAME_CHARS = 16_384
 _COMM_CALL_FIRST = frozenset("rngmuc")  # first letters of record_param_comms, nccl:, gloo:, mpi:, ucc:, c10d::
 
 
@@ -159,6 +163,8 @@ class EventReader:
         self.bad_events = 0
         self.first_bad: str | None = None
         self._fed = 0  # events fed before this chunk: the first bad one's index in traceEvents
+        self.long_names = 0  # names cut to MAX_NAME_CHARS
+        self.first_long: str | None = None
 
     def timed_events(self) -> int:
         """Events kept with their times (GPU ops, CPU and runtime calls)."""
@@ -175,6 +181,14 @@ class EventReader:
             name = name if len(name) <= 48 else name[:45] + "..."
             times = " ".join(f"{k}={e[k]!r}" if k in e else f"no {k}" for k in ("ts", "dur"))
             self.first_bad = f"traceEvents[{index:,}] {cat} {name!r} {times}"
+
+    def _cut(self, events: list, e: dict, name: str) -> str:
+        """``name`` cut to :data:`MAX_NAME_CHARS`, counted; the first such event described."""
+        self.long_names += 1
+        if self.first_long is None:
+            index = self._fed + next(i for i, x in enumerate(events) if x is e)
+            self.first_long = f"traceEvents[{index:,}] {e.get('cat')} {name[:45]!r}... ({len(name):,} characters)"
+        return name[:MAX_NAME_CHARS]
 
     def feed(self, events: list) -> None:
         category = CATEGORY
@@ -202,6 +216,8 @@ class EventReader:
             name = e.get("name")
             if type(cat) is not str or type(name) is not str or cat == "Trace":
                 continue
+            if len(name) > MAX_NAME_CHARS:
+                name = self._cut(events, e, name)
             kind = category.get(cat)
             if kind is None:
                 kind = category.get(cat.lower(), -1)

@@ -90,10 +90,36 @@ def json_bytes(path: Path) -> int:
     return isize
 
 
+def process_limit_left_bytes() -> int | None:
+    """What this process's own limits leave it (``ulimit -v``: RLIMIT_AS less its address space now;
+    ``ulimit -d``: RLIMIT_DATA less its data segment now); None where neither is set or it cannot tell."""
+    try:
+        import resource
+    except ImportError:  # not on Linux/Unix: no such limits
+        return None
+    left: list[int] = []
+    for name, field in (("RLIMIT_AS", "VmSize:"), ("RLIMIT_DATA", "VmData:")):
+        soft, _hard = resource.getrlimit(getattr(resource, name))
+        if soft == resource.RLIM_INFINITY:
+            continue
+        used = 0
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith(field):
+                    used = int(line.split()[1]) * 1024
+                    break
+        left.append(max(0, soft - used))
+    return min(left) if left else None
+
+
 def available_memory_bytes() -> int | None:
     """Memory this process can still take: /proc/meminfo's MemAvailable, lowered to the cgroup's
-    limit less its use where one is set (a container); None where neither says."""
+    limit less its use where one is set (a container) and to what the process's own limits leave it
+    (:func:`process_limit_left_bytes`); None where none says."""
     found: list[int] = []
+    own = process_limit_left_bytes()
+    if own is not None:
+        found.append(own)
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):

@@ -73,8 +73,8 @@ class AutoCCL(SearchMethod):
         final: Measured
         try:
             final = yield from obj.ask(point)
-        except BudgetExhausted:
-            final = min(measured, key=lambda m: m.iteration_us)
+        except BudgetExhausted:  # the best measured point, its full timing (a cached point is not charged)
+            final = yield from obj.ask(min(measured, key=lambda m: m.iteration_us).point)
         return TuningResult(
             self.name, space.plan(final.point), final.timing, obj.evaluations, point=final.point, steps=steps
         )

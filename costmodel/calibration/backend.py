@@ -17,12 +17,14 @@ in ``costmodel.calibration.torch_backend``, the one module that imports torch.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
 from costmodel.cluster import ClusterSpec, load_cluster
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
 from nccl_env.plan import Plan, Signature
+from nccl_env.rules import NcclVersion
 from traces.workload import CollectiveOp, ComputeOp, ProcessGroup, Stream, StreamKind, Workload
 
 _COMPUTE_STREAM = 7
@@ -108,9 +110,14 @@ class SimBackend:
         return ops[1].duration_us, ops[2].duration_us
 
 
-def backend_from_spec(spec: str, noise: float = 0.01, seed: int = 0) -> SimBackend:
-    """``sim:PRESET`` or ``sim:path/to/cluster.yaml``. (``torch`` is built by the CLI.)"""
+def backend_from_spec(spec: str, noise: float = 0.01, seed: int = 0,
+                      nccl_version: NcclVersion | None = None) -> SimBackend:
+    """``sim:PRESET`` or ``sim:path/to/cluster.yaml``, running ``nccl_version`` (None: the cluster's).
+    (``torch`` is built by the CLI.)"""
     kind, _, rest = spec.partition(":")
     if kind != "sim" or not rest:
         raise LagomError(f"unknown calibration backend {spec!r}: expected sim:PRESET or torch")
-    return SimBackend(load_cluster(rest), noise=noise, seed=seed, label=spec)
+    cluster = load_cluster(rest)
+    if nccl_version is not None:
+        cluster = replace(cluster, nccl_version=nccl_version)
+    return SimBackend(cluster, noise=noise, seed=seed, label=spec)

@@ -1,7 +1,7 @@
 """`lagom calibrate`: fit the analytic cost model to a cluster from a few hundred measurements.
 
     lagom calibrate --backend sim:PRESET -o cluster.yaml [--measurements N]
-        [--seed N] [--json]
+        [--nccl-version X.Y.Z] [--seed N] [--json]
     torchrun --nproc_per_node 8 -m lagom calibrate --backend torch \
         --cluster NAME|FILE -o cluster.yaml
 
@@ -29,12 +29,13 @@ from lagom.args.common_args import (
     DEFAULT_NOISE,
     add_cluster,
     add_json,
+    add_nccl_version,
     add_noise,
     add_seed,
     check_seed,
     deprecated_alias,
 )
-from lagom.args.knob_args import check_noise
+from lagom.args.knob_args import check_noise, parse_nccl_version_arg
 from lagom.files.output_paths import OutputFormat, check_output, write_output
 from lagom.reports.console import stdout_console
 from nccl_env.errors import LagomError
@@ -63,6 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_seed(parser)
     add_noise(parser, "the sim backend's measurements")
     add_cluster(parser, "torch backend: the hardware to start from (default low-bw)")
+    add_nccl_version(parser, "default: the cluster's (torch on GPUs: the NCCL torch loaded)")
     parser.add_argument("--dump-measurements", metavar="FILE", help="also write every measurement as JSON")
     add_json(parser)
     parser.set_defaults(func=run)
@@ -76,14 +78,18 @@ def _backend(args: argparse.Namespace):
         raise LagomError(f"{flag} {args.measurements}: must be between {MIN_MEASUREMENTS} and {MAX_BUDGET}")
     check_noise(args.noise)
     check_seed(args.seed)
+    version = parse_nccl_version_arg(args.nccl_version)
     if args.backend == "torch":
+        from dataclasses import replace
+
         from costmodel.calibration.torch_backend import TorchBackend
         from costmodel.cluster import load_cluster
 
-        return TorchBackend(load_cluster(args.cluster or "low-bw"))
+        cluster = load_cluster(args.cluster or "low-bw")
+        return TorchBackend(cluster if version is None else replace(cluster, nccl_version=version))
     from costmodel.calibration.backend import backend_from_spec
 
-    return backend_from_spec(args.backend, noise=args.noise, seed=args.seed)
+    return backend_from_spec(args.backend, noise=args.noise, seed=args.seed, nccl_version=version)
 
 
 def run(args: argparse.Namespace) -> int:

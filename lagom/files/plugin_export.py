@@ -50,8 +50,9 @@ def plugin_entries_from_config(cfg: TunedConfig) -> list[PluginEntry]:
     return _table(cfg)[0]
 
 
-def plugin_table_comments(cfg: TunedConfig) -> list[str]:
-    """Comment lines for the table: what it does not carry, and why."""
+def plugin_table_comments(cfg: TunedConfig, table_notes: list[str] | None = None) -> list[str]:
+    """Comment lines for the table: what it does not carry, and why (``table_notes``: ``_table(cfg)[1]``
+    where the caller has it already)."""
     comments = []
     version = _version(cfg)
     if cfg.nccl_version:
@@ -62,9 +63,10 @@ def plugin_table_comments(cfg: TunedConfig) -> list[str]:
         names = sorted({e.match.collective.value for e in dropped if e.match.collective is not None})
         comments.append(f"{len(dropped)} entries for {', '.join(names)} left out: NCCL never asks a tuner plugin "
                         f"about point-to-point traffic")
-    comments += _table(cfg)[1]
+    comments += _table(cfg)[1] if table_notes is None else table_notes
+    dropped_ids = {id(e) for e in dropped}  # by identity: `in` a list compared every pair (200,000 entries)
     asked = [e for e in cfg.collectives
-             if e not in dropped and plugin_settings(e.config) != CommConfig()]
+             if id(e) not in dropped_ids and plugin_settings(e.config) != CommConfig()]
     if version is not None and asked and not tuner_symbols(version):
         oldest = min(TUNER_SYMBOL_SINCE.values())
         comments.append(f"NCCL {version} loads none of the plugin's ABIs (the oldest, v2, needs NCCL >= {oldest}): "
@@ -80,7 +82,8 @@ def plugin_table_comments(cfg: TunedConfig) -> list[str]:
 def render_plugin_table(cfg: TunedConfig) -> str:
     """The CSV text ``lagom plugin table`` prints."""
     try:
-        return format_table(plugin_entries_from_config(cfg), plugin_table_comments(cfg))
+        entries, notes = _table(cfg)  # once: every entry checked and converted
+        return format_table(entries, plugin_table_comments(cfg, notes))
     except LagomError as exc:
         raise LagomError(f"cannot make a plugin table: {exc}") from None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from importlib import resources
@@ -31,6 +32,7 @@ from nccl_env.plan import Plan, Signature
 from nccl_env.rules import Mechanism, NcclVersion, path_requirements
 from traces.workload import Workload
 from tuner import METHODS, AutoCCL, build_space
+from tuner.objective import FULL_TIMINGS_BYTES, timing_bytes
 from tuner.result import TuneOutcome
 from tuner.space import SearchSpace
 
@@ -170,15 +172,20 @@ class SharedEvaluations:
         self.inner = inner
         self.evaluations = 0  # asked for, by every method
         self.runs = 0  # run by the inner evaluator
-        self._cache: dict[tuple, Timing] = {}
+        # the most recently used Timings, at most FULL_TIMINGS_BYTES of them (each holds per-op arrays)
+        self._cache: OrderedDict[tuple, Timing] = OrderedDict()
 
     def evaluate(self, workload: Workload, plan: Plan) -> Timing:
         self.evaluations += 1
         key = (id(workload), tuple(sorted(plan.entries.items(), key=lambda kv: kv[0].label())), plan.default)
         hit = self._cache.get(key)
-        if hit is None:
-            hit = self._cache[key] = self.inner.evaluate(workload, plan)
-            self.runs += 1
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        hit = self._cache[key] = self.inner.evaluate(workload, plan)
+        self.runs += 1
+        while len(self._cache) > max(2, FULL_TIMINGS_BYTES // timing_bytes(workload)):
+            self._cache.popitem(last=False)
         return hit
 
 

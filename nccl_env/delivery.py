@@ -244,7 +244,7 @@ def plugin_lines(rules: list[PluginRule], per_coll: frozenset[str]) -> tuple[lis
         settings = plugin_settings(e.settings, per_coll)
         if settings == CommConfig():
             continue
-        line = replace(e, settings=settings)
+        line = e if settings is e.settings else replace(e, settings=settings)
         key = (e.collective, e.min_bytes, e.max_bytes, e.ranks, e.nodes, e.pipe_ops, e.reg_buff)
         if key in first_by_match:
             first_rule, first_line = first_by_match[key]

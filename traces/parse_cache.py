@@ -102,7 +102,7 @@ def _private_folder() -> Path | None:
         where = folder()
         where.mkdir(mode=0o700, exist_ok=True)
         st = os.lstat(where)
-    except (OSError, Exception):  # cache_dir's LagomError included: the cache only saves time
+    except Exception:  # OSError, cache_dir's LagomError: the cache only saves time
         return None
     if not stat.S_ISDIR(st.st_mode) or not _owned_private(st, 0o077):
         return None

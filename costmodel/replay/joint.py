@@ -95,13 +95,13 @@ class JointTiming:
 
 @dataclass
 class _Rank:
-    """One rank's graph with its successors (the edges :func:`costmodel.replay.schedule.replay` follows)."""
+    """One rank's graph with its successors (the edges :func:`costmodel.replay.schedule.replay` follows), as
+    :func:`_flatten` lays it into the joint graph."""
 
     st: ReplayStatic
     succ: list[list[int]]
     indeg: list[int]  # the in-degrees before any node ran (a replay counts down a copy)
     offset_us: float
-    match_of: dict[int, int]  # op index -> match index (collectives of the join)
 
 
 class JointData:
@@ -130,7 +130,7 @@ class JointData:
         self.ranks: dict[int, _Rank] = {}
         for r, d in self.data.items():
             succ, indeg = _succ(d.static)
-            self.ranks[r] = _Rank(d.static, succ, indeg, off.get(r, 0.0), {})
+            self.ranks[r] = _Rank(d.static, succ, indeg, off.get(r, 0.0))
         index = {r: {op: k for k, op in enumerate(rk.st.op_ids)} for r, rk in self.ranks.items()}
         self.members: list[list[tuple[int, int]]] = []
         self.last_meas: list[float] = []
@@ -140,7 +140,6 @@ class JointData:
             mem = [(r, index[r][op]) for r, op in m.members if r in index and op in index[r]]
             if not mem:
                 continue
-            i = len(self.members)
             self.members.append(mem)
             arrivals = [self.ranks[r].st.measured_start[k] + self.ranks[r].offset_us for r, k in mem]
             waits = [joined.wait_us[r][self.ranks[r].st.op_ids[k]] for r, k in mem]
@@ -149,7 +148,6 @@ class JointData:
             self.last_meas.append(last)
             self.lag_unrec.append(last - recorded_last if m.modelled else 0.0)
             for r, k in mem:
-                self.ranks[r].match_of[k] = i
                 st = self.ranks[r].st
                 end_aligned = st.measured_start[k] + st.measured_dur[k] + self.ranks[r].offset_us
                 self.transfer[(r, k)] = end_aligned - last

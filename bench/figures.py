@@ -207,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.list:
         for name, source in SOURCES.items():
-            path = RESULTS / f"{name}.json"
-            stamp = f"{load(name)['date']} at {load(name)['commit']}" if path.is_file() else "not run"
+            record = load(name) if (RESULTS / f"{name}.json").is_file() else None
+            stamp = f"{record['date']} at {record['commit']}" if record else "not run"
             print(f"{name:22} {' '.join(source.command):70} {stamp}")
         return 0
     if args.run:

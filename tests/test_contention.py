@@ -82,3 +82,26 @@ def test_interval_helpers():
     assert intersection(merged, [(1, 6), (8, 20)]) == [(1, 3), (5, 6), (8, 9)]
     cover = CoverIndex(merged)
     assert cover.covered(-1, 100) == 7 and cover.covered(2.5, 5.5) == 1.0 and cover.covered(3, 5) == 0
+
+
+def test_covered_many_is_covered_to_the_last_digit():
+    """The array form of CoverIndex.covered (contention's classification of every kernel at once) gives
+    each interval the very number covered gives it: intervals meeting no span, one, several, touching."""
+    import numpy as np
+
+    from traces.intervals import CoverIndex, union
+
+    rng = np.random.default_rng(7)
+    starts = rng.uniform(0, 1000, 300)
+    spans = union(zip(starts.tolist(), (starts + rng.exponential(3.0, 300)).tolist()))
+    cover = CoverIndex(spans)
+    a = np.concatenate([rng.uniform(-10, 1010, 3000), [s for s, _ in spans[:20]], [e for _, e in spans[:20]]])
+    b = a + np.concatenate([rng.exponential(2.0, 1500), rng.exponential(40.0, 1500), np.zeros(20), np.ones(20)])
+    b[:50] = a[:50] - 1  # empty intervals
+    many = cover.covered_many(a, b)
+    one = [cover.covered(s, e) for s, e in zip(a.tolist(), b.tolist())]
+    assert many.tolist() == one
+    s_arr, e_arr = np.array(spans).T
+    meets = ((s_arr[None, :] < b[:, None]) & (e_arr[None, :] > a[:, None])).sum(axis=1)
+    assert (meets == 1).sum() > 500 and (meets > 1).sum() > 20  # both paths of covered_many ran
+    assert CoverIndex([]).covered_many(a, b).tolist() == [0.0] * len(a)

@@ -15,6 +15,7 @@ from lagom.cli import main
 from nccl_env import LagomError
 from traces.generate import PAPER_WORKLOADS, generate_workload
 from traces.kineto import read_trace
+from traces.workload import ComputeOp, Dependency, Stream, StreamKind, Workload
 from traces.workload_io import load_workload, save_workload, workload_problem
 
 
@@ -73,3 +74,25 @@ def test_every_generated_and_read_workload_is_consistent():
     for path in all_test_traces():
         for w in read_trace(path):
             assert workload_problem(w) is None, path.name
+
+
+def _two_streams(deps: list[tuple[int, int]]) -> Workload:
+    """Ops 0-4 on stream 1 and 10-14 on stream 2, each stream in list order, and ``deps``."""
+    ops = [ComputeOp(i, f"k{i}", 1 if i < 10 else 2, float(i), 1.0) for i in (*range(5), *range(10, 15))]
+    return Workload(0, 1, streams=[Stream(1, StreamKind.COMPUTE), Stream(2, StreamKind.COMPUTE)], compute_ops=ops,
+                    dependencies=[Dependency(a, b) for a, b in deps])
+
+
+@pytest.mark.parametrize(("deps", "stuck"), [
+    ([(3, 1)], "ops 1, 2, 3, 4 can"),  # back along its own stream: a cycle through the stream's order alone
+    ([(3, 11), (13, 1)], "ops 1, 2, 3, 4, 11, ... can"),  # across both streams, through ops no dependency names
+    ([(1, 3), (3, 12), (11, 4)], None),  # forward along a stream and across: no cycle
+])
+def test_a_cycle_through_stream_order_is_found_and_named(deps, stuck):
+    """The cycle check looks at the dependencies' ends first (a cycle passes through one): a cycle
+    closed by the streams' order between them is still one, and the ops named are every op stuck."""
+    problem = workload_problem(_two_streams(deps))
+    if stuck is None:
+        assert problem is None
+    else:
+        assert problem is not None and "form a cycle" in problem and stuck in problem

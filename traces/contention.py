@@ -14,6 +14,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+import numpy as np
+
 from traces.intervals import CoverIndex, union
 from traces.workload import ComputeOp, Workload
 
@@ -43,25 +45,30 @@ def _key(op: ComputeOp) -> _Key:
 
 
 def _classify(workload: Workload) -> tuple[dict[_Key, list[float]], list[tuple[ComputeOp, str]]]:
-    """Reference durations per kernel shape, and the overlapped kernels with their dominant collective."""
+    """Reference durations per kernel shape, and the overlapped kernels with their dominant collective
+    (the type that covers it longest; the first such type on a tie)."""
     by_type: dict[str, CoverIndex] = {}
     for ctype in {c.collective.value for c in workload.collectives if c.on_gpu}:
         spans = union((c.start_us, c.end_us) for c in workload.collectives if c.on_gpu and c.collective.value == ctype)
         by_type[ctype] = CoverIndex(spans)
+    kernels = [op for op in workload.compute_ops if not op.is_memory_op]
+    starts = np.array([op.start_us for op in kernels], dtype=np.float64)
+    ends = np.array([op.end_us for op in kernels], dtype=np.float64)
+    best = np.zeros(len(kernels), dtype=np.float64)
+    best_type = np.full(len(kernels), -1, dtype=np.int64)
+    types = list(by_type)
+    for t, cover in enumerate(by_type.values()):
+        amount = cover.covered_many(starts, ends)
+        more = amount > best
+        best = np.where(more, amount, best)
+        best_type[more] = t
     reference: dict[_Key, list[float]] = {}
     overlapped: list[tuple[ComputeOp, str]] = []
-    for op in workload.compute_ops:
-        if op.is_memory_op:
-            continue
-        best_type, best = None, 0.0
-        for ctype, cover in by_type.items():
-            amount = cover.covered(op.start_us, op.end_us)
-            if amount > best:
-                best_type, best = ctype, amount
-        if best_type is None:
+    for op, t in zip(kernels, best_type.tolist()):
+        if t < 0:
             reference.setdefault(_key(op), []).append(op.duration_us)
         else:
-            overlapped.append((op, best_type))
+            overlapped.append((op, types[t]))
     return reference, overlapped
 
 

@@ -6,6 +6,7 @@ import gzip
 import math
 from pathlib import Path
 
+import numpy as np
 import orjson
 
 from nccl_env.errors import LagomError
@@ -77,13 +78,53 @@ def workload_problem(workload: Workload) -> str | None:
     Checks what ``Workload.from_dict`` leaves unchecked: times and sizes are finite
     numbers >= 0 and within :mod:`traces.limits`' bounds, op ids are unique, every op's
     stream and every collective's group exist, and dependencies name existing ops.
+    A sound workload (every trace read) is checked over arrays (:func:`_ops_sound`); the
+    op-by-op checks run only to name the first problem of one that is not.
     """
     bounds = out_of_bounds(workload)
     if bounds is not None:
         return bounds
+    ops: tuple[Op, ...] = (*workload.compute_ops, *workload.collectives)
+    ids = {op.op_id for op in ops}
+    sound = len(ids) == len(ops) and _ops_sound(workload, ops, {s.stream_id for s in workload.streams})
+    problem = _collective_problem(workload) if sound else _op_problem(workload, ops)
+    if problem is not None:
+        return problem
+    for dep in workload.dependencies:
+        if dep.before not in ids or dep.after not in ids:
+            return f"dependency {dep.before} -> {dep.after} names an op that is not in the workload"
+    return _cycle(workload)
+
+
+def _sound_numbers(values: list, optional: bool = False, signed: bool = False) -> bool:
+    """Every value an int or float (or None where ``optional``), finite, and >= 0 unless ``signed``:
+    what :func:`_number` and the bounds check one at a time. False also where unsure (another type)."""
+    kinds = set(map(type, values))
+    if not kinds <= ({int, float, type(None)} if optional else {int, float}):
+        return False
+    present = [v for v in values if v is not None] if type(None) in kinds else values
+    try:
+        arr = np.array(present, dtype=np.float64)
+    except OverflowError:
+        return False
+    return bool(np.isfinite(arr).all() and (signed or (arr >= 0).all()))
+
+
+def _ops_sound(workload: Workload, ops: tuple[Op, ...], streams: set[int]) -> bool:
+    """True where :func:`_op_problem`'s op and kernel checks all pass (ids already unique): each
+    check over every op at once. False where one fails or cannot be made so (then they run op by op)."""
+    if not ({op.stream for op in ops} <= streams and _sound_numbers([op.start_us for op in ops], signed=True)
+            and _sound_numbers([op.duration_us for op in ops])):
+        return False
+    kernels = workload.compute_ops
+    return all(_sound_numbers([getattr(op, name) for op in kernels], optional=True)
+               for name in ("flops", "dram_bytes", "blocks_per_sm"))
+
+
+def _op_problem(workload: Workload, ops: tuple[Op, ...]) -> str | None:
+    """The first problem of an op (its id, times, stream), a collective or a kernel's sizes, op by op."""
     streams = {s.stream_id for s in workload.streams}
     ids: set[int] = set()
-    ops: tuple[Op, ...] = (*workload.compute_ops, *workload.collectives)
     for op in ops:
         what = f"op {op.op_id} ({op.name[:40]!r})"
         if op.op_id in ids:
@@ -93,6 +134,18 @@ def workload_problem(workload: Workload) -> str | None:
             return f"{what}: start_us and duration_us must be finite numbers, duration >= 0"
         if op.stream not in streams:
             return f"{what}: stream {op.stream} is not in 'streams'"
+    problem = _collective_problem(workload)
+    if problem is not None:
+        return problem
+    for op in workload.compute_ops:
+        for name in ("flops", "dram_bytes", "blocks_per_sm"):
+            value = getattr(op, name)
+            if value is not None and (not _number(value) or value < 0):
+                return f"op {op.op_id}: {name} must be a finite number >= 0, got {value!r}"
+    return None
+
+
+def _collective_problem(workload: Workload) -> str | None:
     for op in workload.collectives:
         size = op.message_bytes
         if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
@@ -105,15 +158,7 @@ def workload_problem(workload: Workload) -> str | None:
         if op.p2p is not None and op.p2p.seq is not None and (not isinstance(op.p2p.seq, int)
                                                                or isinstance(op.p2p.seq, bool)):
             return f"op {op.op_id}: p2p seq must be an integer or null, got {op.p2p.seq!r}"
-    for op in workload.compute_ops:
-        for name in ("flops", "dram_bytes", "blocks_per_sm"):
-            value = getattr(op, name)
-            if value is not None and (not _number(value) or value < 0):
-                return f"op {op.op_id}: {name} must be a finite number >= 0, got {value!r}"
-    for dep in workload.dependencies:
-        if dep.before not in ids or dep.after not in ids:
-            return f"dependency {dep.before} -> {dep.after} names an op that is not in the workload"
-    return _cycle(workload)
+    return None
 
 
 def _whole(value: object, low: int, high: int) -> bool:
@@ -140,20 +185,47 @@ def out_of_bounds(workload: Workload) -> str | None:
         if isinstance(coll.message_bytes, int) and coll.message_bytes > MAX_MESSAGE_BYTES:
             return (f"op {coll.op_id}: message_bytes={coll.message_bytes:,} is over Lagom's bound of "
                     f"{MAX_MESSAGE_BYTES:,} (1 TiB)")
-    for kernel in workload.compute_ops:
-        grid = kernel.grid
-        if grid is not None and (len(grid) != 3 or not all(_whole(d, 0, MAX_GRID_AXIS) for d in grid)):
-            return f"op {kernel.op_id}: grid {grid} is not a CUDA grid (three axes of 0..{MAX_GRID_AXIS:,} blocks)"
+    try:  # each distinct grid checked once; kernel by kernel only to name the first bad one
+        bad = any(not _cuda_grid(g) for g in {k.grid for k in workload.compute_ops})
+    except TypeError:  # a grid that is not a tuple (unhashable)
+        bad = True
+    if bad:
+        for kernel in workload.compute_ops:
+            grid = kernel.grid
+            if not _cuda_grid(grid):
+                return (f"op {kernel.op_id}: grid {grid} is not a CUDA grid (three axes of 0..{MAX_GRID_AXIS:,} "
+                        f"blocks)")
     return None
 
 
+def _cuda_grid(grid: tuple | None) -> bool:
+    return grid is None or (len(grid) == 3 and all(_whole(d, 0, MAX_GRID_AXIS) for d in grid))
+
+
 def _cycle(workload: Workload) -> str | None:
-    """A dependency cycle (through dependencies and each stream's list order), or None."""
+    """A dependency cycle (through dependencies and each stream's list order), or None.
+
+    A stream's order alone is a chain, so a cycle passes through a dependency: the graph of the
+    dependencies' ends alone, each stream's ends linked in its order, has one exactly when the
+    whole graph has one. That small graph is checked first; the whole one only to name the ops."""
+    ends = {d.before for d in workload.dependencies} | {d.after for d in workload.dependencies}
+    if not ends or not _stuck(workload, ends):
+        return None
+    stuck = _stuck(workload, None)
+    return (f"dependencies form a cycle (with stream order): ops {', '.join(map(str, stuck[:5]))}"
+            f"{', ...' if len(stuck) > 5 else ''} can never start")
+
+
+def _stuck(workload: Workload, among: set[int] | None) -> list[int]:
+    """The ops (of ``among``; None: every op) that can never start, in id order: Kahn's order over
+    the dependencies and each stream's list order (over ``among``'s ops: from one to the next)."""
     succ: dict[int, list[int]] = {}
     indegree: dict[int, int] = {}
     last_on_stream: dict[int, int] = {}
     ops: tuple[Op, ...] = (*workload.compute_ops, *workload.collectives)
     for op in ops:
+        if among is not None and op.op_id not in among:
+            continue
         indegree.setdefault(op.op_id, 0)
         prev = last_on_stream.get(op.stream)
         if prev is not None:
@@ -164,16 +236,10 @@ def _cycle(workload: Workload) -> str | None:
         succ.setdefault(dep.before, []).append(dep.after)
         indegree[dep.after] += 1
     ready = [i for i, d in indegree.items() if d == 0]
-    seen = 0
     while ready:
         i = ready.pop()
-        seen += 1
         for j in succ.get(i, ()):
             indegree[j] -= 1
             if indegree[j] == 0:
                 ready.append(j)
-    if seen < len(indegree):
-        stuck = sorted(i for i, d in indegree.items() if d > 0)
-        return (f"dependencies form a cycle (with stream order): ops {', '.join(map(str, stuck[:5]))}"
-                f"{', ...' if len(stuck) > 5 else ''} can never start")
-    return None
+    return sorted(i for i, d in indegree.items() if d > 0)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kineto_builder import write_rank_copies
 
 from nccl_env.errors import LagomError
 from traces import parse_cache
@@ -112,4 +113,36 @@ def test_doctor_says_where_and_how_large(cache, trace):
     import json
 
     data = json.loads(proc.stdout)["trace_cache"]
-    assert data["folder"] == str(cache / f"traces-{os.geteuid()}") and data["entries"] == 1 and data["bytes"] > 0
+    assert data["folder"] == str(cache / f"traces-{os.geteuid()}") and data["entries"] == 2 and data["bytes"] > 0  # the parse, the rank built
+
+
+def test_built_rank_is_kept_and_built_again_when_the_file_or_the_code_changes(cache, trace, monkeypatch):
+    """A rank's Workload built from a kept parse is kept beside it: the next read of the same file
+    takes it, the same to the last byte; a touched file, or another builder's code, builds it again."""
+    stats = parse_cache.STATS
+    first = read_trace(trace)
+    assert (stats.derived_misses, stats.derived_hits, stats.derived_stored) == (1, 0, 1)
+    assert read_trace(trace) == first and stats.derived_hits == 1  # every field, every op, the graph
+    st = trace.stat()
+    os.utime(trace, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert read_trace(trace) == first
+    assert (stats.misses, stats.derived_misses, stats.derived_hits) == (2, 2, 1)
+    monkeypatch.setattr(parse_cache, "_fingerprint", "another reader or builder")  # what changed code gives
+    read_trace(trace)
+    assert (stats.misses, stats.derived_misses, stats.derived_hits) == (3, 3, 1)
+    hashed = {f"{p.parent.name}/{p.name}" for p in parse_cache.fingerprint_sources()}
+    assert {"traces/kineto.py", "traces/exec_graph_build.py", "nccl_env/knobs.py"} <= hashed  # the builder's code
+
+
+def test_built_rank_is_per_layout(cache, tmp_path, monkeypatch):
+    """The same kept parse built in another job layout (here: its folder lost the earlier rank, so the
+    shared origin moved) is built again, not taken from the first layout's entry."""
+    folder = tmp_path / "job"
+    rank0, rank1 = write_rank_copies(EXAMPLE, 2, folder, shift_us=500.0)
+    both = {w.rank: w for w in read_trace(folder)}
+    rank0.unlink()
+    (alone,) = read_trace(folder)
+    assert parse_cache.STATS.hits == 1 and parse_cache.STATS.derived_hits == 0  # rank1's parse, a new build
+    assert alone.compute_ops[0].start_us == pytest.approx(both[1].compute_ops[0].start_us - 500.0)
+    monkeypatch.setenv("LAGOM_TRACE_CACHE", "off")
+    assert [alone] == read_trace(folder)  # what reading it afresh gives

@@ -89,7 +89,7 @@ from traces.kineto_events import (
 )
 from traces.kineto_json import read_events
 from traces.limits import TRACE_MEMORY_PER_JSON_BYTE, check_fits_memory
-from traces.parse_cache import cached_parse
+from traces.parse_cache import cached_derived, cached_parse_keyed
 from traces.time_units import time_evidence, time_scale
 from traces.trace_job import TRACE_RANK_BOUND, JobLayout, TraceHeader, attach_comm_waits, job_layout, recorded_steps_of
 from traces.workload import (
@@ -151,7 +151,9 @@ def parse_trace_file(path: Path) -> _ParsedTrace:
     """One file's metadata and compact event records (LagomError naming the file if it is not a trace);
     parsed once and kept while the file is unchanged (:mod:`traces.parse_cache`)."""
     with no_cyclic_gc():
-        return cached_parse(path, _parse_file)
+        parsed, entry = cached_parse_keyed(path, _parse_file)
+    parsed.cache_entry = entry
+    return parsed
 
 
 def is_trace_name(name: str) -> bool:
@@ -200,16 +202,24 @@ class _ParsedTrace:
     thread_events: dict[tuple, ThreadEvents] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # events dropped for their times (one line)
     listed_groups: tuple[str, ...] = ()  # pg_config's groups that list their ranks (not only a size)
+    cache_entry: str | None = None  # its kept parse (traces.parse_cache): what a built rank is kept beside
 
     def header(self) -> TraceHeader:
         return TraceHeader(self.path, self.rank, self.world_size, self.device_name, self.nccl_version,
                            self.base_us, self.min_ts, self.max_ts, self.job_id)
 
     def build_rank(self, layout: JobLayout, index: int) -> Workload:
-        """The Workload of the ``index``-th file of ``layout``'s directory (this one)."""
+        """The Workload of the ``index``-th file of ``layout``'s directory (this one), kept beside
+        its parse (:func:`traces.parse_cache.cached_derived`) for the next command's same layout."""
         self.rank = layout.ranks[index]
-        with no_cyclic_gc():
-            return self.build(layout.origin_us - self.base_us, layout.world_size, layout.world_size_known)
+        origin = layout.origin_us - self.base_us
+
+        def build() -> Workload:
+            with no_cyclic_gc():
+                return self.build(origin, layout.world_size, layout.world_size_known)
+
+        inputs = ("build_rank", str(self.path), self.rank, origin, layout.world_size, layout.world_size_known)
+        return cached_derived(self.cache_entry, inputs, build)
 
     def build(self, origin: int, world_size: int, world_size_known: bool) -> Workload:
         return _WorkloadBuilder(self, origin, world_size, world_size_known).build()

@@ -10,7 +10,7 @@ hands it back to the next command while the file is the same file:
   its size, modification time (ns), inode and device, a hash of its bytes (BLAKE2b, about
   a second per GB: a file rewritten in place within one timestamp tick is not taken for the
   one before), and a fingerprint of the reader's own
-  source (every ``traces/*.py``), so a changed, touched, moved, truncated or replaced file,
+  source (every ``traces/*.py`` and ``nccl_env/*.py``), so a changed, touched, moved, truncated or replaced file,
   and a changed reader, are read again; a file that changes while it is parsed is not kept.
 - **Safe to share**: the folder is the user's own (mode 0700, owned by this uid; anything
   else and the cache is not used), an entry is used only if it is a regular file owned by
@@ -19,6 +19,11 @@ hands it back to the next command while the file is the same file:
   written or changed.
 - **Bounded**: after each write the oldest entries (by last use) go until the folder holds at
   most ``LAGOM_TRACE_CACHE_BYTES`` (default 4 GiB).
+- **What is built from a parse**: :func:`cached_derived` keeps a value computed from a kept
+  parse (a rank's Workload built from its records, :meth:`traces.kineto._ParsedTrace.build_rank`)
+  beside it, named by the parse's entry and the value's inputs, so it is rebuilt whenever the
+  parse is read again (its file changed) or the code changed (the fingerprint covers the
+  builder: ``traces/`` and the ``nccl_env/`` it imports).
 - ``LAGOM_TRACE_CACHE=off`` (or ``0``) reads every file afresh; a cache that cannot be used
   (a read-only home, a full disk) is skipped without a word, since it only saves time.
 
@@ -51,11 +56,15 @@ _DIGEST_BYTES = 32  # HMAC-SHA256
 
 @dataclass
 class CacheStats:
-    """What this process's reads found (tests and ``--json`` read it)."""
+    """What this process's reads found (tests and ``--json`` read it); ``derived_*``: the values
+    :func:`cached_derived` found, built and kept."""
 
     hits: int = 0
     misses: int = 0
     stored: int = 0
+    derived_hits: int = 0
+    derived_misses: int = 0
+    derived_stored: int = 0
 
 
 STATS = CacheStats()
@@ -80,16 +89,23 @@ def folder() -> Path:
 
 
 def reader_fingerprint() -> str:
-    """A hash of the reader's source (every module of ``traces/``) and of this Python: a parse
-    is reused only by the code that made it."""
+    """A hash of the reader's and builder's source (every module of ``traces/`` and of the
+    ``nccl_env/`` it imports) and of this Python: a parse, and what is built from it, is reused
+    only by the code that made it."""
     global _fingerprint
     if _fingerprint is None:
         h = hashlib.sha256(f"{sys.version_info[:2]}|{pickle.HIGHEST_PROTOCOL}".encode())
-        for source in sorted(Path(__file__).parent.glob("*.py")):
-            h.update(source.name.encode())
+        for source in fingerprint_sources():
+            h.update(f"{source.parent.name}/{source.name}".encode())
             h.update(source.read_bytes())
         _fingerprint = h.hexdigest()
     return _fingerprint
+
+
+def fingerprint_sources() -> list[Path]:
+    """The modules :func:`reader_fingerprint` hashes: ``traces/`` and ``nccl_env/``."""
+    here = Path(__file__).parent
+    return [*sorted(here.glob("*.py")), *sorted((here.parent / "nccl_env").glob("*.py"))]
 
 
 def _owned_private(st: os.stat_result, mode_mask: int) -> bool:
@@ -172,7 +188,7 @@ def _load(entry: Path, key: bytes) -> object | None:
     return value
 
 
-def _store(where: Path, entry: Path, key: bytes, value: object) -> None:
+def _store(where: Path, entry: Path, key: bytes, value: object) -> bool:
     body = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
     tmp = where / f".{entry.name}.{os.getpid()}.tmp"
     try:
@@ -185,14 +201,14 @@ def _store(where: Path, entry: Path, key: bytes, value: object) -> None:
     except OSError:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        return
-    STATS.stored += 1
+        return False
     _evict(where, max_bytes())
+    return True
 
 
 def _entries(where: Path) -> list[tuple[float, int, Path]]:
     out = []
-    for entry in where.glob("*.parse"):
+    for entry in [*where.glob("*.parse"), *where.glob("*.derived")]:
         try:
             st = os.lstat(entry)
         except OSError:
@@ -214,28 +230,58 @@ def _evict(where: Path, limit: int) -> None:
 
 def cached_parse(path: Path, parse: Callable[[Path], T]) -> T:
     """``parse(path)``, or what it gave for this very file before."""
+    return cached_parse_keyed(path, parse)[0]
+
+
+def cached_parse_keyed(path: Path, parse: Callable[[Path], T]) -> tuple[T, str | None]:
+    """:func:`cached_parse`, and the name of its entry: what :func:`cached_derived` keeps values
+    built from this parse under (None: the cache is not used, or the file changed while read)."""
     where = _private_folder() if enabled() else None
     key = _key(where) if where is not None else None
     if where is None or key is None:
-        return parse(path)
+        return parse(path), None
     try:
         before = os.stat(path)
         digest = _content_digest(path)
     except OSError:
-        return parse(path)  # parse names the problem in its one line
+        return parse(path), None  # parse names the problem in its one line
     entry = where / _entry_name(path, before, digest)
     found = _load(entry, key)
     if found is not None:
         STATS.hits += 1
-        return found  # type: ignore[return-value]
+        return found, entry.name  # type: ignore[return-value]
     STATS.misses += 1
     value = parse(path)
     try:
         after = os.stat(path)
     except OSError:
-        return value
-    if _entry_name(path, after, digest) == entry.name:  # not changed while it was read
-        _store(where, entry, key, value)
+        return value, None
+    if _entry_name(path, after, digest) != entry.name:  # changed while it was read
+        return value, None
+    if _store(where, entry, key, value):
+        STATS.stored += 1
+    return value, entry.name
+
+
+def cached_derived(parse_entry: str | None, inputs: tuple, build: Callable[[], T]) -> T:
+    """``build()``, or what it gave before for the parse kept as ``parse_entry`` (the name
+    :func:`cached_parse_keyed` gave; None: just build) and the same ``inputs`` (plain values whose
+    ``repr`` names them: what ``build`` reads besides that parse). The entry goes when the parse's
+    does: its file changed, or the code (the parse's name holds the fingerprint)."""
+    where = _private_folder() if parse_entry is not None and enabled() else None
+    key = _key(where) if where is not None else None
+    if where is None or key is None:
+        return build()
+    ident = f"{parse_entry}|{inputs!r}"
+    entry = where / (hashlib.sha256(ident.encode()).hexdigest() + ".derived")
+    found = _load(entry, key)
+    if found is not None:
+        STATS.derived_hits += 1
+        return found  # type: ignore[return-value]
+    STATS.derived_misses += 1
+    value = build()
+    if _store(where, entry, key, value):
+        STATS.derived_stored += 1
     return value
 
 

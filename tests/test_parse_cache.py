@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import gzip
 import os
+import pickle
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,9 @@ from kineto_builder import write_rank_copies
 
 from nccl_env.errors import LagomError
 from traces import parse_cache
+from traces.kineto import parse_trace_file
 from traces.reader import read_trace
+from traces.trace_job import job_layout
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "traces" / "examples" / "a100_w2_allreduce_broadcast.json.gz"
@@ -146,3 +150,26 @@ def test_built_rank_is_per_layout(cache, tmp_path, monkeypatch):
     assert alone.compute_ops[0].start_us == pytest.approx(both[1].compute_ops[0].start_us - 500.0)
     monkeypatch.setenv("LAGOM_TRACE_CACHE", "off")
     assert [alone] == read_trace(folder)  # what reading it afresh gives
+
+
+def test_a_worker_spills_the_entry_name_and_builds_from_it(cache, trace):
+    """Between a folder read's two rounds a worker spills where the cache keeps the parse (its name and
+    header), not a copy of the records; built from that, the rank is the one the records give, the
+    records read back only when the build is not kept too, and parsed again if the entry went."""
+    parsed = parse_trace_file(trace)
+    kept = parsed.kept()
+    assert kept is not parsed and kept.header() == parsed.header()
+    assert len(pickle.dumps(kept)) * 100 < len(pickle.dumps(parsed))
+    layout = job_layout([kept.header()], trace)
+    first = kept.build_rank(layout, 0)  # no build kept yet: the records from the entry
+    assert (parse_cache.STATS.derived_misses, parse_cache.STATS.misses) == (1, 1)
+    for entry in (cache / f"traces-{os.geteuid()}").iterdir():
+        if entry.suffix in (".parse", ".derived"):
+            entry.unlink()  # evicted meanwhile: the file is parsed again (the same file)
+    assert kept.build_rank(layout, 0) == first == parse_trace_file(trace).build_rank(layout, 0)
+    assert parse_cache.STATS.misses == 2 and parse_cache.STATS.derived_hits == 1
+    for entry in (cache / f"traces-{os.geteuid()}").glob("*.parse"):
+        entry.unlink()
+    os.utime(trace, ns=(trace.stat().st_atime_ns, trace.stat().st_mtime_ns + 1_000_000))  # and changed
+    with pytest.raises(LagomError, match="changed while it was read"):
+        pickle.loads(pickle.dumps(kept)).build_rank(replace(layout, world_size=layout.world_size + 1), 0)

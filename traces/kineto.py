@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -89,7 +90,7 @@ from traces.kineto_events import (
 )
 from traces.kineto_json import read_events
 from traces.limits import TRACE_MEMORY_PER_JSON_BYTE, check_fits_memory
-from traces.parse_cache import cached_derived, cached_parse_keyed
+from traces.parse_cache import cached_derived, cached_parse_keyed, load_kept
 from traces.time_units import time_evidence, time_scale
 from traces.trace_job import TRACE_RANK_BOUND, JobLayout, TraceHeader, attach_comm_waits, job_layout, recorded_steps_of
 from traces.workload import (
@@ -212,17 +213,59 @@ class _ParsedTrace:
         """The Workload of the ``index``-th file of ``layout``'s directory (this one), kept beside
         its parse (:func:`traces.parse_cache.cached_derived`) for the next command's same layout."""
         self.rank = layout.ranks[index]
-        origin = layout.origin_us - self.base_us
+        return _kept_build(self.cache_entry, self.path, self.base_us, layout, index, lambda: self)
 
-        def build() -> Workload:
-            with no_cyclic_gc():
-                return self.build(origin, layout.world_size, layout.world_size_known)
-
-        inputs = ("build_rank", str(self.path), self.rank, origin, layout.world_size, layout.world_size_known)
-        return cached_derived(self.cache_entry, inputs, build)
+    def kept(self) -> _ParsedTrace | _KeptTrace:
+        """What a worker hands on: where the cache keeps this parse (:class:`_KeptTrace`), not a copy."""
+        return self if self.cache_entry is None else _KeptTrace(self.path, self.header(), self.cache_entry)
 
     def build(self, origin: int, world_size: int, world_size_known: bool) -> Workload:
         return _WorkloadBuilder(self, origin, world_size, world_size_known).build()
+
+
+def _kept_build(entry: str | None, path: Path, base_us: int, layout: JobLayout, index: int,
+                records: Callable[[], _ParsedTrace]) -> Workload:
+    """The rank's Workload: kept beside its parse ``entry`` for these inputs, or built from ``records()``."""
+    rank, origin = layout.ranks[index], layout.origin_us - base_us
+
+    def build() -> Workload:
+        parsed = records()
+        parsed.rank = rank
+        with no_cyclic_gc():
+            return parsed.build(origin, layout.world_size, layout.world_size_known)
+
+    inputs = ("build_rank", str(path), rank, origin, layout.world_size, layout.world_size_known)
+    return cached_derived(entry, inputs, build)
+
+
+@dataclass
+class _KeptTrace:
+    """A parse the cache keeps, named instead of copied (what a worker spills between the two rounds of
+    ``lagom.orchestration.rank_pool``: its header and the entry's name): the records are read back
+    from the cache only when the rank's Workload is not kept as well, and parsed again (the file
+    must be the same) where the entry went meanwhile."""
+
+    path: Path
+    head: TraceHeader
+    entry: str
+
+    def header(self) -> TraceHeader:
+        return self.head
+
+    def build_rank(self, layout: JobLayout, index: int) -> Workload:
+        return _kept_build(self.entry, self.path, self.head.base_us, layout, index, self._records)
+
+    def kept(self) -> _KeptTrace:
+        return self
+
+    def _records(self) -> _ParsedTrace:
+        found = load_kept(self.entry)
+        if not isinstance(found, _ParsedTrace):
+            found = parse_trace_file(self.path)
+            if found.cache_entry != self.entry:
+                raise LagomError(f"{self.path}: changed while it was read; run the command again")
+        found.path = self.path
+        return found
 
 
 def _parse_file(path: Path) -> _ParsedTrace:

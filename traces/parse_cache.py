@@ -37,6 +37,7 @@ import hashlib
 import hmac
 import os
 import pickle
+import re
 import secrets
 import stat
 import sys
@@ -52,6 +53,7 @@ T = TypeVar("T")
 DEFAULT_MAX_BYTES = 4 << 30  # 4 GiB: about 200 ranks of a 20 MB trace's records
 _MAGIC = b"LAGOM-TRACE-PARSE-1\n"
 _DIGEST_BYTES = 32  # HMAC-SHA256
+_ENTRY_NAME = re.compile(r"[0-9a-f]{64}\.parse")
 
 
 @dataclass
@@ -283,6 +285,14 @@ def cached_derived(parse_entry: str | None, inputs: tuple, build: Callable[[], T
     if _store(where, entry, key, value):
         STATS.derived_stored += 1
     return value
+
+
+def load_kept(entry_name: str) -> object | None:
+    """The value kept as ``entry_name`` (a name :func:`cached_parse_keyed` gave), None where it is not
+    (evicted, another user's, tampered with, the cache off)."""
+    where = _private_folder() if enabled() and _ENTRY_NAME.fullmatch(entry_name) else None
+    key = _key(where) if where is not None else None
+    return _load(where / entry_name, key) if where is not None and key is not None else None
 
 
 def cache_summary() -> tuple[Path, int, int] | None:

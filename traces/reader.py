@@ -78,6 +78,11 @@ class ScannedTrace(Protocol):
         """The Workload of the ``index``-th file of ``layout``'s job (this one)."""
         ...
 
+    def kept(self) -> ScannedTrace:
+        """What a worker on this machine spills between the rounds: itself, or a smaller stand-in that
+        finds its records again here (where this machine's trace cache keeps them)."""
+        ...
+
 
 class MovedOps(Protocol):
     """Where a replay put a trace's ops and CPU calls (``costmodel.replay.schedule.MovedTimes``)."""

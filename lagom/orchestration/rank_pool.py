@@ -64,12 +64,13 @@ SAY_PROGRESS_BYTES = 20_000_000  # folders this large take seconds to read: prog
 
 # ---- the tasks (run in the workers) -------------------------------------------------------
 def _scan_to_file(path: Path, spill_dir: str) -> tuple[TraceHeader, str]:
-    """Parse one file, spill its records to ``spill_dir``; its header and the spill file."""
+    """Parse one file, spill its records to ``spill_dir`` (where this machine's trace cache keeps them: their
+    name, ``ScannedTrace.kept``); its header and the spill file."""
     parsed = _guarded(path, scan_trace_file, path)
     spill = os.path.join(spill_dir, f"{uuid.uuid4().hex}.pkl")
     try:
         with open(spill, "wb") as f:
-            pickle.dump(parsed, f, pickle.HIGHEST_PROTOCOL)
+            pickle.dump(parsed.kept(), f, pickle.HIGHEST_PROTOCOL)
     except OSError as exc:
         raise LagomError(f"{path}: cannot spill its records to {spill_dir}: {exc.strerror or exc}") from None
     return parsed.header(), spill

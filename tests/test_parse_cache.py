@@ -42,8 +42,10 @@ def trace(tmp_path) -> Path:
     return out
 
 
-def _entries(cache: Path) -> list[Path]:
-    return sorted((cache / f"traces-{os.geteuid()}").glob("*.parse"))
+def _entries(cache: Path, every: bool = False) -> list[Path]:
+    """The cache's parses (``every``: and what is kept beside them)."""
+    folder = cache / f"traces-{os.geteuid()}"
+    return sorted(folder.glob("*.parse")) + (sorted(folder.glob("*.derived")) if every else [])
 
 
 def test_second_read_is_the_cached_parse_and_gives_the_same_workload(cache, trace):
@@ -77,17 +79,19 @@ def test_touched_changed_or_truncated_file_is_read_again(cache, trace):
 
 def test_entry_others_could_write_or_tampered_is_never_used(cache, trace):
     read_trace(trace)
-    (entry,) = _entries(cache)
-    entry.chmod(0o666)  # writable by others: not trusted
+    kept = _entries(cache, every=True)  # the parse, its header and the rank built from it
+    assert len(kept) == 3
+    for entry in kept:
+        entry.chmod(0o666)  # writable by others: not trusted
     read_trace(trace)
-    assert parse_cache.STATS.hits == 0
-    (entry,) = _entries(cache)
-    assert entry.stat().st_mode & 0o022 == 0  # replaced by a fresh, private entry
-    data = bytearray(entry.read_bytes())
-    data[-10] ^= 0xFF  # bytes changed behind the HMAC's back
-    entry.write_bytes(bytes(data))
+    assert parse_cache.STATS.hits == 0 and parse_cache.STATS.derived_hits == 0
+    for entry in _entries(cache, every=True):
+        assert entry.stat().st_mode & 0o022 == 0  # replaced by fresh, private entries
+        data = bytearray(entry.read_bytes())
+        data[-10] ^= 0xFF  # bytes changed behind the HMAC's back
+        entry.write_bytes(bytes(data))
     read_trace(trace)
-    assert parse_cache.STATS.hits == 0 and parse_cache.STATS.misses == 3
+    assert parse_cache.STATS.hits == 0 and parse_cache.STATS.misses == 3 and parse_cache.STATS.derived_hits == 0
 
 
 def test_shared_cache_folder_not_private_is_not_used(cache, trace):
@@ -117,7 +121,8 @@ def test_doctor_says_where_and_how_large(cache, trace):
     import json
 
     data = json.loads(proc.stdout)["trace_cache"]
-    assert data["folder"] == str(cache / f"traces-{os.geteuid()}") and data["entries"] == 2 and data["bytes"] > 0  # the parse, the rank built
+    assert data["folder"] == str(cache / f"traces-{os.geteuid()}") and data["bytes"] > 0
+    assert data["entries"] == 3  # the parse, its header, the rank built
 
 
 def test_built_rank_is_kept_and_built_again_when_the_file_or_the_code_changes(cache, trace, monkeypatch):
@@ -125,15 +130,16 @@ def test_built_rank_is_kept_and_built_again_when_the_file_or_the_code_changes(ca
     takes it, the same to the last byte; a touched file, or another builder's code, builds it again."""
     stats = parse_cache.STATS
     first = read_trace(trace)
-    assert (stats.derived_misses, stats.derived_hits, stats.derived_stored) == (1, 0, 1)
-    assert read_trace(trace) == first and stats.derived_hits == 1  # every field, every op, the graph
+    assert (stats.derived_misses, stats.derived_hits, stats.derived_stored) == (2, 0, 2)  # its header, the rank
+    assert read_trace(trace) == first  # every field, every op, the graph
+    assert (stats.hits, stats.derived_hits) == (1, 1)  # the header beside the parse, the rank: no records read
     st = trace.stat()
     os.utime(trace, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
     assert read_trace(trace) == first
-    assert (stats.misses, stats.derived_misses, stats.derived_hits) == (2, 2, 1)
+    assert (stats.misses, stats.derived_misses, stats.derived_hits) == (2, 4, 1)
     monkeypatch.setattr(parse_cache, "_fingerprint", "another reader or builder")  # what changed code gives
     read_trace(trace)
-    assert (stats.misses, stats.derived_misses, stats.derived_hits) == (3, 3, 1)
+    assert (stats.misses, stats.derived_misses, stats.derived_hits) == (3, 6, 1)
     hashed = {f"{p.parent.name}/{p.name}" for p in parse_cache.fingerprint_sources()}
     assert {"traces/kineto.py", "traces/exec_graph_build.py", "nccl_env/knobs.py"} <= hashed  # the builder's code
 

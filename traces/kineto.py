@@ -90,7 +90,14 @@ from traces.kineto_events import (
 )
 from traces.kineto_json import read_events
 from traces.limits import TRACE_MEMORY_PER_JSON_BYTE, check_fits_memory
-from traces.parse_cache import cached_derived, cached_parse_keyed, load_kept
+from traces.parse_cache import (
+    FileIdentity,
+    cached_derived,
+    cached_parse_keyed,
+    file_identity,
+    kept_derived,
+    load_kept,
+)
 from traces.time_units import time_evidence, time_scale
 from traces.trace_job import TRACE_RANK_BOUND, JobLayout, TraceHeader, attach_comm_waits, job_layout, recorded_steps_of
 from traces.workload import (
@@ -115,7 +122,7 @@ def read_trace(path: str | Path) -> list[Workload]:
     files = trace_files(path)
     path = Path(path)
     with no_cyclic_gc():
-        parsed = [parse_trace_file(f) for f in files]
+        parsed = [scan_file(f) for f in files]
         layout = job_layout([p.header() for p in parsed], path)
         workloads = [p.build_rank(layout, i) for i, p in enumerate(parsed)]
         attach_comm_waits(workloads)
@@ -148,12 +155,29 @@ def trace_files(path: str | Path) -> list[Path]:
     return files
 
 
-def parse_trace_file(path: Path) -> _ParsedTrace:
+def parse_trace_file(path: Path, known: FileIdentity | None = None) -> _ParsedTrace:
     """One file's metadata and compact event records (LagomError naming the file if it is not a trace);
     parsed once and kept while the file is unchanged (:mod:`traces.parse_cache`)."""
     with no_cyclic_gc():
-        parsed, entry = cached_parse_keyed(path, _parse_file)
+        parsed, entry = cached_parse_keyed(path, _parse_file, known)
     parsed.cache_entry = entry
+    return parsed
+
+
+_HEADER = ("header",)  # the header kept beside a parse (cached_derived's inputs)
+
+
+def scan_file(path: Path) -> _ParsedTrace | _KeptTrace:
+    """One file as the two rounds of a folder read take it: where the cache keeps its parse, its
+    header alone (:class:`_KeptTrace`: the records stay in the cache until a build needs them);
+    else parsed (and its header kept beside the parse for the next command)."""
+    found = file_identity(path)
+    if found is not None:
+        head = kept_derived(found[1], _HEADER)
+        if isinstance(head, TraceHeader) and head.path == path:
+            return _KeptTrace(path, head, found[1])
+    parsed = parse_trace_file(path, found[0] if found is not None else None)
+    cached_derived(parsed.cache_entry, _HEADER, parsed.header)
     return parsed
 
 
@@ -219,6 +243,9 @@ class _ParsedTrace:
         """What a worker hands on: where the cache keeps this parse (:class:`_KeptTrace`), not a copy."""
         return self if self.cache_entry is None else _KeptTrace(self.path, self.header(), self.cache_entry)
 
+    def whole(self) -> _ParsedTrace:
+        return self
+
     def build(self, origin: int, world_size: int, world_size_known: bool) -> Workload:
         return _WorkloadBuilder(self, origin, world_size, world_size_known).build()
 
@@ -257,6 +284,9 @@ class _KeptTrace:
 
     def kept(self) -> _KeptTrace:
         return self
+
+    def whole(self) -> _ParsedTrace:
+        return self._records()
 
     def _records(self) -> _ParsedTrace:
         found = load_kept(self.entry)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from traces.kineto import is_trace_name, parse_trace_file
+from traces.kineto import is_trace_name, scan_file
 from traces.kineto import read_trace as read_kineto
 from traces.kineto import trace_files as kineto_files
 from traces.kineto_export import moved_trace
@@ -33,7 +33,7 @@ class KinetoReader:
         return kineto_files(path)
 
     def scan(self, file: Path) -> ScannedTrace:
-        return parse_trace_file(file)
+        return scan_file(file)
 
     def read(self, path: Path) -> ReadTrace:
         files = kineto_files(path)

@@ -235,16 +235,17 @@ def cached_parse(path: Path, parse: Callable[[Path], T]) -> T:
     return cached_parse_keyed(path, parse)[0]
 
 
-def cached_parse_keyed(path: Path, parse: Callable[[Path], T]) -> tuple[T, str | None]:
+def cached_parse_keyed(path: Path, parse: Callable[[Path], T],
+                       known: FileIdentity | None = None) -> tuple[T, str | None]:
     """:func:`cached_parse`, and the name of its entry: what :func:`cached_derived` keeps values
-    built from this parse under (None: the cache is not used, or the file changed while read)."""
+    built from this parse under (None: the cache is not used, or the file changed while read).
+    ``known``: what :func:`file_identity` just found for ``path`` (not hashed twice)."""
     where = _private_folder() if enabled() else None
     key = _key(where) if where is not None else None
     if where is None or key is None:
         return parse(path), None
     try:
-        before = os.stat(path)
-        digest = _content_digest(path)
+        before, digest = known if known is not None else (os.stat(path), _content_digest(path))
     except OSError:
         return parse(path), None  # parse names the problem in its one line
     entry = where / _entry_name(path, before, digest)
@@ -265,6 +266,26 @@ def cached_parse_keyed(path: Path, parse: Callable[[Path], T]) -> tuple[T, str |
     return value, entry.name
 
 
+FileIdentity = tuple[os.stat_result, str]  # a file's stat and the digest of its bytes
+
+
+def file_identity(path: Path) -> tuple[FileIdentity, str] | None:
+    """``path`` as it is now (its stat and digest) and the name its parse is kept under; None where
+    the cache is not used or the file cannot be read."""
+    if not enabled() or _private_folder() is None:
+        return None
+    try:
+        known = (os.stat(path), _content_digest(path))
+    except OSError:
+        return None
+    return known, _entry_name(path, *known)
+
+
+def _derived_entry(where: Path, parse_entry: str, inputs: tuple) -> Path:
+    ident = f"{parse_entry}|{inputs!r}"
+    return where / (hashlib.sha256(ident.encode()).hexdigest() + ".derived")
+
+
 def cached_derived(parse_entry: str | None, inputs: tuple, build: Callable[[], T]) -> T:
     """``build()``, or what it gave before for the parse kept as ``parse_entry`` (the name
     :func:`cached_parse_keyed` gave; None: just build) and the same ``inputs`` (plain values whose
@@ -272,10 +293,9 @@ def cached_derived(parse_entry: str | None, inputs: tuple, build: Callable[[], T
     does: its file changed, or the code (the parse's name holds the fingerprint)."""
     where = _private_folder() if parse_entry is not None and enabled() else None
     key = _key(where) if where is not None else None
-    if where is None or key is None:
+    if parse_entry is None or where is None or key is None:
         return build()
-    ident = f"{parse_entry}|{inputs!r}"
-    entry = where / (hashlib.sha256(ident.encode()).hexdigest() + ".derived")
+    entry = _derived_entry(where, parse_entry, inputs)
     found = _load(entry, key)
     if found is not None:
         STATS.derived_hits += 1
@@ -285,6 +305,17 @@ def cached_derived(parse_entry: str | None, inputs: tuple, build: Callable[[], T
     if _store(where, entry, key, value):
         STATS.derived_stored += 1
     return value
+
+
+def kept_derived(parse_entry: str, inputs: tuple) -> object | None:
+    """What :func:`cached_derived` keeps for that parse and those inputs, None where nothing is kept.
+    Found, it counts as a hit of the parse (the file's read answered from the cache)."""
+    where = _private_folder() if enabled() else None
+    key = _key(where) if where is not None else None
+    found = _load(_derived_entry(where, parse_entry, inputs), key) if where is not None and key is not None else None
+    if found is not None:
+        STATS.hits += 1
+    return found
 
 
 def load_kept(entry_name: str) -> object | None:

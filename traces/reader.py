@@ -83,6 +83,10 @@ class ScannedTrace(Protocol):
         finds its records again here (where this machine's trace cache keeps them)."""
         ...
 
+    def whole(self) -> ScannedTrace:
+        """This scan with its records in hand: what a worker on another machine can build from."""
+        ...
+
 
 class MovedOps(Protocol):
     """Where a replay put a trace's ops and CPU calls (``costmodel.replay.schedule.MovedTimes``)."""

@@ -79,7 +79,7 @@ def _scan_to_file(path: Path, spill_dir: str) -> tuple[TraceHeader, str]:
 def _scan_to_bytes(path: Path, absolute: Path) -> tuple[TraceHeader, bytes]:
     """Parse one file (read at ``absolute``: a Dask worker may run elsewhere, in another folder; named
     ``path``, as given); its header and its records pickled (they stay on the worker)."""
-    parsed = _guarded(absolute, scan_trace_file, absolute)
+    parsed = _guarded(absolute, lambda p: scan_trace_file(p).whole(), absolute)  # the records: for any worker
     parsed.path = path
     return parsed.header(), pickle.dumps(parsed, pickle.HIGHEST_PROTOCOL)
 

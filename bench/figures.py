@@ -55,6 +55,8 @@ SOURCES: dict[str, Source] = {
                         "the tuner's matrix on the paper's A40 clusters (32 cells)"),
     "bench_nvlink": Source(("python3", "-m", "lagom", "bench", "--cluster", "h100-nvswitch", "--cluster",
                             "a100-nvswitch", "--json"), "the tuner's matrix on the NVLink presets (12 cells)"),
+    "parse_cache_speed": Source(("python3", "bench/parse_cache_speed.py", "--json"),
+                                "lagom simulate DIR on 16 ranks, then again from the trace cache"),
 }
 
 
@@ -151,6 +153,14 @@ def _bench_nvlink() -> str:
             f"x{c['a100-nvswitch']['geomean_speedup_vs_nccl']:.3f} on A100")
 
 
+def _parse_cache_speed() -> str:
+    r = output("parse_cache_speed")
+    assert isinstance(r, dict)
+    return (f"{r['first_s']:.1f} s, then {r['second_s']:.1f} s (x{r['second_over_first']:.2f} of the first) from "
+            f"the cache, then {r['after_touch_s']:.1f} s after one file was touched; the outputs "
+            f"{'the same bytes' if r['same_output'] else 'DIFFERENT'}; load average {r['load']}")
+
+
 FIGURES: dict[str, Callable[[], str]] = {
     "replay.summary": _replay_summary,
     "bench.a40": _bench_a40,
@@ -160,6 +170,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "fidelity.published": _published_summary,
     "fidelity.contention_split": _contention_split,
     "fidelity.pr172714": _pr172714_error,
+    "parse_cache.speed": _parse_cache_speed,
 }
 
 

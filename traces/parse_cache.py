@@ -9,9 +9,9 @@ hands it back to the next command while the file is the same file:
 - **Same file**: an entry is found by a hash of the file's real path, the path as given,
   its size, modification time (ns), inode and device, a hash of its bytes (BLAKE2b, about
   a second per GB: a file rewritten in place within one timestamp tick is not taken for the
-  one before), and a fingerprint of the reader's own
-  source (every ``traces/*.py`` and ``nccl_env/*.py``), so a changed, touched, moved, truncated or replaced file,
-  and a changed reader, are read again; a file that changes while it is parsed is not kept.
+  one before), and a fingerprint of the reader's own source (every ``traces/*.py`` and
+  ``nccl_env/*.py``), so a changed, touched, moved, truncated or replaced file, and a
+  changed reader, are read again; a file that changes while it is parsed is not kept.
 - **Safe to share**: the folder is the user's own (mode 0700, owned by this uid; anything
   else and the cache is not used), an entry is used only if it is a regular file owned by
   this uid that no one else may write, and its bytes carry an HMAC-SHA256 under a key only
@@ -20,10 +20,12 @@ hands it back to the next command while the file is the same file:
 - **Bounded**: after each write the oldest entries (by last use) go until the folder holds at
   most ``LAGOM_TRACE_CACHE_BYTES`` (default 4 GiB).
 - **What is built from a parse**: :func:`cached_derived` keeps a value computed from a kept
-  parse (a rank's Workload built from its records, :meth:`traces.kineto._ParsedTrace.build_rank`)
-  beside it, named by the parse's entry and the value's inputs, so it is rebuilt whenever the
-  parse is read again (its file changed) or the code changed (the fingerprint covers the
-  builder: ``traces/`` and the ``nccl_env/`` it imports).
+  parse beside it (``.derived``), named by the parse's entry and the value's inputs, so it is
+  rebuilt whenever the parse is read again (its file changed) or the code changed (the
+  fingerprint covers the builder: ``traces/`` and the ``nccl_env/`` it imports). The Kineto
+  reader keeps two: the file's header and each rank's Workload as built in a job's layout
+  (its path, rank, origin and world; :func:`traces.kineto.scan_file`), so a second command on
+  a folder reads neither JSON nor records: a header, then each rank's Workload.
 - ``LAGOM_TRACE_CACHE=off`` (or ``0``) reads every file afresh; a cache that cannot be used
   (a read-only home, a full disk) is skipped without a word, since it only saves time.
 

@@ -7,8 +7,9 @@ shared by the ranks (:func:`traces.reader.job_layout`), and that origin is known
 once every file has been read, so the work is two rounds of one task per file:
 
 1. **scan**: parse the file (its reader's scan, :func:`traces.reader.scan_trace_file`), keep its compact
-   records (spilled to a temporary file for a process pool; held by the worker for Dask,
-   about a twentieth of the JSON) and return its small :class:`~traces.reader.TraceHeader`.
+   records (spilled to a temporary file for a process pool, or only the name of the trace
+   cache's entry that keeps them, ``ScannedTrace.kept``; held by the worker for Dask, about a
+   twentieth of the JSON) and return its small :class:`~traces.reader.TraceHeader`.
 2. The parent lays out the job from the headers (ranks, origin, world; the checks that
    the files are one job's), as the in-process reader does.
 3. **finish**: build the rank's Workload from its records and run the command's

@@ -179,3 +179,29 @@ def test_a_worker_spills_the_entry_name_and_builds_from_it(cache, trace):
     os.utime(trace, ns=(trace.stat().st_atime_ns, trace.stat().st_mtime_ns + 1_000_000))  # and changed
     with pytest.raises(LagomError, match="changed while it was read"):
         pickle.loads(pickle.dumps(kept)).build_rank(replace(layout, world_size=layout.world_size + 1), 0)
+
+
+def test_a_folder_the_cache_keeps_whole_is_read_without_workers(cache, tmp_path):
+    """``--executor process``: a folder whose every header and every rank's build the cache keeps is
+    read in this process (nothing to parse or build: a pool's start and hand-over would cost more),
+    the same ranks; a touched file, or a layout whose builds are not kept, goes to the workers again."""
+    from lagom.args.rank_args import ExecutorKind, RankReading
+    from lagom.orchestration.rank_pool import RankPool, _whole_workload
+
+    folder = tmp_path / "job"
+    files = write_rank_copies(EXAMPLE, 3, folder, shift_us=500.0)
+
+    def read() -> tuple[bool, list]:
+        with RankPool(RankReading(ExecutorKind.PROCESS, 2)) as pool:
+            job = pool.read_job(folder, _whole_workload)
+            return pool._pool is not None, job.values
+
+    workers, first = read()
+    assert workers
+    workers, again = read()
+    assert not workers and again == first
+    os.utime(files[1], ns=(files[1].stat().st_atime_ns, files[1].stat().st_mtime_ns + 1_000_000))
+    workers, touched = read()
+    assert workers and touched == first
+    files[0].unlink()  # the other files' headers are kept, their builds in the new layout are not
+    assert read()[0]

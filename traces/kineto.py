@@ -94,6 +94,7 @@ from traces.parse_cache import (
     FileIdentity,
     cached_derived,
     cached_parse_keyed,
+    derived_is_kept,
     file_identity,
     kept_derived,
     load_kept,
@@ -172,13 +173,24 @@ def scan_file(path: Path) -> _ParsedTrace | _KeptTrace:
     header alone (:class:`_KeptTrace`: the records stay in the cache until a build needs them);
     else parsed (and its header kept beside the parse for the next command)."""
     found = file_identity(path)
-    if found is not None:
-        head = kept_derived(found[1], _HEADER)
-        if isinstance(head, TraceHeader) and head.path == path:
-            return _KeptTrace(path, head, found[1])
+    kept = _kept_scan(path, found)
+    if kept is not None:
+        return kept
     parsed = parse_trace_file(path, found[0] if found is not None else None)
     cached_derived(parsed.cache_entry, _HEADER, parsed.header)
     return parsed
+
+
+def kept_scan(path: Path) -> _KeptTrace | None:
+    """:func:`scan_file` where the cache keeps the file's header (nothing parsed); None where it does not."""
+    return _kept_scan(path, file_identity(path))
+
+
+def _kept_scan(path: Path, found: tuple[FileIdentity, str] | None) -> _KeptTrace | None:
+    if found is None:
+        return None
+    head = kept_derived(found[1], _HEADER)
+    return _KeptTrace(path, head, found[1]) if isinstance(head, TraceHeader) and head.path == path else None
 
 
 def is_trace_name(name: str) -> bool:
@@ -246,6 +258,8 @@ class _ParsedTrace:
     def whole(self) -> _ParsedTrace:
         return self
 
+    def build_is_kept(self, layout: JobLayout, index: int) -> bool:
+        return False  # records in hand: a worker builds from them
     def build(self, origin: int, world_size: int, world_size_known: bool) -> Workload:
         return _WorkloadBuilder(self, origin, world_size, world_size_known).build()
 
@@ -261,8 +275,13 @@ def _kept_build(entry: str | None, path: Path, base_us: int, layout: JobLayout, 
         with no_cyclic_gc():
             return parsed.build(origin, layout.world_size, layout.world_size_known)
 
-    inputs = ("build_rank", str(path), rank, origin, layout.world_size, layout.world_size_known)
-    return cached_derived(entry, inputs, build)
+    return cached_derived(entry, _build_inputs(path, base_us, layout, index), build)
+
+
+def _build_inputs(path: Path, base_us: int, layout: JobLayout, index: int) -> tuple:
+    """What a rank's build reads besides its parse: its path, rank, origin and world."""
+    return ("build_rank", str(path), layout.ranks[index], layout.origin_us - base_us, layout.world_size,
+            layout.world_size_known)
 
 
 @dataclass
@@ -284,6 +303,9 @@ class _KeptTrace:
 
     def kept(self) -> _KeptTrace:
         return self
+
+    def build_is_kept(self, layout: JobLayout, index: int) -> bool:
+        return derived_is_kept(self.entry, _build_inputs(self.path, self.head.base_us, layout, index))
 
     def whole(self) -> _ParsedTrace:
         return self._records()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from traces.kineto import is_trace_name, scan_file
+from traces.kineto import is_trace_name, kept_scan, scan_file
 from traces.kineto import read_trace as read_kineto
 from traces.kineto import trace_files as kineto_files
 from traces.kineto_export import moved_trace
@@ -34,6 +34,9 @@ class KinetoReader:
 
     def scan(self, file: Path) -> ScannedTrace:
         return scan_file(file)
+
+    def kept_scan(self, file: Path) -> ScannedTrace | None:
+        return kept_scan(file)
 
     def read(self, path: Path) -> ReadTrace:
         files = kineto_files(path)

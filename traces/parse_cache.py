@@ -309,6 +309,13 @@ def cached_derived(parse_entry: str | None, inputs: tuple, build: Callable[[], T
     return value
 
 
+def derived_is_kept(parse_entry: str, inputs: tuple) -> bool:
+    """Whether :func:`cached_derived` holds an entry for that parse and those inputs (not read: the
+    read that uses it checks it)."""
+    where = _private_folder() if enabled() else None
+    return where is not None and _derived_entry(where, parse_entry, inputs).is_file()
+
+
 def kept_derived(parse_entry: str, inputs: tuple) -> object | None:
     """What :func:`cached_derived` keeps for that parse and those inputs, None where nothing is kept.
     Found, it counts as a hit of the parse (the file's read answered from the cache)."""

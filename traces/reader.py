@@ -45,7 +45,7 @@ __all__ = [
     "JobLayout", "MovedOps", "ReadTrace", "ScannedTrace", "TraceHeader", "TraceReader",
     "algorithm_protocol_from_kernel_name", "attach_comm_waits", "job_layout", "kernel_short_name", "read_trace",
     "reader_for", "readers", "recorded_steps_of",
-    "scan_trace_file", "set_comm_waits", "trace_files",
+    "kept_trace_scans", "scan_trace_file", "set_comm_waits", "trace_files",
 ]
 
 
@@ -87,6 +87,10 @@ class ScannedTrace(Protocol):
         """This scan with its records in hand: what a worker on another machine can build from."""
         ...
 
+    def build_is_kept(self, layout: JobLayout, index: int) -> bool:
+        """Whether the trace cache keeps this rank's Workload in ``layout`` (a read, not a build)."""
+        ...
+
 
 class MovedOps(Protocol):
     """Where a replay put a trace's ops and CPU calls (``costmodel.replay.schedule.MovedTimes``)."""
@@ -115,6 +119,10 @@ class TraceReader(Protocol):
 
     def scan(self, file: Path) -> ScannedTrace:
         """One file parsed (LagomError naming the file if it is not a trace of this format)."""
+        ...
+
+    def kept_scan(self, file: Path) -> ScannedTrace | None:
+        """:meth:`scan` where the trace cache keeps what it needs (nothing parsed); None where it does not."""
         ...
 
     def read(self, path: Path) -> ReadTrace:
@@ -151,6 +159,18 @@ def read_trace(path: str | Path) -> list[Workload]:
 def trace_files(path: str | Path) -> list[Path]:
     """The per-rank files of the trace ``path``, checked before any is read."""
     return reader_for(path).files(Path(path))
+
+
+def kept_trace_scans(files: list[Path]) -> list[ScannedTrace] | None:
+    """Every file's scan where the trace cache keeps them all (each file's header: nothing to parse);
+    None at the first file it does not keep."""
+    out = []
+    for f in files:
+        kept = reader_for(f).kept_scan(f)
+        if kept is None:
+            return None
+        out.append(kept)
+    return out
 
 
 def scan_trace_file(path: Path) -> ScannedTrace:

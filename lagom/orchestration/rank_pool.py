@@ -25,7 +25,9 @@ the first bad file of the folder; a worker that dies (killed for memory) is one 
 Ctrl-C stops the workers and removes the spilled records.
 
 Executors (``--executor``): ``local`` reads in this process (what ``--jobs 1`` gives);
-``process`` uses ``--jobs`` worker processes (default: the cores this process may use);
+``process`` uses ``--jobs`` worker processes (default: the cores this process may use), except
+for a folder whose every file the trace cache keeps whole (each header, each rank's build in
+this layout: a command run again): nothing is parsed or built, so it is read in this process;
 ``dask`` runs the same tasks on a Dask cluster: an existing one (``--dask-address``,
 whose workers have lagom-nccl installed and see the trace files at the same path) or a
 local one of ``--jobs`` single-threaded worker processes. Dask is the optional extra
@@ -56,7 +58,16 @@ from lagom.reports.console import StageProgress
 from nccl_env.errors import LagomError
 from traces.comm_split import RankComm, join_waits, op_waits, rank_comm
 from traces.rank_join import RankJoin, TransferFloor, join_ranks
-from traces.reader import JobLayout, TraceHeader, job_layout, scan_trace_file, set_comm_waits, trace_files
+from traces.reader import (
+    JobLayout,
+    ScannedTrace,
+    TraceHeader,
+    job_layout,
+    kept_trace_scans,
+    scan_trace_file,
+    set_comm_waits,
+    trace_files,
+)
 from traces.workload import Workload
 
 R = TypeVar("R")
@@ -314,6 +325,10 @@ class RankPool:
         files = trace_files(path)
         if self.reading.executor is ExecutorKind.LOCAL or len(files) == 1:
             return _read_here(path, files, work, args)
+        if self.reading.executor is ExecutorKind.PROCESS:
+            kept = _kept_here(path, files)
+            if kept is not None:  # nothing to parse or build: reading here beats a pool's start and hand-over
+                return _read_here(path, files, work, args, kept)
         pool = self._get(len(files))
         name = path.name or str(path)
         scans = [pool.scan(f) for f in files]
@@ -337,10 +352,24 @@ def _total_bytes(files: list[Path]) -> int:
         return 0
 
 
-def _read_here(path: Path, files: list[Path], work: Callable[..., R], args: tuple) -> JobRanks[R]:
-    """The same steps in this process, one file at a time."""
-    parsed: list[Any] = [scan_trace_file(f) for f in files]
-    layout = job_layout([p.header() for p in parsed], path)
+def _kept_here(path: Path, files: list[Path]) -> tuple[list[ScannedTrace], JobLayout] | None:
+    """Every file's scan and the job's layout where the trace cache keeps every file's header and every
+    rank's Workload in that layout (a command run again on the folder); None otherwise."""
+    scans = kept_trace_scans(files)
+    if scans is None:
+        return None
+    layout = job_layout([s.header() for s in scans], path)
+    return (scans, layout) if all(s.build_is_kept(layout, i) for i, s in enumerate(scans)) else None
+
+
+def _read_here(path: Path, files: list[Path], work: Callable[..., R], args: tuple,
+               scanned: tuple[list[ScannedTrace], JobLayout] | None = None) -> JobRanks[R]:
+    """The same steps in this process, one file at a time (``scanned``: the scans and layout made already)."""
+    if scanned is None:
+        parsed: list[Any] = [scan_trace_file(f) for f in files]
+        layout = job_layout([p.header() for p in parsed], path)
+    else:
+        parsed, layout = list(scanned[0]), scanned[1]
     low = min(range(len(files)), key=lambda i: layout.ranks[i])
     comms: list[RankComm] = []
     values: list[R] = []

@@ -9,7 +9,11 @@ A *source* is one bench command with a JSON output (:data:`SOURCES`); ``--run`` 
 it printed in ``bench/results/NAME.json`` (committed) with the command, the commit and the
 date. A *figure* is a span of a doc between ``<!-- fig:ID -->`` and ``<!-- /fig -->`` (one
 line, inside a table cell or a sentence; invisible once rendered); its text is
-:data:`FIGURES`'s renderer of ID applied to the sources' JSON. Refreshing the docs after a
+:data:`FIGURES`'s renderer of ID applied to the sources' JSON. ``<!-- fig:ID KEY -->`` names
+one row or field of a source (:data:`KEYED`: a table row whose other cells are prose, one
+cluster's geomean); a *table* is a whole markdown table between ``<!-- fig:ID -->`` and
+``<!-- /fig -->`` on lines of their own, the table's last row and a blank line before the
+end marker (:data:`TABLES`: header and rows, every cell from a run). Refreshing the docs after a
 change is ``python3 bench/figures.py --run NAME ...``; the suite's
 ``tests/test_figures.py`` runs ``--check``, so a figure edited by hand, or a JSON refreshed
 without rendering, fails CI. A figure not yet marked is prose: the marked ones are the
@@ -22,6 +26,7 @@ import argparse
 import datetime
 import json
 import re
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -31,7 +36,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 DOCS = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
-MARK = re.compile(r"<!-- fig:(?P<id>[a-z0-9_.]+) -->(?P<text>.*?)<!-- /fig -->")
+MARK = re.compile(r"<!-- fig:(?P<id>[a-z0-9_.]+)(?: (?P<key>[^<>]+?))? -->(?P<text>.*?)<!-- /fig -->")
+# a whole table: the start marker alone on its line, the table's lines, a blank line, the end marker
+BLOCK = re.compile(r"^<!-- fig:(?P<id>[a-z0-9_.]+) -->\n(?P<text>(?:\|.*\n)+)\n<!-- /fig -->$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -151,6 +158,154 @@ def _bench_nvlink() -> str:
             f"x{c['a100-nvswitch']['geomean_speedup_vs_nccl']:.3f} on A100")
 
 
+# ---- keyed figures: one row or field of a source, named in the marker ---------------------------
+def _pct(x: float) -> str:
+    return f"{x:+.1f}%"
+
+
+def _joint_row(what_if: str) -> str:
+    """docs/replay.md's "Every rank at once" row: the true change (median over ranks), the predicted range, the
+    worst median step error."""
+    rows = output("joint_accuracy")
+    assert isinstance(rows, list)
+    (r,) = [r for r in rows if r["what_if"] == what_if] or [{}]
+    low, high = sorted((min(r["predicted_change_pct"]), max(r["predicted_change_pct"])), key=abs)
+    predicted = _pct(low) if f"{low:.1f}" == f"{high:.1f}" else f"{low:+.1f} to {high:+.1f}%"
+    return (f"{_pct(statistics.median(r['true_change_pct']))} | {predicted} | "
+            f"{r['worst_median_step_error_pct']:.2f}%")
+
+
+def _bench_field(key: str) -> str:
+    """``SOURCE CLUSTER FIELD``: one figure of a bench summary's cluster, a ratio as x1.074, a gap in percent as
+    0.14."""
+    name, cluster, field = key.split()
+    value = _bench_clusters(name)[cluster][field]
+    return f"{value * 100:.2f}" if field.startswith("max_gap") else f"x{value:.3f}"
+
+
+def _bench_row(key: str) -> str:
+    """``SOURCE CLUSTER WORKLOAD``: an NVLink cell's bench columns in docs/tuner.md (NCCL us .. evals)."""
+    name, cluster, workload = key.split()
+    cells = output(name)["cells"]  # type: ignore[index]
+    (c,) = [c for c in cells if (c["cluster"], c["workload"]) == (cluster, workload)]
+    paths = "; ".join(f"{group}: {path}" for group, path in c["lagom_paths"].items()) or "-"
+    return (f"{c['nccl_us']:,.0f} | {c['lagom_us']:,.0f} | {c['speedup_vs_nccl']:.3f} | "
+            f"{c['speedup_vs_autoccl']:.3f} | {c['speedup_vs_optuna']:.3f} | {paths} | {c['lagom_evaluations']}")
+
+
+def _replay_all_median(trace: str) -> str:
+    """One trace's all-median step error (docs/replay.md's prose on the largest trace)."""
+    rows = output("replay_accuracy")
+    assert isinstance(rows, list)
+    (r,) = [r for r in rows if r["trace"] == f"{trace}.json.gz"] or [{}]
+    return _share(r["all_median_step_error_pct"])
+
+
+KEYED: dict[str, Callable[[str], str]] = {
+    "joint.row": _joint_row,
+    "replay.all_median": _replay_all_median,
+    "bench.field": _bench_field,
+    "bench.row": _bench_row,
+}
+
+
+# ---- figures in the docs' prose ------------------------------------------------------------------
+def _joint_change_points() -> str:
+    rows = output("joint_accuracy")
+    assert isinstance(rows, list)
+    worst = max(abs(p - statistics.median(r["true_change_pct"])) for r in rows for p in r["predicted_change_pct"])
+    return f"{worst:.1f} points"
+
+
+def _replay_explained_range() -> str:
+    rows = output("replay_accuracy")
+    assert isinstance(rows, list)
+    alone = [r["explained_median_step_error_pct"] for r in rows]
+    return f"{min(alone):.2f}-{max(alone):.2f}%"
+
+
+def _replay_exact() -> str:
+    rows = output("replay_accuracy")
+    assert isinstance(rows, list)
+    return f"{max(max(r['max_step_error_pct'], r['comm_error_pct'], r['exposed_error_pct']) for r in rows):.2f}%"
+
+
+def _a40_strategy_ranges() -> str:
+    c = _bench_clusters("bench_a40")
+    ranges = {s: (min(c[k]["speedup_vs_nccl_range_by_strategy"][s][0] for k in ("low-bw", "high-bw")),
+                  max(c[k]["speedup_vs_nccl_range_by_strategy"][s][1] for k in ("low-bw", "high-bw")))
+              for s in ("fsdp", "tp", "ep")}
+    paper = {"fsdp": "1.10-1.33", "tp": "1.08-1.16", "ep": "1.07-1.08"}  # the Lagom paper's ranges (docs/tuner.md)
+    return ", ".join(f"{s.upper()} {lo:.3f}-{hi:.3f} ({paper[s]})" for s, (lo, hi) in ranges.items())
+
+
+# ---- whole tables: header and rows ---------------------------------------------------------------
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    return "".join("| " + " | ".join(cells) + " |\n" for cells in [header, *rows]).replace(
+        "\n", "\n" + "|---" * len(header) + "|\n", 1)
+
+
+def _whatif_table() -> str:
+    rows = output("whatif_accuracy")
+    assert isinstance(rows, list)
+    return _table(["what-if", "GPU busy", "true change", "predicted", "median step error"],
+                  [[r["what_if"], f"{r['gpu_busy_pct']:.1f}%", f"{r['true_change_pct']:+.2f}%",
+                    f"{r['predicted_change_pct']:+.2f}%", f"{r['median_step_error_pct']:.2f}%"] for r in rows])
+
+
+def _share(pct: float) -> str:
+    return f"{pct:.1f}%" if pct >= 10 else f"{pct:.2f}%"
+
+
+def _replay_table() -> str:
+    rows = output("replay_accuracy")
+    assert isinstance(rows, list)
+
+    def comm(r: dict, field: str) -> str:  # a trace with no collective has no collective error
+        return f"{r[field]:.2f}%" if r["measured_comm_ms_per_step"] > 0 else "-"
+
+    def idle(r: dict) -> str:
+        ms, step = r["unexplained_idle_ms_per_step"], r["measured_step_ms"]
+        return f"{ms:.1f} of {step:.0f}" if ms and step >= 10 else f"{ms:.1f} of {step:.1f}" if ms else "0.0"
+
+    return _table(["trace", "complete steps", "median step error", "worst", "collectives", "exposed", "explained",
+                   "unexplained idle (ms/step)", "all-median"],
+                  [[r["trace"].removesuffix(".json.gz"), str(r["steps"]), f"{r['median_step_error_pct']:.2f}%",
+                    f"{r['max_step_error_pct']:.2f}%", comm(r, "comm_error_pct"), comm(r, "exposed_error_pct"),
+                    f"{r['explained_median_step_error_pct']:.2f}%", idle(r),
+                    _share(r["all_median_step_error_pct"])] for r in rows])
+
+
+def _a40_cells_table() -> str:
+    cells = [c for c in output("bench_a40")["cells"] if c["cluster"] in ("low-bw", "high-bw")]  # type: ignore[index]
+    return _table(["cluster", "workload", "sigs", "NCCL us", "Lagom us", "vs NCCL", "vs AutoCCL", "vs Optuna",
+                   "vs exhaustive", "above bound", "headroom", "evals"],
+                  [[c["cluster"], f"`{c['workload']}`", str(c["signatures"]), f"{c['nccl_us']:,.0f}",
+                    f"{c['lagom_us']:,.0f}", f"{c['speedup_vs_nccl']:.3f}", f"{c['speedup_vs_autoccl']:.3f}",
+                    f"{c['speedup_vs_optuna']:.3f}",
+                    "-" if c["gap_to_exhaustive"] is None else f"+{c['gap_to_exhaustive'] * 100:.1f}%",
+                    f"+{c['gap_to_lower_bound'] * 100:.1f}%", f"{c['headroom_vs_nccl']:.3f}",
+                    str(c["lagom_evaluations"])] for c in cells])
+
+
+def _a40_clusters_table() -> str:
+    c = _bench_clusters("bench_a40")
+    return _table(["cluster", "vs NCCL", "vs AutoCCL", "vs Optuna (equal budget)", "worst cell vs NCCL",
+                   "max gap to exhaustive", "headroom"],
+                  [[k, f"{c[k]['geomean_speedup_vs_nccl']:.3f}", f"{c[k]['geomean_speedup_vs_autoccl']:.3f}",
+                    f"{c[k]['geomean_speedup_vs_optuna']:.3f}", f"{c[k]['min_speedup_vs_nccl']:.3f}",
+                    f"+{c[k]['max_gap_to_exhaustive'] * 100:.1f}%", f"{c[k]['geomean_headroom_vs_nccl']:.3f}"]
+                   for k in ("low-bw", "high-bw")])
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "whatif.table": _whatif_table,
+    "replay.table": _replay_table,
+    "bench.a40.cells": _a40_cells_table,
+    "bench.a40.clusters": _a40_clusters_table,
+}
+
+
 FIGURES: dict[str, Callable[[], str]] = {
     "replay.summary": _replay_summary,
     "bench.a40": _bench_a40,
@@ -160,6 +315,11 @@ FIGURES: dict[str, Callable[[], str]] = {
     "fidelity.published": _published_summary,
     "fidelity.contention_split": _contention_split,
     "fidelity.pr172714": _pr172714_error,
+    "joint.change_points": _joint_change_points,
+    "replay.explained_range": _replay_explained_range,
+    "replay.exact": _replay_exact,
+    "bench.a40.strategies": _a40_strategy_ranges,
+    "fidelity.published_cases": lambda: _count(*_judged("fidelity_published")),
 }
 
 
@@ -183,19 +343,35 @@ def run_source(name: str) -> None:
 
 
 def render(text: str, where: str) -> tuple[str, list[str]]:
-    """``text`` with every marked figure rendered; the differences, one line each."""
+    """``text`` with every marked figure and table rendered; the differences, one line each."""
     differences: list[str] = []
 
-    def one(match: re.Match) -> str:
-        fig = match.group("id")
-        if fig not in FIGURES:
-            raise SystemExit(f"figures: {where}: unknown figure {fig!r} (known: {', '.join(FIGURES)})")
-        now = FIGURES[fig]()
-        if now != match.group("text"):
-            differences.append(f"{where}: {fig}: the doc says {match.group('text')!r}, its run gives {now!r}")
-        return f"<!-- fig:{fig} -->{now}<!-- /fig -->"
+    def now(fig: str, key: str | None, known: dict) -> str:
+        if fig not in known:
+            raise SystemExit(f"figures: {where}: unknown figure {fig!r} (known: {', '.join(known)})")
+        try:
+            return known[fig](key) if key is not None else known[fig]()
+        except (KeyError, ValueError):
+            raise SystemExit(f"figures: {where}: {fig}: no row {key!r} in its source") from None
 
-    return MARK.sub(one, text), differences
+    def one(match: re.Match) -> str:
+        fig, key = match.group("id"), match.group("key")
+        text = now(fig, key, KEYED if key is not None else FIGURES)
+        if text != match.group("text"):
+            differences.append(f"{where}: {fig}{' ' + key if key else ''}: the doc says {match.group('text')!r}, "
+                               f"its run gives {text!r}")
+        return f"<!-- fig:{fig}{' ' + key if key else ''} -->{text}<!-- /fig -->"
+
+    def table(match: re.Match) -> str:
+        fig = match.group("id")
+        text = now(fig, None, TABLES)
+        if text != match.group("text"):
+            was, new = match.group("text").splitlines(), text.splitlines()
+            changed = [f"{a!r} -> {b!r}" for a, b in zip(was, new) if a != b] or [f"{len(was)} -> {len(new)} lines"]
+            differences.append(f"{where}: {fig}: the doc's table differs from its run: {'; '.join(changed[:3])}")
+        return f"<!-- fig:{fig} -->\n{text}\n<!-- /fig -->"
+
+    return MARK.sub(one, BLOCK.sub(table, text)), differences
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     marked = 0
     for doc in args.docs or DOCS:
         text = doc.read_text()
-        marked += len(MARK.findall(text))
+        marked += len(MARK.findall(text)) + len(BLOCK.findall(text))
         rendered, differences = render(text, str(doc.relative_to(REPO) if doc.is_relative_to(REPO) else doc))
         every += differences
         if not args.check and rendered != text:

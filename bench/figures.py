@@ -62,6 +62,8 @@ SOURCES: dict[str, Source] = {
                         "the tuner's matrix on the paper's A40 clusters (32 cells)"),
     "bench_nvlink": Source(("python3", "-m", "lagom", "bench", "--cluster", "h100-nvswitch", "--cluster",
                             "a100-nvswitch", "--json"), "the tuner's matrix on the NVLink presets (12 cells)"),
+    "optimum_ceiling_h100": Source(("python3", "bench/optimum_ceiling.py", "--cluster", "h100-nvswitch", "--workers",
+                                    "2", "--json"), "the H100 NVLink cells' optimum by brute force (20 min)"),
 }
 
 
@@ -201,7 +203,25 @@ def _replay_all_median(trace: str) -> str:
     return _share(r["all_median_step_error_pct"])
 
 
+def _ceiling_row(key: str) -> str:
+    """``SOURCE WORKLOAD``: an NVLink cell's optimum columns in docs/tuner.md (knob-only us .. Lagom above optimum)."""
+    name, workload = key.split()
+    cells = output(name)["cells"]  # type: ignore[index]
+    (c,) = [c for c in cells if c["workload"] == workload]
+    best, best_sm = c["optimum_us"], c["optimum_without_paths_us"]
+    return (f"{c['lagom_knob_only_us']:,.0f} | {best_sm:,.0f} | {best:,.0f} | x{best_sm / best:.3f} | "
+            f"+{(c['lagom_us'] / best - 1) * 100:.2f}%")
+
+
+def _ceiling_field(key: str) -> str:
+    """``SOURCE FIELD``: a ceiling run's geomean, as x1.048."""
+    name, field = key.split()
+    return f"x{output(name)[field]:.3f}"  # type: ignore[index]
+
+
 KEYED: dict[str, Callable[[str], str]] = {
+    "ceiling.row": _ceiling_row,
+    "ceiling.field": _ceiling_field,
     "joint.row": _joint_row,
     "replay.all_median": _replay_all_median,
     "bench.field": _bench_field,

@@ -62,6 +62,8 @@ SOURCES: dict[str, Source] = {
                         "the tuner's matrix on the paper's A40 clusters (32 cells)"),
     "bench_nvlink": Source(("python3", "-m", "lagom", "bench", "--cluster", "h100-nvswitch", "--cluster",
                             "a100-nvswitch", "--json"), "the tuner's matrix on the NVLink presets (12 cells)"),
+    "tuner_slope": Source(("python3", "bench/tuner_slope.py", "--evaluator", "analytic", "--json"),
+                          "Lagom's evaluations against the signatures, 4-24 (15 s)"),
     "optimum_ceiling_h100": Source(("python3", "bench/optimum_ceiling.py", "--cluster", "h100-nvswitch", "--workers",
                                     "2", "--json"), "the H100 NVLink cells' optimum by brute force (20 min)"),
 }
@@ -259,6 +261,15 @@ def _a40_strategy_ranges() -> str:
     return ", ".join(f"{s.upper()} {lo:.3f}-{hi:.3f} ({paper[s]})" for s, (lo, hi) in ranges.items())
 
 
+def _slope() -> dict:
+    return output("tuner_slope")  # type: ignore[return-value]
+
+
+def _slope_space() -> str:
+    sizes = [r["space_points"] for r in _slope()["rows"]]
+    return " to ".join(f"{x:.0e}".replace("e+", "e") for x in (sizes[0], sizes[-1]))
+
+
 # ---- whole tables: header and rows ---------------------------------------------------------------
 def _table(header: list[str], rows: list[list[str]]) -> str:
     return "".join("| " + " | ".join(cells) + " |\n" for cells in [header, *rows]).replace(
@@ -340,6 +351,11 @@ FIGURES: dict[str, Callable[[], str]] = {
     "replay.exact": _replay_exact,
     "bench.a40.strategies": _a40_strategy_ranges,
     "fidelity.published_cases": lambda: _count(*_judged("fidelity_published")),
+    "tuner_slope.evaluations": lambda: ", ".join(str(r["lagom_evaluations"]) for r in _slope()["rows"]),
+    "tuner_slope.slope": lambda: f"{_slope()['fits']['lagom']['slope']:.1f}",
+    "tuner_slope.quadratic": lambda: f"{_slope()['fits']['lagom']['quadratic']:+.3f}",
+    "tuner_slope.space": _slope_space,
+    "tuner_slope.autoccl": lambda: f"~{statistics.mean(r['autoccl_evaluations'] for r in _slope()['rows']):.0f}",
 }
 
 

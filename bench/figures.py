@@ -122,13 +122,18 @@ def _contention_split() -> str:
     return f"fitting half {_count(*fit)} hold, checking half {_count(*check)}"
 
 
-def _pr172714_error() -> str:
+def _pr172714_pct() -> str:
+    """The worst of pytorch #172714's three figures (sequential, overlap on each path) against the model."""
     cases = output("fidelity_contention")["cases"]  # type: ignore[index]
     (case,) = [c for c in cases if "pr172714" in c["id"]]
     model = {**case["model"]["overlap"], "sequential": case["model"]["sequential"]}
     measured = {**case["measured"]["overlap"], "sequential": case["measured"]["sequential"]}
     worst = max(abs(model[k] - measured[k]) / measured[k] for k in measured)
-    return f"pytorch #172714 within {worst * 100:.1f}%"
+    return f"{worst * 100:.1f}%"
+
+
+def _pr172714_error() -> str:
+    return f"pytorch #172714 within {_pr172714_pct()}"
 
 
 def _replay_summary() -> str:
@@ -237,6 +242,7 @@ def _model_mape(cluster: str) -> str:
 
 
 KEYED: dict[str, Callable[[str], str]] = {
+    "fidelity.contention_judged": lambda split: _count(*_judged("fidelity_contention", split)),
     "model_accuracy.mape": _model_mape,
     "model_accuracy.compute": lambda cluster: f"{_calibrated(cluster)['compute_mape_pct']:.2f}",
     "ceiling.row": _ceiling_row,
@@ -383,6 +389,9 @@ FIGURES: dict[str, Callable[[], str]] = {
     "replay.exact": _replay_exact,
     "bench.a40.strategies": _a40_strategy_ranges,
     "fidelity.published_cases": lambda: _count(*_judged("fidelity_published")),
+    "fidelity.pr172714_pct": _pr172714_pct,
+    "fidelity.contention_not_judged": lambda: str(sum(1 for c in output("fidelity_contention")["cases"]  # type: ignore[index]
+                                                      if c["not_judged"] is not None)),
     "tuner_slope.evaluations": lambda: ", ".join(str(r["lagom_evaluations"]) for r in _slope()["rows"]),
     "tuner_slope.slope": lambda: f"{_slope()['fits']['lagom']['slope']:.1f}",
     "tuner_slope.quadratic": lambda: f"{_slope()['fits']['lagom']['quadratic']:+.3f}",

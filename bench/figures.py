@@ -132,6 +132,11 @@ def _pr172714_pct() -> str:
     return f"{worst * 100:.1f}%"
 
 
+def _contention_not_judged() -> str:
+    cases = output("fidelity_contention")["cases"]  # type: ignore[index]
+    return str(sum(1 for c in cases if c["not_judged"] is not None))
+
+
 def _pr172714_error() -> str:
     return f"pytorch #172714 within {_pr172714_pct()}"
 
@@ -390,8 +395,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "bench.a40.strategies": _a40_strategy_ranges,
     "fidelity.published_cases": lambda: _count(*_judged("fidelity_published")),
     "fidelity.pr172714_pct": _pr172714_pct,
-    "fidelity.contention_not_judged": lambda: str(sum(1 for c in output("fidelity_contention")["cases"]  # type: ignore[index]
-                                                      if c["not_judged"] is not None)),
+    "fidelity.contention_not_judged": _contention_not_judged,
     "tuner_slope.evaluations": lambda: ", ".join(str(r["lagom_evaluations"]) for r in _slope()["rows"]),
     "tuner_slope.slope": lambda: f"{_slope()['fits']['lagom']['slope']:.1f}",
     "tuner_slope.quadratic": lambda: f"{_slope()['fits']['lagom']['quadratic']:+.3f}",

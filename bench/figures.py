@@ -141,12 +141,22 @@ def _pr172714_error() -> str:
     return f"pytorch #172714 within {_pr172714_pct()}"
 
 
-def _replay_summary() -> str:
+def _replay_rows() -> list[dict]:
     rows = output("replay_accuracy")
     assert isinstance(rows, list)
-    worst = max(max(r["max_step_error_pct"], r["comm_error_pct"], r["exposed_error_pct"]) for r in rows)
+    return rows
+
+
+def _replay_exact() -> str:
+    """The worst of every trace's step, collective and exposed errors under its own settings."""
+    rows = _replay_rows()
+    return f"{max(max(r['max_step_error_pct'], r['comm_error_pct'], r['exposed_error_pct']) for r in rows):.2f}%"
+
+
+def _replay_summary() -> str:
+    rows = _replay_rows()
     alone = max(r["explained_median_step_error_pct"] for r in rows)
-    return (f"every step, collective time and exposed communication of {len(rows)} traces within {worst:.2f}%; "
+    return (f"every step, collective time and exposed communication of {len(rows)} traces within {_replay_exact()}; "
             f"from the graph's dependencies alone within {alone:.2f}%")
 
 
@@ -179,12 +189,19 @@ def _pct(x: float) -> str:
     return f"{x:+.1f}%"
 
 
+def _one(rows: object, key: str, **fields: str) -> dict:
+    """The one row of ``rows`` whose ``fields`` are these; a marker's key naming none is a KeyError."""
+    assert isinstance(rows, list)
+    found = [r for r in rows if all(r[k] == v for k, v in fields.items())]
+    if len(found) != 1:
+        raise KeyError(key)
+    return found[0]
+
+
 def _joint_row(what_if: str) -> str:
     """docs/replay.md's "Every rank at once" row: the true change (median over ranks), the predicted range, the
     worst median step error."""
-    rows = output("joint_accuracy")
-    assert isinstance(rows, list)
-    (r,) = [r for r in rows if r["what_if"] == what_if] or [{}]
+    r = _one(output("joint_accuracy"), what_if, what_if=what_if)
     low, high = sorted((min(r["predicted_change_pct"]), max(r["predicted_change_pct"])), key=abs)
     predicted = _pct(low) if f"{low:.1f}" == f"{high:.1f}" else f"{low:+.1f} to {high:+.1f}%"
     return (f"{_pct(statistics.median(r['true_change_pct']))} | {predicted} | "
@@ -202,8 +219,7 @@ def _bench_field(key: str) -> str:
 def _bench_row(key: str) -> str:
     """``SOURCE CLUSTER WORKLOAD``: an NVLink cell's bench columns in docs/tuner.md (NCCL us .. evals)."""
     name, cluster, workload = key.split()
-    cells = output(name)["cells"]  # type: ignore[index]
-    (c,) = [c for c in cells if (c["cluster"], c["workload"]) == (cluster, workload)]
+    c = _one(output(name)["cells"], key, cluster=cluster, workload=workload)  # type: ignore[index]
     paths = "; ".join(f"{group}: {path}" for group, path in c["lagom_paths"].items()) or "-"
     return (f"{c['nccl_us']:,.0f} | {c['lagom_us']:,.0f} | {c['speedup_vs_nccl']:.3f} | "
             f"{c['speedup_vs_autoccl']:.3f} | {c['speedup_vs_optuna']:.3f} | {paths} | {c['lagom_evaluations']}")
@@ -211,17 +227,13 @@ def _bench_row(key: str) -> str:
 
 def _replay_all_median(trace: str) -> str:
     """One trace's all-median step error (docs/replay.md's prose on the largest trace)."""
-    rows = output("replay_accuracy")
-    assert isinstance(rows, list)
-    (r,) = [r for r in rows if r["trace"] == f"{trace}.json.gz"] or [{}]
-    return _share(r["all_median_step_error_pct"])
+    return _share(_one(_replay_rows(), trace, trace=f"{trace}.json.gz")["all_median_step_error_pct"])
 
 
 def _ceiling_row(key: str) -> str:
     """``SOURCE WORKLOAD``: an NVLink cell's optimum columns in docs/tuner.md (knob-only us .. Lagom above optimum)."""
     name, workload = key.split()
-    cells = output(name)["cells"]  # type: ignore[index]
-    (c,) = [c for c in cells if c["workload"] == workload]
+    c = _one(output(name)["cells"], key, workload=workload)  # type: ignore[index]
     best, best_sm = c["optimum_us"], c["optimum_without_paths_us"]
     return (f"{c['lagom_knob_only_us']:,.0f} | {best_sm:,.0f} | {best:,.0f} | x{best_sm / best:.3f} | "
             f"+{(c['lagom_us'] / best - 1) * 100:.2f}%")
@@ -234,10 +246,7 @@ def _ceiling_field(key: str) -> str:
 
 
 def _calibrated(cluster: str) -> dict:
-    rows = output("model_accuracy")
-    assert isinstance(rows, list)
-    (r,) = [r for r in rows if (r["cluster"], r["model"]) == (cluster, "calibrated")] or [{}]
-    return r
+    return _one(output("model_accuracy"), cluster, cluster=cluster, model="calibrated")
 
 
 def _model_mape(cluster: str) -> str:
@@ -268,16 +277,8 @@ def _joint_change_points() -> str:
 
 
 def _replay_explained_range() -> str:
-    rows = output("replay_accuracy")
-    assert isinstance(rows, list)
-    alone = [r["explained_median_step_error_pct"] for r in rows]
+    alone = [r["explained_median_step_error_pct"] for r in _replay_rows()]
     return f"{min(alone):.2f}-{max(alone):.2f}%"
-
-
-def _replay_exact() -> str:
-    rows = output("replay_accuracy")
-    assert isinstance(rows, list)
-    return f"{max(max(r['max_step_error_pct'], r['comm_error_pct'], r['exposed_error_pct']) for r in rows):.2f}%"
 
 
 def _a40_strategy_ranges() -> str:
@@ -317,8 +318,7 @@ def _share(pct: float) -> str:
 
 
 def _replay_table() -> str:
-    rows = output("replay_accuracy")
-    assert isinstance(rows, list)
+    rows = _replay_rows()
 
     def comm(r: dict, field: str) -> str:  # a trace with no collective has no collective error
         return f"{r[field]:.2f}%" if r["measured_comm_ms_per_step"] > 0 else "-"

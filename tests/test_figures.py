@@ -73,3 +73,11 @@ def test_docs_figures_are_marked():
         text = (REPO / doc).read_text()
         for fig in figures:
             assert f"<!-- fig:{fig}" in text, (doc, fig)
+
+
+def test_a_key_naming_no_row_is_one_line(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("| a | <!-- fig:joint.row straggler comm=3 -->+15.8% | +15.8% | 0.00%<!-- /fig --> |\n")
+    done = _check(doc)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "joint.row: no row 'straggler comm=3' in its source" in done.stderr, done.stderr

@@ -216,6 +216,12 @@ def _bench_field(key: str) -> str:
     return f"{value * 100:.2f}" if field.startswith("max_gap") else f"x{value:.3f}"
 
 
+def _bench_worst(key: str) -> str:
+    """``SOURCE FIELD``: the worst cell of a bench run by one ratio (every cell it ran), as x0.999."""
+    name, field = key.split()
+    return f"x{min(c[field] for c in output(name)['cells']):.3f}"  # type: ignore[index]
+
+
 def _bench_row(key: str) -> str:
     """``SOURCE CLUSTER WORKLOAD``: an NVLink cell's bench columns in docs/tuner.md (NCCL us .. evals)."""
     name, cluster, workload = key.split()
@@ -265,6 +271,7 @@ KEYED: dict[str, Callable[[str], str]] = {
     "replay.all_median": _replay_all_median,
     "bench.field": _bench_field,
     "bench.row": _bench_row,
+    "bench.worst": _bench_worst,
 }
 
 

@@ -192,6 +192,9 @@ def test_nccl_estimate_ceiling_on_the_curves(capsys):
         assert r.detail["nccl_estimate_points_held"] == sum(own)
         assert r.detail["nccl_estimate_holds"] is all(own)
     assert not any(r.detail["nccl_estimate_holds"] for r in curves)
+    # the simulator holds the 4 x H100 AllReduce curve: its 4 MiB Ring/LL128 point pays LL128's base latency
+    four = next(r for r in curves if r.id == "h100x4_nccl2.29.2_allreduce_default_wh")
+    assert four.holds is True and four.model[1]["pick"] == "Ring/LL128"
     nvls = next(r for r in curves if r.id == "h100x8_nccl2.26.2_allreduce_default_nvls_together")
     assert nvls.model[-1]["nccl_estimate_busbw_GBps"] > 1.4 * 479.32  # NCCL's NVLS figure against nccl-tests'
     spec = importlib.util.spec_from_file_location("bench_fidelity", REPO_ROOT / "bench" / "fidelity.py")

@@ -53,7 +53,7 @@ from costmodel.nccl_algorithms import (
     log2_steps,
     nvls_efficiency,
 )
-from costmodel.nccl_defaults import SymmetricKernel, nccl_graph, protocol_hop_factors
+from costmodel.nccl_defaults import SymmetricKernel, nccl_graph, protocol_base_excess_us, protocol_hop_factors
 from costmodel.sim.params import SimParams
 from nccl_env.knob_table import ALGORITHM
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
@@ -185,8 +185,8 @@ class CollectiveModel:
         c_eff = max(1.0, min(c, per_channel_share))
         loops = max(1, math.ceil(per_channel_share / c_eff - 1e-9))
         step_us = c_eff / r_ch + sync
-        if n > 1:
-            latency = _hop_latency_us(signature, algo, cluster, proto)
+        if n > 1:  # the hops, and the protocol's base latency beyond the launch's (NCCL's LL128: +5.6 us)
+            latency = _hop_latency_us(signature, algo, cluster, proto) + protocol_base_excess_us(proto)
             fill = step_us * (n - 2 if coll in (CollectiveType.BROADCAST, CollectiveType.REDUCE) else 1)
         else:
             latency, fill = 0.0, 0.0

@@ -361,7 +361,9 @@ def _capturing() -> bool:
     return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
-_hook: StepHook[Session] = StepHook()
+# The job's session (step_hook.listener) and the optimizer hook that drives it; step_hook.step() is
+# lagom.runtime.step()'s boundary by hand, step_hook.uninstall() forgets both (tests; a job keeps them).
+step_hook: StepHook[Session] = StepHook()
 
 
 def install(emit) -> Session | None:
@@ -369,21 +371,7 @@ def install(emit) -> Session | None:
     path = os.environ.get(ENV_ONLINE)
     if not path:
         return None
-    return _hook.install(Session(OnlineSettingsFile.read(path), emit))
-
-
-def uninstall() -> None:
-    """Remove the step hook and forget the session (tests; a job keeps it to its end)."""
-    _hook.uninstall()
-
-
-def step() -> None:
-    """Mark a step boundary by hand (a job without a torch optimizer); no-op outside online runs."""
-    _hook.step()
-
-
-def session() -> Session | None:
-    return _hook.listener
+    return step_hook.install(Session(OnlineSettingsFile.read(path), emit))
 
 
 def collective_timing_requested() -> bool:

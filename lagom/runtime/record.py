@@ -401,7 +401,8 @@ def new_job_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-_hook: StepHook[Recorder] = StepHook()
+# The job's recorder (step_hook.listener) and the optimizer hook that drives it (as online.step_hook).
+step_hook: StepHook[Recorder] = StepHook()
 
 
 def install(emit) -> Recorder | None:
@@ -411,23 +412,9 @@ def install(emit) -> Recorder | None:
         return None
     import atexit
 
-    recorder = _hook.install(Recorder(RecordSettings.read(path), emit))
+    recorder = step_hook.install(Recorder(RecordSettings.read(path), emit))
     atexit.register(recorder.write_part)
     return recorder
-
-
-def uninstall() -> None:
-    """Remove the step hook and forget the recorder (tests; a job keeps it to its end)."""
-    _hook.uninstall()
-
-
-def step() -> None:
-    """A step boundary by hand (a job without a torch optimizer); no-op outside ``lagom record``."""
-    _hook.step()
-
-
-def current() -> Recorder | None:
-    return _hook.listener
 
 
 def emit_stderr(line: str) -> None:

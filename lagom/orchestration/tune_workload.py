@@ -233,8 +233,11 @@ def tune(request: TuneRequest, progress: TuneProgress | None = None) -> TuneResu
     notes: list[str] = []
     warnings: list[str] = []
 
-    def say(kind: Told, text: str) -> None:
-        {Told.NOTE: notes, Told.WARNING: warnings}.get(kind, []).append(text)
+    def say(kind: Told, text: str) -> None:  # kept in the result (notes, warnings) and told now
+        if kind is Told.NOTE:
+            notes.append(text)
+        elif kind is Told.WARNING:
+            warnings.append(text)
         heard.tell(kind, text)
 
     for note in choice.notes:

@@ -89,7 +89,6 @@ def test_a_trace_request_gives_the_commands_json_notes_and_warnings(tmp_path, ca
     (TuneRequest(SPEC, min_gain=-0.5), ["--min-gain", "-0.5"]),
     (TuneRequest(SPEC, budget=0), ["--budget", "0"]),
     (TuneRequest(SPEC, seed=-1), ["--seed", "-1"]),
-    (TuneRequest(SPEC, cluster="low-bw", nccl_version="9.9.9"), ["--cluster", "low-bw", "--nccl-version", "9.9.9"]),
     (TuneRequest(SPEC, cluster="low-bw", export_trace="e.json.gz"), ["--cluster", "low-bw", "--export-trace",
                                                                     "e.json.gz"]),
 ])

@@ -72,6 +72,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from lagom.args.common_args import add_cluster, add_evaluator, add_json, add_nccl_version, add_seed
+from lagom.args.knob_args import parse_nccl_version_arg
 from lagom.args.rank_args import add_arguments, reading_from_args
 from lagom.files.trace_export import export_trace
 from lagom.orchestration import tuning
@@ -120,7 +121,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     request = TuneRequest(
-        workload=args.workload, cluster=args.cluster, nccl_version=args.nccl_version,
+        workload=args.workload, cluster=args.cluster, nccl_version=parse_nccl_version_arg(args.nccl_version),
         evaluator=args.evaluator or tuning.DEFAULT_EVALUATOR, method=args.method, budget=args.budget,
         seed=args.seed, output=args.output, force=args.force, with_autoccl=not args.no_autoccl,
         min_gain=args.min_gain, unprofiled_cpu=args.unprofiled_cpu, export_trace=args.export_trace,

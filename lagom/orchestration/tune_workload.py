@@ -28,7 +28,6 @@ from costmodel.cluster import ClusterSpec
 from costmodel.evaluator import DurationScale, Evaluator
 from costmodel.replay.fidelity import ReplayFidelity, fidelity
 from lagom.args.common_args import check_seed
-from lagom.args.knob_args import parse_nccl_version_arg
 from lagom.args.rank_args import RankReading
 from lagom.files.output_paths import OutputFormat, check_output
 from lagom.files.trace_export import check_export_path
@@ -47,6 +46,7 @@ from lagom.reports.tune_report import JobView, SignatureRow, TuneReport, tune_re
 from lagom.reports.workload_fit import fit_warnings, untunable_warnings
 from nccl_env.errors import LagomError
 from nccl_env.plan import Plan
+from nccl_env.rules import NcclVersion
 from traces.workload import Workload
 from tuner import METHODS
 from tuner.result import TuneOutcome
@@ -61,7 +61,7 @@ class TuneRequest:
 
     workload: str  # a trace, a folder of ranks, a workload JSON file or a generator spec
     cluster: str | None = None  # a preset or a cluster file; None: a trace's GPU's preset
-    nccl_version: str | None = None  # X.Y.Z as given; None: the trace's, else the cluster's
+    nccl_version: NcclVersion | None = None  # None: the trace's, else the cluster's
     evaluator: str = tuning.DEFAULT_EVALUATOR
     method: str = "lagom"
     budget: int | None = None  # at most this many evaluations by the method; None: its own rule
@@ -228,7 +228,7 @@ def tune(request: TuneRequest, progress: TuneProgress | None = None) -> TuneResu
     refusal = refuse_to_tune(workload, cluster_given=r.cluster is not None) if from_trace else None
     if refusal:
         raise LagomError(refusal)
-    choice = resolve_cluster(workload, from_trace, r.cluster, parse_nccl_version_arg(r.nccl_version))
+    choice = resolve_cluster(workload, from_trace, r.cluster, r.nccl_version)
     cluster = choice.cluster
     notes: list[str] = []
     warnings: list[str] = []

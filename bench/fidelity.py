@@ -70,10 +70,27 @@ def _held(results: list[CaseResult]) -> str:
             + (f"; {not_judged} not judged" if not_judged else ""))
 
 
+def nccl_estimate_line(results: list[CaseResult]) -> list[str]:
+    """The judged busbw_curve cases again, with NCCL's own estimate for its pick as the model (the
+    ceiling a re-statement of NCCL's tuning model could reach on them), or nothing without such cases."""
+    curves = [r for r in results if r.kind == "busbw_curve" and r.holds is not None]
+    if not curves:
+        return []
+    held = sum(bool(r.detail.get("nccl_estimate_holds")) for r in curves)
+    points = sum(len(r.model) for r in curves)
+    points_held = sum(int(r.detail.get("nccl_estimate_points_held", 0)) for r in curves)
+    sim_held = sum(r.holds is True for r in curves)
+    sim_points = sum(bool(pt.get("holds")) for r in curves for pt in r.model)
+    return [f"NCCL's own estimate as the model: {held} of {len(curves)} busbw curves hold, "
+            f"{points_held} of {points} points (the simulator: {sim_held} of {len(curves)}, "
+            f"{sim_points} of {points})"]
+
+
 def summary(results: list[CaseResult]) -> list[str]:
-    """One line for the file; with a split, one per set and the fitting set's worst miss."""
+    """One line for the file; with a split, one per set and the fitting set's worst miss; a line
+    for NCCL's own estimate where the file has busbw curves."""
     if not any(r.split for r in results):
-        return [_held(results)]
+        return [_held(results), *nccl_estimate_line(results)]
     lines = []
     for split, name in (("fit", "fitting set"), ("check", "checking set")):
         part = [r for r in results if r.split == split]
@@ -89,7 +106,7 @@ def summary(results: list[CaseResult]) -> list[str]:
     unsplit = [r for r in results if r.split is None]
     if unsplit:
         lines.append(f"no split: {_held(unsplit)}")
-    return lines
+    return lines + nccl_estimate_line(results)
 
 
 def write_split(source: str, out: str) -> None:

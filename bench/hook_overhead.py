@@ -35,6 +35,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+from runtime_job import flat_layout, mlp  # noqa: E402  (the end-to-end test's job: tests/ is not a package)
 
 CONFIG = """\
 format: lagom.tuned-config
@@ -131,13 +133,9 @@ def worker(steps: int, rounds: int) -> None:
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
-    params = list(model.parameters())
-    numel = sum(p.numel() for p in params)
-    padded = -(-numel // world) * world
+    model = mlp(0)
+    params, numel, padded, shard = flat_layout(model, world)
     flat = torch.zeros(padded)
-    shard = padded // world
     generator = torch.Generator().manual_seed(rank)
     x = torch.randn(16, 32, generator=generator)
     y = torch.randn(16, 8, generator=generator)

@@ -17,11 +17,13 @@ perturbed start shows what calibration recovers when they are not.
 
     python3 bench/model_accuracy.py                 # low-bw and high-bw, full
     python3 bench/model_accuracy.py --quick         # fewer plans and windows
+    python3 bench/model_accuracy.py --json          # the rows as JSON (no times)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import time
@@ -67,10 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--perturb", type=float, default=0.3, help="start point: parameters x U(1-p, 1+p)")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON (no times)")
     args = parser.parse_args(argv)
     if args.quick:
         args.plans, args.windows, args.candidates = 2, 8, 10
-    print(f"{'cluster':8s} {'model':12s} {'iter MAPE':>10s} {'comp MAPE':>10s} {'coll MAPE':>10s} "
+    say = (lambda *a: None) if args.json else print
+    rows: list[dict] = []
+    say(f"{'cluster':8s} {'model':12s} {'iter MAPE':>10s} {'comp MAPE':>10s} {'coll MAPE':>10s} "
           f"{'max iter':>9s} {'rank gap mean':>14s} {'max':>6s} {'<=2%':>6s}")
     for name in args.clusters.split(","):
         preset = load_cluster(name)
@@ -106,12 +111,21 @@ def main(argv: list[str] | None = None) -> int:
                 gaps.append(accuracy.ranking_gap(model, truth, sub, preset,
                                                  accuracy.candidate_configs(rng, sig, args.candidates)).gap_pct)
             within = sum(g <= 2.0 for g in gaps)
-            print(f"{name:8s} {label:12s} {stats['iteration'].mape_pct:9.2f}% {stats['compute'].mape_pct:9.2f}% "
+            rows.append({"cluster": name, "model": label, "iteration_mape_pct": round(stats["iteration"].mape_pct, 4),
+                         "compute_mape_pct": round(stats["compute"].mape_pct, 4),
+                         "collective_mape_pct": round(stats["collective"].mape_pct, 4),
+                         "iteration_max_pct": round(stats["iteration"].max_pct, 4),
+                         "ranking_gap_mean_pct": round(sum(gaps) / max(1, len(gaps)), 4),
+                         "ranking_gap_max_pct": round(max(gaps, default=0), 4), "windows_within_2pct": within,
+                         "windows": len(gaps)})
+            say(f"{name:8s} {label:12s} {stats['iteration'].mape_pct:9.2f}% {stats['compute'].mape_pct:9.2f}% "
                   f"{stats['collective'].mape_pct:9.2f}% {stats['iteration'].max_pct:8.2f}% "
                   f"{sum(gaps) / max(1, len(gaps)):13.2f}% {max(gaps, default=0):5.2f}% {within:3d}/{len(gaps)}")
-        print(f"{'':8s} calibration: {fitted.report.measurements} measurements (1% noise), fit MAPE "
+        say(f"{'':8s} calibration: {fitted.report.measurements} measurements (1% noise), fit MAPE "
               f"{fitted.report.default_mape_pct:.2f}% at the start -> {fitted.report.mape_pct:.2f}%, {calib_s:.1f} s; "
               f"{len(cases)} held-out cases on {len(workloads)} workloads, {len(windows)} windows")
+    if args.json:
+        print(json.dumps(rows, indent=1))
     return 0
 
 

@@ -67,7 +67,8 @@ def main() -> int:
         if w.exec_graph is None or len(w.exec_graph.steps) < 2:
             continue
         st = replay_static(w)
-        fid = fidelity(replay(st, st.measured_dur))
+        own = replay(st, st.measured_dur)
+        fid = fidelity(own)
         e = explained_graph(w)
         explained = fidelity(as_measured(e))
         g = replace(w, exec_graph=w.exec_graph.with_median_delays())
@@ -79,7 +80,10 @@ def main() -> int:
                      "exposed_error_us_per_step": fid.exposed_error_us_per_step,
                      "explained_median_step_error_pct": explained.median_step_error_pct,
                      "unexplained_idle_ms_per_step": fid.unexplained_idle_us_per_step / 1000,
-                     "all_median_step_error_pct": generic.median_step_error_pct})
+                     "all_median_step_error_pct": generic.median_step_error_pct,
+                     # what the trace measured, the scale of the errors above (docs/replay.md's table)
+                     "measured_step_ms": sum(s.measured_iteration_us for s in own.steps) / len(own.steps) / 1000,
+                     "measured_comm_ms_per_step": sum(s.measured_comm_us for s in own.steps) / len(own.steps) / 1000})
         say(f"{path.name[:38]:38} {fid.steps:>5} {fid.median_step_error_pct:>8.2f} {fid.max_step_error_pct:>7.2f} "
               f"{fid.comm_error_pct:>7.2f} {fid.exposed_error_pct:>7.2f} {fid.exposed_error_us_per_step:>10.1f} "
               f"{explained.median_step_error_pct:>10.2f} {fid.unexplained_idle_us_per_step / 1000:>13.1f} "

@@ -7,12 +7,13 @@ signature), with ``--evaluator`` (sim, noise 0, by default). Prints evaluations 
 workload, the least-squares slope (evaluations per signature), and the same for
 AutoCCL and exhaustive's space size, side by side.
 
-    python3 bench/tuner_slope.py [--max-k 6] [--evaluator sim|analytic] [--cluster low-bw]
+    python3 bench/tuner_slope.py [--max-k 6] [--evaluator sim|analytic] [--cluster low-bw] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from dataclasses import replace
@@ -64,12 +65,15 @@ def main() -> int:
     parser.add_argument("--evaluator", choices=tuning.EVALUATORS, default="sim")
     parser.add_argument("--cluster", default="low-bw")
     parser.add_argument("--nccl-version", type=parse_nccl_version_arg, default=NcclVersion(2, 30, 3))
+    parser.add_argument("--json", action="store_true", help="print the rows and fits as JSON (no times)")
     args = parser.parse_args()
+    say = (lambda *a: None) if args.json else print
     cluster = tuning.with_nccl_version(load_cluster(args.cluster), args.nccl_version)
     widths = [1024 + 256 * i for i in range(args.max_k)]
     parts = [generate_workload(f"fsdp:hidden={h},layers=4,ffn={4 * h},heads=16,vocab=32000:gpus=8") for h in widths]
     rows = []
-    print(f"{'k':>2} {'signatures':>10} {'units':>5} {'lagom evals':>11} {'autoccl evals':>13} {'space points':>14} "
+    table = []
+    say(f"{'k':>2} {'signatures':>10} {'units':>5} {'lagom evals':>11} {'autoccl evals':>13} {'space points':>14} "
           f"{'lagom s':>8}")
     for k in range(1, args.max_k + 1):
         workload = concat_workloads(parts[:k])
@@ -79,14 +83,23 @@ def main() -> int:
         seconds = time.perf_counter() - started
         autoccl = AutoCCL().tune(workload, tuning.make_evaluator(args.evaluator, cluster), space)
         rows.append((len(space.signatures), lagom.evaluations, autoccl.evaluations))
-        print(f"{k:>2} {len(space.signatures):>10} {len(space.resource_units):>5} {lagom.evaluations:>11} "
+        table.append({"k": k, "signatures": len(space.signatures), "units": len(space.resource_units),
+                      "lagom_evaluations": lagom.evaluations, "autoccl_evaluations": autoccl.evaluations,
+                      "space_points": float(space.size())})
+        say(f"{k:>2} {len(space.signatures):>10} {len(space.resource_units):>5} {lagom.evaluations:>11} "
               f"{autoccl.evaluations:>13} {space.size():>14.3g} {seconds:>8.1f}")
     xs = [r[0] for r in rows]
+    fits = {}
     for name, col in (("lagom", 1), ("autoccl", 2)):
         ys = [r[col] for r in rows]
         slope, intercept = np.polyfit(xs, ys, 1)
         quad = np.polyfit(xs, ys, 2)[0] if len(xs) > 2 else 0.0
-        print(f"{name}: evaluations ~ {slope:.2f} x signatures + {intercept:.1f} (quadratic term {quad:+.3f})")
+        fits[name] = {"slope": round(float(slope), 4), "intercept": round(float(intercept), 4),
+                      "quadratic": round(float(quad), 5)}
+        say(f"{name}: evaluations ~ {slope:.2f} x signatures + {intercept:.1f} (quadratic term {quad:+.3f})")
+    if args.json:
+        print(json.dumps({"evaluator": args.evaluator, "cluster": args.cluster, "nccl_version": str(args.nccl_version),
+                          "rows": table, "fits": fits}, indent=1))
     return 0
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from costmodel.cluster import GpuSpec
 
@@ -68,33 +68,32 @@ _CDNA = (2048, 32)  # HIP maxThreadsPerMultiProcessor 2048 (the MI250 trace's de
 
 # Columns: key, model, vendor, form, SMs, memory GB, DRAM GB/s, L2 MiB, dense BF16 TFLOP/s, FP32 TFLOP/s,
 # threads / blocks per SM, compute capability, NVLink generation, GPU-GPU GB/s per direction, link reach, PCIe gen.
+# A row that differs from a sibling only in a few figures is that sibling with those figures replaced.
+
+# NVIDIA V100 datasheet (SXM2): 900 GB/s HBM2, 125 FP16 tensor TFLOP/s, 15.7 FP32, NVLink2 300 GB/s total, PCIe 3;
+# Volta whitepaper: 80 SMs, 6 MB L2
+_V100_SXM2 = GpuRow("V100-SXM2-16GB", "V100", NVIDIA, "sxm", 80, 16, 900, 6, 125, 15.7, *_CC70, (7, 0), 2, 150,
+                    REACH_NODE, 3, approx="BF16: V100 has no BF16 tensor cores, its FP16 tensor peak stands in; "
+                                          "NVLink2 reach: DGX-1's hybrid cube mesh, not every pair")
+# NVIDIA V100 datasheet (PCIe): 900 GB/s, 112 FP16 tensor TFLOP/s, 14 FP32, no NVLink, PCIe 3
+_V100_PCIE = GpuRow("V100-PCIE-16GB", "V100", NVIDIA, "pcie", 80, 16, 900, 6, 112, 14.0, *_CC70, (7, 0), None, 0,
+                    REACH_NONE, 3, approx="BF16: no BF16 tensor cores, the FP16 tensor peak stands in")
+# NVIDIA A100 datasheet: 1555 GB/s HBM2 (40GB), 312 dense BF16, 19.5 FP32, NVLink3 600 GB/s total, PCIe 4;
+# A100 whitepaper: 108 SMs, 40 MB L2. NVIDIA A100-PG509-200 is this board (HGX, 40 GB).
+_A100_SXM4 = GpuRow("A100-SXM4-40GB", "A100", NVIDIA, "sxm", 108, 40, 1555, 40, 312, 19.5, *_CC80, (8, 0), 3, 300,
+                    REACH_NODE, 4)
 ROWS: tuple[GpuRow, ...] = (
-    # NVIDIA V100 datasheet (SXM2): 900 GB/s HBM2, 125 FP16 tensor TFLOP/s, 15.7 FP32, NVLink2 300 GB/s total, PCIe 3;
-    # Volta whitepaper: 80 SMs, 6 MB L2
-    GpuRow("V100-SXM2-16GB", "V100", NVIDIA, "sxm", 80, 16, 900, 6, 125, 15.7, *_CC70, (7, 0), 2, 150, REACH_NODE, 3,
-           approx="BF16: V100 has no BF16 tensor cores, its FP16 tensor peak stands in; NVLink2 reach: "
-                  "DGX-1's hybrid cube mesh, not every pair"),
-    GpuRow("V100-SXM2-32GB", "V100", NVIDIA, "sxm", 80, 32, 900, 6, 125, 15.7, *_CC70, (7, 0), 2, 150, REACH_NODE, 3,
-           approx="BF16: V100 has no BF16 tensor cores, its FP16 tensor peak stands in; NVLink2 reach: "
-                  "DGX-1's hybrid cube mesh, not every pair"),
-    # NVIDIA V100 datasheet (PCIe): 900 GB/s, 112 FP16 tensor TFLOP/s, 14 FP32, no NVLink, PCIe 3
-    GpuRow("V100-PCIE-16GB", "V100", NVIDIA, "pcie", 80, 16, 900, 6, 112, 14.0, *_CC70, (7, 0), None, 0, REACH_NONE, 3,
-           approx="BF16: no BF16 tensor cores, the FP16 tensor peak stands in"),
-    GpuRow("V100-PCIE-32GB", "V100", NVIDIA, "pcie", 80, 32, 900, 6, 112, 14.0, *_CC70, (7, 0), None, 0, REACH_NONE, 3,
-           approx="BF16: no BF16 tensor cores, the FP16 tensor peak stands in"),
-    # NVIDIA A100 datasheet: 1555 GB/s HBM2 (40GB), 312 dense BF16, 19.5 FP32, NVLink3 600 GB/s total, PCIe 4;
-    # A100 whitepaper: 108 SMs, 40 MB L2. NVIDIA A100-PG509-200 is this board (HGX, 40 GB).
-    GpuRow("A100-SXM4-40GB", "A100", NVIDIA, "sxm", 108, 40, 1555, 40, 312, 19.5, *_CC80, (8, 0), 3, 300, REACH_NODE,
-           4),
+    _V100_SXM2,
+    replace(_V100_SXM2, key="V100-SXM2-32GB", mem_gb=32),
+    _V100_PCIE,
+    replace(_V100_PCIE, key="V100-PCIE-32GB", mem_gb=32),
+    _A100_SXM4,
     # docs/reference.md §2: A100 SXM 80GB 2039 GB/s HBM2e; the rest as the 40 GB part (A100 datasheet)
-    GpuRow("A100-SXM4-80GB", "A100", NVIDIA, "sxm", 108, 80, 2039, 40, 312, 19.5, *_CC80, (8, 0), 3, 300, REACH_NODE,
-           4),
+    replace(_A100_SXM4, key="A100-SXM4-80GB", mem_gb=80, mem_bw_gb_per_s=2039),
     # NVIDIA A100 datasheet (PCIe 40GB): 1555 GB/s; NVLink bridge 600 GB/s between two cards only
-    GpuRow("A100-PCIE-40GB", "A100", NVIDIA, "pcie", 108, 40, 1555, 40, 312, 19.5, *_CC80, (8, 0), 3, 300, REACH_PAIRS,
-           4),
+    replace(_A100_SXM4, key="A100-PCIE-40GB", form="pcie", link_reach=REACH_PAIRS),
     # NVIDIA A100 datasheet (PCIe 80GB): 1935 GB/s; NVLink bridge 600 GB/s between two cards only
-    GpuRow("A100-PCIE-80GB", "A100", NVIDIA, "pcie", 108, 80, 1935, 40, 312, 19.5, *_CC80, (8, 0), 3, 300, REACH_PAIRS,
-           4),
+    replace(_A100_SXM4, key="A100-PCIE-80GB", form="pcie", mem_gb=80, mem_bw_gb_per_s=1935, link_reach=REACH_PAIRS),
     # docs/reference.md §2 (132 SMs, 3350 GB/s, 50 MB L2, 989 dense BF16); H100 datasheet: 67 FP32, NVLink4 900 GB/s
     # total, PCIe 5
     GpuRow("H100-SXM5-80GB", "H100", NVIDIA, "sxm", 132, 80, 3350, 50, 989, 67.0, *_CC90, (9, 0), 4, 450, REACH_NODE,

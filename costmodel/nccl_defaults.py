@@ -790,6 +790,15 @@ def protocol_hop_factors(cluster: ClusterSpec, algorithm: Algorithm, protocol: P
             net[table_algo][protocol] / net[Algorithm.RING][base])
 
 
+def protocol_base_excess_us(protocol: Protocol) -> float:
+    """The fixed cost a protocol's kernels add per call beyond the simulator's launch figure, which
+    stands for NCCL's base latencies of LL and Simple (tuning.cc baseLat, the Ring row, the same from
+    v2.18.3-1 to the 2.31 development branch's src/tuning/cost_model.cc: LL 6.6, Simple 8.4 us): LL128's
+    14.0 us lies 5.6 us above the larger; LL and Simple add nothing. Ring, tree and PAT kernels pay it."""
+    ring = BASE_LAT_US[Algorithm.RING]
+    return max(0.0, ring[protocol] - max(ring[Protocol.LL], ring[Protocol.SIMPLE]))
+
+
 # ---- NCCL's pick against what a trace says NCCL ran ------------------------------------------------------
 
 

@@ -8,17 +8,23 @@ evaluator), holds it keyed by the workload object: its id, checked through a wea
 otherwise; build a new one. (A trace's replay data: :class:`costmodel.replay.data.ReplayData`.)
 
 A workload is validated when its data is built (:func:`costmodel.evaluator.check_workload`),
-so each evaluator refuses the same inputs.
+and each call's plan and scale by :meth:`WorkloadCache.for_evaluation`, so each evaluator
+refuses the same inputs.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-from costmodel.evaluator import check_workload
+from costmodel.evaluator import DurationScale, check_generated, check_plan, check_workload
+from costmodel.replay.anchor import check_scale
 from traces.workload import Workload
+
+if TYPE_CHECKING:
+    from costmodel.cluster import ClusterSpec
+    from nccl_env.plan import Plan
 
 T = TypeVar("T")
 
@@ -49,6 +55,14 @@ class WorkloadCache(Generic[T]):
                 self._entries.pop(next(iter(self._entries)))  # the oldest
         self._entries[key] = (weakref.ref(workload), size, data)
         return data
+
+    def for_evaluation(self, workload: Workload, plan: Plan, scale: DurationScale | None, cluster: ClusterSpec) -> T:
+        """``get(workload)`` after the checks both evaluators make on each call (LagomError, one line):
+        ``plan`` runs on ``cluster``, ``workload`` is generated (a trace is replayed), ``scale`` is identity."""
+        check_plan(plan, cluster)
+        check_generated(workload)
+        check_scale(workload, scale)
+        return self.get(workload)
 
     def values(self) -> list[T]:
         """The data of every workload held now."""

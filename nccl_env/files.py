@@ -25,7 +25,7 @@ import gzip
 import os
 import stat
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -71,20 +71,19 @@ def path_kind(path: str | os.PathLike) -> PathKind:
     return _kind_of_mode(mode)
 
 
+# Each kind and the stat test that tells it, in the order they are asked.
+_MODE_KINDS: tuple[tuple[Callable[[int], bool], PathKind], ...] = (
+    (stat.S_ISREG, PathKind.FILE),
+    (stat.S_ISDIR, PathKind.FOLDER),
+    (stat.S_ISFIFO, PathKind.FIFO),
+    (stat.S_ISCHR, PathKind.CHAR_DEVICE),
+    (stat.S_ISBLK, PathKind.BLOCK_DEVICE),
+    (stat.S_ISSOCK, PathKind.SOCKET),
+)
+
+
 def _kind_of_mode(mode: int) -> PathKind:
-    if stat.S_ISREG(mode):
-        return PathKind.FILE
-    if stat.S_ISDIR(mode):
-        return PathKind.FOLDER
-    if stat.S_ISFIFO(mode):
-        return PathKind.FIFO
-    if stat.S_ISCHR(mode):
-        return PathKind.CHAR_DEVICE
-    if stat.S_ISBLK(mode):
-        return PathKind.BLOCK_DEVICE
-    if stat.S_ISSOCK(mode):
-        return PathKind.SOCKET
-    return PathKind.OTHER
+    return next((kind for is_kind, kind in _MODE_KINDS if is_kind(mode)), PathKind.OTHER)
 
 
 SPECIAL_KINDS = frozenset({PathKind.FIFO, PathKind.CHAR_DEVICE, PathKind.BLOCK_DEVICE, PathKind.SOCKET,

@@ -11,8 +11,20 @@ import enum
 from dataclasses import dataclass, fields, replace
 
 
-class Algorithm(enum.IntEnum):
-    """NCCL_ALGO_* indices (NCCL_NUM_ALGORITHMS is 6 before 2.23, 7 with PAT)."""
+class _NcclIndex(enum.IntEnum):
+    """An NCCL index enum whose member names, lower-cased, are Lagom's spelling."""
+
+    @property
+    def nccl_name(self) -> str:
+        return self.name.lower()
+
+
+class Algorithm(_NcclIndex):
+    """NCCL_ALGO_* indices (NCCL_NUM_ALGORITHMS is 6 before 2.23, 7 with PAT).
+
+    ``nccl_name`` (e.g. ``collnet_direct``) is Lagom's spelling in tuned configs and reports;
+    NCCL_ALGO's parser knows ``collnetdirect`` (no underscore): env values come from
+    ``nccl_env.delivery.ENV_ALGO_NAME``; the plugin table accepts both."""
 
     TREE = 0
     RING = 1
@@ -22,38 +34,22 @@ class Algorithm(enum.IntEnum):
     NVLS_TREE = 5
     PAT = 6
 
-    @property
-    def nccl_name(self) -> str:
-        """Lagom's spelling in tuned configs and reports (e.g. ``collnet_direct``).
 
-        NCCL_ALGO's parser knows ``collnetdirect`` (no underscore): env values come from
-        ``nccl_env.delivery.ENV_ALGO_NAME``; the plugin table accepts both."""
-        return self.name.lower()
-
-
-class Protocol(enum.IntEnum):
+class Protocol(_NcclIndex):
     """NCCL_PROTO_* indices."""
 
     LL = 0
     LL128 = 1
     SIMPLE = 2
 
-    @property
-    def nccl_name(self) -> str:
-        return self.name.lower()
 
-
-class CtaPolicy(enum.IntEnum):
+class CtaPolicy(_NcclIndex):
     """``ncclConfig_t.CTAPolicy`` flags (nccl.h: DEFAULT 0x00 and EFFICIENCY 0x01 from NCCL 2.27,
     ZERO 0x02 from 2.28); which version takes which: :mod:`nccl_env.rules`."""
 
     DEFAULT = 0
     EFFICIENCY = 1
     ZERO = 2
-
-    @property
-    def nccl_name(self) -> str:
-        return self.name.lower()
 
 
 # ncclConfig_t.CTAPolicy flag values by name.

@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -65,13 +66,9 @@ def main() -> None:
         dist.destroy_process_group()
         return
     sub = dist.new_group(list(range(world)))
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
-    params = list(model.parameters())
-    numel = sum(p.numel() for p in params)
-    padded = -(-numel // world) * world
+    model = mlp(0)
+    params, numel, padded, shard = flat_layout(model, world)
     flat = torch.zeros(padded)
-    shard = padded // world
     with torch.no_grad():
         offset = 0
         for p in params:
@@ -88,11 +85,8 @@ def main() -> None:
                 offset += p.numel()
 
     load(flat)
-    generator = torch.Generator().manual_seed(1000 + rank)
     losses = []
-    for _step in range(args.steps):
-        x = torch.randn(16, 32, generator=generator)
-        y = torch.randn(16, 8, generator=generator)
+    for x, y in batches(args.steps, 1000 + rank):
         model.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
@@ -143,7 +137,6 @@ def main() -> None:
 
 
 def train_fsdp(steps: int, rank: int, tally) -> list[float]:
-    import torch
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
@@ -157,8 +150,7 @@ def train_fsdp(steps: int, rank: int, tally) -> list[float]:
             tally("reducescatter", group, max(output_tensor.nbytes, input_tensor.nbytes))
             return super().__call__(output_tensor, input_tensor, group, op, async_op)
 
-    torch.manual_seed(1)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
+    model = mlp(1)
     units = [model[0], model[2]]
     for unit in units:
         fully_shard(unit)
@@ -166,43 +158,66 @@ def train_fsdp(steps: int, rank: int, tally) -> list[float]:
     for unit in units:
         unit.set_custom_all_gather(CountedAllGather())
         unit.set_custom_reduce_scatter(CountedReduceScatter())
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    generator = torch.Generator().manual_seed(2000 + rank)
-    losses = []
-    for _step in range(steps):
-        x = torch.randn(16, 32, generator=generator)
-        y = torch.randn(16, 8, generator=generator)
-        optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
+    return train(model, steps, 2000 + rank)
 
 
 def train_ddp(steps: int, rank: int, tally) -> list[float]:
-    import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    torch.manual_seed(2)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
+    model = mlp(2)
     # a cap below every gradient's size: each gradient is one bucket, one all-reduce per step
     ddp = DistributedDataParallel(model, bucket_cap_mb=1e-6)
     tally("broadcast", None, sum(p.nbytes for p in model.parameters()))  # the module's state, from rank 0
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    generator = torch.Generator().manual_seed(3000 + rank)
-    losses = []
-    for step in range(steps):
-        x = torch.randn(16, 32, generator=generator)
-        y = torch.randn(16, 8, generator=generator)
-        optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(ddp(x), y)
-        loss.backward()
+
+    def tally_buckets(step: int) -> None:
         if step == 0:
             tally("allreduce", None, sum(p.nbytes for p in model.parameters()))
         else:
             for p in model.parameters():
                 tally("allreduce", None, p.nbytes)
+
+    return train(ddp, steps, 3000 + rank, tally_buckets)
+
+
+def mlp(seed: int):
+    """The jobs' MLP (32 -> 64 -> 8), its weights drawn with torch's global seed ``seed``."""
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
+
+
+def flat_layout(model, world: int) -> tuple[list, int, int, int]:
+    """ZeRO's flat view of ``model``: its parameters, their element count, that count padded to a
+    multiple of ``world``, and one rank's shard of the padded count."""
+    params = list(model.parameters())
+    numel = sum(p.numel() for p in params)
+    padded = -(-numel // world) * world
+    return params, numel, padded, padded // world
+
+
+def batches(steps: int, seed: int) -> Iterator:
+    """``steps`` (x, y) batches of the MLP's shapes, drawn from their own generator seeded ``seed``."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(16, 32, generator=generator)
+        yield x, torch.randn(16, 8, generator=generator)
+
+
+def train(module, steps: int, seed: int, after_backward: Callable[[int], None] = lambda step: None) -> list[float]:
+    """``steps`` SGD steps (lr 0.05) of ``module`` on :func:`batches` drawn from ``seed``;
+    ``after_backward(step)`` runs between each step's backward and its optimizer step. The losses."""
+    import torch
+
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.05)
+    losses = []
+    for step, (x, y) in enumerate(batches(steps, seed)):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(module(x), y)
+        loss.backward()
+        after_backward(step)
         optimizer.step()
         losses.append(loss.item())
     return losses

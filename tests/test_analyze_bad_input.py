@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 import orjson
+import pytest
 from conftest import trace_path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -29,41 +30,31 @@ def _assert_one_line_error(rc, err, path, words):
     assert "Traceback" not in err
 
 
-def test_missing_file(capsys, tmp_path):
-    path = tmp_path / "nope.json.gz"
-    rc, _, err = _run(capsys, path)
-    _assert_one_line_error(rc, err, path, "no such file")
-
-
-def test_not_json(capsys, tmp_path):
-    path = tmp_path / "trace.json"
-    path.write_text("this is not { json")
-    rc, _, err = _run(capsys, path)
-    _assert_one_line_error(rc, err, path, "not valid JSON")
-
-
-def test_truncated_gzip(capsys, tmp_path):
+def _half_a_gzip() -> bytes:
     data = trace_path("mi250_rocm_minitoy.json.gz").read_bytes()
-    path = tmp_path / "cut.json.gz"
-    path.write_bytes(data[: len(data) // 2])
+    return data[: len(data) // 2]
+
+
+_CPU_OPS = [{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5, "args": {}}
+            for i in range(20)]
+
+
+# (file name, its bytes (None: no file), words in the error)
+@pytest.mark.parametrize("name, data, words", [
+    pytest.param("nope.json.gz", None, "no such file", id="missing_file"),
+    pytest.param("trace.json", b"this is not { json", "not valid JSON", id="not_json"),
+    pytest.param("cut.json.gz", _half_a_gzip(), "truncated gzip", id="truncated_gzip"),
+    pytest.param("config.json", b'{"learning_rate": 0.1, "layers": [1, 2]}', "not a PyTorch profiler trace",
+                 id="json_that_is_not_a_trace"),
+    pytest.param("cpu_ops_only.json", orjson.dumps({"schemaVersion": 1, "traceEvents": _CPU_OPS}),
+                 "neither GPU kernels nor collectives", id="trace_with_neither_kernels_nor_collectives"),
+])
+def test_bad_file(capsys, tmp_path, name, data, words):
+    path = tmp_path / name
+    if data is not None:
+        path.write_bytes(data)
     rc, _, err = _run(capsys, path)
-    _assert_one_line_error(rc, err, path, "truncated gzip")
-
-
-def test_json_that_is_not_a_trace(capsys, tmp_path):
-    path = tmp_path / "config.json"
-    path.write_text('{"learning_rate": 0.1, "layers": [1, 2]}')
-    rc, _, err = _run(capsys, path)
-    _assert_one_line_error(rc, err, path, "not a PyTorch profiler trace")
-
-
-def test_trace_with_neither_kernels_nor_collectives(capsys, tmp_path):
-    path = tmp_path / "cpu_ops_only.json"
-    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5, "args": {}}
-              for i in range(20)]
-    path.write_bytes(orjson.dumps({"schemaVersion": 1, "traceEvents": events}))
-    rc, _, err = _run(capsys, path)
-    _assert_one_line_error(rc, err, path, "neither GPU kernels nor collectives")
+    _assert_one_line_error(rc, err, path, words)
 
 
 def test_empty_directory(capsys, tmp_path):

@@ -183,6 +183,11 @@ def _readonly(d: Path) -> Path:
     return Path("/sys")
 
 
+def _run(*flags: str) -> list[str]:
+    """``lagom run FLAGS -- touch {d}/ran``: the job leaves ``ran`` in the scene if it ever starts."""
+    return ["run", *flags, "--", "touch", "{d}/ran"]
+
+
 # (id, argv with {d} for the scene folder and {ro} for a read-only folder, exit status, first line of stderr: regex)
 ROWS = [
     # ---- files a user owns are never lost
@@ -190,11 +195,9 @@ ROWS = [
      r"^lagom tune: error: -o \S+mytrace.json.gz: is also this command's input \(WORKLOAD "),
     ("tune -o a link to its input", ["tune", "{d}/mytrace.json.gz", "-o", "{d}/link.json.gz"], 2,
      r"^lagom tune: error: -o \S+link.json.gz: is also this command's input"),
-    ("run --audit its own --config", ["run", "--config", "{d}/cfg.yaml", "--audit", "{d}/cfg.yaml", "--",
-                                      "touch", "{d}/ran"], 2,
+    ("run --audit its own --config", _run("--config", "{d}/cfg.yaml", "--audit", "{d}/cfg.yaml"), 2,
      r"^lagom run: error: --audit \S+cfg.yaml: is also this command's input \(--config "),
-    ("run --workdir a user's folder", ["run", "--config", "{d}/cfg.yaml", "--workdir", "{d}/project", "--",
-                                       "touch", "{d}/ran"], 2,
+    ("run --workdir a user's folder", _run("--config", "{d}/cfg.yaml", "--workdir", "{d}/project"), 2,
      r"^lagom run: error: --workdir \S+project: holds files an earlier lagom run did not put there "
      r"\(lagom.yaml, tuner_table.csv\)"),
     ("tune -o a user's file", ["tune", "tp:phi2:tp=8", "--cluster", "low-bw", "-o", "{d}/user.txt"], 2,
@@ -211,14 +214,11 @@ ROWS = [
      r"^lagom plugin: error: -o \S+cfg.yaml: is also this command's input \(CONFIG "),
     ("analyze --plot a user's png", ["analyze", "{d}/mytrace.json.gz", "--plot", "{d}/user.png"], 2,
      r"^lagom analyze: error: --plot \S+user.png: exists and is not a plot Lagom wrote; give --force"),
-    ("run --audit a user's file", ["run", "--config", "{d}/cfg.yaml", "--audit", "{d}/user.txt", "--",
-                                   "touch", "{d}/ran"], 2,
+    ("run --audit a user's file", _run("--config", "{d}/cfg.yaml", "--audit", "{d}/user.txt"), 2,
      r"^lagom run: error: --audit \S+user.txt: exists and is not an audit Lagom wrote; give --force"),
-    ("run --audit in a read-only folder", ["run", "--config", "{d}/cfg.yaml", "--audit", "{ro}/audit.json", "--",
-                                           "touch", "{d}/ran"], 2,
+    ("run --audit in a read-only folder", _run("--config", "{d}/cfg.yaml", "--audit", "{ro}/audit.json"), 2,
      r"^lagom run: error: --audit \S+audit.json: cannot write in \S+: "),
-    ("run --online --save in no folder", ["run", "--online", *SIMULATED_JOB, "--save", "{d}/no/such/tuned.yaml",
-                                          "--", "touch", "{d}/ran"], 2,
+    ("run --online --save in no folder", _run("--online", *SIMULATED_JOB, "--save", "{d}/no/such/tuned.yaml"), 2,
      r"^lagom run: error: --save \S+tuned.yaml: \S+/no/such is not an existing folder"),
     # ---- no input takes the machine down
     ("simulate 8e11 ranks", ["simulate", "tp:phi2:tp=8,dp=99999999999", "--cluster", "high-bw"], 2,
@@ -243,8 +243,7 @@ ROWS = [
      r"^lagom tune: error: \S+huge.json: 1,099.5 GB of JSON needs about "),
     ("tune --budget 10^7", ["tune", "tp:phi2:tp=8", "--cluster", "low-bw", "--budget", "10000000", "-o", "{d}/t.yaml"],
      2, r"^lagom tune: error: --budget 10000000: must be between 1 and 100000 evaluations$"),
-    ("run --online --budget-steps 10^9", ["run", "--online", *SIMULATED_JOB, "--budget-steps", "1000000000", "--",
-                                         "touch", "{d}/ran"], 2,
+    ("run --online --budget-steps 10^9", _run("--online", *SIMULATED_JOB, "--budget-steps", "1000000000"), 2,
      r"^lagom run: error: --budget-steps 1000000000: must be between 1 and 1000000$"),
     # ---- a trace Lagom cannot tune is said to be one
     ("tune the trace without its kernels", ["tune", "{d}/nokernels.json", "-o", "{d}/t.yaml"], 2,
@@ -256,35 +255,32 @@ ROWS = [
     ("analyze ''", ["analyze", ""], 2, r"^lagom analyze: error: an empty path"),
     ("simulate ''", ["simulate", ""], 2, r"^lagom simulate: error: WORKLOAD: an empty name"),
     # ---- every config value is checked where it is read
-    ("run --config colectives:", ["run", "--config", "{d}/colectives.yaml", "--", "touch", "{d}/ran"], 2,
+    ("run --config colectives:", _run("--config", "{d}/colectives.yaml"), 2,
      r"^lagom run: error: \S+colectives.yaml: unknown key 'colectives' \(did you mean 'collectives'\?\)$"),
-    ("run --config NCCL_NTHREADS: lots", ["run", "--config", "{d}/nthreads_lots.yaml", "--", "touch", "{d}/ran"], 2,
+    ("run --config NCCL_NTHREADS: lots", _run("--config", "{d}/nthreads_lots.yaml"), 2,
      r"^lagom run: error: \S+nthreads_lots.yaml: env NCCL_NTHREADS='lots' is not valid on NCCL 2.18.3: allowed a "
      r"multiple of 32 in 64-512$"),
-    ("run --config NCCL_BUFFSIZE: -1", ["run", "--config", "{d}/buffsize_neg.yaml", "--", "touch", "{d}/ran"], 2,
+    ("run --config NCCL_BUFFSIZE: -1", _run("--config", "{d}/buffsize_neg.yaml"), 2,
      r"^lagom run: error: \S+buffsize_neg.yaml: env NCCL_BUFFSIZE='-1' is not valid on NCCL 2.18.3"),
-    ("run --config NCCL_ALGO: ring,warp", ["run", "--config", "{d}/algo_bogus.yaml", "--", "touch", "{d}/ran"], 2,
+    ("run --config NCCL_ALGO: ring,warp", _run("--config", "{d}/algo_bogus.yaml"), 2,
      r"^lagom run: error: \S+algo_bogus.yaml: env NCCL_ALGO='ring,warp' is not valid on NCCL 2.18.3"),
-    ("run --config threads: 100000", ["run", "--config", "{d}/threads_big.yaml", "--", "touch", "{d}/ran"], 2,
+    ("run --config threads: 100000", _run("--config", "{d}/threads_big.yaml"), 2,
      r"^lagom run: error: \S+threads_big.yaml: collectives\[0\]: threads=100000 is not valid on NCCL 2.18.3"),
-    ("run --config min_ctas: 999", ["run", "--config", "{d}/ctas_big.yaml", "--", "touch", "{d}/ran"], 2,
+    ("run --config min_ctas: 999", _run("--config", "{d}/ctas_big.yaml"), 2,
      r"^lagom run: error: \S+ctas_big.yaml: process group '0': min_ctas=999 is not valid on NCCL 2.18.3"),
-    ("run --config nccl_version: 2.20 (a float)", ["run", "--config", "{d}/version_float.yaml", "--", "touch",
-                                                   "{d}/ran"], 2,
+    ("run --config nccl_version: 2.20 (a float)", _run("--config", "{d}/version_float.yaml"), 2,
      r"^lagom run: error: \S+version_float.yaml: nccl_version must be a quoted string"),
-    ("run --config nccl_version: 2.29.1 (never released)", ["run", "--config", "{d}/version_never.yaml", "--",
-                                                            "touch", "{d}/ran"], 2,
+    ("run --config nccl_version: 2.29.1 (never released)", _run("--config", "{d}/version_never.yaml"), 2,
      r"^lagom run: error: \S+version_never.yaml: nccl_version '2.29.1': NCCL never released 2.29.1 "
      r"\(releases from 2.14.3 to 2.32.6; closest: 2.29.2, 2.29.3, 2.29.7\)$"),
     ("tune --nccl-version 2.18 (no such release)", ["tune", "tp:phi2:tp=8", "--cluster", "low-bw", "--nccl-version",
                                                      "2.18", "-o", "{d}/t.yaml"], 2,
      r"^lagom tune: error: --nccl-version '2.18': NCCL never released 2.18.0 \(.*closest: 2.18.1, 2.18.3, "
      r"2.18.5, 2.18.6\)$"),
-    ("run --online --nccl-version 2.30.1", ["run", "--online", "--simulate", "tp:phi2:tp=8", "--cluster", "low-bw",
-                                            "--nccl-version", "2.30.1", "--", "touch", "{d}/ran"], 2,
+    ("run --online --nccl-version 2.30.1", _run("--online", "--simulate", "tp:phi2:tp=8", "--cluster", "low-bw",
+                                                "--nccl-version", "2.30.1"), 2,
      r"^lagom run: error: --nccl-version '2.30.1': NCCL never released 2.30.1 .*closest: 2.30.3, 2.30.4, 2.30.7\)$"),
-    ("run --online seed threads: 100000", ["run", "--online", *SIMULATED_JOB, "--config", "{d}/threads_big.yaml",
-                                           "--", "touch", "{d}/ran"], 2,
+    ("run --online seed threads: 100000", _run("--online", *SIMULATED_JOB, "--config", "{d}/threads_big.yaml"), 2,
      r"^lagom run: error: \S+threads_big.yaml: collectives\[0\]: threads=100000 is not valid on NCCL 2.21.5"),
     ("simulate --config colectives:", ["simulate", "fsdp:phi2", "--cluster", "high-bw", "--config",
                                        "{d}/colectives.yaml"], 2,
@@ -312,7 +308,7 @@ ROWS_24 = [
     ("tune a FIFO", ["tune", "{d}/pipe.json", "-o", "{d}/t.yaml"], 2, r"^lagom tune: error: \S+pipe.json: " + _FIFO),
     ("tune --cluster a FIFO", ["tune", "tp:phi2:tp=8", "--cluster", "{d}/pipe.yaml", "-o", "{d}/t.yaml"], 2,
      r"^lagom tune: error: \S+pipe.yaml: " + _FIFO),
-    ("run --config a FIFO", ["run", "--config", "{d}/pipe.yaml", "--", "touch", "{d}/ran"], 2,
+    ("run --config a FIFO", _run("--config", "{d}/pipe.yaml"), 2,
      r"^lagom run: error: \S+pipe.yaml: " + _FIFO),
     ("plugin check a FIFO", ["plugin", "check", "{d}/pipe.csv"], 2, r"^lagom plugin: error: \S+pipe.csv: " + _FIFO),
     ("plugin table a FIFO", ["plugin", "table", "{d}/pipe.yaml"], 2, r"^lagom plugin: error: \S+pipe.yaml: " + _FIFO),
@@ -331,7 +327,7 @@ ROWS_24 = [
     ("analyze a socket", ["analyze", "{d}/sock.json"], 2,
      r"^lagom analyze: error: \S+sock.json: is a socket, expected "),
     ("analyze a link loop", ["analyze", "{d}/loop_a"], 2, r"^lagom analyze: error: \S+loop_a: " + _LOOP),
-    ("run --config a link loop", ["run", "--config", "{d}/loop_a", "--", "touch", "{d}/ran"], 2,
+    ("run --config a link loop", _run("--config", "{d}/loop_a"), 2,
      r"^lagom run: error: \S+loop_a: " + _LOOP),
     ("analyze a gzip stream past the bound", ["analyze", "{d}/bomb.json.gz"], 2,
      r"^lagom analyze: error: \S+bomb.json.gz: a gzip stream that decompresses to more than the 33,554,432 bytes "
@@ -345,14 +341,14 @@ ROWS_24 = [
                                     "{d}/pipe.json"], 2, r"^lagom tune: error: --export-trace \S+pipe.json: " + _FIFO),
     ("analyze --plot a FIFO", ["analyze", "{d}/mytrace.json.gz", "--plot", "{d}/plot.png"], 2,
      r"^lagom analyze: error: --plot \S+plot.png: " + _FIFO),
-    ("run --audit a FIFO", ["run", "--config", "{d}/cfg.yaml", "--audit", "{d}/out.fifo", "--", "touch", "{d}/ran"],
+    ("run --audit a FIFO", _run("--config", "{d}/cfg.yaml", "--audit", "{d}/out.fifo"),
      2, r"^lagom run: error: --audit \S+out.fifo: " + _FIFO),
-    ("run --audit a link loop", ["run", "--config", "{d}/cfg.yaml", "--audit", "{d}/loop_a", "--", "touch",
-                                 "{d}/ran"], 2, r"^lagom run: error: --audit \S+loop_a: " + _LOOP),
-    ("run --workdir a link loop", ["run", "--config", "{d}/cfg.yaml", "--workdir", "{d}/loop_a", "--", "touch",
-                                   "{d}/ran"], 2, r"^lagom run: error: --workdir \S+loop_a: " + _LOOP),
-    ("run --online --save a link loop", ["run", "--online", *SIMULATED_JOB, "--save", "{d}/loop_a", "--", "touch",
-                                         "{d}/ran"], 2, r"^lagom run: error: --save \S+loop_a: " + _LOOP),
+    ("run --audit a link loop", _run("--config", "{d}/cfg.yaml", "--audit", "{d}/loop_a"), 2,
+     r"^lagom run: error: --audit \S+loop_a: " + _LOOP),
+    ("run --workdir a link loop", _run("--config", "{d}/cfg.yaml", "--workdir", "{d}/loop_a"), 2,
+     r"^lagom run: error: --workdir \S+loop_a: " + _LOOP),
+    ("run --online --save a link loop", _run("--online", *SIMULATED_JOB, "--save", "{d}/loop_a"), 2,
+     r"^lagom run: error: --save \S+loop_a: " + _LOOP),
     ("record -o a link loop", ["record", "-o", "{d}/loop_a", "--", "touch", "{d}/ran"], 2,
      r"^lagom record: error: -o \S+loop_a: " + _LOOP),
     ("calibrate -o a FIFO", ["calibrate", "--backend", "sim:low-bw", "--measurements", "20", "-o", "{d}/out.fifo"], 2,
@@ -368,7 +364,7 @@ ROWS_24 = [
     ("analyze a NaN duration", ["analyze", "{d}/nan.json"], 2,
      r"^lagom analyze: error: \S+nan.json: not valid JSON \(.*\): a NaN time or value, in the event "
      r"\{\"ph\":\"X\",\"cat\":\"kernel\""),
-    ("run --config two env keys", ["run", "--config", "{d}/dup_env.yaml", "--", "touch", "{d}/ran"], 2,
+    ("run --config two env keys", _run("--config", "{d}/dup_env.yaml"), 2,
      r"^lagom run: error: \S+dup_env.yaml: not valid YAML: duplicate key 'env' \(lines 4 and 11\)$"),
     ("simulate --cluster two nodes keys", ["simulate", "fsdp:phi2", "--cluster", "{d}/dup_cluster.yaml"], 2,
      r"^lagom simulate: error: \S+dup_cluster.yaml: not valid YAML: duplicate key 'nodes' "),
@@ -393,7 +389,7 @@ ROWS_31_BOUNDS = [
      r"^lagom plugin: error: \S+" + _DEEP),
     ("simulate --cluster a YAML nested 1,000 deep", ["simulate", "fsdp:phi2", "--cluster", "{d}/deep.yaml"], 2,
      r"^lagom simulate: error: \S+" + _DEEP),
-    ("run --config a YAML nested 1,000 deep", ["run", "--config", "{d}/deep.yaml", "--", "touch", "{d}/ran"], 2,
+    ("run --config a YAML nested 1,000 deep", _run("--config", "{d}/deep.yaml"), 2,
      r"^lagom run: error: \S+" + _DEEP),
     ("simulate a cluster of 1e-300 GB/s links", ["simulate", "fsdp:phi2", "--cluster", "{d}/cluster_bw.yaml"], 2,
      r"^lagom simulate: error: \S+cluster_bw.yaml: 'intra_node.bw_gb_per_s' = 1e-300 is outside the physical range "
@@ -408,8 +404,8 @@ ROWS_31_BOUNDS = [
     ("calibrate a cluster of 10^12 SMs", ["calibrate", "--backend", "sim:{d}/cluster_sms.yaml", "--measurements", "20",
                                           "-o", "{d}/t.yaml"], 2,
      r"^lagom calibrate: error: \S+cluster_sms.yaml: 'gpu.sm_count' = 1000000000000 is outside "),
-    ("run --online --cluster 1e-300 GB/s links", ["run", "--online", "--simulate", "tp:phi2:tp=8", "--cluster",
-                                                  "{d}/cluster_bw.yaml", "--", "touch", "{d}/ran"], 2,
+    ("run --online --cluster 1e-300 GB/s links", _run("--online", "--simulate", "tp:phi2:tp=8", "--cluster",
+                                                      "{d}/cluster_bw.yaml"), 2,
      r"^lagom run: error: \S+cluster_bw.yaml: 'intra_node.bw_gb_per_s' = 1e-300 is outside "),
 ]
 ROWS += ROWS_24 + ROWS_31_BOUNDS
@@ -417,22 +413,19 @@ ROWS += ROWS_24 + ROWS_31_BOUNDS
 _REFUSED = r"is refused: a tuned file's env may set only the NCCL knobs Lagom tunes \(NCCL_ALGO, "
 # Issue 31's rows (each wrong on b8c6fd7: the job started with the variable set, or the ranks died inside).
 ROWS_31 = [
-    *((f"run --config env {name}", ["run", "--config", f"{{d}}/env_{name.lower()}.yaml", "--", "touch", "{d}/ran"],
+    *((f"run --config env {name}", _run("--config", f"{{d}}/env_{name.lower()}.yaml"),
        2, rf"^lagom run: error: \S+env_{name.lower()}.yaml: env {name} {_REFUSED}") for name in ENV_REFUSED),
     ("simulate --config env LD_PRELOAD", ["simulate", "fsdp:phi2", "--cluster", "high-bw", "--config",
                                           "{d}/env_ld_preload.yaml"], 2,
      rf"^lagom simulate: error: \S+env_ld_preload.yaml: env LD_PRELOAD {_REFUSED}"),
     ("plugin table env NCCL_DEBUG_FILE", ["plugin", "table", "{d}/env_nccl_debug_file.yaml"], 2,
      rf"^lagom plugin: error: \S+env_nccl_debug_file.yaml: env NCCL_DEBUG_FILE {_REFUSED}"),
-    ("run --online seed env FOO_BAR", ["run", "--online", *SIMULATED_JOB, "--config", "{d}/env_foo_bar.yaml",
-                                       "--", "touch", "{d}/ran"], 2,
+    ("run --online seed env FOO_BAR", _run("--online", *SIMULATED_JOB, "--config", "{d}/env_foo_bar.yaml"), 2,
      rf"^lagom run: error: \S+env_foo_bar.yaml: env FOO_BAR {_REFUSED}"),
-    ("run --online seed cluster: no-such-cluster", ["run", "--online", "--config", "{d}/seed_no_cluster.yaml", "--",
-                                                    "touch", "{d}/ran"], 2,
+    ("run --online seed cluster: no-such-cluster", _run("--online", "--config", "{d}/seed_no_cluster.yaml"), 2,
      r"^lagom run: error: \S+seed_no_cluster.yaml: cluster: unknown cluster 'no-such-cluster': not a file and not "
      r"a preset"),
-    ("run --online seed workload: a missing trace", ["run", "--online", "--config", "{d}/seed_gone_trace.yaml", "--",
-                                                     "touch", "{d}/ran"], 2,
+    ("run --online seed workload: a missing trace", _run("--online", "--config", "{d}/seed_gone_trace.yaml"), 2,
      r"^lagom run: error: \S+seed_gone_trace.yaml: workload gone/trace.json.gz: no such file relative to the "
      r"file's folder \(\S+\), where a tuned file's paths resolve$"),
 ]

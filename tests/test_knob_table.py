@@ -149,7 +149,7 @@ VERSION_EDGES = {
     "costmodel/calibration/torch_backend.py", "costmodel/sim/published_cases.py", "lagom/files/tuned_config.py",
     "lagom/args/knob_args.py", "lagom/commands/tune.py", "lagom/commands/bench.py", "lagom/commands/run.py",
     "lagom/commands/calibrate.py",
-    "lagom/commands/simulate.py",
+    "lagom/orchestration/simulation.py",
     "lagom/orchestration/trace_context.py", "lagom/runtime/online.py",
 }
 PARSE = re.compile(r"NcclVersion\.(parse|from_code)\(|released_version\(|parse_nccl_version_arg\(|"

@@ -41,6 +41,11 @@ HELD_OUT = {
 }
 
 
+def _held_out(preset) -> list:
+    """The workloads of ``preset``'s cluster that calibration never saw."""
+    return [generate_workload(spec) for spec in HELD_OUT[preset.name]]
+
+
 @pytest.fixture(scope="module", params=["low-bw", "high-bw"])
 def calibrated(request):
     """Calibrated on the simulator (1% noise, <= 300 measurements), starting from every
@@ -85,8 +90,7 @@ def test_mape_against_the_simulator_on_held_out_workloads(calibrated):
     preset, result = calibrated
     rng = random.Random(7)
     cases = []
-    for spec in HELD_OUT[preset.name]:
-        w = generate_workload(spec)
+    for w in _held_out(preset):
         cases.append((w, Plan()))
         cases += [(w, random_plan(rng, w, preset)) for _ in range(2)]
     stats = compare_timings(AnalyticEvaluator(result.cluster), Simulator(preset, noise=0.0), cases)
@@ -99,10 +103,7 @@ def test_mape_against_the_simulator_on_held_out_workloads(calibrated):
 def test_ranking_of_settings_in_random_overlap_windows(calibrated):
     preset, result = calibrated
     rng = random.Random(11)
-    windows = []
-    for spec in HELD_OUT[preset.name]:
-        w = generate_workload(spec)
-        windows += [(w, win) for win in compute_bound_windows(w)]
+    windows = [(w, win) for w in _held_out(preset) for win in compute_bound_windows(w)]
     rng.shuffle(windows)
     model = AnalyticEvaluator(result.cluster)
     truth = Simulator(preset, noise=0.0)

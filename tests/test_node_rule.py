@@ -71,24 +71,19 @@ def graphs(draw, ranks: int) -> Graph:
     f64, i64 = np.float64, np.int64
     pred_ptr, pred_idx = _csr([o["preds"] for o in ops])
     awaited_ptr, awaited_idx = _csr([w["awaited"] for w in waits])
+
+    def columns(rows: list[dict], dtype, **keys: str) -> dict[str, np.ndarray]:
+        """One array per ``name=key``: each row's ``key``."""
+        return {name: np.array([row[key] for row in rows], dtype=dtype) for name, key in keys.items()}
+
     arrays = {
-        "pred_ptr": pred_ptr, "pred_idx": pred_idx,
-        "launch_call": np.array([o["call"] for o in ops], dtype=f64),
-        "launch_latency": np.array([o["lat"] for o in ops], dtype=f64),
-        "launch_thread": np.array([o["thread"] for o in ops], dtype=i64),
-        "launch_wait": np.array([o["wait"] for o in ops], dtype=i64),
-        "gap": np.array([o["gap"] for o in ops], dtype=f64),
-        "measured_start": np.array([o["start"] for o in ops], dtype=f64),
-        "wait_thread": np.array([w["thread"] for w in waits], dtype=i64),
-        "wait_prev": np.array([w["prev"] for w in waits], dtype=i64),
-        "wait_begin": np.array([w["begin"] for w in waits], dtype=f64),
-        "wait_own": np.array([w["own"] for w in waits], dtype=f64),
-        "wait_end": np.array([w["end"] for w in waits], dtype=f64),
-        "wait_return": np.array([w["ret"] for w in waits], dtype=f64),
-        "awaited_ptr": awaited_ptr, "awaited_idx": awaited_idx,
+        "pred_ptr": pred_ptr, "pred_idx": pred_idx, "awaited_ptr": awaited_ptr, "awaited_idx": awaited_idx,
+        **columns(ops, f64, launch_call="call", launch_latency="lat", gap="gap", measured_start="start"),
+        **columns(ops, i64, launch_thread="thread", launch_wait="wait"),
+        **columns(waits, i64, wait_thread="thread", wait_prev="prev", wait_cause="cause"),
+        **columns(waits, f64, wait_begin="begin", wait_own="own", wait_end="end", wait_return="ret",
+                  wait_cause_us="cause_us"),
         "wait_cause_thread": np.array([w["thread"] if w["cause"] >= 0 else -1 for w in waits], dtype=i64),
-        "wait_cause": np.array([w["cause"] for w in waits], dtype=i64),
-        "wait_cause_us": np.array([w["cause_us"] for w in waits], dtype=f64),
         "anchor": np.array([draw(st.floats(0, 50)) for _ in range(ranks)], dtype=f64),
     }
     return Graph(n, [o["preds"] for o in ops], [o["wait"] for o in ops], [w["awaited"] for w in waits],

@@ -279,4 +279,4 @@ def test_a_single_process_job_tunes_through_explicit_steps_and_saves_the_plan(tm
         saved = load_tuned_config(tmp_path / "tuned.yaml")
         assert str(saved.nccl_version) == VERSION and saved.collectives and saved.method == "lagom-online"
     finally:
-        online.uninstall()
+        online.step_hook.uninstall()

@@ -151,11 +151,16 @@ def test_a_hop_costs_nccls_latency_for_its_algorithm_and_protocol_over_the_prese
     assert protocol_hop_factors(h100, Algorithm.TREE, Protocol.LL) == pytest.approx((1.0, 5.0 / 2.7))
     assert protocol_hop_factors(low, Algorithm.RING, Protocol.SIMPLE) == pytest.approx((5.7 / 1.0, 14.0 / 2.7))
     # the simulator charges it: the same 8 MiB ring AllGather on LL128 pays 7 hops x (1.9 - 0.6) us more than the
-    # hop latency of LL would give, whatever else its pipeline costs
+    # hop latency of LL would give, whatever else its pipeline costs, and LL128's base latency once beyond the
+    # launch figure's (tuning.cc baseLat Ring: LL 6.6, LL128 14.0, Simple 8.4 us; the launch stands for LL/Simple)
+    from costmodel.nccl_defaults import protocol_base_excess_us
+
+    assert [protocol_base_excess_us(p) for p in (Protocol.LL, Protocol.LL128, Protocol.SIMPLE)] == pytest.approx(
+        [0.0, 5.6, 0.0])
     sim = Simulator(h100, noise=0.0)
     sig = Signature("g", CollectiveType.ALLGATHER, 8 << 20, 8, 1)
     config = CommConfig(algorithm=Algorithm.RING, protocol=Protocol.LL128, channels=16, threads=640,
                         chunk_bytes=1 << 17)
     model = sim.collective_model(sig, config)
     share_bytes = (8 << 20) // (8 * 16)  # a channel's share: under the chunk, so one step moves it (LL128 at 36.7 GB/s)
-    assert model.fixed_us == pytest.approx(5.0 + 7 * 1.9 + share_bytes / 36.7e3 + 0.4, rel=1e-9)
+    assert model.fixed_us == pytest.approx(5.0 + (14.0 - 8.4) + 7 * 1.9 + share_bytes / 36.7e3 + 0.4, rel=1e-9)

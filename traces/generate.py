@@ -331,20 +331,23 @@ def gemm_op(label: str, m: int, n: int, k: int, grid_blocks: int | None = None, 
 
 @dataclass
 class _Builder:
+    """Places ops in time; what it places accumulates in ``out`` (a Workload's own op, group and
+    dependency lists), put in order by :meth:`workload`."""
+
     world_size: int
     gpus_per_node: int
-    compute: list[ComputeOp] = field(default_factory=list)
-    colls: list[CollectiveOp] = field(default_factory=list)
-    deps: list[Dependency] = field(default_factory=list)
-    groups: dict[str, ProcessGroup] = field(default_factory=dict)
+    out: Workload = field(init=False)
     comm_streams: dict[str, int] = field(default_factory=dict)
     _next_id: int = 0
     _stream_free: dict[int, float] = field(default_factory=dict)
     _end: dict[int, float] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.out = Workload(rank=0, world_size=self.world_size)
+
     def group(self, name: str, ranks: list[int]) -> None:
         nodes = len({r // self.gpus_per_node for r in ranks})
-        self.groups[name] = ProcessGroup(name, tuple(ranks), nodes)
+        self.out.groups[name] = ProcessGroup(name, tuple(ranks), nodes)
         self.comm_streams[name] = COMM_STREAM_BASE + len(self.comm_streams)
 
     def _place(self, stream: int, duration: float, after: tuple[int, ...]) -> tuple[int, float]:
@@ -353,7 +356,7 @@ class _Builder:
         start = self._stream_free.get(stream, 0.0)
         for a in after:
             start = max(start, self._end[a])
-            self.deps.append(Dependency(a, op_id, DependencyKind.DATA))
+            self.out.dependencies.append(Dependency(a, op_id, DependencyKind.DATA))
         self._end[op_id] = start + duration
         self._stream_free[stream] = start + duration + KERNEL_GAP_US
         return op_id, start
@@ -361,7 +364,7 @@ class _Builder:
     def gemm(self, label: str, m: int, n: int, k: int, after: tuple[int, ...] = ()) -> int:
         op = gemm_op(label, m, n, k)
         op_id, start = self._place(COMPUTE_STREAM, op.duration_us, after)
-        self.compute.append(replace(op, op_id=op_id, start_us=start))
+        self.out.compute_ops.append(replace(op, op_id=op_id, start_us=start))
         return op_id
 
     def attention(self, label: str, batch: int, seq: int, heads: int, head_dim: int, backward: bool,
@@ -373,9 +376,10 @@ class _Builder:
         op_id, start = self._place(COMPUTE_STREAM, duration, after)
         kind = "bwd" if backward else "fwd"
         name = f"flash_{kind}_kernel [{label}]"
-        self.compute.append(ComputeOp(op_id, name, COMPUTE_STREAM, start, duration,
-                                      grid=(math.ceil(seq / 128), batch * heads, 1), block=(128, 1, 1),
-                                      blocks_per_sm=1.0, shared_memory_bytes=96 * 1024, flops=flops, dram_bytes=dram))
+        self.out.compute_ops.append(ComputeOp(op_id, name, COMPUTE_STREAM, start, duration,
+                                              grid=(math.ceil(seq / 128), batch * heads, 1), block=(128, 1, 1),
+                                              blocks_per_sm=1.0, shared_memory_bytes=96 * 1024, flops=flops,
+                                              dram_bytes=dram))
         return op_id
 
     def elementwise(self, label: str, elements: int, bytes_per_element: float, after: tuple[int, ...] = (),
@@ -384,9 +388,9 @@ class _Builder:
         flops = float(elements * flops_per_element)
         duration = dram / REF_BYTES_PER_US + KERNEL_GAP_US
         op_id, start = self._place(COMPUTE_STREAM, duration, after)
-        self.compute.append(ComputeOp(op_id, f"vectorized_elementwise_kernel [{label}]", COMPUTE_STREAM, start,
-                                      duration, grid=(max(1, math.ceil(elements / (256 * 8))), 1, 1), block=(256, 1, 1),
-                                      blocks_per_sm=6.0, flops=flops, dram_bytes=dram))
+        self.out.compute_ops.append(ComputeOp(op_id, f"vectorized_elementwise_kernel [{label}]", COMPUTE_STREAM,
+                                              start, duration, grid=(max(1, math.ceil(elements / (256 * 8))), 1, 1),
+                                              block=(256, 1, 1), blocks_per_sm=6.0, flops=flops, dram_bytes=dram))
         return op_id
 
     def collective(self, label: str, kind: CollectiveType, group: str, message_bytes: int,
@@ -396,21 +400,20 @@ class _Builder:
         op_id, start = self._place(stream, duration, after)
         nccl = {CollectiveType.ALLGATHER: "AllGather", CollectiveType.REDUCESCATTER: "ReduceScatter",
                 CollectiveType.ALLREDUCE: "AllReduce", CollectiveType.ALLTOALL: "SendRecv"}[kind]
-        self.colls.append(CollectiveOp(op_id, f"ncclDevKernel_{nccl}_Sum_bf16_RING_SIMPLE [{label}]", kind,
-                                       int(message_bytes), stream, start, duration, group, dtype="BFloat16"))
+        self.out.collectives.append(CollectiveOp(op_id, f"ncclDevKernel_{nccl}_Sum_bf16_RING_SIMPLE [{label}]", kind,
+                                                 int(message_bytes), stream, start, duration, group, dtype="BFloat16"))
         return op_id
 
     def workload(self, source: str) -> Workload:
         streams = [Stream(COMPUTE_STREAM, StreamKind.COMPUTE, "compute")]
         streams += [Stream(s, StreamKind.COMMUNICATION, f"nccl:{g}") for g, s in self.comm_streams.items()]
-        return Workload(
-            rank=0,
-            world_size=self.world_size,
+        return replace(
+            self.out,
             streams=streams,
-            compute_ops=sorted(self.compute, key=lambda o: o.start_us),
-            collectives=sorted(self.colls, key=lambda o: o.start_us),
-            groups=dict(self.groups),
-            dependencies=list(self.deps),
+            compute_ops=sorted(self.out.compute_ops, key=lambda o: o.start_us),
+            collectives=sorted(self.out.collectives, key=lambda o: o.start_us),
+            groups=dict(self.out.groups),
+            dependencies=list(self.out.dependencies),
             source=source,
             device_name="generated (durations: A40 roofline hint)",
             sm_count=None,

@@ -50,6 +50,7 @@ from costmodel.nccl_algorithms import (
     NVLS_TREE_NET_LATENCY_FACTOR,
     log2_steps,
 )
+from costmodel.nccl_defaults import protocol_base_excess_us
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
 
 # (algorithm, protocol) -> (intra-node, network) hop latency over LL's (nccl_defaults.protocol_hop_factors)
@@ -205,7 +206,7 @@ def collective_estimate(
     intra_hops, net_hops = hops(collective, algorithm, n, nodes)
     latency = intra_hops * p["intra_hop_us"] * hop_factors[0] + net_hops * p["net_hop_us"] * hop_factors[1]
     fill = step * (n - 2 if rooted else 1)
-    fixed = p["launch_us"] + latency + fill
+    fixed = p["launch_us"] + protocol_base_excess_us(protocol) + latency + fill  # as the simulator
     # NCCL's last loop runs a smaller chunk (realChunkSize): only the synchronisations are quantised,
     # and what a channel keeps in flight is the chunk it really uses (in buffer bytes)
     est = CollectiveEstimate(

@@ -59,10 +59,9 @@ from costmodel.analytic.contention_model import (
 from costmodel.analytic.jump import JumpStatic, build_jump_static, jump_timeline
 from costmodel.analytic.params import params_for
 from costmodel.cluster import ClusterSpec
-from costmodel.evaluator import DurationScale, LazyOpValues, OpTiming, Timing, check_generated, check_plan
+from costmodel.evaluator import DurationScale, LazyOpValues, OpTiming, Timing
 from costmodel.nccl_algorithms import NVLS_FAMILY, admitted, algorithm_settings
 from costmodel.nccl_defaults import nccl_graph, protocol_hop_factors, symmetric_kernel
-from costmodel.replay.anchor import check_scale
 from costmodel.workload_cache import WorkloadCache
 from nccl_env.errors import LagomError
 from nccl_env.knob_table import ALGORITHM, CHANNELS, CHUNK, PATH, THREADS, sets_every_kernel_knob
@@ -169,10 +168,7 @@ class AnalyticEvaluator:
     def evaluate(self, workload: Workload, plan: Plan, scale: DurationScale | None = None) -> Timing:
         """A generated workload (a trace is replayed: costmodel.replay.trace_evaluator.ReplayEvaluator
         over this evaluator); ``scale``, a what-if on a trace's measured times, is refused unless identity."""
-        check_plan(plan, self.cluster)
-        check_generated(workload)
-        check_scale(workload, scale)
-        st = self._statics.get(workload)
+        st = self._statics.for_evaluation(workload, plan, scale, self.cluster)
         self.evaluations += 1
         ests = [self.estimate(sig, plan.config_for(sig)) for sig in st.signatures]
         if True in st.host_side:

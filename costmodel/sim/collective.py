@@ -53,7 +53,8 @@ from costmodel.nccl_algorithms import (
     log2_steps,
     nvls_efficiency,
 )
-from costmodel.nccl_defaults import SymmetricKernel, nccl_graph, protocol_hop_factors
+from costmodel.nccl_defaults import SymmetricKernel, nccl_graph, protocol_base_excess_us, protocol_hop_factors
+from costmodel.sim.memo import StateMemo
 from costmodel.sim.params import SimParams
 from nccl_env.knob_table import ALGORITHM
 from nccl_env.knobs import Algorithm, CollectiveType, CommConfig, Protocol
@@ -157,7 +158,7 @@ class CollectiveModel:
         self.dram_fifo = dram_fifo  # extra DRAM bytes per payload byte for FIFO data spilled out of L2
         self.alone_us = alone_us  # on an idle GPU
         self.mechanism = mechanism  # what moves the data (SM kernel, symmetric kernel, copy engines)
-        self._memo: dict = {}
+        self._memo = StateMemo()
         self._host: CollectiveModel | None = None
 
     @classmethod
@@ -185,8 +186,8 @@ class CollectiveModel:
         c_eff = max(1.0, min(c, per_channel_share))
         loops = max(1, math.ceil(per_channel_share / c_eff - 1e-9))
         step_us = c_eff / r_ch + sync
-        if n > 1:
-            latency = _hop_latency_us(signature, algo, cluster, proto)
+        if n > 1:  # the hops, and the protocol's base latency beyond the launch's (NCCL's LL128: +5.6 us)
+            latency = _hop_latency_us(signature, algo, cluster, proto) + protocol_base_excess_us(proto)
             fill = step_us * (n - 2 if coll in (CollectiveType.BROADCAST, CollectiveType.REDUCE) else 1)
         else:
             latency, fill = 0.0, 0.0
@@ -406,29 +407,18 @@ class CollectiveModel:
 
     def time_us(self, l2_for_comm: float, bw_bytes_per_us: float, link_share: float) -> float:
         """Duration if the state held for the whole collective."""
-        key = (l2_for_comm, bw_bytes_per_us, link_share)
-        cached = self._memo.get(key)
-        if cached is not None:
-            return cached
+        return self._memo.get_or((l2_for_comm, bw_bytes_per_us, link_share), self._time_us, l2_for_comm,
+                                 bw_bytes_per_us, link_share)
+
+    def _time_us(self, l2_for_comm: float, bw_bytes_per_us: float, link_share: float) -> float:
         if self.wire_bytes <= 0:
-            value = self.fixed_us
-        else:
-            value = self.fixed_us + max(self.wire_bytes / self.rate(l2_for_comm, bw_bytes_per_us, link_share),
-                                        self.steps_us)
-        if len(self._memo) < 256:
-            self._memo[key] = value
-        return value
+            return self.fixed_us
+        return self.fixed_us + max(self.wire_bytes / self.rate(l2_for_comm, bw_bytes_per_us, link_share),
+                                   self.steps_us)
 
     def dram_demand(self, l2_for_comm: float, link_share: float) -> float:
         """Bytes/us of DRAM traffic at its link-limited pace."""
-        key = (l2_for_comm, None, link_share)
-        cached = self._memo.get(key)
-        if cached is not None:
-            return cached
-        value = self._dram_demand(l2_for_comm, link_share)
-        if len(self._memo) < 256:
-            self._memo[key] = value
-        return value
+        return self._memo.get_or((l2_for_comm, None, link_share), self._dram_demand, l2_for_comm, link_share)
 
     def _dram_demand(self, l2_for_comm: float, link_share: float) -> float:
         if self.wire_bytes <= 0:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 
 from costmodel.cluster import GpuSpec
+from costmodel.sim.memo import StateMemo
 from costmodel.sim.params import SimParams
 from nccl_env.errors import LagomError
 from traces.gemm_names import gemm_dtype
@@ -78,7 +79,7 @@ class ComputeModel:
                 self.tile_reuse = bm * bn / (bm + bn) * 2 / dtype.operand_bytes
                 if self.smem <= 0:
                     self.smem = 3.0 * (bm + bn) * 32 * dtype.operand_bytes
-        self._memo: dict = {}
+        self._memo = StateMemo()
         self.uncontended_us = self.time_us(self.sm_count, self.l2_bytes, self.bw_full)
         # a collective launched beside this kernel waits for the current wave to retire
         full_wave = self.sm_count * self.tb
@@ -94,10 +95,10 @@ class ComputeModel:
 
     def time_us(self, free_sms: int, l2_free_bytes: float, bw_bytes_per_us: float) -> float:
         """Duration if the state held for the whole kernel."""
-        key = (free_sms, l2_free_bytes, bw_bytes_per_us)
-        cached = self._memo.get(key)
-        if cached is not None:
-            return cached
+        return self._memo.get_or((free_sms, l2_free_bytes, bw_bytes_per_us), self._time_us, free_sms, l2_free_bytes,
+                                 bw_bytes_per_us)
+
+    def _time_us(self, free_sms: int, l2_free_bytes: float, bw_bytes_per_us: float) -> float:
         free_sms = max(1, min(free_sms, self.sm_count))
         bw = max(bw_bytes_per_us, 1e-6)
         if self.from_trace:
@@ -110,7 +111,7 @@ class ComputeModel:
             else:
                 sm_factor = self.sm_count / free_sms
             mem_factor = _TRACE_MEMORY_FRACTION * self.bw_full / bw
-            value = self.trace_us * max(sm_factor, mem_factor) + self.overhead
+            return self.trace_us * max(sm_factor, mem_factor) + self.overhead
         else:
             slots, resident = self._waves(free_sms)
             t_flops = slots * self.flops_block / self.flops_per_sm_us
@@ -122,21 +123,11 @@ class ComputeModel:
                 reuse_hi = self.tile_reuse * math.sqrt(resident)
                 reuse_lo = self.tile_reuse * self.short_reuse
                 traffic = max(traffic, flops * (hit / reuse_hi + (1.0 - hit) / reuse_lo))
-            value = max(t_flops, traffic / bw) + self.overhead
-        if len(self._memo) < 256:
-            self._memo[key] = value
-        return value
+            return max(t_flops, traffic / bw) + self.overhead
 
     def dram_demand(self, free_sms: int, l2_free_bytes: float) -> float:
         """Bytes/us the kernel would pull if DRAM were not its limit (its compute-bound pace)."""
-        key = (free_sms, l2_free_bytes, None)
-        cached = self._memo.get(key)
-        if cached is not None:
-            return cached
-        value = self._dram_demand(free_sms, l2_free_bytes)
-        if len(self._memo) < 256:
-            self._memo[key] = value
-        return value
+        return self._memo.get_or((free_sms, l2_free_bytes, None), self._dram_demand, free_sms, l2_free_bytes)
 
     def _dram_demand(self, free_sms: int, l2_free_bytes: float) -> float:
         if self.from_trace:

@@ -41,6 +41,7 @@ class SimParams:
     step_sync_us_ll128: float = 0.4  # per step: flags travel inline with data, no fence
     step_sync_us_ll: float = 0.2  # per step: flags inline, 8-byte granularity
     launch_us: float = 5.0  # NCCL kernel launch + work-element fetch (NCCL tuning.cc baseLat is 6.6-8.4 us)
+    # LL128's baseLat, 14.0 us, is 5.6 us above: nccl_defaults.protocol_base_excess_us adds it
     # FIFO data written by the peer and not yet read by the channel's CTA: one slice, the unit a
     # sender posts and a receiver waits on (NCCL collectives.h: SLICESTEPS = NCCL_STEPS/4 of a
     # chunk's CHUNKSTEPS = NCCL_STEPS/2, so half a chunk); the rest of the two-chunk FIFO is already

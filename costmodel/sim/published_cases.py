@@ -1059,14 +1059,21 @@ def _run_curve(case: Case, sim: Simulator, q: BusbwCurve) -> CaseResult:
         rows.append(Row(f"{label} ({pick}{nccl_own})", f"{busbw:,.1f} GB/s", f"{measured:g} GB/s",
                         f"±{q.relative:.0%}", holds, error))
         points.append({"bytes": size, "busbw_GBps": round(busbw, 2), "pick": pick, "holds": holds,
-                       "nccl_estimate_busbw_GBps": round(own_busbw, 2) if own_busbw is not None else None})
+                       "nccl_estimate_busbw_GBps": round(own_busbw, 2) if own_busbw is not None else None,
+                       "nccl_estimate_holds": own_busbw is not None
+                       and abs(own_busbw / measured - 1) <= q.relative})
     held = sum(r.holds is True for r in rows)
     holds_all = held == len(rows)
     forced = f" forced {q.forced_text}" if q.forced_text else ""
     head = Row(case.id + forced, f"{held}/{len(rows)} points", f"{len(rows)} points", f"±{q.relative:.0%}",
                holds_all)
+    # the same points judged with NCCL's own estimate (tuning.cc latency + bytes / bandwidth of its pick) as the
+    # model: how far NCCL's tuning model itself stands from nccl-tests' curve (bench/fidelity.py's ceiling line)
+    own_held = sum(bool(pt.get("nccl_estimate_holds")) for pt in points)
+    detail = {"forced": q.forced_text, "nccl_estimate_points_held": own_held,
+              "nccl_estimate_holds": own_held == len(q.points)}
     return CaseResult(case.id, case.kind, holds_all, points, [{"bytes": b, "busbw_GBps": v} for b, v in q.points],
-                      {"forced": q.forced_text}, [head, *rows])
+                      detail, [head, *rows])
 
 
 def run_cases(cases: list[Case]) -> list[CaseResult]:

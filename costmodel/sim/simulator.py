@@ -42,10 +42,9 @@ import math
 import numpy as np
 
 from costmodel.cluster import ClusterSpec
-from costmodel.evaluator import DurationScale, LazyOpValues, OpTiming, Timing, check_generated, check_plan
+from costmodel.evaluator import DurationScale, LazyOpValues, OpTiming, Timing
 from costmodel.nccl_algorithms import NVLS_FAMILY, admitted, algorithm_settings
 from costmodel.nccl_defaults import nccl_graph, resolve_config, symmetric_kernel
-from costmodel.replay.anchor import check_scale
 from costmodel.sim.collective import CollectiveModel
 from costmodel.sim.compute import ComputeModel, gemm_tile_from_name
 from costmodel.sim.params import sim_params
@@ -208,10 +207,7 @@ class Simulator:
     def evaluate(self, workload: Workload, plan: Plan, scale: DurationScale | None = None) -> Timing:
         """A generated workload (a trace is replayed: costmodel.replay.trace_evaluator.ReplayEvaluator
         over this evaluator); ``scale``, a what-if on a trace's measured times, is refused unless identity."""
-        check_plan(plan, self.cluster)
-        check_generated(workload)
-        check_scale(workload, scale)
-        st = self._statics.get(workload)
+        st = self._statics.for_evaluation(workload, plan, scale, self.cluster)
         self.evaluations += 1
         if not st.ops:
             return Timing(0.0, 0.0, 0.0, 0.0, 0.0, {})

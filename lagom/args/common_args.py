@@ -60,6 +60,12 @@ def add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
+def add_job(parser: argparse.ArgumentParser) -> None:
+    """The job's command line, everything after '--' (``lagom.runtime.launcher.job_command`` reads it)."""
+    parser.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                        help="the job's command line, after '--'")
+
+
 def deprecated_alias(args: argparse.Namespace, old: str, new: str, old_dest: str, new_dest: str,
                      command: str) -> None:
     """An old spelling kept working: one warning line naming the new one; both given is an error."""

@@ -39,7 +39,7 @@ import json
 import sys
 from pathlib import Path
 
-from lagom.args.common_args import add_json
+from lagom.args.common_args import add_job, add_json
 
 _DEFAULTS = {"skip": 10, "timed": 5, "warmup": 2, "active": 5}
 
@@ -64,8 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="keep the run folder (bootstrap, settings, per-rank parts) here; default: a temporary "
                              "folder, removed after")
     add_json(parser)
-    parser.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND",
-                        help="the job's command line, after '--'")
+    add_job(parser)
     parser.set_defaults(func=run)
 
 

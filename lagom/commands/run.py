@@ -64,7 +64,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from lagom.args.common_args import add_cluster, add_json, add_nccl_version, add_noise
+from lagom.args.common_args import add_cluster, add_job, add_json, add_nccl_version, add_noise
 from nccl_env.errors import LagomError
 
 
@@ -108,8 +108,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_cluster(online, "with --simulate: the cluster simulated")
     add_noise(online, "with --simulate (a trace: none)")
     add_json(parser)
-    parser.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND",
-                        help="the job's command line, after '--'")
+    add_job(parser)
     parser.set_defaults(func=run)
 
 

@@ -62,7 +62,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich import box
@@ -70,31 +71,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from costmodel.evaluator import DurationScale, Evaluator
-from costmodel.replay.fidelity import fidelity
-from lagom.args.common_args import add_cluster, add_evaluator, add_json, add_nccl_version, add_seed, check_seed
+from lagom.args.common_args import add_cluster, add_evaluator, add_json, add_nccl_version, add_seed
 from lagom.args.knob_args import parse_nccl_version_arg
 from lagom.args.rank_args import add_arguments, reading_from_args
-from lagom.files.output_paths import OutputFormat, check_output
-from lagom.files.trace_export import check_export_path, export_trace
-from lagom.files.tuned_config import stored_path
+from lagom.files.trace_export import export_trace
 from lagom.orchestration import tuning
-from lagom.orchestration.trace_context import refuse_to_tune, resolve_cluster
+from lagom.orchestration.tune_workload import Told, TuneRequest, TuneResult, tune
 from lagom.reports.console import StageProgress, mib, stdout_console
-from lagom.reports.record_overhead import (
-    check_recorded_steps,
-    overhead_line,
-    profiler_overhead,
-    unprofiled_cpu,
-    unprofiled_line,
-)
+from lagom.reports.record_overhead import overhead_line
 from lagom.reports.replay_report import fidelity_line, fidelity_warning, steps_table
-from lagom.reports.tune_report import JobView, tune_report
-from lagom.reports.workload_fit import fit_warnings, untunable_warnings
-from nccl_env.errors import LagomError
+from lagom.reports.tune_report import SignatureRow
 from nccl_env.knob_table import ALGORITHM, PROTOCOL, REPORT_ORDER, value_of
 from nccl_env.knobs import CommConfig
-from nccl_env.plan import Plan
 from nccl_env.rules import Mechanism
 from tuner import METHODS
 
@@ -132,130 +120,28 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_seed(args.seed)
-    if not (args.min_gain >= 0 and args.min_gain < 10):
-        raise LagomError(f"--min-gain {args.min_gain}: must be a fraction >= 0 (0.01 = 1%)")
-    if args.budget is not None and not 1 <= args.budget <= tuning.MAX_BUDGET:
-        raise LagomError(f"--budget {args.budget}: must be between 1 and {tuning.MAX_BUDGET} evaluations")
-    check_output("-o", args.output, OutputFormat.TUNED_CONFIG, force=args.force,
-                 inputs=[("WORKLOAD", args.workload), ("--cluster", args.cluster)])
-    export = (check_export_path(args.export_trace, [("WORKLOAD", args.workload), ("-o", args.output)],
-                                force=args.force) if args.export_trace else None)
-    if export is not None and export.resolve() == Path(args.output).resolve():
-        raise LagomError(f"--export-trace {args.export_trace}: is also -o's file; give them two names")
-    from lagom.orchestration.joint_run import (
-        JointEvaluator,
-        bound_transfers,
-        bounded_line,
-        joint_line,
-        read_workload_or_ranks,
+    request = TuneRequest(
+        workload=args.workload, cluster=args.cluster, nccl_version=parse_nccl_version_arg(args.nccl_version),
+        evaluator=args.evaluator or tuning.DEFAULT_EVALUATOR, method=args.method, budget=args.budget,
+        seed=args.seed, output=args.output, force=args.force, with_autoccl=not args.no_autoccl,
+        min_gain=args.min_gain, unprofiled_cpu=args.unprofiled_cpu, export_trace=args.export_trace,
+        rank=args.rank, reading=reading_from_args(args),
     )
-
-    given = read_workload_or_ranks(args.workload, args.rank, reading_from_args(args), joint=not args.unprofiled_cpu)
-    workload, from_trace, workloads = given.workload, given.from_trace, given.workloads  # workloads: replayed jointly
-    if export is not None and not from_trace:
-        raise LagomError("--export-trace: applies to a trace (WORKLOAD is not a trace)")
-    if args.unprofiled_cpu:
-        check_recorded_steps(workload, from_trace)
-    refusal = refuse_to_tune(workload, cluster_given=args.cluster is not None) if from_trace else None
-    if refusal:
-        raise LagomError(refusal)
-    cpu_only = bool(from_trace and workload.collectives and not any(c.on_gpu for c in workload.collectives))
-    choice = resolve_cluster(workload, from_trace, args.cluster, parse_nccl_version_arg(args.nccl_version))
-    cluster = choice.cluster
-    evaluator_name = args.evaluator or tuning.DEFAULT_EVALUATOR
     err = Console(stderr=True)
-    for note in choice.notes:
-        err.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
-    if from_trace:
-        from costmodel.nccl_defaults import disagreement_line, recorded_pick_disagreements
+    result = tune(request, progress=_StderrProgress(err))
+    result.config.dump(request.output, "-o")
+    if result.export_path is not None:
+        export_trace(result.workload, result.outcome.result.timing, result.export_path,
+                     f"the tuned plan ({request.method}), as in {request.output}", result.cpu_scale)
+    if result.joint is not None:
+        from lagom.orchestration.joint_run import joint_line
 
-        picked = disagreement_line(choice.cluster, recorded_pick_disagreements(choice.cluster, workload))
-        if picked:
-            err.print(f"note: {picked}", highlight=False, markup=False, soft_wrap=True)
-    if cpu_only:
-        choice.warnings.append(f"{workload.source}: its collectives ran on the CPU (no NCCL kernels: a gloo job): "
-                               f"the replay keeps their measured times, and the tuned figures are the model's for "
-                               f"them as NCCL would run them on {cluster.name}, not a prediction for this job")
-    for warning in choice.warnings + fit_warnings(workload, cluster) + untunable_warnings(workload):
-        err.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
-    joined = bound_transfers(given.read, cluster) if from_trace else None  # waits where the cluster bounds them
-    bounded = bounded_line(joined, cluster.name)
-    if bounded:
-        err.print(f"note: {bounded}", highlight=False, markup=False, soft_wrap=True)
-    model_cluster = tuning.tuning_cluster(cluster, choice.cluster_arg, evaluator_name,
-                                          log=lambda m: err.print(m, highlight=False))
-    model = tuning.make_evaluator(evaluator_name, model_cluster, seed=args.seed, workload=workload)
-    evaluator: Evaluator = model
-    cpu_scale = 1.0  # the CPU's scale every plan is replayed at (--unprofiled-cpu)
-    if args.unprofiled_cpu:  # the bisection's evaluator serves the search too (its replay data are built)
-        found = unprofiled_cpu(model, workload)
-        err.print(unprofiled_line(found), highlight=False, markup=False, soft_wrap=True)
-        evaluator = tuning.ScaledEvaluator(model, DurationScale(cpu=found.cpu))
-        cpu_scale = found.cpu
-    joint = JointEvaluator(model, workloads, joined=joined) if workloads is not None else None
-    if joint is not None:
-        evaluator = joint
-    started = time.perf_counter()
-    with StageProgress(err, f"tuning ({args.method}, evaluations)", total=args.budget) as bar:
-        outcome = tuning.tune(
-            workload, cluster, evaluator, method=args.method, budget=args.budget,
-            with_autoccl=not args.no_autoccl, progress=bar.update, seed=args.seed,
-            other_ranks=[w for w in workloads if w is not workload] if workloads is not None else (),
-        )
-    elapsed_s = time.perf_counter() - started
-    config = tuning.tuned_config(outcome, cluster, stored_path(choice.cluster_arg, "cluster", args.output),
-                                 stored_path(args.workload, "workload", args.output), min_gain=args.min_gain)
-    config.dump(args.output, "-o")
-    job_view = None
-    if joint is not None and workloads is not None:  # the rows from every rank: the job's step, step by step
-        job_view = JobView({w.rank: w for w in workloads}, joint.joint(Plan()), joint.joint(outcome.result.plan),
-                           cluster.gpus_per_node)
-    report = tune_report(outcome, workload, args.min_gain, job_view)
-    auto = outcome.autoccl.iteration_us if outcome.autoccl is not None else None
-    base, tuned = outcome.baseline.iteration_us, outcome.result.iteration_us
-    summary = {
-        "workload": args.workload,
-        "cluster": cluster.name,
-        "evaluator": evaluator_name,
-        "method": args.method,
-        "baseline_us": round(base, 3),
-        "tuned_us": round(tuned, 3),
-        "autoccl_us": None if auto is None else round(auto, 3),
-        "speedup_vs_nccl": round(base / tuned, 4),
-        "speedup_vs_autoccl": None if auto is None else round(auto / tuned, 4),
-        "evaluations": outcome.evaluations_run,
-        "evaluations_by_method": {args.method: outcome.result.evaluations,
-                                  **({"autoccl": outcome.autoccl.evaluations}
-                                     if outcome.autoccl is not None and args.method != "autoccl" else {})},
-        "signatures": len(report.rows),
-        "elapsed_s": round(elapsed_s, 2),
-        "output": args.output,
-        **report.to_dict(),
-        "notes": config.notes,
-        "requirements": config.requirements,
-    }
-    if export is not None:
-        export_trace(workload, outcome.result.timing, export, f"the tuned plan ({args.method}), as in {args.output}",
-                     cpu_scale)
-        summary["export_trace"] = str(export)
-    overhead = profiler_overhead([workload.recorded_steps]) if from_trace else None
-    if overhead is not None:
-        summary["profiler_overhead"] = overhead.to_dict()
-    if joint is not None and joint.last is not None:
-        err.print(joint_line(joint.last), highlight=False, markup=False, soft_wrap=True)
-    fid = fidelity(outcome.baseline)
-    if fid is not None:
-        summary["replay"] = fid.to_dict()
-        summary["steps"] = [
-            {**b.to_dict(), "tuned_iteration_us": round(t.iteration_us, 3), "tuned_comm_us": round(t.comm_us, 3),
-             "tuned_exposed_comm_us": round(t.exposed_comm_us, 3)}
-            for b, t in zip(outcome.baseline.steps, outcome.result.timing.steps)
-        ]
+        err.print(joint_line(result.joint), highlight=False, markup=False, soft_wrap=True)
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(result.to_dict(), indent=2))
         return 0
     out = stdout_console()
+    report, outcome, fid = result.report, result.outcome, result.fidelity
     for line in report.why():
         out.print(f"why: {line}", highlight=False)
     if fid is not None:
@@ -263,12 +149,55 @@ def run(args: argparse.Namespace) -> int:
         untrusted = fidelity_warning(fid)
         if untrusted:
             out.print(untrusted, highlight=False)
-    if overhead is not None:
-        out.print(overhead_line(overhead), highlight=False)
-    name = Path(args.workload).name if Path(args.workload).exists() else args.workload
+    if result.overhead is not None:
+        out.print(overhead_line(result.overhead), highlight=False)
     per = "per step" if outcome.baseline.steps else "per iteration"
+    out.print(_rows_table(result, per))
+    out.print(_legend(report.rows), highlight=False)
+    if outcome.baseline.steps:
+        out.print(steps_table(outcome.baseline.steps, outcome.result.timing.steps))
+    w, method = report.written, request.method
+    out.print(f"predicted {per}: NCCL's settings {report.nccl.step_ms:,.2f} ms, "
+              + ("" if report.autoccl is None else f"AutoCCL {report.autoccl.step_ms:,.2f} ms, ")
+              + f"{method} {report.tuned.step_ms:,.2f} ms (x{report.nccl.step_ms / report.tuned.step_ms:.3f}"
+              + ("" if report.autoccl is None else f", x{report.autoccl.step_ms / report.tuned.step_ms:.3f} vs AutoCCL")
+              + f"); the file runs {w.step_ms:,.2f} ms", highlight=False)
+    by = result.evaluations_by_method
+    shared = sum(by.values()) - outcome.evaluations_run
+    out.print(f"{outcome.evaluations_run} evaluations in {result.elapsed_s:.1f} s ({method} "
+              f"{outcome.result.evaluations}" + (f", AutoCCL {by['autoccl']}" if "autoccl" in by else "")
+              + (f", {shared} answered from the others'" if shared else "") + f"); wrote {request.output}",
+              highlight=False)
+    for note in result.config.notes:
+        out.print(f"note: {note}", highlight=False)
+    for line in result.config.requirements:
+        out.print(f"requires: {line}", highlight=False, markup=False, soft_wrap=True)
+    sys.stdout.flush()
+    return 0
+
+
+class _StderrProgress:
+    """What ``tune`` meets, printed on stderr as it happens; the search's bar (a plain line on a pipe)."""
+
+    def __init__(self, err: Console) -> None:
+        self.err = err
+
+    def tell(self, kind: Told, text: str) -> None:
+        self.err.print(f"{kind.value}{text}", highlight=False, markup=False, soft_wrap=True)
+
+    @contextmanager
+    def search(self, label: str, total: int | None) -> Iterator[Callable[[int], None]]:
+        with StageProgress(self.err, label, total=total) as bar:
+            yield bar.update
+
+
+def _rows_table(result: TuneResult, per: str) -> Table:
+    """One row per collective signature: NCCL's settings and the tuned ones, the time, the slowdown."""
+    request, report = result.request, result.report
+    name = Path(request.workload).name if Path(request.workload).exists() else request.workload
     whose = f" of {report.figures_of}" if report.figures_of else ""
-    table = Table(title=f"lagom tune: {name} on {cluster.name} ({evaluator_name}, {args.method}); ms {per}{whose}",
+    table = Table(title=f"lagom tune: {name} on {result.cluster.name} ({request.evaluator}, {request.method}); "
+                        f"ms {per}{whose}",
                   box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), title_justify="left")
     for col in ("signature", "setting: NCCL>tuned", "coll. ms", "slowdown"):
         table.add_column(col, justify="left" if col in ("signature", "setting: NCCL>tuned") else "right",
@@ -291,38 +220,22 @@ def run(args: argparse.Namespace) -> int:
         table.add_section()
         table.add_row(f"all {len(report.rows)} signatures" if counted == len(report.rows)
                       else f"the step's {counted} signatures", "", f"{total_old:,.2f}>{total_new:,.2f}", "")
-    out.print(table)
-    out.print("X>Y: NCCL's settings > tuned; c: chunk, MiB; kept: the file keeps NCCL's (gain below --min-gain); "
-              "coll. ms: the signature's collectives, summed (collectives that overlap each other count once in "
-              "a step's coll.); slowdown: the compute they overlap, its time over its time alone (time-weighted; "
-              "analyze's contention is a median per-kernel ratio)"
-              + ("; *: mostly the model's, the trace never ran those kernels alone"
-                 if any(r.slowdown_mostly_modelled for r in report.rows) else "")
-              + ("; (rank N): a signature the step's ranks never ran, rank N's figures, outside the total"
-                 if any(r.rank is not None for r in report.rows) else "")
-              + ("; (outside the kept steps): run only in a step the replay drops, its time there, outside "
-                 "the total" if any(r.outside_steps for r in report.rows) else "")
-              + "; --json adds the search's order and priority per signature", highlight=False)
-    if outcome.baseline.steps:
-        out.print(steps_table(outcome.baseline.steps, outcome.result.timing.steps))
-    w = report.written
-    out.print(f"predicted {per}: NCCL's settings {report.nccl.step_ms:,.2f} ms, "
-              + ("" if report.autoccl is None else f"AutoCCL {report.autoccl.step_ms:,.2f} ms, ")
-              + f"{args.method} {report.tuned.step_ms:,.2f} ms (x{report.nccl.step_ms / report.tuned.step_ms:.3f}"
-              + ("" if report.autoccl is None else f", x{report.autoccl.step_ms / report.tuned.step_ms:.3f} vs AutoCCL")
-              + f"); the file runs {w.step_ms:,.2f} ms", highlight=False)
-    by = summary["evaluations_by_method"]
-    shared = sum(by.values()) - outcome.evaluations_run
-    out.print(f"{outcome.evaluations_run} evaluations in {elapsed_s:.1f} s ({args.method} {outcome.result.evaluations}"
-              + (f", AutoCCL {by['autoccl']}" if "autoccl" in by else "")
-              + (f", {shared} answered from the others'" if shared else "") + f"); wrote {args.output}",
-              highlight=False)
-    for note in config.notes:
-        out.print(f"note: {note}", highlight=False)
-    for line in config.requirements:
-        out.print(f"requires: {line}", highlight=False, markup=False, soft_wrap=True)
-    sys.stdout.flush()
-    return 0
+    return table
+
+
+def _legend(rows: list[SignatureRow]) -> str:
+    """The line under the table: what its cells mean, and the marks its rows use."""
+    return ("X>Y: NCCL's settings > tuned; c: chunk, MiB; kept: the file keeps NCCL's (gain below --min-gain); "
+            "coll. ms: the signature's collectives, summed (collectives that overlap each other count once in "
+            "a step's coll.); slowdown: the compute they overlap, its time over its time alone (time-weighted; "
+            "analyze's contention is a median per-kernel ratio)"
+            + ("; *: mostly the model's, the trace never ran those kernels alone"
+               if any(r.slowdown_mostly_modelled for r in rows) else "")
+            + ("; (rank N): a signature the step's ranks never ran, rank N's figures, outside the total"
+               if any(r.rank is not None for r in rows) else "")
+            + ("; (outside the kept steps): run only in a step the replay drops, its time there, outside "
+               "the total" if any(r.outside_steps for r in rows) else "")
+            + "; --json adds the search's order and priority per signature")
 
 
 def _parts(cfg: CommConfig) -> list[tuple[str, str]]:

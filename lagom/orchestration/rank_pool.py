@@ -160,7 +160,19 @@ class _Pool:
         raise NotImplementedError
 
     def result(self, handle: Any) -> Any:
-        raise NotImplementedError
+        """The task's result; an error that says a worker or the cluster was lost (:meth:`lost`) is a
+        LagomError, any other is the task's own."""
+        try:
+            return handle.result()
+        except Exception as exc:
+            why = self.lost(exc)
+            if why is None:
+                raise
+            raise LagomError(why) from None
+
+    def lost(self, exc: Exception) -> str | None:
+        """What to tell the user when ``exc`` means the executor lost a worker; None: the task's own error."""
+        return None
 
     def cancel(self, handles: Iterable) -> None:
         raise NotImplementedError
@@ -199,12 +211,10 @@ class _ProcessPool(_Pool):
     def completed(self, handles: list) -> Iterator:
         return as_completed(handles)
 
-    def result(self, handle: Future) -> Any:
-        try:
-            return handle.result()
-        except BrokenProcessPool:
-            raise LagomError("a worker process died while reading ranks (killed for memory?); "
-                             "fewer --jobs leave each worker more") from None
+    def lost(self, exc: Exception) -> str | None:
+        if isinstance(exc, BrokenProcessPool):
+            return "a worker process died while reading ranks (killed for memory?); fewer --jobs leave each worker more"
+        return None
 
     def cancel(self, handles: Iterable) -> None:
         for h in handles:
@@ -266,16 +276,15 @@ class _DaskPool(_Pool):
 
         return iter(dask_completed(handles))
 
-    def result(self, handle: Any) -> Any:
+    def lost(self, exc: Exception) -> str | None:
         from distributed import KilledWorker
 
-        try:
-            return handle.result()
-        except KilledWorker:
-            raise LagomError("a Dask worker died while reading ranks (killed for memory?); "
-                             "give the workers more memory or fewer threads") from None
-        except OSError as exc:  # the connection to the scheduler (distributed's CommClosedError is one)
-            raise LagomError(f"lost the Dask cluster while reading ranks: {exc}") from None
+        if isinstance(exc, KilledWorker):
+            return ("a Dask worker died while reading ranks (killed for memory?); give the workers more memory or "
+                    "fewer threads")
+        if isinstance(exc, OSError):  # the connection to the scheduler (distributed's CommClosedError is one)
+            return f"lost the Dask cluster while reading ranks: {exc}"
+        return None
 
     def cancel(self, handles: Iterable) -> None:
         self.client.cancel(list(handles))

@@ -105,5 +105,5 @@ def step() -> None:
     without a torch optimizer; with one, torch's optimizer step hook does it). A no-op otherwise."""
     from lagom.runtime import online, record
 
-    online.step()
-    record.step()
+    online.step_hook.step()
+    record.step_hook.step()

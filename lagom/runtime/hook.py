@@ -260,59 +260,29 @@ class Hook:
         # (lagom.runtime.c10d_observer) is for collectives that do not pass these wrappers.
         below_autograd = torch._C._AutoDispatchBelowAutograd
 
-        # The hot path: a flag test, a byte count, a dict lookup, an increment. The
-        # common one-tensor case reads the tensor inline (one Python call fewer).
-        if spec.single_tensor and len(spec.buffers) == 1:
-            name = spec.buffers[0]
-            pos = params.index(name)
-
-            def wrapper(*args, **kwargs):
-                if hook.observing and not torch.compiler.is_compiling():
+        # The hot path: a flag test, a byte count, a dict lookup, an increment.
+        def wrapper(*args, **kwargs):
+            if hook.observing and not torch.compiler.is_compiling():
+                try:
+                    key = (
+                        type_index,
+                        nbytes_of(args, kwargs),
+                        args[group_pos] if len(args) > group_pos else kwargs.get("group"),
+                    )
+                except _BAD_CALL:  # arguments torch itself rejects: not counted, hook stays on
+                    key = None
+                if key is not None:
                     try:
-                        key = (
-                            type_index,
-                            (args[pos] if len(args) > pos else kwargs[name]).nbytes,
-                            args[group_pos] if len(args) > group_pos else kwargs.get("group"),
-                        )
-                    except _BAD_CALL:  # arguments torch itself rejects: not counted, hook stays on
-                        key = None
-                    if key is not None:
-                        try:
-                            record = counts.get(key)
-                            if record is None:
-                                record = hook._new_record(key)
-                            record[0] += 1
-                        except Exception as exc:
-                            hook.fail(spec.function, exc)
-                    if hook.dispatcher_counts:  # counted here: the c10d op below must not count it again
-                        with below_autograd():
-                            return original(*args, **kwargs)
-                return original(*args, **kwargs)
-
-        else:
-
-            def wrapper(*args, **kwargs):
-                if hook.observing and not torch.compiler.is_compiling():
-                    try:
-                        key = (
-                            type_index,
-                            nbytes_of(args, kwargs),
-                            args[group_pos] if len(args) > group_pos else kwargs.get("group"),
-                        )
-                    except _BAD_CALL:  # arguments torch itself rejects: not counted, hook stays on
-                        key = None
-                    if key is not None:
-                        try:
-                            record = counts.get(key)
-                            if record is None:
-                                record = hook._new_record(key)
-                            record[0] += 1
-                        except Exception as exc:
-                            hook.fail(spec.function, exc)
-                    if hook.dispatcher_counts:  # counted here: the c10d op below must not count it again
-                        with below_autograd():
-                            return original(*args, **kwargs)
-                return original(*args, **kwargs)
+                        record = counts.get(key)
+                        if record is None:
+                            record = hook._new_record(key)
+                        record[0] += 1
+                    except Exception as exc:
+                        hook.fail(spec.function, exc)
+                if hook.dispatcher_counts:  # counted here: the c10d op below must not count it again
+                    with below_autograd():
+                        return original(*args, **kwargs)
+            return original(*args, **kwargs)
 
         if self.coll_door is not None and spec.function in self.coll_door.functions:
             wrapper = self._configuring(spec, wrapper, type_index, nbytes_of, group_pos)
@@ -465,7 +435,7 @@ class Hook:
 
             counts = self.signature_counts()
             decisions = [d.to_dict() for d in self._injector.decisions] if self._injector else []
-            session = online.session()
+            session = online.step_hook.listener
             online_part = session.summary(counts) if session is not None else None
             if not counts and not decisions and online_part is None:
                 return  # this process never used torch.distributed (e.g. torchrun's launcher)

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 
 from lagom.online import DEFAULT_BUDGET_STEPS, DEFAULT_TIMEOUT_S
 from lagom.runtime.env import ENV_ONLINE
+from lagom.runtime.step_hook import StepHook
 
 if TYPE_CHECKING:  # the session imports these at its first step: installing runs while torch imports
     from costmodel.cluster import ClusterSpec
@@ -360,47 +361,17 @@ def _capturing() -> bool:
     return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
-_session: Session | None = None
-_handle = None
+# The job's session (step_hook.listener) and the optimizer hook that drives it; step_hook.step() is
+# lagom.runtime.step()'s boundary by hand, step_hook.uninstall() forgets both (tests; a job keeps them).
+step_hook: StepHook[Session] = StepHook()
 
 
 def install(emit) -> Session | None:
     """Register the optimizer step hook when ``LAGOM_ONLINE`` names the run's settings."""
-    global _session, _handle
     path = os.environ.get(ENV_ONLINE)
     if not path:
         return None
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
-    _session = Session(OnlineSettingsFile.read(path), emit)
-    session = _session
-
-    def after_optimizer_step(optimizer, args, kwargs) -> None:
-        if not session.explicit:
-            session.boundary()
-
-    _handle = register_optimizer_step_post_hook(after_optimizer_step)
-    return _session
-
-
-def uninstall() -> None:
-    """Remove the step hook and forget the session (tests; a job keeps it to its end)."""
-    global _session, _handle
-    if _handle is not None:
-        _handle.remove()
-    _session = _handle = None
-
-
-def step() -> None:
-    """Mark a step boundary by hand (a job without a torch optimizer); no-op outside online runs."""
-    if _session is None:
-        return
-    _session.explicit = True
-    _session.boundary()
-
-
-def session() -> Session | None:
-    return _session
+    return step_hook.install(Session(OnlineSettingsFile.read(path), emit))
 
 
 def collective_timing_requested() -> bool:

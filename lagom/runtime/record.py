@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lagom.runtime.env import ENV_RECORD
+from lagom.runtime.step_hook import StepHook
 from nccl_env.errors import LagomError
 
 RECORD_PART_DIR = "record-parts"  # in the run folder: one JSON per rank, read by the launcher
@@ -400,49 +401,20 @@ def new_job_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-_recorder: Recorder | None = None
-_handle = None
+# The job's recorder (step_hook.listener) and the optimizer hook that drives it (as online.step_hook).
+step_hook: StepHook[Recorder] = StepHook()
 
 
 def install(emit) -> Recorder | None:
     """Register the optimizer step hook when ``LAGOM_RECORD`` names the run's settings."""
-    global _recorder, _handle
     path = os.environ.get(ENV_RECORD)
     if not path:
         return None
     import atexit
 
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
-    _recorder = recorder = Recorder(RecordSettings.read(path), emit)
-
-    def after_optimizer_step(optimizer, args, kwargs) -> None:
-        if not recorder.explicit:
-            recorder.boundary()
-
-    _handle = register_optimizer_step_post_hook(after_optimizer_step)
+    recorder = step_hook.install(Recorder(RecordSettings.read(path), emit))
     atexit.register(recorder.write_part)
     return recorder
-
-
-def uninstall() -> None:
-    """Remove the step hook and forget the recorder (tests; a job keeps it to its end)."""
-    global _recorder, _handle
-    if _handle is not None:
-        _handle.remove()
-    _recorder = _handle = None
-
-
-def step() -> None:
-    """A step boundary by hand (a job without a torch optimizer); no-op outside ``lagom record``."""
-    if _recorder is None:
-        return
-    _recorder.explicit = True
-    _recorder.boundary()
-
-
-def current() -> Recorder | None:
-    return _recorder
 
 
 def emit_stderr(line: str) -> None:

@@ -491,9 +491,17 @@ static Entry* lookup(Table* t, int coll, uint64_t nBytes, int nNodes, int nRanks
   return NULL;
 }
 
-/* One more call answered by e (an entry of t). Relaxed: a count, not a synchronisation. */
-static inline void count_call(_Atomic uint64_t* counters, const Table* t, const Entry* e) {
-  atomic_fetch_add_explicit(&counters[e - t->entries], 1, memory_order_relaxed);
+enum { COLL_CALL, CHUNK_CALL }; /* which of NCCL's calls asks: getCollInfo or getChunkSize */
+
+/* The entry that answers this call (lookup), or NULL; a match counts one more call of its kind in
+   collCalls or chunkCalls. Relaxed: a count, not a synchronisation. Caller holds the read lock. */
+static inline Entry* answer(const Ctx* ctx, int kind, int coll, size_t nBytes, int pipeOps, int regBuff) {
+  Entry* e = lookup(g_table, coll, (uint64_t)nBytes, ctx->nNodes, ctx->nRanks, pipeOps, regBuff);
+  if (e) {
+    _Atomic uint64_t* counters = kind == CHUNK_CALL ? g_table->chunkCalls : g_table->collCalls;
+    atomic_fetch_add_explicit(&counters[e - g_table->entries], 1, memory_order_relaxed);
+  }
+  return e;
 }
 
 static int usable(float cost) { return cost >= 0.0f; } /* NCCL_ALGO_PROTO_IGNORE is -1.0; NaN is not usable */
@@ -533,9 +541,8 @@ static ncclResult_t coll_info(void* context, ncclFunc_t collType, size_t nBytes,
   Ctx* ctx = (Ctx*)context;
   if (!ctx) return ncclSuccess;
   pthread_rwlock_rdlock(&g_lock);
-  Entry* e = lookup(g_table, collType, (uint64_t)nBytes, ctx->nNodes, ctx->nRanks, numPipeOps, regBuff);
+  Entry* e = answer(ctx, COLL_CALL, collType, nBytes, numPipeOps, regBuff);
   if (e) {
-    count_call(g_table->collCalls, g_table, e);
     apply_costs(ctx, e, (float*)collCostTable, numAlgo, numProto);
     if (e->channels > 0 && nChannels) *nChannels = e->channels;
     if (ctx->log && fallback_level() >= NCCL_LOG_TRACE) /* formatting costs; only when NCCL_DEBUG=TRACE */
@@ -621,9 +628,8 @@ static ncclResult_t coll_info_v2(void* context, ncclFunc_t collType, size_t nByt
   Ctx* ctx = (Ctx*)context;
   if (!ctx) return ncclSuccess;
   pthread_rwlock_rdlock(&g_lock);
-  Entry* e = lookup(g_table, collType, (uint64_t)nBytes, ctx->nNodes, ctx->nRanks, numPipeOps, UNKNOWN);
+  Entry* e = answer(ctx, COLL_CALL, collType, nBytes, numPipeOps, UNKNOWN);
   if (e) {
-    count_call(g_table->collCalls, g_table, e);
     if (e->algo != ANY && e->proto != ANY) {
       if (v2_supports(e->algo, collNetSupport, nvlsSupport) && algorithm && protocol) {
         *algorithm = e->algo;
@@ -651,8 +657,7 @@ static ncclResult_t chunk_size(void* context, ncclFunc_t collType, size_t nBytes
   Ctx* ctx = (Ctx*)context;
   if (!ctx || !chunkSize) return ncclSuccess;
   pthread_rwlock_rdlock(&g_lock);
-  Entry* e = lookup(g_table, collType, (uint64_t)nBytes, ctx->nNodes, ctx->nRanks, UNKNOWN, UNKNOWN);
-  if (e) count_call(g_table->chunkCalls, g_table, e);
+  Entry* e = answer(ctx, CHUNK_CALL, collType, nBytes, UNKNOWN, UNKNOWN);
   if (e && e->chunkBytes > 0 && (e->algo == ANY || e->algo == algo) && (e->proto == ANY || e->proto == proto))
     *chunkSize = (size_t)e->chunkBytes;
   pthread_rwlock_unlock(&g_lock);

@@ -22,13 +22,33 @@ _TRACE_DIR: list[Path] = []  # the folder trace_dir() made, once per session
 
 def pytest_configure(config) -> None:
     # Before collection, so before any test (or subprocess a test starts) asks for the
-    # cache: the suite's plugin builds and calibrations never touch the user's cache.
+    # cache: the suite's plugin builds, calibrations and trace parses never touch the user's
+    # cache, and are made once per run. Under pytest-xdist (`-n 2`) every worker uses the
+    # folder of the run that started it (pytest_configure_node), so a calibration or a parse
+    # one worker made serves the other; that run's process alone removes it.
+    shared = getattr(config, "workerinput", {})
+    if "lagom_cache_dir" in shared:
+        config.lagom_cache_dir = None
+        os.environ["LAGOM_CACHE_DIR"] = shared["lagom_cache_dir"]
+        # a worker's environment says COLUMNS=80; the reports' widths follow the run's own
+        os.environ.pop("COLUMNS", None)
+        if shared["columns"] is not None:
+            os.environ["COLUMNS"] = shared["columns"]
+        return
     config.lagom_cache_dir = tempfile.mkdtemp(prefix="lagom-test-cache-")
     os.environ["LAGOM_CACHE_DIR"] = config.lagom_cache_dir
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """pytest-xdist, in the run's own process, before a worker starts: what the worker shares with it."""
+    node.workerinput["lagom_cache_dir"] = node.config.lagom_cache_dir
+    node.workerinput["columns"] = os.environ.get("COLUMNS")
+
+
 def pytest_unconfigure(config) -> None:
-    shutil.rmtree(config.lagom_cache_dir, ignore_errors=True)
+    if config.lagom_cache_dir is not None:
+        shutil.rmtree(config.lagom_cache_dir, ignore_errors=True)
     for folder in _TRACE_DIR:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -264,7 +264,7 @@ def test_simulate_says_where_the_trace_ran_another_pick(capsys):
 
 
 @pytest.mark.slow
-def test_tune_says_where_the_trace_ran_another_pick(capsys):
+def test_tune_says_where_the_trace_ran_another_pick(capsys, tmp_path):
     note = _pick_note(capsys, "tune", str(EXAMPLES / "a100_w2_allreduce_broadcast.json.gz"),
-                      "--cluster", "a100-nvswitch", "--json", "--budget", "1")
+                      "--cluster", "a100-nvswitch", "--json", "--budget", "1", "-o", str(tmp_path / "lagom.yaml"))
     assert "NCCL 2.17.1" in note and "ring/ll (3x)" in note

@@ -37,6 +37,7 @@ reach, and a replay of it would predict from calls, not kernels.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -224,7 +225,7 @@ def _write_derived(cluster: ClusterSpec) -> Path:
     text = yaml.safe_dump(cluster.to_dict(), sort_keys=False)
     path = cache_dir() / f"cluster-{cluster.name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.yaml"
     if not path.exists():
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # each process its own: never a half-written file
         tmp.write_text(text)
         tmp.replace(path)
     return path

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -146,7 +147,7 @@ def calibrated_cluster(preset: str, budget: int = 300, log: Callable[[str], None
     from costmodel.calibration.calibrate import calibrate
 
     cluster = calibrate(backend_from_spec(f"sim:{preset}"), budget=budget).cluster
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # two commands (or test workers) at once: each its own
     cluster.dump(tmp)
     tmp.replace(path)
     return load_cluster(path)

@@ -137,7 +137,7 @@ def test_analytic_is_ten_times_faster_than_the_simulator():
         return best
 
     assert len(sigs) >= 2
-    ratio = best_of(sim, 2) / best_of(analytic, 3)
+    ratio = best_of(sim, 3) / best_of(analytic, 5)  # best of several: the suite runs on two workers
     print(f"simulator / analytic time per evaluation: {ratio:.1f}x")
     assert ratio >= 10.0
 

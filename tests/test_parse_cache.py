@@ -205,3 +205,24 @@ def test_a_folder_the_cache_keeps_whole_is_read_without_workers(cache, tmp_path)
     assert workers and touched == first
     files[0].unlink()  # the other files' headers are kept, their builds in the new layout are not
     assert read()[0]
+
+
+def test_workers_keep_parses_where_the_process_looks_now(tmp_path, monkeypatch):
+    """A pool's workers fork from a server that has the environment of when it started: the cache
+    folder the process names now (here changed after a first pool) is where they keep what they read,
+    so the second read finds every rank kept and needs no workers."""
+    from lagom.args.rank_args import ExecutorKind, RankReading
+    from lagom.orchestration.rank_pool import RankPool, _whole_workload
+
+    def read(folder: Path) -> bool:
+        with RankPool(RankReading(ExecutorKind.PROCESS, 2)) as pool:
+            pool.read_job(folder, _whole_workload)
+            return pool._pool is not None
+
+    monkeypatch.setenv("LAGOM_CACHE_DIR", str(tmp_path / "before"))
+    assert read(write_rank_copies(EXAMPLE, 3, tmp_path / "a", shift_us=500.0)[0].parent)  # the server starts
+    monkeypatch.setenv("LAGOM_CACHE_DIR", str(tmp_path / "after"))
+    folder = write_rank_copies(EXAMPLE, 3, tmp_path / "b", shift_us=500.0)[0].parent
+    assert read(folder)
+    assert _entries(tmp_path / "after")
+    assert not read(folder)  # all kept where this process looks

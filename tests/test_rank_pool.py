@@ -195,3 +195,27 @@ def test_dask_executor_starts_a_local_cluster(capsys, w128_dir):
     code, on_dask, _ = _run(capsys, "simulate", str(w128_dir), "--cluster", "a100-nvswitch", "--json",
                             "--executor", "dask", "--jobs", "2")
     assert code == 0 and on_dask == here
+
+
+def test_a_worker_ignores_ctrl_c_from_its_first_instruction():
+    """A Ctrl-C reaches the whole process group; one that lands while a worker starts, before the pool's
+    initializer ignores SIGINT, once printed a worker's traceback. The fork server starts with SIGINT
+    ignored, so every process it forks ignores it from the start, initializer or not."""
+    import multiprocessing
+
+    from lagom.orchestration.rank_pool import _ProcessPool
+
+    if sys.platform != "linux" or "forkserver" not in multiprocessing.get_all_start_methods():
+        pytest.skip("reads /proc; a fork server")
+    pool = _ProcessPool(2, [])
+    bare = multiprocessing.get_context("forkserver").Process(target=time.sleep, args=(60,))  # no initializer
+    try:
+        bare.start()
+        time.sleep(1.5)  # past its start: asleep in time.sleep, its handlers the server gave it
+        status = Path(f"/proc/{bare.pid}/status").read_text()
+    finally:
+        bare.kill()
+        bare.join()
+        pool.close(abort=False)
+    ignored = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
+    assert ignored & (1 << (signal.SIGINT - 1))

@@ -43,6 +43,7 @@ import pickle
 import shutil
 import signal
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
@@ -129,9 +130,44 @@ def _guarded(path: Path, fn: Callable[..., R], *args: Any) -> R:
             from None
 
 
-def _worker_init() -> None:
-    """Ctrl-C reaches the whole process group: the parent alone stops the pool."""
+# What the trace cache reads from the environment (traces/parse_cache.py, nccl_env/cache.py): a
+# worker forked from the fork server has the server's environment, from when it started.
+CACHE_ENV_NAMES = ("LAGOM_CACHE_DIR", "XDG_CACHE_HOME", "HOME", "LAGOM_TRACE_CACHE", "LAGOM_TRACE_CACHE_BYTES")
+
+
+def _cache_env() -> dict[str, str | None]:
+    return {name: os.environ.get(name) for name in CACHE_ENV_NAMES}
+
+
+def _worker_init(cache_env: dict[str, str | None] | None = None) -> None:
+    """Ctrl-C reaches the whole process group: the parent alone stops the pool. ``cache_env``: the
+    parent's cache settings when it made the pool, so a worker keeps parses where the parent looks."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for name, value in (cache_env or {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def _fork_server_without_ctrl_c() -> None:
+    """Start the fork server with SIGINT ignored: a Python started so keeps ignoring it, and each worker
+    the server forks takes the server's start-up handler back, so a Ctrl-C that lands while a worker
+    starts (before :func:`_worker_init`) raises nothing there. SIGINT is blocked meanwhile, so one
+    that lands here is held and delivered once the handler is back (Linux keeps a blocked signal
+    pending even while ignored)."""
+    from multiprocessing import forkserver
+
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()
+        return
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def dask_setup(worker: object) -> None:
@@ -193,9 +229,11 @@ class _ProcessPool(_Pool):
             # a fork of a server that has imported the readers once: no fork of this (threaded) process
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload(["lagom.orchestration.rank_pool", *preload])
+            _fork_server_without_ctrl_c()
         else:
             ctx = multiprocessing.get_context("spawn")
-        self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init)
+        self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init,
+                                        initargs=(_cache_env(),))
 
     def scan(self, path: Path) -> tuple[Future, Future]:
         future = self.pool.submit(_scan_to_file, path, self.spill_dir)

@@ -5,6 +5,7 @@ version NCCL never released is refused in one line."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -56,8 +57,19 @@ def _identifiers(tree: ast.AST) -> set[str]:
     return out
 
 
+@functools.cache
+def _parsed() -> dict[str, tuple[set[str], set[str]]]:
+    """Each source file's identifiers, and its identifiers with the strings its code uses: parsed once
+    for every knob's count (each parse of the ~250 files took a second or more)."""
+    out = {}
+    for p in _sources():
+        tree = ast.parse(p.read_text())
+        out[str(p.relative_to(REPO_ROOT))] = (_identifiers(tree), _names_and_keys(tree))
+    return out
+
+
 def files_naming(field: str) -> set[str]:
-    return {str(p.relative_to(REPO_ROOT)) for p in _sources() if field in _identifiers(ast.parse(p.read_text()))}
+    return {name for name, (identifiers, _) in _parsed().items() if field in identifiers}
 
 
 def test_the_identifier_count_sees_code_not_text():
@@ -202,7 +214,7 @@ def test_a_group_knob_is_a_row_and_its_key_lives_in_at_most_four_files(row):
     (nccl_env.knob_table.GROUP_KNOBS) that the file validator, delivery, the launcher, preflight and
     the process-group options read, their keys spelled in the table alone (and as nccl4py's field names
     in lagom/runtime/coll_config.py, another API)."""
-    naming = {str(p.relative_to(REPO_ROOT)) for p in _sources() if row.key in _names_and_keys(ast.parse(p.read_text()))}
+    naming = {name for name, (_, names_and_keys) in _parsed().items() if row.key in names_and_keys}
     assert "nccl_env/knob_table.py" in naming
     assert len(naming) <= 4, sorted(naming)
     assert row.carries in KNOBS and row.env.startswith("NCCL_") and row.since <= NcclVersion(2, 28)

@@ -149,11 +149,17 @@ def test_online_plan_is_saved_after_a_late_interrupt_and_beside_the_audit_when_s
 
 def test_a_ctrl_c_after_the_job_waits_for_the_files(tmp_path):
     written = tmp_path / "written"
-    with pytest.raises(KeyboardInterrupt), _interrupt_deferred():
-        os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT, delivered inside the block
-        written.write_text("saved")  # still runs: the interrupt waits for the block's end
-    assert written.read_text() == "saved"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # Python's own handler, whatever this test process had before (a worker of the suite may start
+    # with SIGINT ignored): the block must put back what it found
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt), _interrupt_deferred():
+            os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT, delivered inside the block
+            written.write_text("saved")  # still runs: the interrupt waits for the block's end
+        assert written.read_text() == "saved"
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_a_file_that_appears_or_changes_after_the_check_is_not_replaced(tmp_path):

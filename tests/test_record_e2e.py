@@ -160,7 +160,8 @@ def test_record_tune_run_export_a_gloo_job_with_the_readmes_commands(runs, tmp_p
     assert [s["name"] for s in tuned_steps] == [s["name"] for s in predicted]
     for p, r, t in zip(predicted, read_back, tuned_steps):
         assert r["iteration_us"] == pytest.approx(p["iteration_us"], rel=1e-3)
-        assert p["comm_us"] > 1.5 * t["comm_us"] and p["iteration_us"] > t["iteration_us"]  # twice the collectives
+        # twice each collective's transfer (its wait for the peer is the replay's to find again)
+        assert p["comm_us"] > t["comm_us"] and p["iteration_us"] > t["iteration_us"]
     if importlib.util.find_spec("hta") is not None:  # HTA opens it (its kernel analyses need GPU kernels)
         from hta.trace_analysis import TraceAnalysis
 

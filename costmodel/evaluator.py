@@ -7,7 +7,7 @@ stands in for GPUs here), and later live measurements. The tuner sees only this.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -54,6 +54,37 @@ class LazyOpValues(Mapping):
     def __len__(self) -> int:
         return len(self._all())
 
+
+
+class LazyOpTimings(Mapping):
+    """``Timing.ops`` from an evaluator's start and end lists: op id -> OpTiming, each made when
+    asked (a search reads a few collectives' times per evaluation, not every op's). ``fill``, when
+    given, completes the lists before the first look (the analytic model's jump timeline)."""
+
+    __slots__ = ("_index", "_starts", "_ends", "_fill")
+
+    def __init__(self, index: Mapping[int, int], starts: Sequence[float], ends: Sequence[float],
+                 fill: Callable[[], None] | None = None) -> None:
+        self._index, self._starts, self._ends, self._fill = index, starts, ends, fill
+
+    def __getitem__(self, op_id: int) -> OpTiming:
+        if self._fill is not None:
+            self._fill()
+            self._fill = None
+        k = self._index[op_id]
+        return OpTiming(self._starts[k], self._ends[k] - self._starts[k])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, op_id: object) -> bool:
+        return op_id in self._index
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} op timings>"
 
 @dataclass
 class OpTiming:

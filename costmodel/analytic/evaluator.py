@@ -33,7 +33,6 @@ re-evaluating with one signature changed recomputes only what that change touche
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -59,7 +58,7 @@ from costmodel.analytic.contention_model import (
 from costmodel.analytic.jump import JumpStatic, build_jump_static, jump_timeline
 from costmodel.analytic.params import params_for
 from costmodel.cluster import ClusterSpec
-from costmodel.evaluator import DurationScale, LazyOpValues, OpTiming, Timing
+from costmodel.evaluator import DurationScale, LazyOpTimings, LazyOpValues, Timing
 from costmodel.nccl_algorithms import NVLS_FAMILY, admitted, algorithm_settings
 from costmodel.nccl_defaults import nccl_graph, protocol_hop_factors, symmetric_kernel
 from costmodel.workload_cache import WorkloadCache
@@ -119,34 +118,6 @@ class _Static:
     rate_cache: dict
 
 
-class _OpTimings(Mapping):
-    """``Timing.ops``: op id -> OpTiming for every op, built on first access of each."""
-
-    __slots__ = ("_index", "_starts", "_ends", "_fill")
-
-    def __init__(self, index: dict[int, int], starts: list[float], ends: list[float], fill=None) -> None:
-        self._index, self._starts, self._ends, self._fill = index, starts, ends, fill
-
-    def __getitem__(self, op_id: int) -> OpTiming:
-        if self._fill is not None:
-            self._fill()
-            self._fill = None
-        k = self._index[op_id]
-        return OpTiming(self._starts[k], self._ends[k] - self._starts[k])
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._index)
-
-    def __len__(self) -> int:
-        return len(self._index)
-
-    def __contains__(self, op_id: object) -> bool:
-        return op_id in self._index
-
-    def __repr__(self) -> str:
-        return f"<{len(self)} op timings>"
-
-
 class AnalyticEvaluator:
     """Evaluator protocol (costmodel.evaluator) over the fitted closed-form model."""
 
@@ -177,7 +148,7 @@ class AnalyticEvaluator:
             starts, ends, busy_c, busy_x, exposed, iteration, fill = jump_timeline(st.jump, ests, st.pair_many)
             return Timing(iteration_us=iteration, compute_us=busy_c, comm_us=busy_x, exposed_comm_us=exposed,
                           compute_uncontended_us=min(st.uncontended_us, busy_c),
-                          ops=_OpTimings(st.jump.index, starts, ends, fill),
+                          ops=LazyOpTimings(st.jump.index, starts, ends, fill),
                           uncontended_us=LazyOpValues(st.op_ids, st.base_us))
         timeline = self._timeline_one_compute_stream if st.one_compute_stream else self._timeline
         return self._timing(st, *timeline(st, ests))
@@ -598,5 +569,5 @@ class AnalyticEvaluator:
         iteration = (max(ends) - min(starts)) if st.n_ops else 0.0
         return Timing(iteration_us=iteration, compute_us=busy_compute, comm_us=busy_comm,
                       exposed_comm_us=exposed, compute_uncontended_us=min(st.uncontended_us, busy_compute),
-                      ops=_OpTimings(index or st.index, starts, ends),
+                      ops=LazyOpTimings(index or st.index, starts, ends),
                       uncontended_us=LazyOpValues(st.op_ids, st.base_us))

@@ -42,7 +42,7 @@ import math
 import numpy as np
 
 from costmodel.cluster import ClusterSpec
-from costmodel.evaluator import DurationScale, LazyOpValues, OpTiming, Timing
+from costmodel.evaluator import DurationScale, LazyOpTimings, LazyOpValues, Timing
 from costmodel.nccl_algorithms import NVLS_FAMILY, admitted, algorithm_settings
 from costmodel.nccl_defaults import nccl_graph, resolve_config, symmetric_kernel
 from costmodel.sim.collective import CollectiveModel
@@ -77,6 +77,7 @@ class _Static:
         self.n_compute = len(compute)
         index = {op.op_id: i for i, op in enumerate(self.ops)}
         self.op_ids = [op.op_id for op in self.ops]
+        self.index = index  # op id -> position in ops (Timing.ops reads it)
         n = len(self.ops)
         succ: list[list[int]] = [[] for _ in range(n)]
         pending = [0] * n
@@ -360,7 +361,7 @@ class Simulator:
 
     def _timing(self, st: _Static, start: list[float], end: list[float], factors: list[float]) -> Timing:
         nc = st.n_compute
-        ops = {op_id: OpTiming(s, e - s) for op_id, s, e in zip(st.op_ids, start, end)}
+        ops = LazyOpTimings(st.index, start, end)
         first = min(start)
         last = max(end)
         compute_spans = union([(start[i], end[i]) for i in range(nc) if not st.ops[i].is_memory_op])

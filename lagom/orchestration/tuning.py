@@ -7,11 +7,13 @@ trace, the replay of it over that one's mechanism (costmodel.replay.trace_evalua
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import inspect
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -136,21 +138,52 @@ def calibrated_cluster(preset: str, budget: int = 300, log: Callable[[str], None
         digest.update(source.read_bytes())
     key = digest.hexdigest()[:16]
     path = cache_dir() / f"calibrated-{preset}-{key}.yaml"
-    if path.exists():
-        try:
-            return load_cluster(path)
-        except LagomError:
-            path.unlink()
-    if log:
-        log(f"calibrating the analytic model against sim:{preset} ({budget} measurements)")
-    from costmodel.calibration.backend import backend_from_spec  # scipy: only when a calibration runs
-    from costmodel.calibration.calibrate import calibrate
+    kept = _kept_calibration(path)
+    if kept is not None:
+        return kept
+    # Two commands (or test workers) that need the same fit at once: the second waits for the
+    # first's and reads it, instead of fitting it again (a lock the kernel drops if the first dies)
+    with _held(path.with_name(f".{path.name}.lock")):
+        kept = _kept_calibration(path)
+        if kept is not None:
+            return kept
+        if log:
+            log(f"calibrating the analytic model against sim:{preset} ({budget} measurements)")
+        from costmodel.calibration.backend import backend_from_spec  # scipy: only when a calibration runs
+        from costmodel.calibration.calibrate import calibrate
 
-    cluster = calibrate(backend_from_spec(f"sim:{preset}"), budget=budget).cluster
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # two commands (or test workers) at once: each its own
-    cluster.dump(tmp)
-    tmp.replace(path)
+        cluster = calibrate(backend_from_spec(f"sim:{preset}"), budget=budget).cluster
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # each process its own temporary name
+        cluster.dump(tmp)
+        tmp.replace(path)
     return load_cluster(path)
+
+
+def _kept_calibration(path: Path) -> ClusterSpec | None:
+    """The fit kept at ``path``; a damaged one is removed (and made again)."""
+    if not path.exists():
+        return None
+    try:
+        return load_cluster(path)
+    except LagomError:
+        path.unlink(missing_ok=True)
+        return None
+
+
+@contextmanager
+def _held(lock: Path) -> Iterator[None]:
+    """An exclusive lock on ``lock`` while the block runs; where the file cannot be opened (a
+    read-only cache), no lock: the block runs all the same."""
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
 
 
 def tuning_cluster(cluster: ClusterSpec, cluster_arg: str, evaluator: str,

@@ -2,7 +2,7 @@
 
 A user's session is several commands on one folder of traces (``analyze``, ``tune``, a few
 ``simulate`` what-ifs, ``--export-trace``); parsing each rank's JSON is most of each
-command's time. :func:`cached_parse` keeps what one file's parse gives (the reader's compact
+command's time. :func:`cached_parse_keyed` keeps what one file's parse gives (the reader's compact
 records, :func:`traces.kineto.parse_trace_file`) in ``<cache folder>/traces-<uid>/`` and
 hands it back to the next command while the file is the same file:
 
@@ -232,20 +232,23 @@ def _evict(where: Path, limit: int) -> None:
             total -= size
 
 
-def cached_parse(path: Path, parse: Callable[[Path], T]) -> T:
-    """``parse(path)``, or what it gave for this very file before."""
-    return cached_parse_keyed(path, parse)[0]
+def _opened() -> tuple[Path, bytes] | None:
+    """The cache's folder and key, None where the cache is off or cannot be used."""
+    where = _private_folder() if enabled() else None
+    key = _key(where) if where is not None else None
+    return (where, key) if where is not None and key is not None else None
 
 
 def cached_parse_keyed(path: Path, parse: Callable[[Path], T],
                        known: FileIdentity | None = None) -> tuple[T, str | None]:
-    """:func:`cached_parse`, and the name of its entry: what :func:`cached_derived` keeps values
-    built from this parse under (None: the cache is not used, or the file changed while read).
-    ``known``: what :func:`file_identity` just found for ``path`` (not hashed twice)."""
-    where = _private_folder() if enabled() else None
-    key = _key(where) if where is not None else None
-    if where is None or key is None:
+    """``parse(path)``, or what it gave for this very file before, and the name of its entry: what
+    :func:`cached_derived` keeps values built from this parse under (None: the cache is not used,
+    or the file changed while read). ``known``: what :func:`file_identity` just found for ``path``
+    (not hashed twice)."""
+    opened = _opened()
+    if opened is None:
         return parse(path), None
+    where, key = opened
     try:
         before, digest = known if known is not None else (os.stat(path), _content_digest(path))
     except OSError:
@@ -293,10 +296,10 @@ def cached_derived(parse_entry: str | None, inputs: tuple, build: Callable[[], T
     :func:`cached_parse_keyed` gave; None: just build) and the same ``inputs`` (plain values whose
     ``repr`` names them: what ``build`` reads besides that parse). The entry goes when the parse's
     does: its file changed, or the code (the parse's name holds the fingerprint)."""
-    where = _private_folder() if parse_entry is not None and enabled() else None
-    key = _key(where) if where is not None else None
-    if parse_entry is None or where is None or key is None:
+    opened = _opened() if parse_entry is not None else None
+    if parse_entry is None or opened is None:
         return build()
+    where, key = opened
     entry = _derived_entry(where, parse_entry, inputs)
     found = _load(entry, key)
     if found is not None:
@@ -319,9 +322,8 @@ def derived_is_kept(parse_entry: str, inputs: tuple) -> bool:
 def kept_derived(parse_entry: str, inputs: tuple) -> object | None:
     """What :func:`cached_derived` keeps for that parse and those inputs, None where nothing is kept.
     Found, it counts as a hit of the parse (the file's read answered from the cache)."""
-    where = _private_folder() if enabled() else None
-    key = _key(where) if where is not None else None
-    found = _load(_derived_entry(where, parse_entry, inputs), key) if where is not None and key is not None else None
+    opened = _opened()
+    found = _load(_derived_entry(opened[0], parse_entry, inputs), opened[1]) if opened is not None else None
     if found is not None:
         STATS.hits += 1
     return found
@@ -330,9 +332,8 @@ def kept_derived(parse_entry: str, inputs: tuple) -> object | None:
 def load_kept(entry_name: str) -> object | None:
     """The value kept as ``entry_name`` (a name :func:`cached_parse_keyed` gave), None where it is not
     (evicted, another user's, tampered with, the cache off)."""
-    where = _private_folder() if enabled() and _ENTRY_NAME.fullmatch(entry_name) else None
-    key = _key(where) if where is not None else None
-    return _load(where / entry_name, key) if where is not None and key is not None else None
+    opened = _opened() if _ENTRY_NAME.fullmatch(entry_name) else None
+    return _load(opened[0] / entry_name, opened[1]) if opened is not None else None
 
 
 def cache_summary() -> tuple[Path, int, int] | None:

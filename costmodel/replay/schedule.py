@@ -314,7 +314,7 @@ def _build(w: Workload, g: ExecGraph) -> ReplayStatic:
     ends = [o.start_us + o.duration_us for o in ops]
     _, _, clock, bind = _schedule(st, st.measured_dur)
     st.measured_steps = _step_figures(st, st.measured_start, ends, clock, bind)
-    st.unexplained = _unexplained(st, g, ops)
+    st.unexplained = _unexplained(st, g, ops, ends)
     late_a = np.array([ops[k].start_us - late for k, late in st.unexplained.items()])
     late_b = np.array([ops[k].start_us for k in st.unexplained])
     # wall time inside each step's measured period, not a sum: ops on several streams can wait
@@ -327,12 +327,11 @@ def _build(w: Workload, g: ExecGraph) -> ReplayStatic:
     return st
 
 
-def _unexplained(st: ReplayStatic, g: ExecGraph, ops: list[Op]) -> dict[int, float]:
+def _unexplained(st: ReplayStatic, g: ExecGraph, ops: list[Op], ends: list[float]) -> dict[int, float]:
     """Op index -> how much later than ``max(call + median latency, ready + median gap)`` it
-    started, where that exceeds UNEXPLAINED_US: GPU idle the graph shows no cause for. The ops
-    that qualify are found over arrays; each one's figure is then the same Python arithmetic."""
+    started, where that exceeds UNEXPLAINED_US: GPU idle the graph shows no cause for (over arrays:
+    numpy's max and difference are Python's, to the last bit)."""
     a = st.graph_arrays
-    ends = [o.start_us + o.duration_us for o in ops]
     bound = np.full(len(ops), -math.inf)
     has_preds = np.diff(a.pred_ptr) > 0
     if a.pred_idx.size:  # the latest end among each op's predecessors (rows of the CSR with any)
@@ -340,17 +339,9 @@ def _unexplained(st: ReplayStatic, g: ExecGraph, ops: list[Op]) -> dict[int, flo
                                                a.pred_ptr[:-1][has_preds]) + g.median_gap_us
     launched = np.array([o.op_id in g.launches for o in ops], dtype=np.bool_)
     bound = np.where(launched, np.maximum(bound, a.launch_call + g.median_latency_us), bound)
-    late = (has_preds | launched) & (np.asarray(st.measured_start, dtype=np.float64) - bound > UNEXPLAINED_US)
-    out: dict[int, float] = {}
-    for k in np.flatnonzero(late).tolist():
-        o = ops[k]
-        bounds = [max(ends[p] for p in st.preds[k]) + g.median_gap_us] if st.preds[k] else []
-        la = g.launches.get(o.op_id)
-        if la is not None:
-            bounds.append(la.call_us + g.median_latency_us)
-        if bounds and o.start_us - max(bounds) > UNEXPLAINED_US:
-            out[k] = o.start_us - max(bounds)
-    return out
+    late_us = a.measured_start - bound
+    late = (has_preds | launched) & (late_us > UNEXPLAINED_US)
+    return {k: float(late_us[k]) for k in np.flatnonzero(late).tolist()}
 
 
 def graph_edges(n: int, m: int, preds, launch_wait, awaited, wait_prev,

@@ -27,3 +27,11 @@ def cache_dir() -> Path:
     except OSError as exc:
         raise LagomError(f"{name}: cannot use it as the cache folder: {exc.strerror or exc}") from None
     return path
+
+
+def write_cached(path: Path, text: str) -> None:
+    """``text`` into the cache entry ``path``, whole or not at all: written under a temporary name of
+    this process's own (two commands, or test workers, may write one entry at once), then renamed."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

@@ -37,18 +37,15 @@ reach, and a replay of it would predict from calls, not kernels.
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-
-import yaml
 
 from costmodel.cluster import ClusterSpec, load_cluster, preset_names
 from costmodel.gpu_specs import AMD, DeviceFacts, GpuMatch, GpuRow, device_model, gpu_spec, is_amd_name, match_gpu
 from costmodel.trace_cluster import derive_cluster, device_facts
 from lagom.orchestration.tuning import with_nccl_version
-from nccl_env.cache import cache_dir
+from nccl_env.cache import cache_dir, write_cached
 from nccl_env.errors import LagomError
 from nccl_env.nccl_releases import reported_version
 from nccl_env.rules import NcclVersion
@@ -222,12 +219,10 @@ def _preset_choice(workload: Workload, preset: str, match: GpuMatch, facts: Devi
 
 def _write_derived(cluster: ClusterSpec) -> Path:
     """The derived cluster as a cluster file in the cache folder, named by its content."""
-    text = yaml.safe_dump(cluster.to_dict(), sort_keys=False)
+    text = cluster.to_yaml()
     path = cache_dir() / f"cluster-{cluster.name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.yaml"
     if not path.exists():
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # each process its own: never a half-written file
-        tmp.write_text(text)
-        tmp.replace(path)
+        write_cached(path, text)
     return path
 
 

@@ -27,7 +27,7 @@ from costmodel.replay.trace_evaluator import ReplayEvaluator
 from costmodel.sim.simulator import Simulator
 from lagom.files.tuned_config import CollectiveEntry, Match, TunedConfig
 from lagom.orchestration.workload_arg import load_workload_arg
-from nccl_env.cache import cache_dir
+from nccl_env.cache import cache_dir, write_cached
 from nccl_env.delivery import deliver, group_paths
 from nccl_env.errors import LagomError
 from nccl_env.knobs import CommConfig
@@ -153,9 +153,7 @@ def calibrated_cluster(preset: str, budget: int = 300, log: Callable[[str], None
         from costmodel.calibration.calibrate import calibrate
 
         cluster = calibrate(backend_from_spec(f"sim:{preset}"), budget=budget).cluster
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # each process its own temporary name
-        cluster.dump(tmp)
-        tmp.replace(path)
+        write_cached(path, cluster.to_yaml())
     return load_cluster(path)
 
 

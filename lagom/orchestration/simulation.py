@@ -192,7 +192,6 @@ def simulate(request: SimulateRequest, say: Callable[[str], None] | None = None)
     warnings, what was found or written) is kept in the result's ``lines`` and, when ``say`` is
     given, passed to it as it is found: a command prints them in order with the work, before a
     refusal that comes after them."""
-    from costmodel.nccl_defaults import disagreement_line, recorded_pick_disagreements
     from costmodel.replay.fidelity import fidelity
     from lagom.orchestration.joint_run import (
         JointEvaluator,
@@ -225,12 +224,8 @@ def simulate(request: SimulateRequest, say: Callable[[str], None] | None = None)
     choice = resolve_cluster(workload, from_trace, request.cluster, nccl_version, version_from, "modelling")
     cluster = choice.cluster
     joined = bound_transfers(given.read, cluster) if from_trace else None  # waits where the cluster bounds them
-    for note in choice.notes:
+    for note in choice.notes_for(workload, from_trace):
         tell(NOTE + note)
-    if from_trace:
-        picked = disagreement_line(cluster, recorded_pick_disagreements(cluster, workload))
-        if picked:
-            tell(NOTE + picked)
     warnings = choice.warnings + fit_warnings(workload, cluster)
     plan = _plan(request, cluster, workloads or [workload], warnings)
     for warning in warnings:

@@ -62,6 +62,16 @@ class ClusterChoice:
     notes: list[str] = field(default_factory=list)  # what was taken from the trace
     derived: bool = False  # derived from the trace (costmodel.trace_cluster), not a preset or a file
 
+    def notes_for(self, workload: Workload, from_trace: bool) -> list[str]:
+        """The notes a command says first (``tune``, ``simulate``): the choice's own, then, for a
+        trace, where NCCL's pick on this cluster disagrees with the kernels the trace ran."""
+        if not from_trace:
+            return list(self.notes)
+        from costmodel.nccl_defaults import disagreement_line, recorded_pick_disagreements
+
+        picked = disagreement_line(self.cluster, recorded_pick_disagreements(self.cluster, workload))
+        return [*self.notes, *([picked] if picked else [])]
+
 
 def gpu_model(device_name: str | None) -> str | None:
     """The GPU model a device name spells (``NVIDIA A100-PG509-200`` -> ``A100``), or None."""

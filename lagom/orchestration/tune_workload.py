@@ -240,14 +240,8 @@ def tune(request: TuneRequest, progress: TuneProgress | None = None) -> TuneResu
             warnings.append(text)
         heard.tell(kind, text)
 
-    for note in choice.notes:
+    for note in choice.notes_for(workload, from_trace):
         say(Told.NOTE, note)
-    if from_trace:
-        from costmodel.nccl_defaults import disagreement_line, recorded_pick_disagreements
-
-        picked = disagreement_line(cluster, recorded_pick_disagreements(cluster, workload))
-        if picked:
-            say(Told.NOTE, picked)
     if from_trace and workload.collectives and not any(c.on_gpu for c in workload.collectives):
         choice.warnings.append(f"{workload.source}: its collectives ran on the CPU (no NCCL kernels: a gloo job): "
                                f"the replay keeps their measured times, and the tuned figures are the model's for "
@@ -279,15 +273,16 @@ def tune(request: TuneRequest, progress: TuneProgress | None = None) -> TuneResu
     elapsed_s = time.perf_counter() - started
     config = tuning.tuned_config(outcome, cluster, stored_path(choice.cluster_arg, "cluster", r.output),
                                  stored_path(r.workload, "workload", r.output), min_gain=r.min_gain)
-    job_view = None
+    job_view, tuned_joint = None, None
     if joint is not None and workloads is not None:  # the rows from every rank: the job's step, step by step
-        job_view = JobView({w.rank: w for w in workloads}, joint.joint(Plan()), joint.joint(outcome.result.plan),
-                           cluster.gpus_per_node)
+        nccl_joint = joint.joint(Plan())
+        tuned_joint = joint.joint(outcome.result.plan)
+        job_view = JobView({w.rank: w for w in workloads}, nccl_joint, tuned_joint, cluster.gpus_per_node)
     return TuneResult(
         request=r, workload=workload, from_trace=from_trace, cluster=cluster, outcome=outcome, config=config,
         report=tune_report(outcome, workload, r.min_gain, job_view), elapsed_s=elapsed_s,
         fidelity=fidelity(outcome.baseline),
         overhead=profiler_overhead([workload.recorded_steps]) if from_trace else None,
-        unprofiled=unprofiled, joint=joint.last if joint is not None else None, export_path=export,
+        unprofiled=unprofiled, joint=tuned_joint, export_path=export,
         notes=notes, warnings=warnings,
     )

@@ -7,6 +7,7 @@ nothing to an intersection.
 
 from __future__ import annotations
 
+import functools
 from bisect import bisect_right
 from collections.abc import Iterable
 
@@ -50,8 +51,13 @@ class CoverIndex:
     def __init__(self, disjoint: list[Interval]) -> None:
         self._starts = [s for s, _ in disjoint]
         self._spans = disjoint
-        self._starts_arr = np.asarray(self._starts, dtype=np.float64)
-        self._ends_arr = np.asarray([e for _, e in disjoint], dtype=np.float64)
+
+    @functools.cached_property
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The spans' starts and ends as arrays, for :meth:`covered_many` only (the tuner's objective
+        builds an index per evaluation and asks :meth:`covered`)."""
+        return (np.asarray(self._starts, dtype=np.float64),
+                np.asarray([e for _, e in self._spans], dtype=np.float64))
 
     def covered(self, start: float, end: float) -> float:
         """Length of [start, end] covered by the intervals."""
@@ -77,7 +83,7 @@ class CoverIndex:
         out = np.zeros(len(starts), dtype=np.float64)
         if not self._spans or not len(starts):
             return out
-        s_arr, e_arr = self._starts_arr, self._ends_arr
+        s_arr, e_arr = self._arrays
         first = np.maximum(np.searchsorted(s_arr, starts, side="right") - 1, 0)
         visited = np.searchsorted(s_arr, ends, side="left") - first  # spans[first:...] starting before the end
         real = ends > starts

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from nccl_env.errors import LagomError
 
+ENV_NAMES = ("LAGOM_CACHE_DIR", "XDG_CACHE_HOME", "HOME")  # what cache_dir() reads (HOME: Path.home())
+
 
 def cache_dir() -> Path:
     """The cache folder, created on demand; a LagomError naming it when it cannot be one."""

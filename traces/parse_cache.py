@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from nccl_env import cache
 from nccl_env.cache import cache_dir
 
 T = TypeVar("T")
@@ -73,6 +74,9 @@ class CacheStats:
 
 STATS = CacheStats()
 _fingerprint: str | None = None
+# every variable that decides where (and whether) parses are kept: a process that reads for another
+# one (a worker of lagom.orchestration.rank_pool) is given these
+ENV_NAMES = (*cache.ENV_NAMES, "LAGOM_TRACE_CACHE", "LAGOM_TRACE_CACHE_BYTES")
 
 
 def enabled() -> bool:

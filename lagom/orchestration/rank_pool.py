@@ -57,6 +57,7 @@ from rich.console import Console
 from lagom.args.rank_args import ExecutorKind, RankReading
 from lagom.reports.console import StageProgress
 from nccl_env.errors import LagomError
+from traces import parse_cache
 from traces.comm_split import RankComm, join_waits, op_waits, rank_comm
 from traces.rank_join import RankJoin, TransferFloor, join_ranks
 from traces.reader import (
@@ -130,13 +131,10 @@ def _guarded(path: Path, fn: Callable[..., R], *args: Any) -> R:
             from None
 
 
-# What the trace cache reads from the environment (traces/parse_cache.py, nccl_env/cache.py): a
-# worker forked from the fork server has the server's environment, from when it started.
-CACHE_ENV_NAMES = ("LAGOM_CACHE_DIR", "XDG_CACHE_HOME", "HOME", "LAGOM_TRACE_CACHE", "LAGOM_TRACE_CACHE_BYTES")
-
-
 def _cache_env() -> dict[str, str | None]:
-    return {name: os.environ.get(name) for name in CACHE_ENV_NAMES}
+    """What the trace cache reads from the environment (traces.parse_cache.ENV_NAMES): a worker forked
+    from the fork server has the server's environment, from when it started."""
+    return {name: os.environ.get(name) for name in parse_cache.ENV_NAMES}
 
 
 def _worker_init(cache_env: dict[str, str | None] | None = None) -> None:

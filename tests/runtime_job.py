@@ -67,7 +67,7 @@ def main() -> None:
         return
     sub = dist.new_group(list(range(world)))
     model = mlp(0)
-    params, numel, padded, shard = flat_layout(model, world)
+    params, _, padded, shard = flat_layout(model, world)
     flat = torch.zeros(padded)
     with torch.no_grad():
         offset = 0

@@ -4,11 +4,10 @@ in ``lagom/orchestration`` and render its result; their ``run()`` stays at most 
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
+from conftest import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 RUN_MAX_LINES = 80  # issue 33: "run() of tune and simulate at most 80 lines"
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import re
 import statistics
@@ -73,6 +74,7 @@ SOURCES: dict[str, Source] = {
 }
 
 
+@functools.cache  # one read of a source's JSON per process: many figures come from one file
 def load(name: str) -> dict:
     path = RESULTS / f"{name}.json"
     if not path.is_file():
@@ -90,8 +92,7 @@ def _count(passed: int, total: int) -> str:
 
 
 def _whatif_summary() -> str:
-    rows = output("whatif_accuracy")
-    assert isinstance(rows, list)
+    rows = _rows("whatif_accuracy")
     passed = sum(1 for r in rows if r["passed"])
     scenarios = len({r["what_if"].split()[0] for r in rows})
     median = max(r["median_step_error_pct"] for r in rows)
@@ -102,8 +103,7 @@ def _whatif_summary() -> str:
 
 
 def _joint_summary() -> str:
-    rows = output("joint_accuracy")
-    assert isinstance(rows, list)
+    rows = _rows("joint_accuracy")
     passed = sum(1 for r in rows if r["passed"])
     median = max(r["worst_median_step_error_pct"] for r in rows)
     return f"{_count(passed, len(rows))} pairs on every rank, median step error {median:.2f}%"
@@ -143,20 +143,21 @@ def _pr172714_error() -> str:
     return f"pytorch #172714 within {_pr172714_pct()}"
 
 
-def _replay_rows() -> list[dict]:
-    rows = output("replay_accuracy")
+def _rows(name: str) -> list[dict]:
+    """A source whose output is a list of rows."""
+    rows = output(name)
     assert isinstance(rows, list)
     return rows
 
 
 def _replay_exact() -> str:
     """The worst of every trace's step, collective and exposed errors under its own settings."""
-    rows = _replay_rows()
+    rows = _rows("replay_accuracy")
     return f"{max(max(r['max_step_error_pct'], r['comm_error_pct'], r['exposed_error_pct']) for r in rows):.2f}%"
 
 
 def _replay_summary() -> str:
-    rows = _replay_rows()
+    rows = _rows("replay_accuracy")
     alone = max(r["explained_median_step_error_pct"] for r in rows)
     return (f"every step, collective time and exposed communication of {len(rows)} traces within {_replay_exact()}; "
             f"from the graph's dependencies alone within {alone:.2f}%")
@@ -244,7 +245,7 @@ def _bench_row(key: str) -> str:
 
 def _replay_all_median(trace: str) -> str:
     """One trace's all-median step error (docs/replay.md's prose on the largest trace)."""
-    return _share(_one(_replay_rows(), trace, trace=f"{trace}.json.gz")["all_median_step_error_pct"])
+    return _share(_one(_rows("replay_accuracy"), trace, trace=f"{trace}.json.gz")["all_median_step_error_pct"])
 
 
 def _ceiling_row(key: str) -> str:
@@ -288,14 +289,13 @@ KEYED: dict[str, Callable[[str], str]] = {
 
 # ---- figures in the docs' prose ------------------------------------------------------------------
 def _joint_change_points() -> str:
-    rows = output("joint_accuracy")
-    assert isinstance(rows, list)
+    rows = _rows("joint_accuracy")
     worst = max(abs(p - statistics.median(r["true_change_pct"])) for r in rows for p in r["predicted_change_pct"])
     return f"{worst:.1f} points"
 
 
 def _replay_explained_range() -> str:
-    alone = [r["explained_median_step_error_pct"] for r in _replay_rows()]
+    alone = [r["explained_median_step_error_pct"] for r in _rows("replay_accuracy")]
     return f"{min(alone):.2f}-{max(alone):.2f}%"
 
 
@@ -324,8 +324,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _whatif_table() -> str:
-    rows = output("whatif_accuracy")
-    assert isinstance(rows, list)
+    rows = _rows("whatif_accuracy")
     return _table(["what-if", "GPU busy", "true change", "predicted", "median step error"],
                   [[r["what_if"], f"{r['gpu_busy_pct']:.1f}%", f"{r['true_change_pct']:+.2f}%",
                     f"{r['predicted_change_pct']:+.2f}%", f"{r['median_step_error_pct']:.2f}%"] for r in rows])
@@ -336,7 +335,7 @@ def _share(pct: float) -> str:
 
 
 def _replay_table() -> str:
-    rows = _replay_rows()
+    rows = _rows("replay_accuracy")
 
     def comm(r: dict, field: str) -> str:  # a trace with no collective has no collective error
         return f"{r[field]:.2f}%" if r["measured_comm_ms_per_step"] > 0 else "-"
@@ -376,8 +375,7 @@ def _a40_clusters_table() -> str:
 
 
 def _model_accuracy_table() -> str:
-    rows = output("model_accuracy")
-    assert isinstance(rows, list)
+    rows = _rows("model_accuracy")
     label = {"defaults": "hardware defaults", "start": "perturbed start", "calibrated": "calibrated"}
 
     def ranking(r: dict) -> str:  # the defaults' rows as the doc always gave them: the count alone

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from nccl_env.errors import LagomError
 
-ENV_NAMES = ("LAGOM_CACHE_DIR", "XDG_CACHE_HOME", "HOME")  # what cache_dir() reads (HOME: Path.home())
+CACHE_DIR_ENV_NAMES = ("LAGOM_CACHE_DIR", "XDG_CACHE_HOME", "HOME")  # what cache_dir() reads (HOME: Path.home())
 
 
 def cache_dir() -> Path:

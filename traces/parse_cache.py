@@ -76,7 +76,7 @@ STATS = CacheStats()
 _fingerprint: str | None = None
 # every variable that decides where (and whether) parses are kept: a process that reads for another
 # one (a worker of lagom.orchestration.rank_pool) is given these
-ENV_NAMES = (*cache.ENV_NAMES, "LAGOM_TRACE_CACHE", "LAGOM_TRACE_CACHE_BYTES")
+TRACE_CACHE_ENV_NAMES = (*cache.CACHE_DIR_ENV_NAMES, "LAGOM_TRACE_CACHE", "LAGOM_TRACE_CACHE_BYTES")
 
 
 def enabled() -> bool:

@@ -132,9 +132,9 @@ def _guarded(path: Path, fn: Callable[..., R], *args: Any) -> R:
 
 
 def _cache_env() -> dict[str, str | None]:
-    """What the trace cache reads from the environment (traces.parse_cache.ENV_NAMES): a worker forked
+    """What the trace cache reads from the environment (traces.parse_cache.TRACE_CACHE_ENV_NAMES): a worker forked
     from the fork server has the server's environment, from when it started."""
-    return {name: os.environ.get(name) for name in parse_cache.ENV_NAMES}
+    return {name: os.environ.get(name) for name in parse_cache.TRACE_CACHE_ENV_NAMES}
 
 
 def _worker_init(cache_env: dict[str, str | None] | None = None) -> None:
